@@ -1,0 +1,49 @@
+# The two commands a new user types are `make run` and `make test`; everything else is for developers.
+# Nothing but Python 3.11+ and make is assumed: uv is installed into a bootstrap venv when the machine
+# has none, and it installs the locked dependencies into .venv.
+
+PYTHON ?= python3
+UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.boot/bin/uv)
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+# uv must use this machine's Python, never download one.
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+
+.PHONY: run test lint format bench faults sync clean help
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+run: $(VENV)/.synced  ## start PostgreSQL (embedded without PGONCE_DSN), migrate, run the main job
+	$(BIN)/pgonce demo
+
+test: $(VENV)/.synced  ## the whole test suite (PGONCE_TEST_DSN selects a server, else embedded)
+	$(BIN)/pytest -n auto $(PYTEST_ARGS)
+
+lint: $(VENV)/.synced  ## ruff, ruff format --check, mypy --strict, sync-code drift check
+	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff format --check src tests bench tools
+	$(BIN)/python tools/gen_sync.py --check
+	$(BIN)/mypy
+
+format: $(VENV)/.synced  ## apply ruff format and fixes, regenerate the sync code
+	$(BIN)/python tools/gen_sync.py
+	$(BIN)/ruff check --fix src tests bench tools
+	$(BIN)/ruff format src tests bench tools
+
+bench: $(VENV)/.synced  ## benchmarks; writes bench/results/latest.md
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+sync: $(VENV)/.synced
+
+$(VENV)/.synced: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --python $(PYTHON)
+	@touch $@
+
+$(CURDIR)/.boot/bin/uv:
+	$(PYTHON) -m venv $(CURDIR)/.boot
+	$(CURDIR)/.boot/bin/python -m pip install --quiet --disable-pip-version-check uv
+
+clean:  ## remove the venvs and the local embedded database
+	rm -rf .venv .boot .pgonce

@@ -1,0 +1,44 @@
+"""Tables of results, rendered as markdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Table:
+    """One workload's results: a title, column names, rows of cells, and notes under the table."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *cells: object) -> None:
+        self.rows.append([str(c) for c in cells])
+
+    def markdown(self) -> str:
+        lines = [f"## {self.title}", ""]
+        lines.append("| " + " | ".join(self.columns) + " |")
+        lines.append("|" + "|".join("---" for _ in self.columns) + "|")
+        lines.extend("| " + " | ".join(row) + " |" for row in self.rows)
+        if self.notes:
+            lines.append("")
+            lines.extend(self.notes)
+        return "\n".join(lines) + "\n"
+
+
+def ratio(value: float, reference: float, name: str) -> str:
+    """``NN % of <name>``: the one way figures are compared in this project."""
+    if reference <= 0:
+        return f"n/a (no {name} figure)"
+    return f"{100 * value / reference:.0f} % of {name}"
+
+
+def percentile(samples: list[float], p: float) -> float:
+    """The p-th percentile (0-100) by nearest rank; 0 for no samples."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]

@@ -1,0 +1,64 @@
+"""The ``pgonce`` command line.
+
+Every command has ``--help``. Errors are one line on stderr and a non-zero exit code, never a
+traceback: pgonce's own errors print their message; anything else is a bug and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from pgonce.cli import demo, migrate
+from pgonce.cli.common import Command
+from pgonce.errors import PgonceError
+
+#: The commands, in the order ``--help`` lists them. A command module has NAME, HELP,
+#: ``configure(parser)`` and ``run(args) -> int``.
+COMMANDS: tuple[Command, ...] = (migrate, demo)
+
+EPILOG = """\
+With no --dsn and no PGONCE_DSN, pgonce starts an embedded PostgreSQL 18 with its data in
+.pgonce/data (PGONCE_DATA_DIR), so nothing else needs to be installed.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pgonce",
+        description="Exactly-once API calls, webhooks and event publishing on PostgreSQL.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        child = sub.add_parser(
+            command.NAME,
+            help=command.HELP,
+            description=command.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.configure(child)
+        child.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.run(args)
+    except PgonceError as error:
+        print(f"pgonce: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("pgonce: interrupted", file=sys.stderr)
+        return 130
+    return code

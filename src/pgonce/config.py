@@ -1,0 +1,97 @@
+"""Where pgonce's settings come from, and why each default is what it is.
+
+Every setting has one name, read from the environment as ``PGONCE_<NAME>`` and overridable by the
+command line. The service adds its TOML file on top of this (its own issue); the library needs only
+what is here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+
+from pgonce.errors import ConfigError
+
+#: All of pgonce's tables live in this PostgreSQL schema inside the application's database, so
+#: they share transactions with the application's own tables without mixing names with them.
+DEFAULT_SCHEMA = "pgonce"
+
+#: Where the embedded PostgreSQL keeps its data when no DSN is given: a project-local folder,
+#: reused on the next start, and git-ignored.
+DEFAULT_DATA_DIR = Path(".pgonce") / "data"
+
+#: How long a duplicate waits for the original request's transaction before it is told "in flight".
+#: Most originals commit within milliseconds; two seconds covers a slow handler without letting a
+#: retry storm hold the pool's connections for long.
+DEFAULT_CLAIM_WAIT = timedelta(seconds=2)
+
+#: What an in-flight duplicate is told to wait before retrying (Retry-After, in seconds).
+DEFAULT_RETRY_AFTER = 1
+
+#: psycopg prepares a statement after it ran this many times on one connection. PgBouncer in
+#: transaction mode (before 1.21) cannot keep prepared statements: set it to none there.
+DEFAULT_PREPARE_THRESHOLD: int | None = 5
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def _validate_schema(name: str) -> str:
+    if not _SCHEMA_NAME.match(name):
+        raise ConfigError(
+            f"schema name {name!r} is not allowed: use lower-case letters, digits and underscores, "
+            "starting with a letter or underscore, at most 63 characters"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Connection and storage settings shared by the library, the CLI and the service."""
+
+    #: libpq connection string or URI; ``None`` starts the embedded PostgreSQL.
+    dsn: str | None = None
+    schema: str = DEFAULT_SCHEMA
+    data_dir: Path = field(default_factory=lambda: DEFAULT_DATA_DIR)
+    prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD
+
+    def __post_init__(self) -> None:
+        _validate_schema(self.schema)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Read ``PGONCE_DSN``, ``_SCHEMA``, ``_DATA_DIR`` and ``_PREPARE_THRESHOLD``.
+
+        Keyword arguments that are not ``None`` win over the environment (the command line's
+        options are passed this way).
+        """
+        env = os.environ if environ is None else environ
+        settings = cls(
+            dsn=env.get("PGONCE_DSN") or None,
+            schema=env.get("PGONCE_SCHEMA") or DEFAULT_SCHEMA,
+            data_dir=Path(env["PGONCE_DATA_DIR"])
+            if env.get("PGONCE_DATA_DIR")
+            else DEFAULT_DATA_DIR,
+            prepare_threshold=_parse_threshold(env.get("PGONCE_PREPARE_THRESHOLD")),
+        )
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return replace(settings, **given) if given else settings  # type: ignore[arg-type]
+
+
+def _parse_threshold(value: str | None) -> int | None:
+    if value is None or value == "":
+        return DEFAULT_PREPARE_THRESHOLD
+    if value.lower() in ("none", "off"):
+        return None
+    try:
+        threshold = int(value)
+    except ValueError:
+        raise ConfigError(
+            f"PGONCE_PREPARE_THRESHOLD must be a whole number or 'none', not {value!r}"
+        ) from None
+    if threshold < 0:
+        raise ConfigError("PGONCE_PREPARE_THRESHOLD must not be negative")
+    return threshold

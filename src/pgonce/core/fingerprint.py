@@ -1,0 +1,21 @@
+"""Fingerprints: SHA-256 over the parts of a request that make it "the same request".
+
+Parts are length-prefixed before hashing, so that ("ab", "c") and ("a", "bc") never collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+#: Bytes in a fingerprint (SHA-256).
+FINGERPRINT_SIZE = 32
+
+
+def fingerprint(*parts: bytes | str) -> bytes:
+    """SHA-256 of ``parts``, each prefixed with its length; ``str`` parts are hashed as UTF-8."""
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.digest()

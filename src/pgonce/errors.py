@@ -1,0 +1,85 @@
+"""The one exception tree of pgonce.
+
+Expected outcomes (a claim won, a stored response replayed, a duplicate still in flight) are return
+values, never exceptions. Exceptions are for broken contracts and for infrastructure failures::
+
+    PgonceError
+    ├── ConfigError                   configuration that cannot work; raised before anything starts
+    ├── UsageError                    the caller broke the API's contract
+    │   └── NotInTransaction          a write that must commit with the caller's data got autocommit
+    ├── KeyMismatch                   same key, different request: never a silent replay
+    ├── DatabaseError                 PostgreSQL failed; translated once, at the store boundary
+    │   ├── DatabaseUnavailable       cannot connect, or the connection died mid-operation
+    │   ├── SchemaNotMigrated         pgonce's tables are missing or older than this code
+    │   └── MigrationError            a migration failed to apply
+    └── WebhookError                  a delivery the inbox refuses (each has an HTTP status)
+
+The class docstring is the default message; every exception keeps the psycopg error it translates
+as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class PgonceError(Exception):
+    """pgonce failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(PgonceError):
+    """The configuration is invalid."""
+
+
+class UsageError(PgonceError):
+    """pgonce was called in a way its API does not allow."""
+
+
+class NotInTransaction(UsageError):
+    """The connection is in autocommit mode outside a transaction.
+
+    A claim must commit together with the caller's writes; on an autocommit connection it would
+    commit alone, so pgonce refuses. Open a transaction first (``with conn.transaction(): ...``).
+    """
+
+
+class KeyMismatch(PgonceError):
+    """The key was already used for a different request."""
+
+    def __init__(self, scope: str, key: str) -> None:
+        # The key is the caller's own; the scope names the caller. Neither reveals another
+        # caller's data, so both may appear in the message.
+        super().__init__(
+            f"key {key!r} in scope {scope!r} was first used with a different request; "
+            "a key may be retried only with the identical request"
+        )
+        self.scope = scope
+        self.key = key
+
+
+class DatabaseError(PgonceError):
+    """PostgreSQL failed."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """PostgreSQL cannot be reached, or the connection was lost."""
+
+
+class SchemaNotMigrated(DatabaseError):
+    """pgonce's tables are missing or out of date: run `pgonce migrate`."""
+
+
+class MigrationError(DatabaseError):
+    """A migration failed to apply."""
+
+
+class WebhookError(PgonceError):
+    """A webhook delivery was refused.
+
+    ``status`` is the HTTP status the inbox answers with; ``title`` is a short, public
+    description that never contains a secret or the payload.
+    """
+
+    status: int = 400
+    title: str = "Bad webhook delivery"

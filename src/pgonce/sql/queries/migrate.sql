@@ -1,0 +1,28 @@
+-- The migration runner's statements. {schema} is pgonce's schema.
+
+-- name: lock
+-- Serializes concurrent `pgonce migrate` runs on one database; released when the transaction ends,
+-- so nothing is held across transactions (safe behind PgBouncer in transaction mode).
+SELECT pg_advisory_xact_lock(hashtext('pgonce.migrate'), hashtext(%(schema)s))
+
+-- name: create_schema
+CREATE SCHEMA IF NOT EXISTS {schema}
+
+-- name: create_ledger
+CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: applied
+SELECT version FROM {schema}.schema_migrations ORDER BY version
+
+-- name: record
+INSERT INTO {schema}.schema_migrations (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: use_schema
+SELECT set_config('search_path', %(schema)s, true)
+
+-- name: current_version
+SELECT coalesce(max(version), 0) FROM {schema}.schema_migrations

@@ -1,0 +1,1 @@
+"""The async store: the source the sync store is generated from."""

@@ -1,0 +1,109 @@
+"""Applying pgonce's migrations.
+
+Each migration runs in its own transaction together with its ledger row, under a transaction-scoped
+advisory lock, so two ``pgonce migrate`` at once apply each migration exactly once: the second
+waits, then finds it recorded. Up to date means nothing runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from pgonce import sql as pgsql
+from pgonce.errors import MigrationError, SchemaNotMigrated
+from pgonce.store.errors import first_line, translate_errors
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaStatus:
+    current: int
+    latest: int
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.current == self.latest
+
+
+def _ddl(text: str) -> bytes:
+    # DDL comes from pgonce's own files; the connection's search_path makes its names pgonce's.
+    return text.encode()
+
+
+def _apply_one(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    migration_text: str,
+    version: int,
+    name: str,
+) -> bool:
+    q = pgsql.Queries("migrate", schema)
+    with conn.transaction():
+        conn.execute(q.lock, {"schema": schema})
+        conn.execute(q.create_schema)
+        conn.execute(q.create_ledger)
+        applied = {row[0] for row in conn.cursor(row_factory=tuple_row).execute(q.applied)}
+        if version in applied:
+            return False
+        conn.execute(q.use_schema, {"schema": schema})
+        try:
+            conn.execute(_ddl(migration_text))
+        except psycopg.Error as error:
+            raise MigrationError(
+                f"migration {version:04d}_{name} failed: {first_line(error)}"
+            ) from error
+        conn.execute(q.record, {"version": version, "name": name})
+        return True
+
+
+def migrate(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    *,
+    on_applied: Callable[[int, str], None] | None = None,
+) -> list[int]:
+    """Apply every pending migration; return the versions this call applied.
+
+    ``conn`` must be idle (no open transaction): each migration commits on its own.
+    """
+    done: list[int] = []
+    with translate_errors("migrating"):
+        for migration in pgsql.migrations():
+            if _apply_one(conn, schema, migration.text, migration.version, migration.name):
+                done.append(migration.version)
+                if on_applied:
+                    on_applied(migration.version, migration.name)
+    return done
+
+
+def apply_schema_file(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Build the schema from ``schema.sql`` in one go and record every migration as applied.
+
+    Used by the test that proves migrations and ``schema.sql`` give the same database, and by test
+    fixtures that want a fresh database quickly.
+    """
+    q = pgsql.Queries("migrate", schema)
+    with translate_errors("applying schema.sql"), conn.transaction():
+        conn.execute(q.lock, {"schema": schema})
+        conn.execute(q.create_schema)
+        conn.execute(q.create_ledger)
+        conn.execute(q.use_schema, {"schema": schema})
+        conn.execute(_ddl(pgsql.schema_sql()))
+        for migration in pgsql.migrations():
+            conn.execute(q.record, {"version": migration.version, "name": migration.name})
+
+
+def status(conn: psycopg.Connection[Any], schema: str) -> SchemaStatus:
+    """Which migration the database is at, and which is the latest this code knows."""
+    latest = pgsql.migrations()[-1].version
+    q = pgsql.Queries("migrate", schema)
+    try:
+        with translate_errors("reading the schema version"), conn.transaction():
+            row = conn.cursor(row_factory=tuple_row).execute(q.current_version).fetchone()
+    except SchemaNotMigrated:
+        return SchemaStatus(current=0, latest=latest)
+    return SchemaStatus(current=int(row[0]) if row else 0, latest=latest)
