@@ -12,7 +12,13 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     │   ├── DatabaseUnavailable       cannot connect, or the connection died mid-operation
     │   ├── SchemaNotMigrated         pgonce's tables are missing or older than this code
     │   └── MigrationError            a migration failed to apply
-    └── WebhookError                  a delivery the inbox refuses (each has an HTTP status)
+    └── WebhookError                  a delivery the inbox refuses; each carries its HTTP status
+        ├── UnknownSource             404: no source of that name is configured
+        ├── SignatureInvalid          401: missing, malformed or wrong signature
+        ├── TimestampOutOfTolerance   401: signed too long ago, or in the future
+        ├── PayloadTooLarge           413: body over the source's limit
+        ├── BadPayload                400: not UTF-8, or not the JSON the scheme needs
+        └── EventConflict             409: same event id, different body (an integrity alert)
 
 The class docstring is the default message; every exception keeps the psycopg error it translates
 as ``__cause__``.
@@ -83,3 +89,45 @@ class WebhookError(PgonceError):
 
     status: int = 400
     title: str = "Bad webhook delivery"
+
+
+class UnknownSource(WebhookError):
+    """No webhook source of that name is configured."""
+
+    status = 404
+    title = "Unknown webhook source"
+
+
+class SignatureInvalid(WebhookError):
+    """The signature is missing, malformed or does not match."""
+
+    status = 401
+    title = "Invalid webhook signature"
+
+
+class TimestampOutOfTolerance(WebhookError):
+    """The signed timestamp is too old or too far in the future."""
+
+    status = 401
+    title = "Webhook timestamp out of tolerance"
+
+
+class PayloadTooLarge(WebhookError):
+    """The body is larger than the source allows."""
+
+    status = 413
+    title = "Webhook body too large"
+
+
+class BadPayload(WebhookError):
+    """The body is not what the source requires (UTF-8, JSON)."""
+
+    status = 400
+    title = "Malformed webhook body"
+
+
+class EventConflict(WebhookError):
+    """The event id was already received with a different body."""
+
+    status = 409
+    title = "Webhook event id reused with a different body"

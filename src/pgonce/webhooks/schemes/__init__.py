@@ -1,0 +1,1 @@
+"""Signature schemes, one small module each; every one implements :class:`~.base.Scheme`."""
