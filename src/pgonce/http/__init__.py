@@ -1,0 +1,1 @@
+"""HTTP edges: the Idempotency-Key middleware and RFC 9457 problem responses."""
