@@ -1,0 +1,97 @@
+"""The pure decisions of a claim, without a database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from pgonce.core.fingerprint import fingerprint
+from pgonce.core.outcomes import (
+    ClaimRow,
+    InFlight,
+    Replay,
+    Response,
+    Won,
+    decide,
+    validate_fingerprint,
+    validate_key,
+)
+from pgonce.errors import KeyMismatch, UsageError
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+FP = fingerprint("request")
+
+
+def row(state: str, fp: bytes | None = FP, completed: bool = False) -> ClaimRow:
+    return ClaimRow(
+        state=state,
+        fingerprint=fp,
+        claimed_at=T0,
+        completed_at=T0 if completed else None,
+        status=201 if completed else None,
+        headers=[["content-type", "text/plain"]] if completed else None,
+        body=b"done" if completed else None,
+    )
+
+
+def test_won() -> None:
+    assert decide(row("won"), scope="s", key="k", fingerprint=FP, retry_after=1) == Won(
+        "s", "k", FP, T0
+    )
+
+
+def test_completed_same_fingerprint_replays_the_stored_response() -> None:
+    outcome = decide(
+        row("existing", completed=True), scope="s", key="k", fingerprint=FP, retry_after=1
+    )
+    assert isinstance(outcome, Replay)
+    assert outcome.response == Response(201, (("content-type", "text/plain"),), b"done")
+
+
+@pytest.mark.parametrize("completed", [True, False])
+def test_other_fingerprint_is_a_mismatch_completed_or_not(completed: bool) -> None:
+    with pytest.raises(KeyMismatch, match="different request"):
+        decide(
+            row("existing", fp=fingerprint("other"), completed=completed),
+            scope="s",
+            key="k",
+            fingerprint=FP,
+            retry_after=1,
+        )
+
+
+@pytest.mark.parametrize("state", ["locked", "invisible", "gone"])
+def test_not_decidable_yet_is_in_flight(state: str) -> None:
+    outcome = decide(row(state, fp=None), scope="s", key="k", fingerprint=FP, retry_after=3)
+    assert outcome == InFlight(retry_after=3, reason=state)
+
+
+def test_committed_without_response_is_in_flight() -> None:
+    outcome = decide(row("existing"), scope="s", key="k", fingerprint=FP, retry_after=2)
+    assert outcome == InFlight(retry_after=2, reason="incomplete")
+
+
+def test_fingerprint_parts_are_length_prefixed() -> None:
+    assert fingerprint("ab", "c") != fingerprint("a", "bc")
+    assert fingerprint(b"x") == fingerprint("x")
+    assert len(fingerprint()) == 32
+
+
+@pytest.mark.parametrize(
+    ("scope", "key", "message"),
+    [
+        ("", "k", "scope must not be empty"),
+        ("s", "", "key must not be empty"),
+        ("s", "k" * 513, "at most 512"),
+        ("s", "a\x00b", "NUL"),
+    ],
+)
+def test_bad_keys_are_refused(scope: str, key: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        validate_key(scope, key)
+
+
+def test_a_fingerprint_is_32_bytes() -> None:
+    with pytest.raises(UsageError, match="32 bytes"):
+        validate_fingerprint(b"short")

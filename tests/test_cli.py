@@ -1,0 +1,75 @@
+"""The command line as a user meets it: help, one-line errors, and the demo's proof."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pgonce.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pgonce(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pgonce", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_top_level_help_lists_every_command() -> None:
+    result = pgonce("--help")
+    assert result.returncode == 0
+    for command in COMMANDS:
+        assert command.NAME in result.stdout
+
+
+@pytest.mark.parametrize("name", [c.NAME for c in COMMANDS])
+def test_every_command_has_help(name: str) -> None:
+    result = pgonce(name, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: pgonce" in result.stdout
+    assert len(result.stdout.splitlines()) > 3
+
+
+def test_unreachable_database_is_one_clear_line() -> None:
+    result = pgonce("migrate", "--dsn", "postgresql://nobody:s3cret@127.0.0.1:1/db")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("pgonce: error: cannot connect to PostgreSQL at 127.0.0.1:1/db")
+    assert "s3cret" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_setting_is_one_clear_line() -> None:
+    result = pgonce("migrate", env={"PGONCE_SCHEMA": "Robert'); DROP TABLE students;--"})
+    assert result.returncode == 1
+    assert result.stderr.startswith("pgonce: error: schema name")
+    assert "Traceback" not in result.stderr
+
+
+def test_migrate_reports_up_to_date(dsn: str) -> None:
+    result = pgonce("migrate", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    assert "up to date" in result.stdout
+    status = pgonce("migrate", "--status", "--dsn", dsn)
+    assert status.returncode == 0
+    assert "version" in status.stdout
+
+
+def test_demo_proves_exactly_once(dsn: str) -> None:
+    result = pgonce("demo", "--dsn", dsn, "--orders", "20", "--copies", "10", "--connections", "8")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "exactly once: yes" in result.stdout
+    effects = next(line for line in result.stdout.splitlines() if "side effects" in line)
+    assert effects.split()[2] == "20"

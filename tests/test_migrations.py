@@ -1,0 +1,136 @@
+"""Migrations: they build exactly schema.sql, apply once under concurrency, and are idempotent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgonce import sql as pgsql
+from pgonce.errors import SchemaNotMigrated
+from pgonce.store.migrate import apply_schema_file, migrate, status
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every kind of object a migration can create in pgonce's schema, described by PostgreSQL itself.
+CATALOG = {
+    "columns": """
+        SELECT c.relname || '.' || a.attname, format_type(a.atttypid, a.atttypmod) || ' '
+               || a.attnotnull::text || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+          FROM pg_attribute a
+          JOIN pg_class c ON c.oid = a.attrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE n.nspname = %(schema)s AND a.attnum > 0 AND NOT a.attisdropped""",
+    "relations": """
+        SELECT c.relname, c.relkind::text || ' ' || c.relpersistence::text
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = %(schema)s""",
+    "constraints": """
+        SELECT r.relname || '.' || k.conname, pg_get_constraintdef(k.oid)
+          FROM pg_constraint k
+          JOIN pg_class r ON r.oid = k.conrelid
+          JOIN pg_namespace n ON n.oid = k.connamespace
+         WHERE n.nspname = %(schema)s""",
+    "indexes": """
+        SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(schema)s""",
+    "functions": """
+        SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid)
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = %(schema)s""",
+    "views": """
+        SELECT viewname, definition FROM pg_views WHERE schemaname = %(schema)s""",
+    "triggers": """
+        SELECT c.relname || '.' || t.tgname, pg_get_triggerdef(t.oid)
+          FROM pg_trigger t
+          JOIN pg_class c ON c.oid = t.tgrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = %(schema)s AND NOT t.tgisinternal""",
+    "comments": """
+        SELECT c.relname, obj_description(c.oid, 'pg_class')
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = %(schema)s AND obj_description(c.oid, 'pg_class') IS NOT NULL""",
+}
+
+
+def describe(dsn: str, schema: str) -> dict[str, dict[str, str]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return {
+            kind: dict(conn.execute(query, {"schema": schema}).fetchall())
+            for kind, query in CATALOG.items()
+        }
+
+
+def test_migrations_and_schema_sql_build_the_same_database(
+    empty_dsn: str, dsn: str, server_dsn: str
+) -> None:
+    # `dsn` was built by the migrations (the test template); `empty_dsn` gets schema.sql.
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        apply_schema_file(conn, "pgonce")
+    from_migrations = describe(dsn, "pgonce")
+    from_schema_file = describe(empty_dsn, "pgonce")
+    for kind in CATALOG:
+        assert from_schema_file[kind] == from_migrations[kind], f"{kind} differ"
+    assert from_migrations["relations"], "the comparison saw no tables at all"
+
+
+def test_migrate_twice_is_a_no_op(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        first = migrate(conn, "pgonce")
+        assert first == [m.version for m in pgsql.migrations()]
+        assert migrate(conn, "pgonce") == []
+        state = status(conn, "pgonce")
+        assert state.up_to_date
+        assert state.current == pgsql.migrations()[-1].version
+
+
+def test_the_schema_name_is_configurable(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, "tenant_idem")
+        row = conn.execute("SELECT to_regclass('tenant_idem.keys') IS NOT NULL").fetchone()
+        assert row == (True,)
+        assert conn.execute("SELECT to_regnamespace('pgonce')").fetchone() == (None,)
+
+
+def test_concurrent_migrate_processes_apply_each_migration_once(empty_dsn: str) -> None:
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pgonce", "migrate", "--dsn", empty_dsn],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0], outputs
+    applied_lines = [
+        line for out, _ in outputs for line in out.splitlines() if line.startswith("applied")
+    ]
+    assert len(applied_lines) == len(pgsql.migrations())
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT version, count(*) FROM pgonce.schema_migrations GROUP BY version"
+        ).fetchall()
+    assert {v for v, _ in rows} == {m.version for m in pgsql.migrations()}
+    assert all(count == 1 for _, count in rows)
+
+
+def test_an_unmigrated_database_says_so(empty_dsn: str) -> None:
+    from pgonce import KeyStore, fingerprint
+
+    with psycopg.connect(empty_dsn) as conn:
+        assert status(conn, "pgonce").current == 0
+        with pytest.raises(SchemaNotMigrated, match="pgonce migrate"):
+            KeyStore().claim(conn, "s", "k", fingerprint("x"))
+
+
+def test_named_queries_parse() -> None:
+    parsed = pgsql.parse_named("-- name: a\nSELECT 1\n\n-- name: b\n-- why\nSELECT 2\n")
+    assert parsed == {"a": "SELECT 1", "b": "-- why\nSELECT 2"}
+    with pytest.raises(RuntimeError, match="twice"):
+        pgsql.parse_named("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
