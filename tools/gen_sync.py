@@ -21,6 +21,7 @@ TARGET = ROOT / "src" / "pgonce" / "store" / "_sync"
 
 # Whole-word replacements, applied in order.
 WORDS = {
+    "AbstractAsyncContextManager": "AbstractContextManager",
     "AsyncConnection": "Connection",
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncCursor": "Cursor",

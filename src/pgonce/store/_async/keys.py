@@ -7,12 +7,14 @@ the source of ``_sync/keys.py`` (``tools/gen_sync.py``); edit this one.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
@@ -124,6 +126,17 @@ class AsyncKeyStore:
         if not self.stores(response):
             await self.release(conn, claim)
             return False
+        cur = await self._send_completion(conn, claim, response, now)
+        return cur.rowcount == 1
+
+    async def _send_completion(
+        self,
+        conn: AsyncConnection[Row],
+        claim: Won,
+        response: Response | None,
+        now: datetime | None,
+    ) -> AsyncCursor[Row]:
+        # In pipeline mode this only queues the UPDATE: read rowcount after the pipeline synced.
         stored = response or Response()
         params: dict[str, Any] = {
             "scope": claim.scope,
@@ -134,8 +147,7 @@ class AsyncKeyStore:
             "now": now,
         }
         with translate_errors("completing a key"):
-            cur = await conn.execute(self._sql.complete, params)
-        return cur.rowcount == 1
+            return await conn.execute(self._sql.complete, params)
 
     async def release(self, conn: AsyncConnection[Row], claim: Won) -> None:
         """Give up ``claim`` in the current transaction, so that a retry runs the work anew."""
@@ -163,9 +175,13 @@ class AsyncKeyStore:
                     op.respond(Response(201, body=b"..."))
             return op.response  # the new one, or the stored one on a replay
 
-        The block is ``conn.transaction()``: a transaction of its own, or a savepoint inside the
-        caller's. An exception rolls back the claim with the block's writes. A 5xx response that is
-        not stored rolls the block back too, so nothing half-done commits and the key stays free.
+        On an idle connection the block is a transaction of its own, run in pipeline mode: BEGIN
+        and the claim travel in one round trip, and the block's statements, the completion and
+        COMMIT in one more (statements whose results the block fetches add their own round trip;
+        errors in the others surface when the block ends). Inside the caller's transaction the
+        block is a savepoint (``conn.transaction()``). Either way an exception rolls back the
+        claim with the block's writes, and so does a 5xx response that is not stored: nothing
+        half-done commits and the key stays free.
         """
         return AsyncOperation(self, conn, scope, key, fingerprint, wait=wait, now=now)
 
@@ -189,6 +205,9 @@ class AsyncOperation(Generic[Row]):
         self._args = (scope, key, fingerprint)
         self._wait = wait
         self._now = now
+        # Exactly one of the two is used: a pipeline when this block owns the transaction, a
+        # transaction() (a savepoint) when it runs inside the caller's.
+        self._pipeline: AbstractAsyncContextManager[AsyncPipeline] | None = None
         self._transaction = conn.transaction()
         self._claim: Claim | None = None
         self.response: Response | None = None
@@ -220,15 +239,29 @@ class AsyncOperation(Generic[Row]):
         self.response = response
 
     async def __aenter__(self) -> AsyncOperation[Row]:
-        await self._transaction.__aenter__()
-        try:
-            scope, key, fingerprint = self._args
-            self._claim = await self._store.claim(
-                self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
-            )
-        except BaseException as error:
-            await self._transaction.__aexit__(type(error), error, error.__traceback__)
-            raise
+        scope, key, fingerprint = self._args
+        if self._conn.info.transaction_status == TransactionStatus.IDLE:
+            self._pipeline = pipeline = self._conn.pipeline()
+            await pipeline.__aenter__()
+            try:
+                if self._conn.autocommit:
+                    await self._conn.execute(b"BEGIN", prepare=False)
+                # fetchone() inside claim() flushes BEGIN and the claim together.
+                self._claim = await self._store.claim(
+                    self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
+                )
+            except BaseException as error:
+                await self._abort(error)
+                raise
+        else:
+            await self._transaction.__aenter__()
+            try:
+                self._claim = await self._store.claim(
+                    self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
+                )
+            except BaseException as error:
+                await self._transaction.__aexit__(type(error), error, error.__traceback__)
+                raise
         if isinstance(self._claim, Replay):
             self.response = self._claim.response
         return self
@@ -239,6 +272,9 @@ class AsyncOperation(Generic[Row]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        if self._pipeline is not None:
+            await self._finish_pipelined(exc)
+            return None
         if exc is None and isinstance(self._claim, Won):
             if not self._store.stores(self.response):
                 rollback = psycopg.Rollback()
@@ -251,3 +287,40 @@ class AsyncOperation(Generic[Row]):
                 await self._transaction.__aexit__(type(error), error, error.__traceback__)
                 raise
         return await self._transaction.__aexit__(exc_type, exc, tb)
+
+    async def _finish_pipelined(self, exc: BaseException | None) -> None:
+        assert self._pipeline is not None
+        if exc is not None:
+            await self._abort(exc)
+            return
+        try:
+            completion = None
+            end = b"COMMIT"
+            if isinstance(self._claim, Won):
+                if self._store.stores(self.response):
+                    completion = await self._store._send_completion(
+                        self._conn, self._claim, self.response, self._now
+                    )
+                else:
+                    end = b"ROLLBACK"
+            await self._conn.execute(end, prepare=False)
+            # One flush: the block's pending statements, the completion and COMMIT.
+            await self._pipeline.__aexit__(None, None, None)
+        except BaseException:
+            # A statement failed (the server skipped the rest, COMMIT included): roll back.
+            await self._rollback_quietly()
+            raise
+        self.stored = completion is not None and completion.rowcount == 1
+
+    async def _abort(self, error: BaseException) -> None:
+        assert self._pipeline is not None
+        await self._pipeline.__aexit__(type(error), error, error.__traceback__)
+        await self._rollback_quietly()
+
+    async def _rollback_quietly(self) -> None:
+        # The original error is what the caller must see; a failing rollback (the connection
+        # died) must not replace it. PostgreSQL rolls back a dead connection's transaction.
+        try:
+            await self._conn.rollback()
+        except psycopg.Error:
+            pass

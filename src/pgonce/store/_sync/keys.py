@@ -9,12 +9,14 @@ the source of ``_sync/keys.py`` (``tools/gen_sync.py``); edit this one.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from psycopg import Connection
+from psycopg import Connection, Cursor, Pipeline
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
@@ -126,6 +128,17 @@ class KeyStore:
         if not self.stores(response):
             self.release(conn, claim)
             return False
+        cur = self._send_completion(conn, claim, response, now)
+        return cur.rowcount == 1
+
+    def _send_completion(
+        self,
+        conn: Connection[Row],
+        claim: Won,
+        response: Response | None,
+        now: datetime | None,
+    ) -> Cursor[Row]:
+        # In pipeline mode this only queues the UPDATE: read rowcount after the pipeline synced.
         stored = response or Response()
         params: dict[str, Any] = {
             "scope": claim.scope,
@@ -136,8 +149,7 @@ class KeyStore:
             "now": now,
         }
         with translate_errors("completing a key"):
-            cur = conn.execute(self._sql.complete, params)
-        return cur.rowcount == 1
+            return conn.execute(self._sql.complete, params)
 
     def release(self, conn: Connection[Row], claim: Won) -> None:
         """Give up ``claim`` in the current transaction, so that a retry runs the work anew."""
@@ -165,9 +177,13 @@ class KeyStore:
                     op.respond(Response(201, body=b"..."))
             return op.response  # the new one, or the stored one on a replay
 
-        The block is ``conn.transaction()``: a transaction of its own, or a savepoint inside the
-        caller's. An exception rolls back the claim with the block's writes. A 5xx response that is
-        not stored rolls the block back too, so nothing half-done commits and the key stays free.
+        On an idle connection the block is a transaction of its own, run in pipeline mode: BEGIN
+        and the claim travel in one round trip, and the block's statements, the completion and
+        COMMIT in one more (statements whose results the block fetches add their own round trip;
+        errors in the others surface when the block ends). Inside the caller's transaction the
+        block is a savepoint (``conn.transaction()``). Either way an exception rolls back the
+        claim with the block's writes, and so does a 5xx response that is not stored: nothing
+        half-done commits and the key stays free.
         """
         return Operation(self, conn, scope, key, fingerprint, wait=wait, now=now)
 
@@ -191,6 +207,9 @@ class Operation(Generic[Row]):
         self._args = (scope, key, fingerprint)
         self._wait = wait
         self._now = now
+        # Exactly one of the two is used: a pipeline when this block owns the transaction, a
+        # transaction() (a savepoint) when it runs inside the caller's.
+        self._pipeline: AbstractContextManager[Pipeline] | None = None
         self._transaction = conn.transaction()
         self._claim: Claim | None = None
         self.response: Response | None = None
@@ -222,15 +241,29 @@ class Operation(Generic[Row]):
         self.response = response
 
     def __enter__(self) -> Operation[Row]:
-        self._transaction.__enter__()
-        try:
-            scope, key, fingerprint = self._args
-            self._claim = self._store.claim(
-                self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
-            )
-        except BaseException as error:
-            self._transaction.__exit__(type(error), error, error.__traceback__)
-            raise
+        scope, key, fingerprint = self._args
+        if self._conn.info.transaction_status == TransactionStatus.IDLE:
+            self._pipeline = pipeline = self._conn.pipeline()
+            pipeline.__enter__()
+            try:
+                if self._conn.autocommit:
+                    self._conn.execute(b"BEGIN", prepare=False)
+                # fetchone() inside claim() flushes BEGIN and the claim together.
+                self._claim = self._store.claim(
+                    self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
+                )
+            except BaseException as error:
+                self._abort(error)
+                raise
+        else:
+            self._transaction.__enter__()
+            try:
+                self._claim = self._store.claim(
+                    self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
+                )
+            except BaseException as error:
+                self._transaction.__exit__(type(error), error, error.__traceback__)
+                raise
         if isinstance(self._claim, Replay):
             self.response = self._claim.response
         return self
@@ -241,6 +274,9 @@ class Operation(Generic[Row]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        if self._pipeline is not None:
+            self._finish_pipelined(exc)
+            return None
         if exc is None and isinstance(self._claim, Won):
             if not self._store.stores(self.response):
                 rollback = psycopg.Rollback()
@@ -253,3 +289,40 @@ class Operation(Generic[Row]):
                 self._transaction.__exit__(type(error), error, error.__traceback__)
                 raise
         return self._transaction.__exit__(exc_type, exc, tb)
+
+    def _finish_pipelined(self, exc: BaseException | None) -> None:
+        assert self._pipeline is not None
+        if exc is not None:
+            self._abort(exc)
+            return
+        try:
+            completion = None
+            end = b"COMMIT"
+            if isinstance(self._claim, Won):
+                if self._store.stores(self.response):
+                    completion = self._store._send_completion(
+                        self._conn, self._claim, self.response, self._now
+                    )
+                else:
+                    end = b"ROLLBACK"
+            self._conn.execute(end, prepare=False)
+            # One flush: the block's pending statements, the completion and COMMIT.
+            self._pipeline.__exit__(None, None, None)
+        except BaseException:
+            # A statement failed (the server skipped the rest, COMMIT included): roll back.
+            self._rollback_quietly()
+            raise
+        self.stored = completion is not None and completion.rowcount == 1
+
+    def _abort(self, error: BaseException) -> None:
+        assert self._pipeline is not None
+        self._pipeline.__exit__(type(error), error, error.__traceback__)
+        self._rollback_quietly()
+
+    def _rollback_quietly(self) -> None:
+        # The original error is what the caller must see; a failing rollback (the connection
+        # died) must not replace it. PostgreSQL rolls back a dead connection's transaction.
+        try:
+            self._conn.rollback()
+        except psycopg.Error:
+            pass

@@ -1,0 +1,213 @@
+"""Key store: the fresh-key path and the duplicate path, against pgbench and raw psycopg.
+
+References, measured in the same run at the same concurrency:
+- pgbench ``naive 5``: BEGIN; claim (INSERT ... ON CONFLICT); business insert; completion; COMMIT,
+  one statement per round trip -- the shape most hand-written key stores have;
+- pgbench ``own shape``: exactly the statements pgonce sends, in the same grouping -- the limit
+  for pgonce's own shape, with no Python at all;
+- ``raw psycopg``: a hand-written async psycopg loop of the naive five statements.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+
+from bench.clients import Measurement, run_clients, run_pgbench
+from bench.context import BenchContext
+from bench.report import Table, ratio
+from pgonce import AsyncKeyStore, Response, fingerprint
+
+TITLE = "Key store"
+LEVELS = (1, 4, 16, 64)
+FP = fingerprint("POST", "/orders", b'{"amount": 4200}')
+FP_HEX = FP.hex()
+BODY = b'{"order":"accepted","amount":4200}'
+DUPLICATE_KEYS = 10_000
+
+SETUP = """
+CREATE SCHEMA IF NOT EXISTS bench;
+CREATE TABLE IF NOT EXISTS bench.orders (id bigserial PRIMARY KEY, key text NOT NULL, amount int);
+"""
+
+NAIVE5 = f"""\\set k random(1, 9000000000000000000)
+BEGIN;
+INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at)
+  VALUES ('bench-naive', :k::text, decode('{FP_HEX}', 'hex'), now())
+  ON CONFLICT (scope, key) DO NOTHING RETURNING claimed_at;
+INSERT INTO bench.orders (key, amount) VALUES (:k::text, 4200);
+UPDATE pgonce.keys SET completed_at = now(), response_status = 201, response_headers = '[]',
+  response_body = convert_to('{BODY.decode()}', 'UTF8')
+  WHERE scope = 'bench-naive' AND key = :k::text AND completed_at IS NULL;
+COMMIT;
+"""
+
+# What `once()` sends on an idle connection: BEGIN + claim in one flush, then the business insert,
+# the completion and COMMIT in a second one.
+OWN_FRESH = f"""\\set k random(1, 9000000000000000000)
+\\startpipeline
+BEGIN;
+SELECT state, fingerprint, claimed_at, completed_at,
+       response_status, response_headers, response_body
+  FROM pgonce.claim('bench-own', :k::text, decode('{FP_HEX}', 'hex'), 2000, NULL);
+\\endpipeline
+\\startpipeline
+INSERT INTO bench.orders (key, amount) VALUES (:k::text, 4200);
+UPDATE pgonce.keys SET completed_at = coalesce(NULL::timestamptz, now()), response_status = 201,
+  response_headers = '[["content-type","application/json"]]',
+  response_body = convert_to('{BODY.decode()}', 'UTF8')
+  WHERE scope = 'bench-own' AND key = :k::text AND completed_at IS NULL;
+COMMIT;
+\\endpipeline
+"""
+
+OWN_DUPLICATE = f"""\\set k random(1, {DUPLICATE_KEYS})
+\\startpipeline
+BEGIN;
+SELECT state, fingerprint, claimed_at, completed_at,
+       response_status, response_headers, response_body
+  FROM pgonce.claim('bench-dup', :k::text, decode('{FP_HEX}', 'hex'), 2000, NULL);
+\\endpipeline
+COMMIT;
+"""
+
+INSERT_ALONE = """\\set k random(1, 9000000000000000000)
+INSERT INTO bench.orders (key, amount) VALUES (:k::text, 4200);
+"""
+
+HEADERS = (("content-type", "application/json"),)
+
+
+def _setup(ctx: BenchContext) -> None:
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        conn.execute(SETUP)
+        conn.execute("DELETE FROM pgonce.keys WHERE scope LIKE 'bench-%'")
+        conn.execute("TRUNCATE bench.orders")
+        conn.execute(
+            """INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at,
+                                       response_status, response_headers, response_body)
+               SELECT 'bench-dup', g::text, %s, now(), now(), 201,
+                      '[["content-type","application/json"]]', %s
+                 FROM generate_series(1, %s) AS g""",
+            (FP, BODY, DUPLICATE_KEYS),
+        )
+        conn.execute("VACUUM ANALYZE pgonce.keys")
+
+
+def _pgonce_fresh(store: AsyncKeyStore, run: str) -> Any:
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        key = f"{run}-{client}-{seq}"
+        async with store.once(conn, "bench-api", key, FP) as op:
+            await conn.execute("INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)", (key,))
+            op.respond(Response(201, HEADERS, BODY))
+
+    return transaction
+
+
+def _pgonce_duplicate(store: AsyncKeyStore) -> Any:
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        key = str(1 + (client * 7919 + seq) % DUPLICATE_KEYS)
+        async with store.once(conn, "bench-dup", key, FP) as op:
+            assert op.replayed
+
+    return transaction
+
+
+def _raw_naive5(run: str) -> Any:
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        key = f"{run}-{client}-{seq}"
+        await conn.execute("BEGIN")
+        await conn.execute(
+            "INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at) "
+            "VALUES ('bench-raw', %s, %s, now()) ON CONFLICT (scope, key) DO NOTHING "
+            "RETURNING claimed_at",
+            (key, FP),
+        )
+        await conn.execute("INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)", (key,))
+        await conn.execute(
+            "UPDATE pgonce.keys SET completed_at = now(), response_status = 201, "
+            "response_headers = '[]', response_body = %s "
+            "WHERE scope = 'bench-raw' AND key = %s AND completed_at IS NULL",
+            (BODY, key),
+        )
+        await conn.execute("COMMIT")
+
+    return transaction
+
+
+def _row(
+    table: Table, level: int, name: str, m: Measurement, *refs: tuple[Measurement, str]
+) -> None:
+    table.add(
+        level,
+        name,
+        f"{m.tps:,.0f}",
+        f"{m.p50_ms:.2f}",
+        f"{m.p99_ms:.2f}",
+        f"{m.cpu_us_per_tx:.0f}",
+        "; ".join(ratio(m.tps, ref.tps, label) for ref, label in refs) or "reference",
+    )
+
+
+def run(ctx: BenchContext) -> list[Table]:
+    _setup(ctx)
+    seconds = ctx.seconds(5)
+    levels = (1, 16) if ctx.quick else LEVELS
+    store = AsyncKeyStore(schema=ctx.schema)
+    columns = ["conns", "client", "tx/s", "p50 ms", "p99 ms", "client CPU µs/tx", "ratio"]
+    fresh = Table(
+        "Key store: fresh key (claim + business insert + completion + commit)",
+        columns,
+        notes=[
+            "pgonce = `AsyncKeyStore.once()` on psycopg async; client CPU is the Python process's "
+            "CPU time (pgbench: its own) divided by transactions.",
+        ],
+    )
+    duplicate = Table("Key store: duplicate (replay of a completed key)", columns)
+    overhead = Table(
+        "Key store: database-level overhead (pgbench only)",
+        ["conns", "shape", "tx/s", "p99 ms", "ratio"],
+        notes=["The fresh-key transaction against the business insert alone, both run by pgbench."],
+    )
+    for level in levels:
+        run_id = uuid.uuid4().hex[:8]
+        naive = run_pgbench(ctx.dsn, NAIVE5, level, seconds)
+        own = run_pgbench(ctx.dsn, OWN_FRESH, level, seconds)
+        raw = run_clients(ctx.dsn, level, seconds, _raw_naive5(run_id))
+        api = run_clients(ctx.dsn, level, seconds, _pgonce_fresh(store, run_id))
+        _row(fresh, level, "pgbench naive 5", naive)
+        _row(fresh, level, "pgbench own shape", own, (naive, "pgbench naive 5"))
+        _row(fresh, level, "raw psycopg naive 5", raw, (naive, "pgbench naive 5"))
+        _row(
+            fresh,
+            level,
+            "**pgonce**",
+            api,
+            (naive, "pgbench naive 5"),
+            (own, "pgbench own shape"),
+            (raw, "raw psycopg"),
+        )
+        dup_ref = run_pgbench(ctx.dsn, OWN_DUPLICATE, level, seconds)
+        dup = run_clients(ctx.dsn, level, seconds, _pgonce_duplicate(store))
+        _row(duplicate, level, "pgbench own shape", dup_ref)
+        _row(duplicate, level, "**pgonce**", dup, (dup_ref, "pgbench own shape"))
+        if level == 16 or (ctx.quick and level == levels[-1]):
+            alone = run_pgbench(ctx.dsn, INSERT_ALONE, level, seconds)
+            overhead.add(
+                level,
+                "business insert alone",
+                f"{alone.tps:,.0f}",
+                f"{alone.p99_ms:.2f}",
+                "reference",
+            )
+            for shape, m in (("naive 5", naive), ("pgonce's own shape", own)):
+                overhead.add(
+                    level,
+                    shape,
+                    f"{m.tps:,.0f}",
+                    f"{m.p99_ms:.2f}",
+                    f"{m.tps / alone.tps:.2f} × insert alone" if alone.tps else "n/a",
+                )
+    return [fresh, duplicate, overhead]
