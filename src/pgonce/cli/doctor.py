@@ -1,0 +1,108 @@
+"""Check pgonce's health and print it as a table: stuck claims and the retention horizon.
+
+- stuck claims: claims committed without a response and older than --stuck-after. A handful, and
+  recent, is normal; an old one answers every retry of its key "in flight" until someone acts.
+- oldest row vs retry horizon: the oldest completed key must be older than the retry horizon, else
+  keys die while senders still retry them. A young table looks the same, so this only warns.
+- oldest row vs retention: the oldest completed key must be younger than retention + --slack, else
+  the sweeper stalled.
+- overdue rows: rows past their retention, still waiting for the sweeper.
+
+Give the same retention options as `pgonce sweep` so that both judge by the same policy.
+Exit status: 0 when every check passes or only warns, 1 when a check fails (also warnings with
+--strict) or the database cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import psycopg
+
+from pgonce.cli.common import add_database_options, say, settings_from
+from pgonce.cli.sweep import add_retention_options, duration_arg, policies_from
+from pgonce.core.retention import (
+    DEFAULT_SLACK,
+    DEFAULT_STUCK_AFTER,
+    Finding,
+    HealthReport,
+    format_duration,
+)
+from pgonce.database import open_database
+from pgonce.store._sync.health import HealthCheck
+from pgonce.store.errors import translate_errors
+
+NAME = "doctor"
+HELP = "check stuck claims and the retention horizon; exit 1 when something is wrong"
+
+COLUMNS = ("check", "target", "scope", "value", "limit", "status")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_database_options(parser)
+    add_retention_options(parser)
+    group = parser.add_argument_group("thresholds")
+    group.add_argument(
+        "--stuck-after",
+        type=duration_arg,
+        default=DEFAULT_STUCK_AFTER,
+        metavar="DURATION",
+        help="a claim in flight longer than this is stuck "
+        f"(default {format_duration(DEFAULT_STUCK_AFTER)}: longer than any handler should run)",
+    )
+    group.add_argument(
+        "--slack",
+        type=duration_arg,
+        default=DEFAULT_SLACK,
+        metavar="DURATION",
+        help="how far the oldest row may outlive its retention before the sweeper counts as "
+        f"stalled (default {format_duration(DEFAULT_SLACK)}: a nightly cron that missed a night)",
+    )
+    parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+
+
+def render(report: HealthReport) -> str:
+    """The report as an aligned text table, with the reasons for every finding that is not ok."""
+    rows = [COLUMNS, *(_cells(f) for f in report.findings)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = [_line(row, widths) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = [
+        f"{f.status.upper()} {f.check} ({f.target}, {_scope(f)}): {f.detail}"
+        for f in report.findings
+        if f.status != "ok" and f.detail
+    ]
+    checked = f"checked at {report.checked_at:%Y-%m-%d %H:%M:%S %Z}: {report.status.upper()}"
+    return "\n".join([*lines, "", *notes, *([""] if notes else []), checked])
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
+
+
+def _scope(finding: Finding) -> str:
+    return "*" if finding.scope is None else finding.scope
+
+
+def _cells(finding: Finding) -> Sequence[str]:
+    status = finding.status if finding.status == "ok" else finding.status.upper()
+    return (finding.check, finding.target, _scope(finding), finding.value, finding.limit, status)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    health = HealthCheck(
+        policies_from(args),
+        schema=settings.schema,
+        stuck_after=args.stuck_after,
+        slack=args.slack,
+    )
+    with open_database(settings) as db:
+        say(f"pgonce: using {db.description}")
+        with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
+            report = health.check(conn, now=args.now)
+    print(render(report))
+    if report.status == "fail" or (args.strict and report.status == "warn"):
+        return 1
+    return 0

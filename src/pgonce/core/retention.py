@@ -1,0 +1,512 @@
+"""Retention: how long pgonce's rows live, what the sweeper may delete, and what health means.
+
+Pure decisions, no I/O. The store's sweeper and health check run the SQL; everything they decide
+with the results is here, so it is tested without a database.
+
+Guarantees a reader must not break:
+
+- **The horizon guard.** A retention shorter than the retry horizon it must cover is refused with
+  :class:`~pgonce.errors.ConfigError` naming the target, the scope (or source) and both durations,
+  when the policy is built: before a sweeper, a health check or a command can start. A key deleted
+  while its provider still retries would let the retry run the work a second time.
+- **Bounded runs.** A sweep deletes in batches of ``batch_size``, stops a target at its first short
+  batch, and never runs more than ``max_batches`` batches of one target in one run.
+- **Sweep targets.** Every table the sweeper serves is a :class:`SweepTarget` in :data:`TARGETS`,
+  with one ``delete_<name>`` statement in ``sql/queries/sweep.sql`` and one ``horizon_<name>`` in
+  ``sql/queries/health.sql``. Those statements alone say which rows are deletable (for the key
+  store: completed keys only, never a claim in flight).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pgonce.errors import ConfigError
+
+#: How long a completed key (or a processed delivery) is kept. Thirty days is ten times the
+#: longest common provider retry horizon (Stripe retries for 3 days, GitHub and Shopify for less),
+#: leaves room for a client that replays a day-old request after an outage, and still lets support
+#: answer "what did we reply?" for a month. Storage is the price: about 1 KB per key.
+DEFAULT_RETENTION = timedelta(days=30)
+
+#: How long a caller or provider may retry the same key when it declares nothing else. 72 hours is
+#: Stripe's documented retry horizon (up to 3 days with exponential backoff), the longest of the
+#: common webhook providers; API clients retry for minutes.
+DEFAULT_RETRY_HORIZON = timedelta(hours=72)
+
+#: Rows per batch. A batch of 1,000 short rows deletes in a few milliseconds, locks only those rows
+#: and writes a small WAL record per commit, so claims running beside it hardly notice.
+DEFAULT_BATCH_SIZE = 1000
+
+#: Batches of one target per run: a run ends in bounded time (up to 1,000,000 rows at the default
+#: batch size) and the next run continues where it stopped.
+DEFAULT_MAX_BATCHES = 1000
+
+#: Pause between batches, so that the claim workload gets the disk and the CPU in between; 10 ms
+#: keeps the rate near 100,000 rows/s at most, far above any insert rate pgonce serves.
+DEFAULT_PAUSE = timedelta(milliseconds=10)
+
+#: Statement timeout of one batch (SET LOCAL). A batch takes milliseconds; one that runs for seconds
+#: is fighting something, and giving up is better than holding locks (the next run retries).
+DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)
+
+#: How often the in-process sweeper runs. Five minutes keeps overdue rows to five minutes' worth of
+#: traffic, and costs one cheap statement per target when nothing is due.
+DEFAULT_SWEEP_EVERY = timedelta(minutes=5)
+
+#: A claim in flight for longer than this is stuck. With ``once()`` a claim commits together with
+#: its response, so a committed claim without one means the caller committed between claim and
+#: completion; fifteen minutes is longer than any request or webhook handler should run (gateways
+#: cut requests after a minute, providers after 10 to 30 seconds). Every retry of a stuck key is
+#: answered "in flight" until someone looks, so health reports it as a failure.
+DEFAULT_STUCK_AFTER = timedelta(minutes=15)
+
+#: How far the oldest key may outlive its retention before health says the sweeper stalled: a day
+#: covers a nightly cron job that missed one night, or a run that hit its batch cap.
+DEFAULT_SLACK = timedelta(days=1)
+
+#: Statement timeout of the health queries. They read whole tables (no index answers "oldest
+#: completed key"); 30 seconds bounds a scrape of a very large table.
+DEFAULT_HEALTH_TIMEOUT = timedelta(seconds=30)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepTarget:
+    """A pgonce table the sweeper keeps short.
+
+    Registering one takes three lines: a ``SweepTarget`` added to :data:`TARGETS`, a
+    ``delete_<name>`` statement in ``queries/sweep.sql`` and a ``horizon_<name>`` statement in
+    ``queries/health.sql`` (both files describe the parameters their statements receive).
+    """
+
+    #: The table's name, and the suffix of its statements.
+    name: str
+    #: What retention is set per, in this table's words ("scope" for keys, "source" for the inbox).
+    scope_word: str
+    #: The timestamp that ages a row.
+    age_column: str
+    #: Which rows may be deleted once old, in words (the statement is the truth).
+    deletable: str
+    #: Whether ``stuck_<name>`` exists in health.sql (rows that should have finished and did not).
+    has_stuck: bool = False
+
+
+KEYS = SweepTarget(
+    name="keys",
+    scope_word="scope",
+    age_column="claimed_at",
+    deletable="completed keys (completed_at IS NOT NULL); never a claim in flight",
+    has_stuck=True,
+)
+
+#: Every table the sweeper serves, in sweep order. The inbox and the outbox add theirs here, e.g.
+#: ``SweepTarget("inbox", "source", "received_at", "deliveries done or skipped")``.
+TARGETS: dict[str, SweepTarget] = {target.name: target for target in (KEYS,)}
+
+
+def target(name: str) -> SweepTarget:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        known = ", ".join(TARGETS)
+        raise ConfigError(f"no sweep target {name!r}; the targets are: {known}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Durations, as people write them in flags and read them in messages.
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|w|d|h|m|s)")
+_UNITS = {
+    "w": timedelta(weeks=1),
+    "d": timedelta(days=1),
+    "h": timedelta(hours=1),
+    "m": timedelta(minutes=1),
+    "s": timedelta(seconds=1),
+    "ms": timedelta(milliseconds=1),
+}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"30d"``, ``"72h"``, ``"1d12h"``, ``"15m"``, ``"90s"``, ``"250ms"`` as a timedelta."""
+    compact = text.strip().lower().replace(" ", "")
+    pos, total = 0, timedelta(0)
+    while pos < len(compact):
+        match = _DURATION.match(compact, pos)
+        if not match:
+            raise ConfigError(
+                f"{text!r} is not a duration: write a number and a unit (w, d, h, m, s, ms), "
+                "e.g. 30d, 72h, 1d12h, 15m, 500ms"
+            )
+        total += float(match[1]) * _UNITS[match[2]]
+        pos = match.end()
+    if pos == 0:
+        raise ConfigError(f"{text!r} is not a duration (e.g. 30d, 72h, 15m)")
+    return total
+
+
+def format_duration(value: timedelta) -> str:
+    """A short human form: ``3d``, ``1d12h``, ``15m``, ``2.5s``; negative values get a sign."""
+    if value < timedelta(0):
+        return "-" + format_duration(-value)
+    if value < timedelta(seconds=1):
+        return f"{value / timedelta(milliseconds=1):.0f}ms"
+    if value < timedelta(minutes=1):
+        return f"{value.total_seconds():.3g}s"
+    rest = int(value.total_seconds())
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        amount, rest = divmod(rest, size)
+        if amount:
+            parts.append(f"{amount}{unit}")
+    # Two units are enough to read; "29d23h" says what "29d23h59m58s" says.
+    return "".join(parts[:2])
+
+
+# --------------------------------------------------------------------------------------------
+# Retention policies and the horizon guard.
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long rows are kept, and how long the other side keeps retrying them."""
+
+    keep: timedelta = DEFAULT_RETENTION
+    retry_horizon: timedelta = DEFAULT_RETRY_HORIZON
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """The retention of one sweep target: a default, and overrides per scope (or source).
+
+    Building one runs the horizon guard: every retention must cover its retry horizon.
+    """
+
+    target: str = KEYS.name
+    default: Retention = field(default_factory=Retention)
+    scopes: Mapping[str, Retention] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        found = target(self.target)
+        _guard(found, None, self.default)
+        for scope, retention in self.scopes.items():
+            if not isinstance(scope, str) or not scope:
+                raise ConfigError(f"a {found.scope_word} of {found.name} must be a non-empty text")
+            _guard(found, scope, retention)
+
+    def for_scope(self, scope: str | None) -> Retention:
+        """The retention of ``scope``; ``None`` means every scope without its own."""
+        if scope is None:
+            return self.default
+        return self.scopes.get(scope, self.default)
+
+    def groups(self) -> list[str | None]:
+        """The scopes with their own retention, then ``None`` for all the others."""
+        return [*sorted(self.scopes), None]
+
+    def params(self, now: datetime | None) -> dict[str, Any]:
+        """The parameters every ``delete_<target>`` and ``horizon_<target>`` statement takes."""
+        names = sorted(self.scopes)
+        keeps = [self.scopes[name].keep for name in names]
+        return {
+            "now": now,
+            "default_keep": self.default.keep,
+            "scopes": names,
+            "keeps": keeps,
+            "min_keep": min([self.default.keep, *keeps]),
+        }
+
+
+def _guard(found: SweepTarget, scope: str | None, retention: Retention) -> None:
+    where = f"{found.scope_word} {scope!r}" if scope else f"every {found.scope_word}"
+    what = f"the retention of {found.name} for {where}"
+    if retention.keep <= timedelta(0):
+        raise ConfigError(f"{what} must be positive, not {format_duration(retention.keep)}")
+    if retention.retry_horizon < timedelta(0):
+        raise ConfigError(f"the retry horizon of {found.name} for {where} must not be negative")
+    if retention.keep < retention.retry_horizon:
+        raise ConfigError(
+            f"{what} is {format_duration(retention.keep)}, shorter than its retry horizon of "
+            f"{format_duration(retention.retry_horizon)}: a retry arriving after "
+            f"{format_duration(retention.keep)} would find no key and run again. Keep "
+            f"{found.name} for at least {format_duration(retention.retry_horizon)}."
+        )
+
+
+def policy_from_text(
+    target_name: str,
+    *,
+    keep: timedelta = DEFAULT_RETENTION,
+    retry_horizon: timedelta = DEFAULT_RETRY_HORIZON,
+    overrides: Iterable[str] = (),
+) -> RetentionPolicy:
+    """A policy from command-line words: ``overrides`` are ``SCOPE=KEEP`` or ``SCOPE=KEEP/HORIZON``.
+
+    A scope without its own horizon inherits ``retry_horizon``.
+    """
+    scopes: dict[str, Retention] = {}
+    for item in overrides:
+        name, sep, spec = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"{item!r}: write SCOPE=RETENTION or SCOPE=RETENTION/RETRY_HORIZON")
+        keep_text, _, horizon_text = spec.partition("/")
+        scopes[name] = Retention(
+            keep=parse_duration(keep_text),
+            retry_horizon=parse_duration(horizon_text) if horizon_text else retry_horizon,
+        )
+    return RetentionPolicy(target_name, Retention(keep, retry_horizon), scopes)
+
+
+# --------------------------------------------------------------------------------------------
+# Batch decisions.
+
+
+@dataclass(frozen=True, slots=True)
+class SweepLimits:
+    """How a sweep run is bounded; see the ``DEFAULT_*`` constants for why each value."""
+
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_batches: int = DEFAULT_MAX_BATCHES
+    pause: timedelta = DEFAULT_PAUSE
+    statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"the sweep batch size must be at least 1, not {self.batch_size}")
+        if self.max_batches < 1:
+            raise ConfigError(f"the batch cap must be at least 1, not {self.max_batches}")
+        if self.pause < timedelta(0):
+            raise ConfigError("the pause between sweep batches must not be negative")
+        if self.statement_timeout < timedelta(milliseconds=1):
+            raise ConfigError("the sweep statement timeout must be at least 1ms")
+
+    @property
+    def timeout_ms(self) -> str:
+        """``statement_timeout`` as PostgreSQL's setting wants it (whole milliseconds, as text)."""
+        return str(max(1, round(self.statement_timeout / timedelta(milliseconds=1))))
+
+
+#: Why a target's run ended: a short batch (nothing more is due), the batch cap, or a stop request.
+Ending = Literal["drained", "capped", "stopped"]
+
+
+def after_batch(deleted: int, batches: int, limits: SweepLimits) -> Ending | None:
+    """What follows a batch that deleted ``deleted`` rows as the ``batches``-th of its run.
+
+    ``None``: sweep the next batch. A short batch ends the target's run even when the cap is
+    reached at the same time: nothing more is due, so the run was not cut short.
+    """
+    if deleted < limits.batch_size:
+        return "drained"
+    if batches >= limits.max_batches:
+        return "capped"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSweep:
+    """What one run did to one target."""
+
+    target: str
+    deleted: int
+    batches: int
+    ending: Ending
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one run did, per target."""
+
+    targets: tuple[TargetSweep, ...]
+    seconds: float
+
+    @property
+    def deleted(self) -> int:
+        return sum(t.deleted for t in self.targets)
+
+    @property
+    def batches(self) -> int:
+        return sum(t.batches for t in self.targets)
+
+    @property
+    def capped(self) -> bool:
+        """True when a target still had rows due when its batch cap ended the run."""
+        return any(t.ending == "capped" for t in self.targets)
+
+    def summary(self) -> str:
+        """One line for people and for cron mail."""
+        per_target = ", ".join(f"{t.target} {t.deleted:,}" for t in self.targets)
+        batches = f"{self.batches:,} batch" + ("" if self.batches == 1 else "es")
+        line = f"swept {self.deleted:,} rows ({per_target}) in {batches}, {self.seconds:.2f}s"
+        capped = [t.target for t in self.targets if t.ending == "capped"]
+        if capped:
+            line += f"; batch cap reached for {', '.join(capped)}: more is due next run"
+        if any(t.ending == "stopped" for t in self.targets):
+            line += "; stopped on request"
+        return line
+
+
+# --------------------------------------------------------------------------------------------
+# Health: the two assertions of the design, as decisions on facts the store reads.
+
+Status = Literal["ok", "warn", "fail"]
+_RANK: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFacts:
+    """The retained rows of one scope group of a target: a scope with its own retention, or
+    ``scope=None`` for every scope without one."""
+
+    target: str
+    scope: str | None
+    retention: Retention
+    #: Rows that are deletable once old (for keys: completed keys).
+    rows: int
+    #: Age of the oldest of them at ``checked_at``; ``None`` when there are none.
+    oldest_age: timedelta | None
+    #: Rows past their retention that are still there (the sweeper's backlog).
+    overdue: int
+
+
+@dataclass(frozen=True, slots=True)
+class StuckFacts:
+    """Rows of a target that should have finished and did not (claims in flight, for keys)."""
+
+    target: str
+    threshold: timedelta
+    count: int
+    oldest_age: timedelta | None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One line of the health table."""
+
+    check: str
+    target: str
+    scope: str | None
+    status: Status
+    value: str
+    limit: str
+    detail: str
+
+
+def judge_stuck(facts: StuckFacts) -> Finding:
+    if facts.count == 0:
+        limit = f"none older than {format_duration(facts.threshold)}"
+        return Finding("stuck claims", facts.target, None, "ok", "0", limit, "")
+    oldest = format_duration(facts.oldest_age) if facts.oldest_age is not None else "?"
+    return Finding(
+        "stuck claims",
+        facts.target,
+        None,
+        "fail",
+        f"{facts.count:,} (oldest {oldest})",
+        f"none older than {format_duration(facts.threshold)}",
+        "claims committed without a response: every retry of these keys is answered 'in flight'; "
+        "complete or release them (see keys_readable WHERE completed_at IS NULL)",
+    )
+
+
+def judge_horizon(facts: GroupFacts, slack: timedelta) -> list[Finding]:
+    """Both ends of the retention horizon, and the overdue rows, for one scope group.
+
+    - The oldest key must be older than the retry horizon, else keys die while they are still
+      retried. A young table looks the same (nothing has been kept that long yet), so this is a
+      warning, never a failure on its own.
+    - The oldest key must be younger than retention plus ``slack``, else the sweeper stalled.
+    """
+    retention = facts.retention
+    findings = []
+    age = facts.oldest_age
+    value = format_duration(age) if age is not None else "no rows"
+    if age is None or age >= retention.retry_horizon:
+        status: Status = "ok"
+        detail = ""
+    else:
+        status = "warn"
+        detail = (
+            f"the oldest row is younger than the {format_duration(retention.retry_horizon)} its "
+            "senders keep retrying: either the table is that young, or rows are deleted too early "
+            "(check the retention every sweeper runs with)"
+        )
+    findings.append(
+        Finding(
+            "oldest row vs retry horizon",
+            facts.target,
+            facts.scope,
+            status,
+            value,
+            f">= {format_duration(retention.retry_horizon)}",
+            detail,
+        )
+    )
+    ceiling = retention.keep + slack
+    stalled = age is not None and age > ceiling
+    findings.append(
+        Finding(
+            "oldest row vs retention",
+            facts.target,
+            facts.scope,
+            "fail" if stalled else "ok",
+            value,
+            f"<= {format_duration(ceiling)}",
+            "rows outlive their retention: the sweeper is not running, or cannot keep up"
+            if stalled
+            else "",
+        )
+    )
+    findings.append(
+        Finding(
+            "overdue rows",
+            facts.target,
+            facts.scope,
+            "ok",
+            f"{facts.overdue:,} of {facts.rows:,}",
+            f"older than {format_duration(retention.keep)}",
+            "",
+        )
+    )
+    return findings
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    """The health figures (for metrics) and the findings on them (for ``pgonce doctor``)."""
+
+    checked_at: datetime
+    groups: tuple[GroupFacts, ...]
+    stuck: tuple[StuckFacts, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def status(self) -> Status:
+        worst: Status = "ok"
+        for finding in self.findings:
+            if _RANK[finding.status] > _RANK[worst]:
+                worst = finding.status
+        return worst
+
+    @property
+    def ok(self) -> bool:
+        """False when any check failed (warnings alone keep it true)."""
+        return self.status != "fail"
+
+
+def assess(
+    checked_at: datetime,
+    groups: Iterable[GroupFacts],
+    stuck: Iterable[StuckFacts],
+    *,
+    slack: timedelta = DEFAULT_SLACK,
+) -> HealthReport:
+    groups = tuple(groups)
+    stuck = tuple(stuck)
+    findings = [judge_stuck(s) for s in stuck]
+    for group in groups:
+        findings.extend(judge_horizon(group, slack))
+    return HealthReport(checked_at, groups, stuck, tuple(findings))

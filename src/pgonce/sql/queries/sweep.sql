@@ -1,0 +1,51 @@
+-- Sweeper statements. {schema} is pgonce's schema, composed with psycopg.sql.Identifier.
+--
+-- Each sweep target (pgonce.core.retention.TARGETS) has ONE statement here, `delete_<target>`,
+-- that deletes ONE bounded batch. It alone decides which rows are deletable. Parameters, from
+-- RetentionPolicy.params():
+--   now           timestamptz, or NULL for the server's clock (tests set it)
+--   default_keep  interval: the retention of every scope without its own
+--   scopes, keeps text[] and interval[] of the same length: scopes with their own retention
+--   min_keep      interval: the shortest retention of all, an index-friendly bound on the age
+--   batch_size    integer
+--
+-- How every delete_<target> is built, and why:
+--   * The batch is chosen with LIMIT ... FOR UPDATE SKIP LOCKED: concurrent sweepers take disjoint
+--     rows, never wait for each other or for a transaction holding a row, and never delete a row
+--     twice (a row deleted by another sweeper after our snapshot is skipped, not counted).
+--   * The DELETE joins the chosen rows on the primary key, scope first. No ctid: the statement is
+--     correct on Citus, where scope is the distribution column.
+--   * The sweeper runs each batch in its own transaction, after `statement_timeout`.
+--
+-- Registering another table is one statement in this shape, e.g. for the inbox:
+--   -- name: delete_inbox
+--   WITH doomed AS MATERIALIZED (
+--       SELECT i.source, i.event_id FROM {schema}.inbox AS i
+--         LEFT JOIN unnest(...) AS p(scope, keep) ON p.scope = i.source
+--        WHERE i.status IN ('done', 'skipped') AND i.received_at < ... (as below)
+--        LIMIT %(batch_size)s FOR UPDATE OF i SKIP LOCKED)
+--   DELETE FROM {schema}.inbox AS i USING doomed
+--    WHERE i.source = doomed.source AND i.event_id = doomed.event_id
+
+-- name: statement_timeout
+-- SET LOCAL, parameterized: it ends with the transaction, so pooled connections keep no state.
+SELECT set_config('statement_timeout', %(timeout_ms)s, true)
+
+-- name: delete_keys
+-- Completed keys only: a claim in flight (completed_at IS NULL) is never deleted, however old.
+-- claimed_at ages a key: a provider's retry horizon runs from its first delivery.
+WITH doomed AS MATERIALIZED (
+    SELECT k.scope, k.key
+      FROM {schema}.keys AS k
+      LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
+             ON p.scope = k.scope
+     WHERE k.completed_at IS NOT NULL
+       AND k.claimed_at < coalesce(%(now)s::timestamptz, now()) - %(min_keep)s::interval
+       AND k.claimed_at < coalesce(%(now)s::timestamptz, now())
+                          - coalesce(p.keep, %(default_keep)s::interval)
+     LIMIT %(batch_size)s
+       FOR UPDATE OF k SKIP LOCKED
+)
+DELETE FROM {schema}.keys AS k
+ USING doomed
+ WHERE k.scope = doomed.scope AND k.key = doomed.key

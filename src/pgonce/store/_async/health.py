@@ -1,0 +1,106 @@
+"""Health: the stuck-claims query and the retention horizon from both ends, as a typed report.
+
+The store reads the facts (``queries/health.sql``) in one read-only transaction with a statement
+timeout; :func:`pgonce.core.retention.assess` judges them. The report is what ``pgonce doctor``
+prints and what the service exposes as metrics. This file is the source of ``_sync/health.py``
+(``tools/gen_sync.py``); edit this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from psycopg import AsyncConnection
+from psycopg.rows import tuple_row
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.retention import (
+    DEFAULT_HEALTH_TIMEOUT,
+    DEFAULT_SLACK,
+    DEFAULT_STUCK_AFTER,
+    TARGETS,
+    GroupFacts,
+    HealthReport,
+    RetentionPolicy,
+    StuckFacts,
+    SweepLimits,
+    assess,
+)
+from pgonce.sql import Queries
+from pgonce.store._async.sweeper import policies_for
+from pgonce.store.errors import translate_errors
+
+Row = TypeVar("Row")
+
+
+class AsyncHealthCheck:
+    """Reads the health figures of every sweep target under the same policies the sweeper uses.
+
+    ``stuck_after``: a claim in flight older than this is stuck. ``slack``: how far the oldest row
+    may outlive its retention before the sweeper counts as stalled.
+    """
+
+    def __init__(
+        self,
+        policies: Iterable[RetentionPolicy] = (),
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        targets: Iterable[str] | None = None,
+        stuck_after: timedelta = DEFAULT_STUCK_AFTER,
+        slack: timedelta = DEFAULT_SLACK,
+        timeout: timedelta = DEFAULT_HEALTH_TIMEOUT,
+    ) -> None:
+        self.policies = policies_for(policies, targets)
+        self.stuck_after = stuck_after
+        self.slack = slack
+        # SweepLimits validates and renders the timeout the way set_config wants it.
+        self._timeout_ms = SweepLimits(statement_timeout=timeout).timeout_ms
+        self._sql = Queries("health", schema)
+        self._sweep_sql = Queries("sweep", schema)
+
+    async def check(
+        self, conn: AsyncConnection[Row], *, now: datetime | None = None
+    ) -> HealthReport:
+        """Read the figures and judge them; ``now`` replaces the server's clock (tests)."""
+        with translate_errors("checking health"):
+            return await self._read(conn, now)
+
+    async def _read(self, conn: AsyncConnection[Row], now: datetime | None) -> HealthReport:
+        groups: list[GroupFacts] = []
+        stuck: list[StuckFacts] = []
+        # One transaction: every figure is read at the same `now()`, under one statement timeout.
+        async with conn.transaction():
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sweep_sql.statement_timeout, {"timeout_ms": self._timeout_ms})
+            await cur.execute(self._sql.clock, {"now": now})
+            clock_row = await cur.fetchone()
+            assert clock_row is not None
+            checked_at: datetime = clock_row[0]
+            for policy in self.policies:
+                horizon = getattr(self._sql, f"horizon_{policy.target}")
+                await cur.execute(horizon, policy.params(now))
+                groups.extend(_group_facts(policy, await cur.fetchall()))
+                if TARGETS[policy.target].has_stuck:
+                    params = {"now": now, "stuck_after": self.stuck_after}
+                    await cur.execute(getattr(self._sql, f"stuck_{policy.target}"), params)
+                    count, oldest = await cur.fetchone() or (0, None)
+                    stuck.append(StuckFacts(policy.target, self.stuck_after, count, oldest))
+        return assess(checked_at, groups, stuck, slack=self.slack)
+
+
+def _group_facts(
+    policy: RetentionPolicy, rows: list[tuple[str | None, int, timedelta | None, int]]
+) -> list[GroupFacts]:
+    """One entry per scope group of the policy; a group without rows is reported as empty."""
+    found = {scope: (count, oldest, overdue) for scope, count, oldest, overdue in rows}
+    return [
+        GroupFacts(
+            policy.target,
+            scope,
+            policy.for_scope(scope),
+            *found.get(scope, (0, None, 0)),
+        )
+        for scope in policy.groups()
+    ]

@@ -1,0 +1,191 @@
+"""The sweeper: bounded-batch deletion of pgonce rows older than their retention.
+
+Guarantees:
+
+- Every batch is its own short transaction with its own ``statement_timeout`` (SET LOCAL, so a
+  pooled connection keeps no state); there is never one big DELETE.
+- Concurrent sweepers, in any number of processes, take disjoint rows (``FOR UPDATE SKIP LOCKED``):
+  they never wait for each other, never delete a row twice, and their counts add up.
+- Only rows the target's ``delete_<target>`` statement calls deletable go: for the key store, a
+  claim in flight is never deleted.
+- A target's run stops at its first short batch, or at the batch cap; a stop request is honoured
+  between batches.
+
+The sweeper needs a connection of its own (idle, not inside a transaction): it commits each batch.
+This file is the source of ``_sync/sweeper.py`` (``tools/gen_sync.py``); edit this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from time import monotonic
+from typing import Any, Protocol, TypeVar
+
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.retention import (
+    DEFAULT_SWEEP_EVERY,
+    TARGETS,
+    Ending,
+    RetentionPolicy,
+    SweepLimits,
+    SweepResult,
+    TargetSweep,
+    after_batch,
+    target,
+)
+from pgonce.errors import DatabaseError, UsageError
+from pgonce.sql import Queries
+from pgonce.store.errors import translate_errors
+
+Row = TypeVar("Row")
+log = logging.getLogger("pgonce.sweeper")
+
+#: ``(target, rows deleted by this batch)``, called after every batch (progress lines, metrics).
+OnBatch = Callable[[str, int], None]
+
+
+class StopSignal(Protocol):
+    """What tells a sweeper to stop: an ``asyncio.Event`` or a ``threading.Event``."""
+
+    def is_set(self) -> bool: ...
+
+
+def policies_for(
+    policies: Iterable[RetentionPolicy], targets: Iterable[str] | None = None
+) -> list[RetentionPolicy]:
+    """One policy per target to sweep, in sweep order; a target without one gets the defaults.
+
+    ``targets`` restricts the run to those names (default: every registered target).
+    """
+    given = {policy.target: policy for policy in policies}
+    names = list(TARGETS) if targets is None else [target(name).name for name in targets]
+    unknown = set(given) - set(names)
+    if targets is None and unknown:
+        raise UsageError(f"policies for unknown targets: {', '.join(sorted(unknown))}")
+    return [given.get(name) or RetentionPolicy(name) for name in names]
+
+
+class AsyncSweeper:
+    """Deletes expired rows of every sweep target, in bounded batches.
+
+    ``policies`` give the retention per target (and per scope); each was checked against its retry
+    horizon when it was built. ``targets`` restricts which tables this sweeper serves.
+    """
+
+    def __init__(
+        self,
+        policies: Iterable[RetentionPolicy] = (),
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        limits: SweepLimits | None = None,
+        targets: Iterable[str] | None = None,
+    ) -> None:
+        self.schema = schema
+        self.limits = limits or SweepLimits()
+        self.policies = policies_for(policies, targets)
+        self._sql = Queries("sweep", schema)
+
+    async def sweep(
+        self,
+        conn: AsyncConnection[Row],
+        *,
+        now: datetime | None = None,
+        stop: StopSignal | None = None,
+        on_batch: OnBatch | None = None,
+    ) -> SweepResult:
+        """One run over every target: batches until a short one, the cap, or ``stop`` is set.
+
+        ``now`` replaces the server's clock (tests); ``None`` uses the server's ``now()`` per batch.
+        """
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            raise UsageError(
+                "the sweeper commits every batch on its own: give it a connection that is not "
+                "inside a transaction"
+            )
+        started = monotonic()
+        swept = []
+        for policy in self.policies:
+            swept.append(await self._sweep_target(conn, policy, now, stop, on_batch))
+        return SweepResult(tuple(swept), monotonic() - started)
+
+    async def _sweep_target(
+        self,
+        conn: AsyncConnection[Row],
+        policy: RetentionPolicy,
+        now: datetime | None,
+        stop: StopSignal | None,
+        on_batch: OnBatch | None,
+    ) -> TargetSweep:
+        statement = getattr(self._sql, f"delete_{policy.target}")
+        params = {**policy.params(now), "batch_size": self.limits.batch_size}
+        deleted = batches = 0
+        ending: Ending | None = None
+        while ending is None:
+            if batches and stop is not None and stop.is_set():
+                ending = "stopped"
+                break
+            if batches:
+                await asyncio.sleep(self.limits.pause.total_seconds())
+            with translate_errors(f"sweeping {policy.target}"):
+                count = await self._batch(conn, statement, params)
+            batches += 1
+            deleted += count
+            if on_batch is not None:
+                on_batch(policy.target, count)
+            ending = after_batch(count, batches, self.limits)
+        return TargetSweep(policy.target, deleted, batches, ending)
+
+    async def _batch(
+        self, conn: AsyncConnection[Row], statement: bytes, params: dict[str, Any]
+    ) -> int:
+        async with conn.transaction():
+            await conn.execute(self._sql.statement_timeout, {"timeout_ms": self.limits.timeout_ms})
+            cur = await conn.execute(statement, params)
+            return max(cur.rowcount, 0)
+
+
+async def sweep_every(
+    pool: AsyncConnectionPool[Any],
+    sweeper: AsyncSweeper,
+    stop: StopSignal,
+    *,
+    every: timedelta = DEFAULT_SWEEP_EVERY,
+    on_run: Callable[[SweepResult], None] | None = None,
+) -> None:
+    """The in-process sweeper: a run now, then one every ``every``, until ``stop`` is set.
+
+    A run takes a connection from ``pool`` and gives it back when done, so the sweeper holds none
+    between runs. A run that fails on the database is logged and retried at the next tick: a
+    failover or a timeout must not end the loop. A stop request ends a run between batches.
+    """
+    if every <= timedelta(0):
+        raise UsageError("the sweep interval must be positive")
+    while not stop.is_set():
+        try:
+            async with pool.connection() as conn:
+                result = await sweeper.sweep(conn, stop=stop)
+        except DatabaseError as error:
+            log.warning("sweep failed, retrying in %s: %s", every, error)
+        else:
+            log.info("%s", result.summary())
+            if on_run is not None:
+                on_run(result)
+        await _wait(stop, every)
+
+
+async def _wait(stop: StopSignal, delay: timedelta) -> None:
+    # Slices of at most 50 ms: a stop request is honoured within one slice, and the same code
+    # serves an asyncio.Event and (in the generated sync twin) a threading.Event.
+    slices = max(1, math.ceil(delay / timedelta(milliseconds=50)))
+    for _ in range(slices):
+        if stop.is_set():
+            return
+        await asyncio.sleep(delay.total_seconds() / slices)
