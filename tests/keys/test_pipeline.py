@@ -1,0 +1,127 @@
+"""once() on an idle connection runs pipelined; its failure paths are as careful as its happy one.
+
+Whatever goes wrong inside the block -- a failing statement whose error only arrives at the final
+flush, a Python exception with statements still queued, a connection killed mid-block -- nothing
+commits, the key stays free, and the caller's connection is handed back idle and usable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.pq import TransactionStatus
+
+from pgonce import AsyncKeyStore, KeyStore, Response, fingerprint
+from tests.keys.test_key_store import effects
+
+FP = fingerprint("pipelined")
+
+
+@pytest.fixture
+def table(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE effects (key text PRIMARY KEY, at timestamptz DEFAULT now())")
+
+
+def test_failing_statement_surfaces_at_exit_and_rolls_everything_back(
+    dsn: str, table: None, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    conn.execute("INSERT INTO effects (key) VALUES ('taken')")
+    conn.commit()
+    with pytest.raises(psycopg.errors.UniqueViolation), store.once(conn, "s", "k", FP) as op:
+        conn.execute("INSERT INTO effects (key) VALUES ('k')")
+        conn.execute("INSERT INTO effects (key) VALUES ('taken')")  # fails at the flush
+        op.respond(Response(201, (), b"never stored"))
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+    assert effects(dsn, "k") == 0
+    with store.once(conn, "s", "k", FP) as retry:
+        assert retry.won
+        conn.execute("INSERT INTO effects (key) VALUES ('k')")
+        retry.respond(Response(201, (), b"stored"))
+    assert retry.stored
+    assert effects(dsn, "k") == 1
+
+
+def test_exception_with_statements_still_queued_rolls_back(
+    dsn: str, table: None, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    with pytest.raises(KeyError), store.once(conn, "s", "k", FP):
+        conn.execute("INSERT INTO effects (key) VALUES ('k')")
+        raise KeyError("handler bug")
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+    assert effects(dsn, "k") == 0
+    with store.once(conn, "s", "k", FP) as retry:
+        assert retry.won
+
+
+def test_block_may_fetch_its_own_results(
+    table: None, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    with store.once(conn, "s", "k", FP) as op:
+        row = conn.execute("INSERT INTO effects (key) VALUES ('k') RETURNING key").fetchone()
+        op.respond(Response(201, (), str(row).encode()))
+    with store.once(conn, "s", "k", FP) as again:
+        assert again.replayed
+    assert again.response == Response(201, (), b"('k',)")
+
+
+def test_autocommit_connection_gets_a_transaction_of_its_own(
+    dsn: str, table: None, store: KeyStore
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(RuntimeError), store.once(conn, "s", "k", FP):
+            conn.execute("INSERT INTO effects (key) VALUES ('k')")
+            raise RuntimeError
+        assert effects(dsn, "k") == 0
+        with store.once(conn, "s", "k", FP) as op:
+            conn.execute("INSERT INTO effects (key) VALUES ('k')")
+            op.respond(Response(201, (), b"ok"))
+        assert op.stored
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+    assert effects(dsn, "k") == 1
+
+
+def test_inside_the_callers_pipeline(dsn: str, table: None, store: KeyStore) -> None:
+    with psycopg.connect(dsn) as conn, conn.pipeline():
+        with store.once(conn, "s", "k", FP) as op:
+            conn.execute("INSERT INTO effects (key) VALUES ('k')")
+            op.respond(Response(201, (), b"ok"))
+        conn.commit()
+    assert effects(dsn, "k") == 1
+
+
+def test_connection_killed_mid_block_commits_nothing(
+    dsn: str, table: None, store: KeyStore
+) -> None:
+    with (
+        psycopg.connect(dsn) as conn,
+        psycopg.connect(dsn, autocommit=True) as killer,
+        pytest.raises(psycopg.OperationalError),
+        store.once(conn, "s", "k", FP) as op,
+    ):
+        conn.execute("INSERT INTO effects (key) VALUES ('k')")
+        killer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        op.respond(Response(201, (), b"lost"))
+    assert effects(dsn, "k") == 0
+    with psycopg.connect(dsn) as conn, store.once(conn, "s", "k", FP) as retry:
+        assert retry.won
+
+
+async def test_async_failure_path_hands_back_a_clean_connection(
+    dsn: str, table: None, aconn: psycopg.AsyncConnection[Any], astore: AsyncKeyStore
+) -> None:
+    await aconn.execute("INSERT INTO effects (key) VALUES ('taken')")
+    await aconn.commit()
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        async with astore.once(aconn, "s", "k", FP) as op:
+            await aconn.execute("INSERT INTO effects (key) VALUES ('taken')")
+            op.respond(Response(201, (), b"never"))
+    assert aconn.info.transaction_status == TransactionStatus.IDLE
+    async with astore.once(aconn, "s", "k", FP) as retry:
+        assert retry.won
+        await aconn.execute("INSERT INTO effects (key) VALUES ('k')")
+        retry.respond(Response(201, (), b"ok"))
+    assert retry.stored
+    assert effects(dsn, "k") == 1
