@@ -8,17 +8,23 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     ├── UsageError                    the caller broke the API's contract
     │   └── NotInTransaction          a write that must commit with the caller's data got autocommit
     ├── KeyMismatch                   same key, different request: never a silent replay
+    ├── InvalidIdempotencyKey         400: an HTTP request's Idempotency-Key is missing or malformed
     ├── DatabaseError                 PostgreSQL failed; translated once, at the store boundary
     │   ├── DatabaseUnavailable       cannot connect, or the connection died mid-operation
     │   ├── SchemaNotMigrated         pgonce's tables are missing or older than this code
     │   └── MigrationError            a migration failed to apply
-    └── WebhookError                  a delivery the inbox refuses; each carries its HTTP status
-        ├── UnknownSource             404: no source of that name is configured
-        ├── SignatureInvalid          401: missing, malformed or wrong signature
-        ├── TimestampOutOfTolerance   401: signed too long ago, or in the future
-        ├── PayloadTooLarge           413: body over the source's limit
-        ├── BadPayload                400: not UTF-8, or not the JSON the scheme needs
-        └── EventConflict             409: same event id, different body (an integrity alert)
+    ├── PublishError                  the outbox relay could not hand events to a broker
+    │   └── BrokerUnavailable         the broker cannot be reached: the rows wait, nothing is lost
+    ├── WebhookError                  a delivery the inbox refuses; each carries its HTTP status
+    │   ├── UnknownSource             404: no source of that name is configured
+    │   ├── SignatureInvalid          401: missing, malformed or wrong signature
+    │   ├── TimestampOutOfTolerance   401: signed too long ago, or in the future
+    │   ├── PayloadTooLarge           413: body over the source's limit
+    │   ├── BadPayload                400: not UTF-8, or not the JSON the scheme needs
+    │   └── EventConflict             409: same event id, different body (an integrity alert)
+    └── InboxHandlerError             an inbox handler's run failed in a way pgonce detected
+        ├── HandlerTimeout            the handler outlived its source's handler_timeout
+        └── ForwardFailed             the forward target did not accept the event
 
 The class docstring is the default message; every exception keeps the psycopg error it translates
 as ``__cause__``.
@@ -64,6 +70,16 @@ class KeyMismatch(PgonceError):
         self.key = key
 
 
+class InvalidIdempotencyKey(PgonceError):
+    """The Idempotency-Key header is missing, repeated, empty, too long or malformed.
+
+    The message is written for the HTTP client and never quotes the header's value.
+    """
+
+    status = 400
+    title = "Invalid Idempotency-Key"
+
+
 class DatabaseError(PgonceError):
     """PostgreSQL failed."""
 
@@ -78,6 +94,14 @@ class SchemaNotMigrated(DatabaseError):
 
 class MigrationError(DatabaseError):
     """A migration failed to apply."""
+
+
+class PublishError(PgonceError):
+    """The outbox relay could not hand events to a broker."""
+
+
+class BrokerUnavailable(PublishError):
+    """The broker cannot be reached; the outbox rows stay pending and are published later."""
 
 
 class WebhookError(PgonceError):
@@ -131,3 +155,19 @@ class EventConflict(WebhookError):
 
     status = 409
     title = "Webhook event id reused with a different body"
+
+
+class InboxHandlerError(PgonceError):
+    """An inbox handler's run failed; the event is retried with backoff."""
+
+
+class HandlerTimeout(InboxHandlerError):
+    """The handler did not finish within its source's handler_timeout."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the handler did not finish within {seconds:g} s")
+        self.seconds = seconds
+
+
+class ForwardFailed(InboxHandlerError):
+    """The forward target did not accept the event (no answer, or not a 2xx)."""

@@ -1,0 +1,103 @@
+"""What makes two HTTP requests "the same request": the fingerprint an Idempotency-Key is bound to.
+
+The fingerprint covers the method, the path, the query string and the body. With canonical JSON on
+(the default for ``application/json`` and ``+json`` bodies), two bodies that differ only in object
+key order or insignificant whitespace are the same request; anything else (another value, another
+number spelling such as ``1`` and ``1.0``, a duplicated object key) is a different request. A body
+that does not parse as JSON is fingerprinted byte for byte, so it can never collide with a parsed
+one: each form carries its own tag into the hash.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pgonce.core.fingerprint import fingerprint
+
+
+class _Number(str):
+    """A JSON number kept exactly as the client wrote it (no float rounding, no collisions)."""
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        # {"a": 1, "a": 2} and {"a": 2} must not be the same request.
+        raise _DuplicateKey
+    return result
+
+
+def _write(value: Any, out: list[str]) -> None:
+    if isinstance(value, dict):
+        out.append("{")
+        for index, name in enumerate(sorted(value)):
+            if index:
+                out.append(",")
+            out.append(json.dumps(name, ensure_ascii=False))
+            out.append(":")
+            _write(value[name], out)
+        out.append("}")
+    elif isinstance(value, list):
+        out.append("[")
+        for index, item in enumerate(value):
+            if index:
+                out.append(",")
+            _write(item, out)
+        out.append("]")
+    elif isinstance(value, _Number):
+        out.append(str(value))
+    else:  # str, bool, None: json.dumps spells them canonically
+        out.append(json.dumps(value, ensure_ascii=False))
+
+
+def canonical_json(body: bytes) -> bytes | None:
+    """``body`` as canonical JSON (sorted keys, no whitespace), or ``None`` if it is not JSON."""
+    try:
+        value = json.loads(
+            body,
+            object_pairs_hook=_object,
+            parse_int=_Number,
+            parse_float=_Number,
+            parse_constant=_reject_constant,
+        )
+    except (ValueError, RecursionError):
+        return None
+    out: list[str] = []
+    _write(value, out)
+    return "".join(out).encode()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def is_json(content_type: str | None) -> bool:
+    """Whether a Content-Type names JSON (``application/json`` or a ``+json`` suffix)."""
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def request_fingerprint(
+    method: str,
+    path: str,
+    query: bytes,
+    body: bytes,
+    *,
+    content_type: str | None = None,
+    canonicalize_json: bool = True,
+) -> bytes:
+    """SHA-256 over method, path, query string and body (canonical when it is JSON and asked)."""
+    if canonicalize_json and is_json(content_type):
+        canonical = canonical_json(body)
+        if canonical is not None:
+            return fingerprint(method.upper(), path, query, b"json", canonical)
+    return fingerprint(method.upper(), path, query, b"raw", body)

@@ -1,0 +1,426 @@
+"""Idempotency-Key for HTTP APIs: a pure ASGI middleware on the key store.
+
+For a request that needs idempotency (POST and PATCH by default, per route configurable) the
+middleware reads the request body, takes a connection from the application's pool, opens a
+transaction and claims ``(scope, key)`` in it. On a won claim it runs the application with that
+transaction available to the endpoint (:mod:`pgonce.http.transaction`), buffers the response,
+stores it and commits — the claim, the endpoint's writes and the stored response commit in ONE
+transaction — and only then sends the response. So a client never sees a success that did not
+commit, and a crash at any point leaves either everything or nothing.
+
+Guarantees and answers:
+
+- **replay**: the same status, the byte-identical body and the application's headers (never
+  ``Set-Cookie``, hop-by-hop, ``Content-Length`` or ``Date``; see :mod:`pgonce.http.replay`),
+  marked ``Idempotent-Replayed: true``.
+- **in flight**: 409 with ``Retry-After``; nothing is consumed. With ``wait`` set, a duplicate first
+  waits (bounded) for the original's transaction, then replays (or runs, if the original rolled
+  back).
+- **mismatch** (same key, another method, path, query or body): 422.
+- **missing or malformed key**: 400. **Request body over** ``max_request_bytes``: 413.
+- **not stored** (the transaction rolls back, the endpoint's writes with it, and the key stays
+  free): the application raised; it answered 5xx (unless the key store keeps server errors); the
+  endpoint never began, i.e. never took the connection (framework validation and authentication
+  failures); the response body exceeded ``max_response_bytes`` (then the client gets a 500
+  problem instead: a response that cannot be replayed must not be given out as if it could).
+- **streaming responses** are buffered in full (up to ``max_response_bytes``), stored, and sent
+  after the commit as one body.
+- Every answer for a stored key carries ``Idempotency-Key-Expires`` (an HTTP-date: claim time plus
+  ``retention``): until then a retry gets the stored response. Keep the sweeper's horizon at least
+  this long.
+
+Errors are RFC 9457 problem responses that never echo another caller's data. The middleware keeps
+no per-request state on the instance: everything per request lives in locals and in the scope.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.outcomes import InFlight, Replay, Response, Won
+from pgonce.core.requests import request_fingerprint
+from pgonce.errors import DatabaseUnavailable, InvalidIdempotencyKey, KeyMismatch, UsageError
+from pgonce.http.keys import key_from_headers
+from pgonce.http.problem import send_problem
+from pgonce.http.replay import EXPIRES_HEADER, replay_headers, storable_headers
+from pgonce.http.transaction import STATE_KEY, IdempotentTransaction
+from pgonce.store._async.keys import AsyncKeyStore
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Names the key store scope of a request (the caller: principal, API key, tenant), or ``None`` to
+#: leave the request alone (e.g. no credentials: the application will refuse it itself).
+KeyScope = Callable[[Scope], "str | Awaitable[str | None] | None"]
+
+#: The methods that need idempotency unless a route says otherwise. GET, HEAD, OPTIONS, PUT and
+#: DELETE are idempotent by definition (RFC 9110); POST and PATCH are not.
+DEFAULT_METHODS = frozenset({"POST", "PATCH"})
+
+#: Largest request body read for fingerprinting, in bytes. Payment and order APIs send a few
+#: kilobytes; one MiB leaves room without letting one request hold a megabyte buffer per retry.
+DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+
+#: Largest response body stored for replay, in bytes (the same reasoning as for requests).
+DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
+
+#: How long a key is advertised as honoured (``Idempotency-Key-Expires``). Stripe keeps keys for
+#: 24 hours, and clients' retry policies are built around that figure. The sweeper's horizon must
+#: be at least this long, or the header would promise more than the store keeps.
+DEFAULT_RETENTION = timedelta(hours=24)
+
+# "Do not wait": the key store needs a positive wait; one millisecond answers a duplicate at once.
+_NO_WAIT = timedelta(milliseconds=1)
+
+# Extensions that would let the app bypass the buffered body (a file sent by path, zero-copy).
+_BYPASSING_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend")
+
+
+def header_scope(name: str, *, prefix: str = "") -> KeyScope:
+    """A key scope from a request header (an API key, a tenant id); ``None`` when it is absent.
+
+    The value is stored as its SHA-256, so that a credential never lands in the key store.
+    """
+    wanted = name.lower().encode("latin-1")
+
+    def scope_of(scope: Scope) -> str | None:
+        for header, value in scope["headers"]:
+            if header == wanted and value:
+                return prefix + hashlib.sha256(value).hexdigest()
+        return None
+
+    return scope_of
+
+
+@dataclass(slots=True)
+class _Captured:
+    """The application's response, held back until the transaction has committed."""
+
+    status: int | None = None
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: list[bytes] = field(default_factory=list)
+    size: int = 0
+    complete: bool = False
+    too_large: bool = False
+    #: Decided after the application returned: the response is kept for replays.
+    stored: bool = False
+
+    @property
+    def answered(self) -> bool:
+        """A complete response, within the size limit, that can be sent (and stored)."""
+        return self.status is not None and self.complete and not self.too_large
+
+    def response(self) -> Response:
+        return Response(self.status, storable_headers(self.headers), b"".join(self.body))
+
+
+class IdempotencyMiddleware:
+    """Pure ASGI middleware that makes POST and PATCH safe to retry with an Idempotency-Key.
+
+    ``pool`` is the application's :class:`~psycopg_pool.AsyncConnectionPool` (opened by the
+    application, e.g. in its lifespan); ``key_scope`` is required: it names whose key a request
+    carries, so that the same key from two callers never meets (:func:`header_scope` makes one
+    from a header). ``routes`` maps path prefixes to the methods that need idempotency there (the
+    longest prefix wins; an empty collection turns a route off); other paths use ``methods``.
+    ``require_key`` answers 400 to such a request without a key (else it passes, unprotected).
+    ``wait`` lets a duplicate wait that long for the original, then replay; ``None`` answers 409
+    at once. ``store`` defaults to an :class:`AsyncKeyStore` on ``schema``; its
+    ``store_server_errors`` decides whether 5xx responses are kept.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        pool: AsyncConnectionPool[Any],
+        key_scope: KeyScope,
+        store: AsyncKeyStore | None = None,
+        schema: str = DEFAULT_SCHEMA,
+        methods: Collection[str] = DEFAULT_METHODS,
+        routes: Mapping[str, Collection[str]] | None = None,
+        require_key: bool = True,
+        wait: timedelta | None = None,
+        canonicalize_json: bool = True,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        retention: timedelta = DEFAULT_RETENTION,
+    ) -> None:
+        if not callable(key_scope):
+            raise UsageError("key_scope must be a function of the ASGI scope")
+        self.app = app
+        self.pool = pool
+        self.key_scope = key_scope
+        self.store = store or AsyncKeyStore(schema=schema)
+        self.methods = frozenset(m.upper() for m in methods)
+        # Longest prefix first, so that the most specific route decides.
+        self.routes = sorted(
+            (
+                (prefix.rstrip("/"), frozenset(m.upper() for m in ms))
+                for prefix, ms in (routes or {}).items()
+            ),
+            key=lambda item: len(item[0]),
+            reverse=True,
+        )
+        self.require_key = require_key
+        self.wait = wait if wait is not None else _NO_WAIT
+        self.canonicalize_json = canonicalize_json
+        self.max_request_bytes = max_request_bytes
+        self.max_response_bytes = max_response_bytes
+        self.retention = retention
+
+    def methods_for(self, path: str) -> frozenset[str]:
+        """The methods that need idempotency on ``path``."""
+        for prefix, methods in self.routes:
+            if path == prefix or path.startswith(prefix + "/") or not prefix:
+                return methods
+        return self.methods
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in self.methods_for(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        try:
+            key = key_from_headers(scope["headers"])
+        except InvalidIdempotencyKey as error:
+            await send_problem(send, error.status, error.title, str(error))
+            return
+        if key is None:
+            if self.require_key:
+                await send_problem(
+                    send,
+                    400,
+                    "Idempotency-Key required",
+                    "this request must carry an Idempotency-Key header",
+                )
+            else:
+                await self.app(scope, receive, send)
+            return
+        caller = self.key_scope(scope)
+        if inspect.isawaitable(caller):
+            caller = await caller
+        if caller is None:
+            await self.app(scope, receive, send)
+            return
+        body = await self._read_body(scope, receive, send)
+        if body is None:
+            return
+        fingerprint = request_fingerprint(
+            scope["method"],
+            scope.get("root_path", "") + scope["path"],
+            scope.get("query_string", b""),
+            body,
+            content_type=_header(scope, b"content-type"),
+            canonicalize_json=self.canonicalize_json,
+        )
+        await self._handle(scope, receive, send, caller, key, fingerprint, body)
+
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole request body; ``None`` once a 413 was sent or the client went away."""
+        declared = _header(scope, b"content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_request_bytes:
+            await self._too_large(send)
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_request_bytes:
+                await self._too_large(send)
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _too_large(self, send: Send) -> None:
+        await send_problem(
+            send,
+            413,
+            "Request body too large",
+            f"idempotent requests may carry at most {self.max_request_bytes} bytes",
+        )
+
+    async def _handle(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        body: bytes,
+    ) -> None:
+        captured: _Captured | None = None
+        try:
+            async with self.pool.connection() as conn, conn.transaction() as transaction:
+                claim = await self.store.claim(conn, caller, key, fingerprint, wait=self.wait)
+                if isinstance(claim, Won):
+                    captured = await self._run(scope, receive, send, conn, claim, body)
+                    if captured.stored:
+                        await self.store.complete(conn, claim, captured.response())
+                    else:
+                        raise psycopg.Rollback(transaction)
+        except KeyMismatch:
+            await send_problem(
+                send,
+                422,
+                "Idempotency-Key reused",
+                "this Idempotency-Key was first used with a different request (method, path, "
+                "query or body); retry only with the identical request, or use a new key",
+            )
+            return
+        except (PoolTimeout, DatabaseUnavailable):
+            if captured is not None:
+                raise  # the endpoint ran: the server's 500 is the honest answer
+            await send_problem(
+                send,
+                503,
+                "Service temporarily unavailable",
+                "the idempotency store cannot be reached; retry with the same Idempotency-Key",
+                headers=[("retry-after", str(self.store.retry_after))],
+            )
+            return
+        # Everything below runs after the commit (or the rollback): the client never sees an
+        # answer that did not commit.
+        if captured is not None:
+            await self._answer(send, captured, claim)
+        elif isinstance(claim, Replay):
+            response = claim.response
+            expires = (EXPIRES_HEADER, self._expires(claim.claimed_at))
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status or 200,
+                    "headers": replay_headers(response, [expires]),
+                }
+            )
+            await send({"type": "http.response.body", "body": response.body})
+        else:
+            assert isinstance(claim, InFlight)
+            await send_problem(
+                send,
+                409,
+                "Request in progress",
+                "a request with this Idempotency-Key is still being processed; "
+                "retry after the time in Retry-After",
+                headers=[("retry-after", str(claim.retry_after))],
+            )
+
+    async def _run(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        conn: AsyncConnection[Any],
+        claim: Won,
+        body: bytes,
+    ) -> _Captured:
+        """Run the application in the claim's transaction and capture its response.
+
+        An exception from the application propagates (the transaction rolls back); if the
+        application answered before raising (Starlette's error handler does), that answer is
+        forwarded first.
+        """
+        tx = IdempotentTransaction(conn, claim.scope, claim.key)
+        captured = _Captured()
+        app_scope = dict(scope)
+        app_scope["state"] = {**(scope.get("state") or {}), STATE_KEY: tx}
+        extensions = scope.get("extensions")
+        if extensions and any(name in extensions for name in _BYPASSING_EXTENSIONS):
+            app_scope["extensions"] = {
+                k: v for k, v in extensions.items() if k not in _BYPASSING_EXTENSIONS
+            }
+        body_sent = False
+
+        async def replay_body() -> Message:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                captured.status = int(message["status"])
+                captured.headers = list(message.get("headers", ()))
+            elif message["type"] == "http.response.body" and not captured.complete:
+                chunk = message.get("body", b"")
+                captured.size += len(chunk)
+                if captured.size > self.max_response_bytes:
+                    captured.too_large = True
+                    captured.body.clear()
+                elif chunk:
+                    captured.body.append(chunk)
+                captured.complete = not message.get("more_body", False)
+
+        try:
+            await self.app(app_scope, replay_body, capture)
+        except BaseException:
+            if captured.answered:
+                await _forward(send, captured, [])
+            raise
+        # Stored only when the endpoint began (it took the connection: framework validation and
+        # authentication failures never do), answered completely within the size limit, and the
+        # key store keeps the status (a 5xx is not kept unless configured).
+        captured.stored = (
+            tx.began and captured.answered and self.store.stores(Response(captured.status))
+        )
+        return captured
+
+    async def _answer(
+        self, send: Send, captured: _Captured, claim: Won | Replay | InFlight
+    ) -> None:
+        """Send the application's own answer, after its transaction committed or rolled back."""
+        if not captured.answered:
+            if captured.too_large:
+                await send_problem(
+                    send,
+                    500,
+                    "Response too large to store",
+                    "the response exceeded the size that can be stored for replay; "
+                    "nothing was done",
+                )
+            # Otherwise the application never answered: the server reports that as a 500.
+            return
+        extra: list[tuple[bytes, bytes]] = []
+        if captured.stored and isinstance(claim, Won):
+            extra.append((EXPIRES_HEADER.encode(), self._expires(claim.claimed_at).encode()))
+        await _forward(send, captured, extra)
+
+    def _expires(self, claimed_at: datetime) -> str:
+        return format_datetime((claimed_at + self.retention).astimezone(UTC), usegmt=True)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for header, value in scope["headers"]:
+        if header == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+async def _forward(send: Send, captured: _Captured, extra: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": captured.status,
+            "headers": [*captured.headers, *extra],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"".join(captured.body)})

@@ -1,0 +1,73 @@
+"""Which response headers are stored for a replay, and how a stored response is sent again.
+
+A replay answers with the original status and the byte-identical body, and with the application's
+own headers (``Location``, ``Content-Type``, custom ones) in their original order. Never replayed:
+
+- ``Set-Cookie``: a cookie is a session handed to one exchange; replaying it to whoever holds the
+  key would hand the session out again. The response is still stored and protected; only the
+  cookie is left out.
+- hop-by-hop headers (RFC 9110 section 7.6.1: ``Connection``, ``Keep-Alive``, ``Transfer-Encoding``,
+  ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``): they describe one connection, not the response.
+- ``Content-Length`` and ``Date``: recomputed for every answer, so they are never stale.
+- the headers this middleware adds itself, so that they are never doubled.
+
+Every replay carries ``Idempotent-Replayed: true``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pgonce.core.outcomes import Header, Response
+
+#: Marks an answer that came from the key store instead of the endpoint.
+REPLAYED_HEADER = "idempotent-replayed"
+
+#: Until when (an HTTP-date) the key is honoured: a retry before then gets the stored response.
+#: The draft leaves this open; the name follows the request header's and ``Expires``.
+EXPIRES_HEADER = "idempotency-key-expires"
+
+_NOT_STORED = frozenset(
+    {
+        "set-cookie",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "date",
+        REPLAYED_HEADER,
+        EXPIRES_HEADER,
+    }
+)
+
+RawHeaders = list[tuple[bytes, bytes]]
+
+
+def storable_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[Header, ...]:
+    """The headers of an ASGI response start that a replay may send again, in order."""
+    kept: list[Header] = []
+    for name, value in raw:
+        text = name.decode("latin-1").lower()
+        if text not in _NOT_STORED:
+            kept.append((text, value.decode("latin-1")))
+    return tuple(kept)
+
+
+def encode_headers(headers: Iterable[Header]) -> RawHeaders:
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+
+
+def replay_headers(response: Response, extra: Iterable[Header] = ()) -> RawHeaders:
+    """ASGI headers for sending ``response`` again from the key store."""
+    # Filtered again: rows stored by other code (or an older pgonce) must not leak a cookie either.
+    raw = encode_headers(h for h in response.headers if h[0].lower() not in _NOT_STORED)
+    raw.append((b"content-length", str(len(response.body)).encode()))
+    raw.append((REPLAYED_HEADER.encode(), b"true"))
+    raw.extend(encode_headers(extra))
+    return raw

@@ -1,0 +1,85 @@
+"""How an endpoint joins the transaction in which the middleware claimed its Idempotency-Key.
+
+The middleware puts an :class:`IdempotentTransaction` into the ASGI scope's ``state``. The endpoint
+takes the connection from it and writes on it; the claim, those writes and the stored response then
+commit together, or not at all.
+
+Taking the connection is also how the middleware learns that the endpoint *began*: a response is
+stored only if the endpoint took the connection (or called :meth:`IdempotentTransaction.begin`).
+A 400, 401 or 422 that the framework produced before the endpoint ran (authentication, request
+validation) is therefore never stored, and the retry runs normally — Stripe's rule: results are
+saved only once the endpoint's execution began.
+
+Starlette::
+
+    async def create(request: Request) -> Response:
+        conn = connection(request)
+        await conn.execute("INSERT ...")
+
+FastAPI (the dependency is resolved before FastAPI reports validation errors, so the dependency
+hands out the transaction and the endpoint takes the connection itself)::
+
+    @app.post("/payments")
+    async def create(body: Payment, tx: IdempotentTransaction = Depends(idempotent_transaction)):
+        await tx.connection.execute("INSERT ...")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from psycopg import AsyncConnection
+from starlette.requests import HTTPConnection
+
+from pgonce.errors import UsageError
+
+#: Where the middleware puts the transaction, in ``scope["state"]`` (``request.state``).
+STATE_KEY = "pgonce.transaction"
+
+
+class IdempotentTransaction:
+    """The claimed key's transaction, handed to one request's endpoint."""
+
+    __slots__ = ("_connection", "began", "key", "scope")
+
+    def __init__(self, connection: AsyncConnection[Any], scope: str, key: str) -> None:
+        self._connection = connection
+        self.scope = scope
+        self.key = key
+        #: True once the endpoint took the connection or called :meth:`begin`.
+        self.began = False
+
+    @property
+    def connection(self) -> AsyncConnection[Any]:
+        """The connection, inside the claim's transaction; taking it marks the endpoint as begun.
+
+        Never commit or roll back on it: the middleware commits after storing the response.
+        """
+        self.began = True
+        return self._connection
+
+    def begin(self) -> None:
+        """Mark the endpoint as begun without using the database (its response will be stored)."""
+        self.began = True
+
+
+def transaction_of(state: Mapping[str, Any]) -> IdempotentTransaction:
+    """The transaction in an ASGI scope's ``state``; :class:`UsageError` when there is none."""
+    tx = state.get(STATE_KEY)
+    if not isinstance(tx, IdempotentTransaction):
+        raise UsageError(
+            "this request has no idempotent transaction: the route must be covered by "
+            "IdempotencyMiddleware with an Idempotency-Key (check its methods and routes)"
+        )
+    return tx
+
+
+def idempotent_transaction(request: HTTPConnection) -> IdempotentTransaction:
+    """FastAPI dependency (and Starlette helper): the request's :class:`IdempotentTransaction`."""
+    return transaction_of(request.scope.get("state") or {})
+
+
+def connection(request: HTTPConnection) -> AsyncConnection[Any]:
+    """Starlette helper: the claim's connection; call it inside the endpoint (it marks it begun)."""
+    return idempotent_transaction(request).connection

@@ -1,0 +1,533 @@
+"""The Idempotency-Key middleware through a real uvicorn server, on real PostgreSQL.
+
+Every answer is checked against the database: the number of payment rows is the number of times
+the work really happened, and the keys table is what a retry will see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.http.conftest import Server, ServerFactory
+from tests.keys.helpers import wait_until_blocked
+
+ALICE = {"Authorization": "Bearer alice-token"}
+BOB = {"Authorization": "Bearer bob-token"}
+PAYMENT = {"amount": 1000, "currency": "EUR"}
+
+
+def new_key() -> str:
+    return str(uuid.uuid4())
+
+
+def post(
+    server: Server,
+    path: str,
+    key: str | None,
+    body: Any = PAYMENT,
+    headers: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> httpx.Response:
+    all_headers = {**ALICE, **(headers or {})}
+    if key is not None:
+        all_headers["Idempotency-Key"] = key
+    return httpx.post(server.url + path, json=body, headers=all_headers, timeout=30, **kwargs)
+
+
+def count(db: psycopg.Connection[Any], table: str) -> int:
+    row = db.execute(f"SELECT count(*) FROM {table}").fetchone()  # table names are literals
+    assert row is not None
+    return int(row[0])
+
+
+def keys(db: psycopg.Connection[Any]) -> int:
+    return count(db, "pgonce.keys")
+
+
+def payments(db: psycopg.Connection[Any]) -> int:
+    return count(db, "payments")
+
+
+def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    document: dict[str, Any] = response.json()
+    assert document["status"] == status
+    assert document["title"]
+    return document
+
+
+# --- the happy path and replays -------------------------------------------------------------
+
+
+def test_retry_replays_the_identical_response_and_pays_once(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    first = post(server, "/payments", key)
+    assert first.status_code == 201
+    assert "idempotent-replayed" not in first.headers
+    second = post(server, "/payments", key)
+    assert second.status_code == 201  # 201 stays 201
+    assert second.content == first.content  # byte-identical
+    assert second.headers["idempotent-replayed"] == "true"
+    assert second.headers["location"] == first.headers["location"]
+    assert second.headers["content-type"] == first.headers["content-type"]
+    assert int(second.headers["content-length"]) == len(first.content)
+    assert payments(db) == 1
+    assert keys(db) == 1
+
+
+def test_key_expiry_is_advertised_on_first_answer_and_replays(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    first = post(server, "/payments", key)
+    second = post(server, "/payments", key)
+    expires = parsedate_to_datetime(first.headers["idempotency-key-expires"])
+    assert second.headers["idempotency-key-expires"] == first.headers["idempotency-key-expires"]
+    row = db.execute("SELECT claimed_at FROM pgonce.keys").fetchone()
+    assert row is not None
+    # Claim time plus the 24 hours' default retention, to the second an HTTP-date can carry.
+    assert abs((expires - row[0]).total_seconds() - 24 * 3600) < 1
+
+
+def test_quoted_key_is_the_same_key_as_bare(server: Server, db: psycopg.Connection[Any]) -> None:
+    first = post(server, "/payments", '"order-42"')
+    second = post(server, "/payments", "order-42")
+    assert second.headers["idempotent-replayed"] == "true"
+    assert second.content == first.content
+    assert payments(db) == 1
+
+
+def test_json_key_order_and_whitespace_do_not_make_another_request(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    headers = {**ALICE, "Idempotency-Key": key, "Content-Type": "application/json"}
+    first = httpx.post(
+        server.url + "/payments", content=b'{"amount":5,"currency":"EUR"}', headers=headers
+    )
+    second = httpx.post(
+        server.url + "/payments",
+        content=b'{\n  "currency" : "EUR",  "amount": 5\n}',
+        headers=headers,
+    )
+    assert first.status_code == second.status_code == 201
+    assert second.headers["idempotent-replayed"] == "true"
+    assert payments(db) == 1
+
+
+def test_the_same_key_from_two_callers_never_meets(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    alice = post(server, "/payments", key, headers=ALICE)
+    bob = post(server, "/payments", key, headers=BOB)
+    assert alice.status_code == bob.status_code == 201
+    assert "idempotent-replayed" not in bob.headers
+    assert alice.json()["id"] != bob.json()["id"]
+    assert payments(db) == 2
+
+
+# --- which requests are handled ---------------------------------------------------------------
+
+
+def test_get_passes_through_and_stores_nothing(server: Server, db: psycopg.Connection[Any]) -> None:
+    created = post(server, "/payments", new_key())
+    for method in ("GET", "HEAD", "OPTIONS"):
+        response = httpx.request(
+            method,
+            server.url + created.headers["location"],
+            headers={**ALICE, "Idempotency-Key": new_key()},
+        )
+        assert response.status_code in (200, 405), method
+        assert "idempotent-replayed" not in response.headers
+    assert keys(db) == 1
+
+
+def test_missing_key_on_a_protected_route_is_400(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    assert_problem(post(server, "/payments", None), 400)
+    assert payments(db) == 0
+
+
+def test_methods_are_configurable_per_route(
+    make_server: ServerFactory, db: psycopg.Connection[Any]
+) -> None:
+    server = make_server(routes={"/cookie": [], "/untouched": ["POST"]})
+    # /cookie is turned off: no key needed, nothing stored, no transaction handed out (so the
+    # endpoint cannot get one and fails loudly instead of writing outside any claim).
+    response = post(server, "/cookie", None)
+    assert response.status_code == 500
+    assert keys(db) == 0
+    assert_problem(post(server, "/untouched", None), 400)
+
+
+def test_without_require_key_a_keyless_request_passes_unprotected(
+    make_server: ServerFactory, db: psycopg.Connection[Any]
+) -> None:
+    server = make_server(require_key=False)
+    response = post(server, "/untouched", None)
+    assert response.status_code == 200
+    assert keys(db) == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("", "empty"),
+        ('""', "empty sf-string"),
+        ("k" * 256, "over 255 characters"),
+        ("ab\tcd", "control character"),
+        ('"abc', "unterminated sf-string"),
+        ('"a\\bc"', "bad escape"),
+    ],
+)
+def test_malformed_keys_are_400(
+    server: Server, db: psycopg.Connection[Any], value: str, why: str
+) -> None:
+    document = assert_problem(post(server, "/payments", value), 400)
+    assert value.strip('"') not in json.dumps(document) or not value.strip('"'), why
+    assert payments(db) == 0
+    assert keys(db) == 0
+
+
+def test_a_key_of_255_characters_is_accepted(server: Server, db: psycopg.Connection[Any]) -> None:
+    assert post(server, "/payments", "k" * 255).status_code == 201
+
+
+def test_two_key_headers_are_400(server: Server, db: psycopg.Connection[Any]) -> None:
+    response = httpx.post(
+        server.url + "/payments",
+        json=PAYMENT,
+        headers=[
+            ("Authorization", ALICE["Authorization"]),
+            ("Idempotency-Key", "a"),
+            ("Idempotency-Key", "b"),
+        ],
+    )
+    assert_problem(response, 400)
+    assert payments(db) == 0
+
+
+# --- mismatch, in flight, waiting -------------------------------------------------------------
+
+
+def test_same_key_different_request_is_422_and_the_original_still_replays(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    first = post(server, "/payments", key)
+    other = post(server, "/payments", key, body={"amount": 1, "currency": "EUR"})
+    document = assert_problem(other, 422)
+    assert key not in other.text  # never echoes the key or the original's answer
+    assert first.text not in other.text
+    assert "id" not in document
+    again = post(server, "/payments", key)
+    assert again.content == first.content
+    assert payments(db) == 1
+
+
+def test_the_query_string_is_part_of_the_request(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    assert post(server, "/stream?chunks=1&size=10", key).status_code == 201
+    assert_problem(post(server, "/stream?chunks=1&size=11", key), 422)
+    assert_problem(post(server, "/cookie", key), 422)  # another path too
+    assert payments(db) == 1
+
+
+class Blocked:
+    """A request to /block running in a thread, its write done, its transaction held open."""
+
+    def __init__(self, server: Server, key: str, folder: Path) -> None:
+        self.folder = folder
+        self.response: httpx.Response | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(server, key), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not (folder / "started").exists():
+            assert time.monotonic() < deadline, "the blocking endpoint never started"
+            assert self.thread.is_alive() or self.response is None, self.response
+            time.sleep(0.01)
+
+    def _run(self, server: Server, key: str) -> None:
+        try:
+            self.response = post(server, block_path(self.folder), key)
+        except BaseException as error:  # the server may be killed under it
+            self.error = error
+
+    def release(self) -> httpx.Response:
+        (self.folder / "gate").touch()
+        self.thread.join(timeout=30)
+        assert self.response is not None, self.error
+        return self.response
+
+
+def block_path(folder: Path) -> str:
+    return f"/block?directory={folder}"
+
+
+def test_in_flight_is_409_with_retry_after_and_consumes_nothing(
+    server: Server, db: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    key = new_key()
+    original = Blocked(server, key, tmp_path)
+    duplicate = post(server, block_path(tmp_path), key)
+    assert_problem(duplicate, 409)
+    assert int(duplicate.headers["retry-after"]) >= 1
+    first = original.release()
+    assert first.status_code == 201
+    retry = post(server, block_path(tmp_path), key)
+    assert retry.status_code == 201
+    assert retry.content == first.content
+    assert retry.headers["idempotent-replayed"] == "true"
+    assert payments(db) == 1
+
+
+def test_with_waiting_enabled_a_duplicate_waits_then_replays(
+    make_server: ServerFactory, db: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    server = make_server(wait_ms=20_000)
+    key = new_key()
+    original = Blocked(server, key, tmp_path)
+    result: list[httpx.Response] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(post(server, block_path(tmp_path), key)), daemon=True
+    )
+    waiter.start()
+    # Release the original only once the duplicate is waiting on its row lock in PostgreSQL.
+    deadline = time.monotonic() + 20
+    pid = None
+    while pid is None:
+        assert time.monotonic() < deadline, "the duplicate never waited"
+        row = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"
+        ).fetchone()
+        pid = row[0] if row else None
+        time.sleep(0.01)
+    wait_until_blocked(db, pid)
+    first = original.release()
+    waiter.join(timeout=30)
+    assert result, "the waiting duplicate got no answer"
+    assert result[0].status_code == 201
+    assert result[0].content == first.content
+    assert result[0].headers["idempotent-replayed"] == "true"
+    assert payments(db) == 1
+
+
+# --- what is not stored -----------------------------------------------------------------------
+
+
+def test_a_handler_that_raises_stores_nothing_and_rolls_its_writes_back(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    for _ in range(2):  # the retry runs the endpoint again: nothing was consumed
+        response = post(server, "/boom", key)
+        assert response.status_code == 500
+        assert "idempotent-replayed" not in response.headers
+    assert payments(db) == 0
+    assert keys(db) == 0
+
+
+def test_a_5xx_answer_is_rolled_back_and_not_stored(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    first = post(server, "/fail", key)
+    assert first.status_code == 503
+    assert first.json() == {"error": "upstream down"}
+    second = post(server, "/fail", key)
+    assert "idempotent-replayed" not in second.headers
+    assert payments(db) == 0
+    assert keys(db) == 0
+
+
+def test_a_5xx_is_stored_when_the_key_store_keeps_server_errors(
+    make_server: ServerFactory, db: psycopg.Connection[Any]
+) -> None:
+    server = make_server(store_server_errors=True)
+    key = new_key()
+    first = post(server, "/fail", key)
+    second = post(server, "/fail", key)
+    assert second.status_code == 503
+    assert second.content == first.content
+    assert second.headers["idempotent-replayed"] == "true"
+    assert payments(db) == 1
+
+
+def test_framework_validation_failures_are_not_stored(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    invalid = post(server, "/payments", key, body={"amount": -1, "currency": "EUR"})
+    assert invalid.status_code == 422  # FastAPI's validation, before the endpoint ran
+    assert keys(db) == 0
+    # Not consumed: the corrected request with the same key is not a mismatch.
+    assert post(server, "/payments", key).status_code == 201
+    # Bad credentials: the key scope is unknown, the app answers 401, nothing is stored.
+    unauthorized = post(server, "/payments", new_key(), headers={"Authorization": "Bearer x"})
+    assert unauthorized.status_code == 401
+    assert keys(db) == 1
+    assert payments(db) == 1
+
+
+def test_an_endpoint_that_never_began_is_not_stored(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    first = post(server, "/untouched", key)
+    second = post(server, "/untouched", key)
+    assert first.status_code == second.status_code == 200
+    assert first.json() != second.json()
+    assert keys(db) == 0
+
+
+def test_an_endpoint_that_begins_without_the_database_is_stored(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    first = post(server, "/no-db", key)
+    second = post(server, "/no-db", key)
+    assert second.content == first.content
+    assert second.headers["idempotent-replayed"] == "true"
+
+
+# --- headers, bodies, limits ------------------------------------------------------------------
+
+
+def test_a_cookie_is_stored_and_protected_but_never_replayed(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    first = post(server, "/cookie", key)
+    assert first.status_code == 201
+    assert "secret-session-id" in first.headers["set-cookie"]
+    second = post(server, "/cookie", key)
+    assert second.status_code == 201
+    assert second.content == first.content
+    assert "set-cookie" not in second.headers
+    assert second.headers["x-custom"] == "kept"
+    assert second.headers["location"] == first.headers["location"]
+    assert payments(db) == 1
+    row = db.execute("SELECT response_headers::text FROM pgonce.keys").fetchone()
+    assert row is not None
+    assert "secret-session-id" not in row[0]
+
+
+def test_a_streaming_response_is_stored_in_full(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    first = post(server, "/stream?chunks=50&size=100", key)
+    assert first.status_code == 201
+    assert len(first.content) == 5000
+    second = post(server, "/stream?chunks=50&size=100", key)
+    assert second.content == first.content
+    assert second.headers["content-length"] == "5000"
+    assert payments(db) == 1
+
+
+def test_a_response_over_the_limit_is_refused_and_rolled_back(
+    make_server: ServerFactory, db: psycopg.Connection[Any]
+) -> None:
+    server = make_server(max_response_bytes=1000)
+    response = post(server, "/stream?chunks=50&size=100", new_key())
+    assert_problem(response, 500)
+    assert payments(db) == 0
+    assert keys(db) == 0
+
+
+def test_a_request_body_over_the_limit_is_413(
+    make_server: ServerFactory, db: psycopg.Connection[Any]
+) -> None:
+    server = make_server(max_request_bytes=100)
+    big = {"amount": 1, "currency": "EUR", "note": "x" * 200}
+    assert_problem(post(server, "/payments", new_key(), body=big), 413)
+
+    def chunked() -> Any:  # no Content-Length: the limit holds while reading
+        yield b'{"amount": 1, "currency": "EUR", "note": "'
+        yield b"x" * 200
+        yield b'"}'
+
+    response = httpx.post(
+        server.url + "/payments",
+        content=chunked(),
+        headers={**ALICE, "Idempotency-Key": new_key(), "Content-Type": "application/json"},
+    )
+    assert_problem(response, 413)
+    assert keys(db) == 0
+    assert payments(db) == 0
+
+
+# --- concurrency and crashes ------------------------------------------------------------------
+
+
+async def test_fifty_concurrent_identical_requests_pay_once(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    key = new_key()
+    headers = {**ALICE, "Idempotency-Key": key}
+    limits = httpx.Limits(max_connections=50)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+        answers = await asyncio.gather(
+            *(client.post("/payments", json=PAYMENT, headers=headers) for _ in range(50))
+        )
+    statuses = sorted(a.status_code for a in answers)
+    assert set(statuses) <= {201, 409}, statuses
+    created = [a for a in answers if a.status_code == 201]
+    assert created
+    assert len({a.content for a in created}) == 1  # the original and identical replays
+    for answer in answers:
+        if answer.status_code == 409:
+            assert answer.headers["retry-after"]
+    assert payments(db) == 1
+    assert keys(db) == 1
+
+
+def test_a_server_killed_mid_request_leaves_no_key_and_the_retry_pays_once(
+    make_server: ServerFactory, dsn: str, db: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    server = make_server()
+    key = new_key()
+    original = Blocked(server, key, tmp_path)  # claimed, payment inserted, not committed
+    server.kill()
+    original.thread.join(timeout=30)
+    assert original.response is None  # the client saw the connection drop, no answer
+    # PostgreSQL notices the dead client and rolls the transaction back: wait for that condition.
+    deadline = time.monotonic() + 20
+    while db.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND state = 'idle in transaction'"
+    ).fetchone() != (0,):
+        assert time.monotonic() < deadline, "the dead server's transaction never ended"
+        time.sleep(0.01)
+    assert keys(db) == 0
+    assert payments(db) == 0
+    (tmp_path / "started").unlink()
+    (tmp_path / "gate").touch()  # the retry must not block
+    restarted = make_server()
+    retry = post(restarted, block_path(tmp_path), key)
+    assert retry.status_code == 201
+    again = post(restarted, block_path(tmp_path), key)
+    assert again.content == retry.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert payments(db) == 1
+    assert keys(db) == 1
