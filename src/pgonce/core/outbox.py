@@ -1,0 +1,194 @@
+"""The outbox relay's decisions, without I/O: backoff, parking, and what a broker's answer means.
+
+A delivery ends in one of three ways for each row: the broker **acknowledged** it (mark it
+published), **refused** it (count an attempt; retry after a backoff; park it after the configured
+attempts), or it stayed **unsettled** (the broker was unreachable or the answer was lost: the row
+waits, no attempt is counted, so an outage never parks anything).
+
+Order per aggregate: the relay publishes an aggregate's rows in id order and :func:`settle` records
+a refusal only for the first row of an aggregate that was not acknowledged; the rows after it stay
+pending behind it. A row the broker acknowledged is marked published even when an earlier row of
+its aggregate was refused in the same batch (it is on the broker already; withholding the mark
+would only add a duplicate), and :attr:`Settlement.out_of_order` counts those rare cases.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pgonce.errors import ConfigError, UsageError
+
+#: Refused deliveries before a row is parked. With the default backoff (1 s doubling to a 10 min
+#: cap) 12 attempts span about half an hour: long enough for a redeploy of a consumer or a rolled
+#: back schema, short enough that a poison message does not sit unseen for a day.
+DEFAULT_MAX_ATTEMPTS = 12
+#: First retry delay: a refused message is usually refused again at once, so wait a little.
+DEFAULT_BACKOFF_BASE = timedelta(seconds=1)
+#: Longest retry delay: a row waits at most this long after the cause has been fixed.
+DEFAULT_BACKOFF_CAP = timedelta(minutes=10)
+#: +/- this fraction of random spread, so that rows refused together do not retry in lockstep.
+DEFAULT_JITTER = 0.2
+#: Longest ``last_error`` kept; broker messages can be long and are for people, not for parsing.
+MAX_ERROR_CHARS = 1000
+
+#: Most characters in an aggregate type or an event type, and in an aggregate id (the table's
+#: CHECK constraints say the same, in bytes).
+MAX_TYPE_BYTES = 255
+MAX_AGGREGATE_ID_BYTES = 512
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How refused rows are retried, and when they are parked (dead-lettered)."""
+
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    base: timedelta = DEFAULT_BACKOFF_BASE
+    cap: timedelta = DEFAULT_BACKOFF_CAP
+    jitter: float = DEFAULT_JITTER
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError("max_attempts must be at least 1")
+        if self.base <= timedelta(0) or self.cap < self.base:
+            raise ConfigError("backoff needs 0 < base <= cap")
+        if not 0 <= self.jitter < 1:
+            raise ConfigError("jitter must be a fraction in [0, 1)")
+
+    def delay(self, attempts: int, *, rand: float = 0.5) -> timedelta:
+        """The wait after the ``attempts``-th refusal: base * 2^(attempts-1), capped, jittered.
+
+        ``rand`` in [0, 1) picks the point in the jitter band (0.5 is no jitter), so that tests
+        decide it.
+        """
+        if attempts < 1:
+            raise UsageError("attempts counts refusals and starts at 1")
+        exponent = min(attempts - 1, 40)  # 2^40 seconds is far past any cap; avoids overflow
+        raw: timedelta = min(self.base * (2**exponent), self.cap)
+        spread = 1 + self.jitter * (2 * rand - 1)
+        return raw * spread
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """What to write for a refused row: the new attempt count and either a retry time or parking."""
+
+    id: int
+    attempts: int
+    next_attempt_at: datetime
+    parked_at: datetime | None
+    last_error: str
+
+
+def refuse(
+    policy: RetryPolicy,
+    *,
+    id: int,
+    attempts_before: int,
+    error: str,
+    now: datetime,
+    rand: float | None = None,
+) -> Refusal:
+    """Count one more refusal of row ``id``; park it when the policy's attempts are used up."""
+    attempts = attempts_before + 1
+    error = error[:MAX_ERROR_CHARS] or "refused"
+    if attempts >= policy.max_attempts:
+        return Refusal(id, attempts, now, now, error)
+    jitter = random.random() if rand is None else rand
+    return Refusal(id, attempts, now + policy.delay(attempts, rand=jitter), None, error)
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What the relay writes after a batch: published ids and refusals; the rest stays pending."""
+
+    published: list[int] = field(default_factory=list)
+    refused: list[tuple[OutboxMessage, str]] = field(default_factory=list)
+    unsettled: list[int] = field(default_factory=list)
+    #: Rows acknowledged after an earlier row of the same aggregate was not (see the module doc).
+    out_of_order: int = 0
+
+
+def settle(
+    batch: Sequence[OutboxMessage], acked: frozenset[int] | set[int], refused: Mapping[int, str]
+) -> Settlement:
+    """Sort a published batch into published, refused and unsettled rows, per aggregate in order.
+
+    ``batch`` is in id order. Only an aggregate's first row that was not acknowledged is
+    recorded as refused: the rows behind it were published out of order (if acknowledged) or not
+    yet due, and must not use up attempts for a refusal that was not theirs.
+    """
+    result = Settlement()
+    blocked: set[tuple[str, str]] = set()
+    out_of_order = 0
+    for row in batch:
+        aggregate = (row.aggregatetype, row.aggregateid)
+        if row.id in acked:
+            result.published.append(row.id)
+            if aggregate in blocked:
+                out_of_order += 1
+            continue
+        if aggregate not in blocked and row.id in refused:
+            result.refused.append((row, refused[row.id]))
+        else:
+            result.unsettled.append(row.id)
+        blocked.add(aggregate)
+    return Settlement(result.published, result.refused, result.unsettled, out_of_order)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """One claimed outbox row, as a publisher sees it. ``id`` is the message id on every broker."""
+
+    id: int
+    aggregatetype: str
+    aggregateid: str
+    type: str
+    payload: Any
+    headers: Mapping[str, str]
+    created_at: datetime
+    #: Refusals so far (0 on the first delivery).
+    attempts: int
+
+    @property
+    def message_id(self) -> str:
+        return str(self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxCounts:
+    pending: int
+    #: Pending rows waiting for their backoff to pass.
+    waiting: int
+    parked: int
+    published: int
+    oldest_pending: datetime | None
+
+
+def channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel on which enqueue() wakes the relays of ``schema`` (at most 63
+    bytes, as PostgreSQL requires of a channel name)."""
+    return f"{schema}_outbox"[:63]
+
+
+def validate_event(aggregatetype: str, aggregateid: str, type: str) -> None:
+    """Raise :class:`UsageError` for names the outbox table would refuse."""
+    for what, value, limit in (
+        ("aggregatetype", aggregatetype, MAX_TYPE_BYTES),
+        ("aggregateid", aggregateid, MAX_AGGREGATE_ID_BYTES),
+        ("type", type, MAX_TYPE_BYTES),
+    ):
+        if not isinstance(value, str):
+            raise UsageError(f"the {what} must be a str, not {type_name(value)}")
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if not 1 <= size <= limit:
+            raise UsageError(f"the {what} must be 1 to {limit} bytes long, not {size}")
+        if "\x00" in value:
+            raise UsageError(f"the {what} must not contain NUL characters")
+
+
+def type_name(value: object) -> str:
+    return type(value).__name__

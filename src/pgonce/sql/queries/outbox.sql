@@ -1,0 +1,78 @@
+-- Outbox statements. {schema} is pgonce's schema, composed with psycopg.sql.Identifier.
+
+-- name: enqueue
+SELECT {schema}.outbox_enqueue(%(aggregatetype)s, %(aggregateid)s, %(type)s, %(payload)s,
+                               %(headers)s, %(now)s, %(channel)s)
+
+-- name: claim
+-- A batch for one relay, locked until its transaction ends.
+--
+-- heads: the oldest pending row of each aggregate, if it is due, locked with SKIP LOCKED. Holding
+-- an aggregate's head is holding the aggregate: another relay skips the locked head, and none of
+-- the aggregate's later rows is a head while it is pending, so no second relay can take them.
+-- Then the heads' later pending rows join the batch in id order (nobody else can hold them).
+-- Every exclusion a concurrent commit can cause is on the safe side: a row is skipped this round,
+-- never taken out of order.
+WITH heads AS (
+    SELECT o.id, o.aggregatetype, o.aggregateid
+      FROM {schema}.outbox AS o
+     WHERE o.published_at IS NULL AND o.parked_at IS NULL
+       AND o.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+       AND NOT EXISTS (
+           SELECT 1
+             FROM {schema}.outbox AS e
+            WHERE e.aggregatetype = o.aggregatetype AND e.aggregateid = o.aggregateid
+              AND e.published_at IS NULL AND e.parked_at IS NULL
+              AND e.id < o.id)
+     ORDER BY o.id
+     LIMIT %(limit)s
+       FOR UPDATE OF o SKIP LOCKED
+)
+SELECT o.id, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers, o.created_at,
+       o.attempts
+  FROM {schema}.outbox AS o
+  JOIN heads AS h
+    ON o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid AND o.id >= h.id
+ WHERE o.published_at IS NULL AND o.parked_at IS NULL
+ ORDER BY o.id
+ LIMIT %(limit)s
+   FOR UPDATE OF o
+
+-- name: mark_published
+UPDATE {schema}.outbox
+   SET published_at = coalesce(%(now)s::timestamptz, now()), last_error = NULL
+ WHERE id = ANY(%(ids)s::bigint[]) AND published_at IS NULL
+
+-- name: record_refusals
+-- One row per refused delivery; the core decided the next attempt or the parking.
+UPDATE {schema}.outbox AS o
+   SET attempts = r.attempts,
+       next_attempt_at = r.next_attempt_at,
+       parked_at = r.parked_at,
+       last_error = r.last_error
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(next_attempt_at)s::timestamptz[],
+              %(parked_at)s::timestamptz[], %(last_error)s::text[])
+       AS r (id, attempts, next_attempt_at, parked_at, last_error)
+ WHERE o.id = r.id AND o.published_at IS NULL
+
+-- name: replay
+-- Parked rows back into the queue: due at once, attempts from zero.
+UPDATE {schema}.outbox
+   SET parked_at = NULL, attempts = 0, last_error = NULL,
+       next_attempt_at = coalesce(%(now)s::timestamptz, now())
+ WHERE parked_at IS NOT NULL AND published_at IS NULL
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+   AND (%(aggregatetype)s::text IS NULL OR aggregatetype = %(aggregatetype)s::text)
+RETURNING id
+
+-- name: notify
+SELECT pg_notify(%(channel)s, '')
+
+-- name: counts
+SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS pending,
+       count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL
+                          AND next_attempt_at > coalesce(%(now)s::timestamptz, now())) AS waiting,
+       count(*) FILTER (WHERE parked_at IS NOT NULL AND published_at IS NULL) AS parked,
+       count(*) FILTER (WHERE published_at IS NOT NULL) AS published,
+       min(created_at) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS oldest_pending
+  FROM {schema}.outbox

@@ -1,0 +1,212 @@
+"""The outbox on an async psycopg connection: enqueue in the caller's transaction, and the relay's
+claim, mark and refusal statements.
+
+:func:`enqueue` runs on the caller's connection inside the caller's transaction, so an event exists
+exactly when the business write it describes committed. The relay's statements run inside the
+relay's own transaction: a batch is locked by :meth:`AsyncOutboxStore.claim` and marked in the same
+transaction after the broker answered, so a relay that dies in between releases its rows to the
+next relay (a redelivery with the same message id, never a loss). This file is the source of
+``_sync/outbox.py`` (``tools/gen_sync.py``); edit this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from psycopg import AsyncConnection, sql
+from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.outbox import OutboxCounts, OutboxMessage, Refusal, channel, validate_event
+from pgonce.errors import UsageError
+from pgonce.sql import Queries
+from pgonce.store.common import require_transaction
+from pgonce.store.errors import translate_errors
+
+Row = TypeVar("Row")
+
+
+async def enqueue(
+    conn: AsyncConnection[Row],
+    aggregatetype: str,
+    aggregateid: str,
+    type: str,
+    payload: Any,
+    *,
+    headers: Mapping[str, str] | None = None,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> int:
+    """Write an event in the connection's current transaction; return its id (the message id).
+
+    ``payload`` is anything JSON can encode. It commits or rolls back with the caller's writes;
+    an autocommit connection outside a transaction raises
+    :class:`~pgonce.errors.NotInTransaction`. Events of one aggregate are serialized: a second
+    transaction enqueueing for the same aggregate waits here until the first one ends, so that
+    the id order of an aggregate's events is their commit order.
+    """
+    validate_event(aggregatetype, aggregateid, type)
+    require_transaction(conn)
+    params = {
+        "aggregatetype": aggregatetype,
+        "aggregateid": aggregateid,
+        "type": type,
+        "payload": Jsonb(payload),
+        "headers": Jsonb(_headers(headers)),
+        "now": now,
+        "channel": channel(schema),
+    }
+    with translate_errors("enqueueing an outbox event"):
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(Queries("outbox", schema).enqueue, params)
+        row = await cur.fetchone()
+    assert row is not None, "outbox_enqueue() returned no row"
+    return int(row[0])
+
+
+def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    if not headers:
+        return {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise UsageError("outbox headers are str names with str values")
+    return dict(headers)
+
+
+class AsyncOutboxStore:
+    """The relay's statements on the ``outbox`` table; each runs in the caller's transaction."""
+
+    def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
+        self.schema = schema
+        self.channel = channel(schema)
+        self._sql = Queries("outbox", schema)
+
+    async def enqueue(
+        self,
+        conn: AsyncConnection[Row],
+        aggregatetype: str,
+        aggregateid: str,
+        type: str,
+        payload: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+        now: datetime | None = None,
+    ) -> int:
+        """:func:`enqueue` in this store's schema."""
+        return await enqueue(
+            conn,
+            aggregatetype,
+            aggregateid,
+            type,
+            payload,
+            headers=headers,
+            schema=self.schema,
+            now=now,
+        )
+
+    async def claim(
+        self, conn: AsyncConnection[Row], *, limit: int, now: datetime | None = None
+    ) -> list[OutboxMessage]:
+        """Lock up to ``limit`` due rows for this transaction, in id order.
+
+        Only an aggregate whose oldest pending row is due and not locked by another relay takes
+        part, with its later pending rows; so two relays never publish one aggregate at once.
+        """
+        if limit < 1:
+            raise UsageError("a batch holds at least one row")
+        require_transaction(conn)
+        with translate_errors("claiming outbox rows"):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql.claim, {"limit": limit, "now": now})
+            rows = await cur.fetchall()
+        return [
+            OutboxMessage(
+                id=r[0],
+                aggregatetype=r[1],
+                aggregateid=r[2],
+                type=r[3],
+                payload=r[4],
+                headers=r[5] or {},
+                created_at=r[6],
+                attempts=r[7],
+            )
+            for r in rows
+        ]
+
+    async def mark_published(
+        self, conn: AsyncConnection[Row], ids: Sequence[int], *, now: datetime | None = None
+    ) -> int:
+        """Mark rows the broker acknowledged; returns how many changed."""
+        if not ids:
+            return 0
+        require_transaction(conn)
+        with translate_errors("marking outbox rows published"):
+            cur = await conn.execute(self._sql.mark_published, {"ids": list(ids), "now": now})
+        return cur.rowcount
+
+    async def record_refusals(self, conn: AsyncConnection[Row], refusals: Sequence[Refusal]) -> int:
+        """Write the core's decisions for refused rows (next attempt, or parked)."""
+        if not refusals:
+            return 0
+        require_transaction(conn)
+        params = {
+            "ids": [r.id for r in refusals],
+            "attempts": [r.attempts for r in refusals],
+            "next_attempt_at": [r.next_attempt_at for r in refusals],
+            "parked_at": [r.parked_at for r in refusals],
+            "last_error": [r.last_error for r in refusals],
+        }
+        with translate_errors("recording outbox refusals"):
+            cur = await conn.execute(self._sql.record_refusals, params)
+        return cur.rowcount
+
+    async def replay(
+        self,
+        conn: AsyncConnection[Row],
+        *,
+        ids: Sequence[int] | None = None,
+        aggregatetype: str | None = None,
+        now: datetime | None = None,
+    ) -> list[int]:
+        """Put parked rows back in the queue (all of them, or those ``ids``, or one aggregate type).
+
+        The rows are due at once with their attempts reset, and the relays are woken when the
+        transaction commits. Returns the ids replayed.
+        """
+        require_transaction(conn)
+        params = {
+            "ids": list(ids) if ids is not None else None,
+            "aggregatetype": aggregatetype,
+            "now": now,
+        }
+        with translate_errors("replaying parked outbox rows"):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql.replay, params)
+            replayed = [int(r[0]) for r in await cur.fetchall()]
+            if replayed:
+                await conn.execute(self._sql.notify, {"channel": self.channel})
+        return replayed
+
+    async def listen(self, conn: AsyncConnection[Row]) -> None:
+        """Subscribe ``conn`` (a dedicated, direct, autocommit connection) to the outbox channel.
+
+        LISTEN takes the channel as an identifier, not a parameter, so the statement is composed
+        with :class:`psycopg.sql.Identifier` from pgonce's own schema name, never from input.
+        """
+        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
+        with translate_errors("listening for outbox notifications"):
+            await conn.execute(statement)
+
+    async def counts(
+        self, conn: AsyncConnection[Row], *, now: datetime | None = None
+    ) -> OutboxCounts:
+        """Pending, waiting, parked and published rows (a full scan: for health and tests)."""
+        with translate_errors("counting outbox rows"):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql.counts, {"now": now})
+            row = await cur.fetchone()
+        assert row is not None
+        return OutboxCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
