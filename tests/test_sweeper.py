@@ -1,0 +1,302 @@
+"""The sweeper on real PostgreSQL: batches, endings, what it must never delete, and concurrency.
+
+The clock is a parameter: rows are written with old timestamps and the sweep is told ``now``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from pgonce.core.outcomes import Won
+from pgonce.core.retention import Retention, RetentionPolicy, SweepLimits, SweepResult
+from pgonce.errors import ConfigError, DatabaseError, UsageError
+from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
+from pgonce.store._sync.keys import KeyStore
+from pgonce.store._sync.sweeper import Sweeper
+
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
+DAY = timedelta(days=1)
+NO_PAUSE = timedelta(0)
+
+
+def add_keys(
+    dsn: str,
+    count: int,
+    *,
+    age: timedelta,
+    scope: str = "api",
+    completed: bool = True,
+    prefix: str = "k",
+) -> None:
+    """``count`` keys claimed ``age`` before NOW, completed or still in flight."""
+    claimed_at = NOW - age
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            """INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at,
+                                       response_status)
+               SELECT %(scope)s, %(prefix)s || g, sha256(g::text::bytea), %(claimed_at)s,
+                      CASE WHEN %(completed)s THEN %(claimed_at)s END,
+                      CASE WHEN %(completed)s THEN 200 END
+                 FROM generate_series(1, %(count)s) AS g""",
+            {
+                "scope": scope,
+                "prefix": prefix,
+                "claimed_at": claimed_at,
+                "completed": completed,
+                "count": count,
+            },
+        )
+
+
+def remaining(dsn: str, where: str = "true") -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM pgonce.keys WHERE {where}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def sweep(dsn: str, sweeper: Sweeper, batches: list[int] | None = None) -> SweepResult:
+    """One run at NOW on a connection of its own; ``batches`` collects each batch's count."""
+
+    def on_batch(_target: str, deleted: int) -> None:
+        if batches is not None:
+            batches.append(deleted)
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return sweeper.sweep(conn, now=NOW, on_batch=on_batch)
+
+
+def limits(batch_size: int, max_batches: int = 1000) -> SweepLimits:
+    return SweepLimits(batch_size=batch_size, max_batches=max_batches, pause=NO_PAUSE)
+
+
+def test_batches_of_batch_size_until_the_first_short_one(dsn: str) -> None:
+    add_keys(dsn, 25, age=40 * DAY)
+    batches: list[int] = []
+    result = sweep(dsn, Sweeper(limits=limits(10)), batches)
+    assert batches == [10, 10, 5]
+    (keys,) = result.targets
+    assert (keys.deleted, keys.batches, keys.ending) == (25, 3, "drained")
+    assert remaining(dsn) == 0
+
+
+def test_an_exact_multiple_ends_on_an_empty_batch(dsn: str) -> None:
+    add_keys(dsn, 20, age=40 * DAY)
+    batches: list[int] = []
+    sweep(dsn, Sweeper(limits=limits(10)), batches)
+    assert batches == [10, 10, 0]
+
+
+def test_the_cap_ends_a_run_and_the_next_run_continues(dsn: str) -> None:
+    add_keys(dsn, 50, age=40 * DAY)
+    sweeper = Sweeper(limits=limits(10, max_batches=2))
+    first = sweep(dsn, sweeper)
+    assert (first.deleted, first.batches, first.capped) == (20, 2, True)
+    assert "batch cap reached" in first.summary()
+    assert remaining(dsn) == 30
+    assert sweep(dsn, sweeper).deleted == 20
+    last = sweep(dsn, sweeper)
+    assert (last.deleted, last.capped) == (10, False)
+    assert remaining(dsn) == 0
+
+
+def test_only_completed_keys_past_their_retention_go(dsn: str) -> None:
+    add_keys(dsn, 5, age=40 * DAY, prefix="old-done-")
+    add_keys(dsn, 3, age=400 * DAY, completed=False, prefix="old-in-flight-")
+    add_keys(dsn, 4, age=29 * DAY, prefix="young-done-")
+    add_keys(dsn, 2, age=31 * DAY, prefix="just-expired-")
+    result = sweep(dsn, Sweeper(limits=limits(100)))
+    assert result.deleted == 7
+    assert remaining(dsn, "key LIKE 'old-in-flight-%'") == 3
+    assert remaining(dsn, "key LIKE 'young-done-%'") == 4
+    assert remaining(dsn) == 7
+
+
+def test_an_open_claim_in_another_transaction_is_untouched(dsn: str, store: KeyStore) -> None:
+    # A claim whose transaction is still open, made 40 days "ago": invisible to the sweeper, and
+    # completed afterwards, it is a live key that must survive.
+    add_keys(dsn, 3, age=40 * DAY)
+    with psycopg.connect(dsn) as holder:
+        won = store.claim(holder, "api", "open", b"\x01" * 32, now=NOW - 40 * DAY)
+        assert isinstance(won, Won)
+        assert sweep(dsn, Sweeper(limits=limits(10))).deleted == 3
+        store.complete(holder, won)
+        holder.commit()
+    assert remaining(dsn, "key = 'open' AND completed_at IS NOT NULL") == 1
+
+
+def test_a_locked_row_is_skipped_not_waited_for(dsn: str) -> None:
+    add_keys(dsn, 30, age=40 * DAY)
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM pgonce.keys WHERE key = 'k7' FOR UPDATE")
+        started = time.monotonic()
+        # A timeout shorter than any wait would turn a lock wait into an error.
+        sweeper = Sweeper(
+            limits=SweepLimits(
+                batch_size=10, pause=NO_PAUSE, statement_timeout=timedelta(seconds=2)
+            )
+        )
+        result = sweep(dsn, sweeper)
+        assert time.monotonic() - started < 2
+        assert result.deleted == 29
+    assert remaining(dsn) == 1
+
+
+def test_per_scope_retention(dsn: str) -> None:
+    add_keys(dsn, 4, age=40 * DAY, scope="audit")
+    add_keys(dsn, 4, age=40 * DAY, scope="api")
+    add_keys(dsn, 2, age=10 * DAY, scope="chatty")
+    add_keys(dsn, 3, age=5 * DAY, scope="chatty", prefix="recent-")
+    policy = RetentionPolicy(
+        scopes={
+            "audit": Retention(keep=90 * DAY),
+            "chatty": Retention(keep=7 * DAY, retry_horizon=DAY),
+        }
+    )
+    assert sweep(dsn, Sweeper([policy], limits=limits(100))).deleted == 6
+    assert remaining(dsn, "scope = 'audit'") == 4
+    assert remaining(dsn, "scope = 'api'") == 0
+    assert remaining(dsn, "scope = 'chatty'") == 3
+
+
+def test_the_statement_timeout_applies_to_each_batch_and_ends_with_it(dsn: str) -> None:
+    add_keys(dsn, 5, age=40 * DAY)
+    sweeper = Sweeper(
+        limits=SweepLimits(
+            batch_size=10, pause=NO_PAUSE, statement_timeout=timedelta(milliseconds=200)
+        )
+    )
+    with psycopg.connect(dsn) as blocker, psycopg.connect(dsn, autocommit=True) as conn:
+        # A table lock makes the batch wait; only its statement timeout can end that wait.
+        blocker.execute("LOCK TABLE pgonce.keys IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        with pytest.raises(DatabaseError, match="statement timeout"):
+            sweeper.sweep(conn, now=NOW)
+        assert time.monotonic() - started < 5
+        blocker.rollback()
+        # SET LOCAL: the connection keeps its own setting once the batch is over.
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
+        assert sweeper.sweep(conn, now=NOW).deleted == 5
+
+
+def test_a_connection_inside_a_transaction_is_refused(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT 1")
+        with pytest.raises(UsageError, match="not inside a transaction"):
+            Sweeper().sweep(conn, now=NOW)
+
+
+def test_a_retention_shorter_than_the_horizon_refuses_to_build_a_sweeper() -> None:
+    with pytest.raises(ConfigError, match=r"scope 'stripe' is 1d, shorter than .* 3d"):
+        Sweeper([RetentionPolicy(scopes={"stripe": Retention(keep=DAY, retry_horizon=3 * DAY)})])
+
+
+async def test_concurrent_sweepers_on_separate_connections_never_double_count(dsn: str) -> None:
+    add_keys(dsn, 3000, age=40 * DAY)
+    add_keys(dsn, 50, age=40 * DAY, completed=False, prefix="in-flight-")
+    sweeper = AsyncSweeper(limits=SweepLimits(batch_size=25, pause=NO_PAUSE))
+
+    async def one() -> int:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            return (await sweeper.sweep(conn, now=NOW)).deleted
+
+    counts = await asyncio.gather(*(one() for _ in range(6)))
+    # A sweeper may stop early at a batch made short by rows its peers hold; a last run drains.
+    counts.append(sweep(dsn, Sweeper(limits=limits(25))).deleted)
+    assert sum(counts) == 3000
+    assert remaining(dsn) == 50
+    assert remaining(dsn, "key LIKE 'in-flight-%'") == 50
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pgonce", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_concurrent_sweep_processes_never_double_count(dsn: str) -> None:
+    add_keys(dsn, 4000, age=40 * DAY)
+    add_keys(dsn, 20, age=40 * DAY, completed=False, prefix="in-flight-")
+    args = [
+        "sweep", "--dsn", dsn, "--now", NOW.isoformat(), "--batch-size", "20", "--pause", "0s",
+    ]  # fmt: skip
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "pgonce", *args], stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in processes]
+    assert all(p.returncode == 0 for p in processes)
+    counts = [int(re.search(r"swept ([\d,]+) rows", o)[1].replace(",", "")) for o in outputs]  # type: ignore[index]
+    counts.append(sweep(dsn, Sweeper(limits=limits(20))).deleted)
+    assert sum(counts) == 4000
+    assert remaining(dsn) == 20
+
+
+def test_cli_prints_one_final_line_when_not_on_a_terminal(dsn: str) -> None:
+    add_keys(dsn, 12, age=40 * DAY)
+    done = run_cli("sweep", "--dsn", dsn, "--now", NOW.isoformat(), "--batch-size", "5")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [done.stdout.strip()]
+    assert done.stdout.startswith("swept 12 rows (keys 12) in 3 batches")
+    assert done.stderr == ""
+    add_keys(dsn, 3, age=40 * DAY, prefix="more-")
+    quiet = run_cli("sweep", "--dsn", dsn, "--now", NOW.isoformat(), "--quiet")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+    assert remaining(dsn) == 0
+
+
+def test_cli_refuses_a_retention_shorter_than_the_horizon(dsn: str) -> None:
+    add_keys(dsn, 3, age=40 * DAY)
+    done = run_cli("sweep", "--dsn", dsn, "--scope-retention", "stripe=1d/3d")
+    assert done.returncode == 1
+    assert "scope 'stripe' is 1d, shorter than its retry horizon of 3d" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert remaining(dsn) == 3
+
+
+async def test_the_timer_loop_sweeps_until_stopped(dsn: str) -> None:
+    add_keys(dsn, 40, age=400 * DAY)
+    stop = asyncio.Event()
+    runs: list[SweepResult] = []
+
+    def on_run(result: SweepResult) -> None:
+        runs.append(result)
+        if len(runs) == 2:
+            stop.set()
+
+    sweeper = AsyncSweeper(limits=SweepLimits(batch_size=10, pause=NO_PAUSE))
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
+        await asyncio.wait_for(
+            sweep_every(pool, sweeper, stop, every=timedelta(milliseconds=20), on_run=on_run),
+            timeout=30,
+        )
+    assert [r.deleted for r in runs] == [40, 0]
+    assert remaining(dsn) == 0
+
+
+def test_a_stop_request_ends_a_run_between_batches(dsn: str) -> None:
+    add_keys(dsn, 100, age=40 * DAY)
+    stop = threading.Event()
+
+    def on_batch(_target: str, _deleted: int) -> None:
+        stop.set()
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        result = Sweeper(limits=limits(10)).sweep(conn, now=NOW, stop=stop, on_batch=on_batch)
+    (keys,) = result.targets
+    assert (keys.deleted, keys.batches, keys.ending) == (10, 1, "stopped")
+    assert "stopped on request" in result.summary()
