@@ -1,0 +1,275 @@
+"""The webhook inbox on an async psycopg connection.
+
+Every call runs on the caller's connection and in the caller's transaction: a batch of deliveries
+is stored (and the workers notified) when that transaction commits; a worker's claim, its handlers'
+writes and the events' new status commit together. This file is the source of ``_sync/inbox.py``
+(``tools/gen_sync.py``); edit this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from psycopg import AsyncConnection, sql
+from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.inbox import (
+    DeadLetter,
+    Delivery,
+    InboxEvent,
+    Retry,
+    Status,
+    StoreOutcome,
+    notify_channel,
+)
+from pgonce.errors import UsageError
+from pgonce.sql import Queries
+from pgonce.store.common import require_transaction
+from pgonce.store.errors import translate_errors
+
+Row = TypeVar("Row")
+
+_OUTCOMES: frozenset[str] = frozenset({"stored", "duplicate", "conflict", "gone"})
+
+
+class AsyncInboxStore:
+    """Stores, claims, completions, failures and replays of events in pgonce's ``inbox`` table."""
+
+    def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
+        self.schema = schema
+        #: The LISTEN/NOTIFY channel: one notification per stored batch wakes the workers.
+        self.channel = notify_channel(schema)
+        self._sql = Queries("inbox", schema)
+
+    async def store(
+        self,
+        conn: AsyncConnection[Row],
+        deliveries: Sequence[Delivery],
+        *,
+        now: datetime | None = None,
+    ) -> list[StoreOutcome]:
+        """Store ``deliveries`` in the current transaction; one outcome per delivery, in order.
+
+        One statement for the whole batch: ``"stored"`` (new, commits with the transaction),
+        ``"duplicate"`` (same id, same body), ``"conflict"`` (same id, another body) or ``"gone"``
+        (the stored row vanished while being read: retry). Workers are notified once, at commit,
+        when anything was stored.
+        """
+        require_transaction(conn)
+        if not deliveries:
+            return []
+        params: dict[str, Any] = {
+            "sources": [d.source for d in deliveries],
+            "event_ids": [d.event_id for d in deliveries],
+            "bodies": [d.body for d in deliveries],
+            "headers": [Jsonb(dict(d.headers)) for d in deliveries],
+            "digests": [d.digest for d in deliveries],
+            "ordering_keys": [d.ordering.key if d.ordering else None for d in deliveries],
+            "versions": [d.ordering.version if d.ordering else None for d in deliveries],
+            "now": now,
+            "channel": self.channel,
+        }
+        with translate_errors("storing webhook deliveries"):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql.store, params)
+            rows = await cur.fetchall()
+        outcomes: list[StoreOutcome | None] = [None] * len(deliveries)
+        for ord_, outcome in rows:
+            assert outcome in _OUTCOMES, f"inbox_store() returned {outcome!r}"
+            outcomes[ord_ - 1] = outcome
+        assert all(o is not None for o in outcomes), "inbox_store() skipped a delivery"
+        return [o for o in outcomes if o is not None]
+
+    async def claim(
+        self,
+        conn: AsyncConnection[Row],
+        sources: Sequence[str],
+        *,
+        limit: int,
+        blocking: Sequence[str] = (),
+        now: datetime | None = None,
+    ) -> list[InboxEvent]:
+        """Lock up to ``limit`` due, pending events of ``sources`` in the current transaction.
+
+        Events with an ordering key are taken only at the head of their key; a dead head blocks its
+        key for the sources in ``blocking``. Rows locked by other workers are skipped, not waited
+        for. The locks last until the transaction ends: a crashed worker's rows are free again as
+        soon as PostgreSQL notices the lost connection.
+        """
+        require_transaction(conn)
+        if limit < 1:
+            raise UsageError("the claim limit must be positive")
+        params = {
+            "sources": list(sources),
+            "blocking": list(blocking),
+            "limit": limit,
+            "now": now,
+        }
+        with translate_errors("claiming inbox events"):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql.claim, params)
+            rows = await cur.fetchall()
+        return [
+            InboxEvent(
+                source=source,
+                id=event_id,
+                body=bytes(body),
+                headers=headers,
+                attempts=attempts,
+                received_at=received_at,
+                ordering_key=ordering_key,
+                version=version,
+            )
+            for (
+                source,
+                event_id,
+                body,
+                headers,
+                attempts,
+                received_at,
+                ordering_key,
+                version,
+            ) in rows
+        ]
+
+    async def savepoint(self, conn: AsyncConnection[Row]) -> None:
+        """Open the savepoint that isolates one event's handler from the rest of its batch."""
+        with translate_errors("opening an inbox savepoint"):
+            await conn.execute(self._sql.savepoint)
+
+    async def release_savepoint(self, conn: AsyncConnection[Row]) -> None:
+        with translate_errors("releasing an inbox savepoint"):
+            await conn.execute(self._sql.release_savepoint)
+
+    async def rollback_savepoint(self, conn: AsyncConnection[Row]) -> None:
+        """Undo one handler's writes (also after an error aborted the transaction)."""
+        with translate_errors("rolling back an inbox savepoint"):
+            await conn.execute(self._sql.rollback_savepoint)
+
+    async def finish(
+        self,
+        conn: AsyncConnection[Row],
+        finished: Sequence[tuple[InboxEvent, Status]],
+        *,
+        now: datetime | None = None,
+    ) -> int:
+        """Mark claimed events ``"done"`` (their handler ran) or ``"skipped"`` (dropped as out of
+        order), in the transaction that ran their handlers; returns how many rows changed."""
+        require_transaction(conn)
+        if not finished:
+            return 0
+        for _, status in finished:
+            if status not in ("done", "skipped"):
+                raise UsageError(f"an event finishes as done or skipped, not {status!r}")
+        params: dict[str, Any] = {
+            "sources": [e.source for e, _ in finished],
+            "event_ids": [e.id for e, _ in finished],
+            "statuses": [s for _, s in finished],
+            "ran": [1 if s == "done" else 0 for _, s in finished],
+            "now": now,
+        }
+        with translate_errors("finishing inbox events"):
+            cur = await conn.execute(self._sql.finish, params)
+        return cur.rowcount
+
+    async def fail(
+        self,
+        conn: AsyncConnection[Row],
+        event: InboxEvent,
+        decision: Retry | DeadLetter,
+        error: str,
+        *,
+        now: datetime | None = None,
+    ) -> None:
+        """Record a failed run of ``event``'s handler: retry at ``decision.at``, or dead-letter."""
+        require_transaction(conn)
+        params = {
+            "source": event.source,
+            "event_id": event.id,
+            "status": decision.status,
+            "next_attempt_at": decision.at if isinstance(decision, Retry) else None,
+            "error": error,
+            "now": now,
+        }
+        with translate_errors("recording an inbox failure"):
+            await conn.execute(self._sql.fail, params)
+
+    async def advance_watermark(
+        self,
+        conn: AsyncConnection[Row],
+        event: InboxEvent,
+        *,
+        now: datetime | None = None,
+    ) -> bool:
+        """Move the watermark of the event's ordering key to its version; False when the event is
+        older than the version already applied (the out-of-order policy then skips it)."""
+        require_transaction(conn)
+        if event.ordering_key is None or event.version is None:
+            raise UsageError("only an event with an ordering key and a version has a watermark")
+        params = {
+            "source": event.source,
+            "ordering_key": event.ordering_key,
+            "version": event.version,
+            "event_id": event.id,
+            "now": now,
+        }
+        with translate_errors("advancing an inbox watermark"):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql.advance_watermark, params)
+            return await cur.fetchone() is not None
+
+    async def replay(
+        self,
+        conn: AsyncConnection[Row],
+        source: str,
+        event_ids: Sequence[str] | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> list[str]:
+        """Put dead letters of ``source`` (all, or those in ``event_ids``) back to pending with a
+        fresh retry budget, in the current transaction; returns the replayed ids."""
+        require_transaction(conn)
+        params = {
+            "source": source,
+            "event_ids": None if event_ids is None else list(event_ids),
+            "now": now,
+        }
+        with translate_errors("replaying dead inbox events"):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql.replay, params)
+            replayed = [row[0] for row in await cur.fetchall()]
+            if replayed:
+                await conn.execute(self._sql.notify, {"channel": self.channel})
+        return replayed
+
+    async def listen(self, conn: AsyncConnection[Row]) -> None:
+        """Subscribe ``conn`` (a dedicated, direct, autocommit connection) to the inbox channel.
+
+        LISTEN takes the channel as an identifier, not a parameter, so the statement is composed
+        with :class:`psycopg.sql.Identifier` from pgonce's own schema name, never from input.
+        """
+        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
+        with translate_errors("listening for inbox notifications"):
+            await conn.execute(statement)
+
+    async def get(
+        self, conn: AsyncConnection[Row], source: str, event_id: str
+    ) -> dict[str, Any] | None:
+        """One event's bookkeeping (no body), for inspection and tests; None when unknown."""
+        with translate_errors("reading an inbox event"):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql.get, {"source": source, "event_id": event_id})
+            row = await cur.fetchone()
+            names = [c.name for c in cur.description or ()]
+        return dict(zip(names, row, strict=True)) if row else None
+
+    async def counts(self, conn: AsyncConnection[Row]) -> dict[tuple[str, str], int]:
+        """``{(source, status): count}`` over the whole inbox."""
+        with translate_errors("counting inbox events"):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(self._sql.counts)
+            return {(source, status): n for source, status, n in await cur.fetchall()}

@@ -1,0 +1,62 @@
+"""A handler that forwards each inbox event to an internal HTTP endpoint.
+
+The event's raw body is POSTed with its content type, ``Idempotency-Key: <event id>`` and
+``Pgonce-Source: <source>``. A 2xx answer marks the event done (in the worker's transaction);
+anything else, or no answer, raises :class:`~pgonce.errors.ForwardFailed` and the event is retried
+with backoff.
+
+Delivery to the target is **at least once**, not exactly once: the target may have applied the
+event when the worker dies, or the commit fails, after the target answered; the retry then
+forwards it again. The target must therefore deduplicate by ``Idempotency-Key`` -- for example with
+pgonce's own Idempotency-Key middleware, which turns the repeat into a replay of its first answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+from psycopg import AsyncConnection
+
+from pgonce.core.inbox import InboxEvent
+from pgonce.errors import ForwardFailed
+from pgonce.webhooks.source import Handler
+
+#: A forward that has not been answered after this many seconds failed; it stays below the default
+#: handler timeout so that the error says "the target was slow", not "the handler hung".
+DEFAULT_FORWARD_TIMEOUT = 10.0
+
+
+def forward_to(
+    url: str,
+    *,
+    client: httpx.AsyncClient | None = None,
+    timeout: float = DEFAULT_FORWARD_TIMEOUT,
+    headers: Iterable[tuple[str, str]] = (),
+) -> Handler:
+    """A handler that POSTs each event to ``url``; see the module docstring for the guarantee.
+
+    ``client`` lets the caller share a connection pool (and its TLS settings) between forwards; by
+    default one client is created for this handler and reused.
+    """
+    extra = list(headers)
+    shared = client or httpx.AsyncClient(timeout=timeout)
+
+    async def forward(event: InboxEvent, conn: AsyncConnection[Any]) -> None:
+        request_headers = [
+            ("content-type", event.headers.get("content-type", "application/octet-stream")),
+            ("idempotency-key", event.id),
+            ("pgonce-source", event.source),
+            *extra,
+        ]
+        try:
+            response = await shared.post(url, content=event.body, headers=request_headers)
+        except httpx.HTTPError as error:
+            raise ForwardFailed(
+                f"forwarding to {url} failed: {type(error).__name__}: {error}"
+            ) from error
+        if not response.is_success:
+            raise ForwardFailed(f"forwarding to {url} was answered {response.status_code}")
+
+    return forward

@@ -1,0 +1,370 @@
+"""The receiving side of the webhook inbox: a plain ASGI app for ``POST /webhooks/{source}``.
+
+For each delivery, in this order: find the source (404), read the body up to the source's limit
+(413), verify the signature on the raw bytes (401), check the body is UTF-8 JSON when required
+(400), name the event id, and store the delivery (:meth:`AsyncInboxStore.store`). A new event and
+a duplicate with the same body are answered 200; the same event id with another body is answered
+409 and logged as an integrity alert. Every refusal is an RFC 9457 problem that reveals no secret
+and no payload; bad input never becomes a 500.
+
+Guarantee: a 200 is sent only after the transaction holding the delivery has committed, so an
+acknowledged event is never lost. Concurrent deliveries share transactions (group commit): while
+the first delivery's transaction is being committed, the ones that arrive meanwhile queue up and are
+stored together by the next one, a single statement and a single commit for the whole batch.
+
+The app is usable on its own (``uvicorn module:receiver``; it answers ASGI lifespan events) or
+mounted inside any ASGI application (Starlette ``Mount("/webhooks", receiver)``); then open and
+close it with ``async with receiver:`` or let it open its pool at the first request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, MutableMapping
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.inbox import (
+    Delivery,
+    Ordering,
+    StoreOutcome,
+    answer,
+    digest,
+    parse_json,
+    stored_headers,
+    validate_event_id,
+    validate_ordering,
+)
+from pgonce.errors import (
+    BadPayload,
+    EventConflict,
+    PayloadTooLarge,
+    PgonceError,
+    SignatureInvalid,
+    UnknownSource,
+    UsageError,
+    WebhookError,
+)
+from pgonce.http.problem import send_problem
+from pgonce.store._async.inbox import AsyncInboxStore
+from pgonce.webhooks.source import Source, by_name
+
+log = logging.getLogger("pgonce.inbox")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[Message], Any]
+
+#: Deliveries stored by one statement at most. Beyond a few hundred a batch gains nothing (the
+#: commit is already shared) and only makes the statement's parameters large.
+DEFAULT_MAX_BATCH = 200
+
+#: Transactions storing deliveries at the same time. Two keep the database busy while the next
+#: batch gathers; more only split batches. It is also the size of a pool the receiver opens itself.
+DEFAULT_FLUSHERS = 2
+
+#: What a delivery that could not be stored (database down) is told: retry after this many seconds.
+RETRY_AFTER_SECONDS = 5
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class InboxReceiver:
+    """The ASGI app. Give it the sources and either a ``pool`` (owned by the caller) or a ``dsn``
+    (the receiver opens and closes a small pool of its own).
+
+    ``prefix`` is the path before ``/{source}``, relative to the mount point (``root_path``).
+    ``max_batch`` and ``flushers`` tune group commit; ``max_batch=1`` stores each delivery in a
+    transaction of its own. ``clock`` is the ``now`` given to the signature schemes.
+    """
+
+    def __init__(
+        self,
+        sources: Iterable[Source],
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        dsn: str | None = None,
+        schema: str = DEFAULT_SCHEMA,
+        prefix: str = "/webhooks",
+        max_batch: int = DEFAULT_MAX_BATCH,
+        flushers: int = DEFAULT_FLUSHERS,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        if (pool is None) == (dsn is None):
+            raise UsageError("give the receiver either a pool or a dsn")
+        if max_batch < 1 or flushers < 1:
+            raise UsageError("max_batch and flushers must be positive")
+        self.sources = by_name(sources)
+        self.store = AsyncInboxStore(schema=schema)
+        self.prefix = prefix.rstrip("/")
+        self.clock = clock
+        self._owns_pool = pool is None
+        self.pool: AsyncConnectionPool[Any] = pool or AsyncConnectionPool(
+            dsn or "", min_size=1, max_size=flushers, open=False, name="pgonce-inbox-receiver"
+        )
+        self._max_batch = max_batch
+        self._max_flushers = flushers
+        self._queue: list[tuple[Delivery, asyncio.Future[StoreOutcome]]] = []
+        self._flushers = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the receiver's own pool (a caller's pool is the caller's to open)."""
+        if not self._started:
+            self._started = True
+            if self._owns_pool:
+                await self.pool.open(wait=True)
+
+    async def close(self) -> None:
+        """Wait until every queued delivery was stored and answered, then close the own pool."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._owns_pool and self._started:
+            await self.pool.close()
+        self._started = False
+
+    async def __aenter__(self) -> InboxReceiver:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- ASGI ----------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            await self._handle(scope, receive, send)
+        except WebhookError as error:
+            await send_problem(send, error.status, error.title, str(error))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except PgonceError as error:
+                    await send({"type": "lifespan.startup.failed", "message": str(error)})
+                    return
+                except Exception as error:  # the pool's own errors: say them, do not crash
+                    await send({"type": "lifespan.startup.failed", "message": str(error)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _source_of(self, scope: Scope) -> Source:
+        path: str = scope.get("path", "")
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        if not path.startswith(self.prefix + "/"):
+            raise UnknownSource()
+        name = path[len(self.prefix) + 1 :]
+        source = self.sources.get(name)
+        if source is None:
+            raise UnknownSource()
+        return source
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        source = self._source_of(scope)
+        if scope.get("method") != "POST":
+            await send_problem(send, 405, headers=[("allow", "POST")])
+            return
+        headers = _headers(scope)
+        body = await _read_body(receive, headers, source.body_limit)
+        if body is None:
+            return  # the client went away; nobody is left to answer
+        delivery = self._verify(source, headers, body)
+        try:
+            outcome = await self._submit(delivery)
+        except PgonceError as error:
+            log.warning("storing a delivery of %s failed: %s", source.name, error)
+            await send_problem(
+                send,
+                503,
+                detail="the delivery could not be stored; retry later",
+                headers=[("retry-after", str(RETRY_AFTER_SECONDS))],
+            )
+            return
+        if outcome == "conflict":
+            # A provider bug or a spoofed replay with a valid signature: never a silent 200.
+            log.warning(
+                "integrity alert: source %s event %s was received again with a different body",
+                source.name,
+                delivery.event_id,
+                extra={"source": source.name, "event_id": delivery.event_id},
+            )
+            raise EventConflict()
+        if outcome == "gone":
+            await send_problem(
+                send,
+                503,
+                detail="the event is being cleaned up; retry later",
+                headers=[("retry-after", "1")],
+            )
+            return
+        await _send_ok(send, answer(outcome), outcome)
+
+    def _verify(self, source: Source, headers: dict[str, str], body: bytes) -> Delivery:
+        try:
+            source.scheme.verify(headers, body, now=self.clock())
+        except WebhookError:
+            raise
+        except Exception:
+            # A scheme must raise only WebhookErrors; a bug in one fails closed, never a 500.
+            log.exception("scheme %s of source %s failed", source.scheme.name, source.name)
+            raise SignatureInvalid() from None
+        payload = parse_json(body) if source.json_required else None
+        try:
+            event_id = source.scheme.event_id(headers, body)
+        except WebhookError:
+            raise
+        except Exception:
+            log.exception("scheme %s could not name an event id", source.scheme.name)
+            raise BadPayload("the event id could not be read") from None
+        if event_id is None:
+            event_id = source.event_id_fallback(headers, body)
+        ordering = _ordering(source, payload, headers)
+        return Delivery(
+            source=source.name,
+            event_id=validate_event_id(event_id),
+            body=body,
+            headers=stored_headers(headers, getattr(source.scheme, "header_names", None)),
+            digest=digest(body),
+            ordering=ordering,
+        )
+
+    # -- group commit --------------------------------------------------------------------------
+
+    async def _submit(self, delivery: Delivery) -> StoreOutcome:
+        """Queue ``delivery``; resolve once the transaction that stored it has committed."""
+        if not self._started:
+            await self.start()
+        future: asyncio.Future[StoreOutcome] = asyncio.get_running_loop().create_future()
+        self._queue.append((delivery, future))
+        if self._flushers < self._max_flushers:
+            self._flushers += 1
+            # A task of its own, not the request's: a client that hangs up must not cancel the
+            # storing of other clients' deliveries that ride in the same batch.
+            task = asyncio.create_task(self._flush())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await future
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                batch = self._queue[: self._max_batch]
+                del self._queue[: self._max_batch]
+                try:
+                    async with self.pool.connection() as conn, conn.transaction():
+                        outcomes = await self.store.store(conn, [d for d, _ in batch])
+                except PgonceError as error:
+                    _settle(batch, error=error)
+                except Exception as error:  # the pool's timeouts and lost connections
+                    _settle(batch, error=PgonceError(f"the inbox could not store: {error}"))
+                else:
+                    _settle(batch, outcomes=outcomes)
+        finally:
+            # No await between the queue check above and this line: a delivery queued meanwhile
+            # would have found this flusher still counted and is picked up by the loop.
+            self._flushers -= 1
+
+
+def _settle(
+    batch: list[tuple[Delivery, asyncio.Future[StoreOutcome]]],
+    *,
+    outcomes: list[StoreOutcome] | None = None,
+    error: PgonceError | None = None,
+) -> None:
+    for i, (_, future) in enumerate(batch):
+        if future.done():  # the request was cancelled meanwhile
+            continue
+        if outcomes is not None:
+            future.set_result(outcomes[i])
+        else:
+            future.set_exception(error or PgonceError())
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """Lower-case names; repeated headers joined with ", " (RFC 9110), as schemes expect."""
+    found: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", ()):
+        name = bytes(raw_name).decode("latin-1").lower()
+        value = bytes(raw_value).decode("latin-1")
+        found[name] = f"{found[name]}, {value}" if name in found else value
+    return found
+
+
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes | None:
+    """The whole body, read chunk by chunk and abandoned as soon as it exceeds ``limit``."""
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge()
+    chunks = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks += message.get("body", b"")
+        if len(chunks) > limit:
+            raise PayloadTooLarge()
+        if not message.get("more_body", False):
+            return bytes(chunks)
+
+
+def _ordering(source: Source, payload: Any, headers: dict[str, str]) -> Ordering | None:
+    if source.ordering is None:
+        return None
+    try:
+        ordering = source.ordering(payload, headers)
+    except Exception:
+        # The extractor is application code reading an untrusted payload; its failure is the
+        # payload's fault as far as the provider is concerned, and must not be a 500.
+        log.warning("the ordering key of a delivery to %s could not be read", source.name)
+        raise BadPayload("the ordering key could not be read") from None
+    if ordering is None:
+        return None
+    if not isinstance(ordering, Ordering):
+        raise BadPayload("the ordering key could not be read")
+    return validate_ordering(ordering)
+
+
+async def _send_ok(send: Send, status: int, outcome: StoreOutcome) -> None:
+    body = b'{"outcome":"%s"}' % outcome.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

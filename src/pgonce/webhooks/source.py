@@ -1,0 +1,120 @@
+"""A webhook source: everything the inbox needs to know about one provider endpoint.
+
+The receiver looks a source up by the name in ``POST /webhooks/{source}``; the workers look up its
+handler and its retry, ordering and out-of-order policies. A source is immutable: configuration is
+read once, at start, and checked there (:class:`~pgonce.errors.ConfigError`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from pgonce.core.inbox import (
+    HeadFailurePolicy,
+    InboxEvent,
+    Ordering,
+    OutOfOrderPolicy,
+    RetryPolicy,
+)
+from pgonce.errors import ConfigError
+from pgonce.webhooks.schemes.base import Headers, Scheme, fallback_event_id
+
+#: A handler runs once per event, in the transaction that marks the event done, and writes through
+#: ``conn`` so its writes commit with that mark. It must not commit or roll back itself; raising
+#: rolls its writes back and schedules a retry.
+Handler = Callable[[InboxEvent, AsyncConnection[Any]], Awaitable[None]]
+
+#: Reads the ordering key (and optionally a version) of a delivery from its parsed JSON (``None``
+#: when the source does not require JSON) and its headers; ``None`` means "not ordered".
+OrderingExtractor = Callable[[Any, Headers], Ordering | None]
+
+#: Names the event id of a delivery whose scheme finds none; see :func:`fallback_event_id`.
+EventIdFallback = Callable[[Headers, bytes], str]
+
+
+def body_hash_event_id(headers: Headers, body: bytes) -> str:
+    """The default fallback: the hash of the body (see :func:`fallback_event_id`)."""
+    return fallback_event_id(body)
+
+
+#: Bodies larger than this are refused with 413 before they are read to the end. Providers' events
+#: are a few kilobytes; 1 MiB leaves room for large ones while a flood of huge bodies cannot fill
+#: memory. GitHub sends up to 25 MB: raise it for such sources.
+DEFAULT_BODY_LIMIT = 1024 * 1024
+
+#: A handler that has not finished after this long is cancelled and counts as failed: its
+#: transaction holds row locks, and a hung handler must not hold them forever.
+DEFAULT_HANDLER_TIMEOUT = timedelta(seconds=30)
+
+_SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One configured webhook source.
+
+    - ``name``: the ``{source}`` in the URL and the inbox rows' ``source``.
+    - ``scheme``: verifies signatures and names event ids (:mod:`pgonce.webhooks.schemes`).
+    - ``handler``: the application's code for each event; ``None`` for a receive-only source
+      (its events wait until a worker with a handler runs).
+    - ``body_limit``: bytes; a longer body is answered 413.
+    - ``json_required``: refuse bodies that are not UTF-8 JSON with 400 (handlers then get
+      ``event.payload``).
+    - ``event_id_fallback``: the id when the scheme finds none (default: the body's SHA-256).
+    - ``ordering``: the ordering extractor; ``None`` processes events in any order.
+    - ``out_of_order``: ``"process"`` every event, or ``"drop"`` those whose version is older than
+      the last applied one for their ordering key (recorded as ``skipped``).
+    - ``head_failure``: when the oldest event of an ordering key is dead-lettered, ``"block"`` keeps
+      the rest of that key waiting until it is replayed (strict order); ``"park"`` lets them flow.
+    - ``retry``: attempts and backoff; ``handler_timeout``: see :data:`DEFAULT_HANDLER_TIMEOUT`.
+    """
+
+    name: str
+    scheme: Scheme
+    handler: Handler | None = None
+    body_limit: int = DEFAULT_BODY_LIMIT
+    json_required: bool = True
+    event_id_fallback: EventIdFallback = body_hash_event_id
+    ordering: OrderingExtractor | None = None
+    out_of_order: OutOfOrderPolicy = "process"
+    head_failure: HeadFailurePolicy = "block"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    handler_timeout: timedelta = DEFAULT_HANDLER_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if not _SOURCE_NAME.match(self.name):
+            raise ConfigError(
+                f"webhook source name {self.name!r} is not allowed: use letters, digits, '_', '.' "
+                "and '-', starting with a letter or digit, at most 100 characters"
+            )
+        if self.body_limit < 1:
+            raise ConfigError(f"source {self.name!r}: body_limit must be positive")
+        if self.out_of_order not in ("process", "drop"):
+            raise ConfigError(f"source {self.name!r}: out_of_order is 'process' or 'drop'")
+        if self.out_of_order == "drop" and self.ordering is None:
+            raise ConfigError(
+                f"source {self.name!r}: out_of_order 'drop' needs an ordering extractor "
+                "that returns a version"
+            )
+        if self.head_failure not in ("block", "park"):
+            raise ConfigError(f"source {self.name!r}: head_failure is 'block' or 'park'")
+        if self.handler_timeout <= timedelta(0):
+            raise ConfigError(f"source {self.name!r}: handler_timeout must be positive")
+
+
+def by_name(sources: Iterable[Source]) -> Mapping[str, Source]:
+    """``{name: source}``, refusing two sources with one name."""
+    found: dict[str, Source] = {}
+    for source in sources:
+        if not isinstance(source, Source):
+            raise ConfigError(f"not a webhook source: {source!r}")
+        if source.name in found:
+            raise ConfigError(f"two webhook sources are named {source.name!r}")
+        found[source.name] = source
+    return found

@@ -1,0 +1,324 @@
+"""Inbox workers: run each stored event's handler exactly once.
+
+A worker loop claims a batch of due, pending events with ``FOR UPDATE SKIP LOCKED`` and, in that
+same transaction, runs each event's handler on the same connection, then marks the events done.
+The handler's writes and the "done" commit together or not at all, so each handler's effects are
+applied exactly once:
+
+- a handler that raises is rolled back to a savepoint (the batch's other events are unaffected),
+  its failure is recorded (attempts + 1, the error, the next attempt after an exponential backoff
+  with jitter), and after the source's last attempt the event is dead-lettered; :meth:`replay`
+  brings dead letters back;
+- a worker that dies (kill -9, a lost connection) commits nothing: PostgreSQL rolls its
+  transaction back and releases the rows' locks, and another worker claims them; the attempt is
+  not counted;
+- ``stop`` ends the loops after the batch at hand; a batch still running after
+  ``shutdown_timeout`` is cancelled and rolled back. Either way nothing is lost.
+
+Events with an ordering key are claimed only at the head of their key (see the ``claim`` query),
+so they run one at a time, in arrival order, while other keys run in parallel. The out-of-order
+policy ``drop`` advances a per-key watermark in the handler's transaction and records events older
+than it as ``skipped`` without running the handler.
+
+Wake-ups come from LISTEN on a dedicated, direct connection (a transaction-mode pooler cannot carry
+LISTEN); a loop that heard nothing polls every ``poll_interval``, so a lost notification only adds
+latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.inbox import (
+    InboxEvent,
+    Status,
+    after_failure,
+    describe_error,
+    needs_watermark,
+    parse_json,
+)
+from pgonce.errors import DatabaseUnavailable, HandlerTimeout, PgonceError, UsageError
+from pgonce.store._async.inbox import AsyncInboxStore
+from pgonce.webhooks.source import Source, by_name
+
+log = logging.getLogger("pgonce.inbox")
+
+#: Events claimed per transaction. One commit covers the whole batch, which is where the
+#: throughput comes from; the batch's rows stay locked until its last handler finished, so sources
+#: with slow handlers (HTTP forwards) want smaller batches.
+DEFAULT_BATCH_SIZE = 50
+
+#: Loops, each with its own connection, claiming side by side.
+DEFAULT_CONCURRENCY = 2
+
+#: How long a loop that heard no notification waits before it looks anyway: the latency a lost
+#: notification (or a pooler that cannot LISTEN) adds at most.
+DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
+
+#: How long ``stop`` waits for in-flight batches before cancelling (and so rolling back) them.
+DEFAULT_SHUTDOWN_TIMEOUT = timedelta(seconds=30)
+
+#: Pause before reconnecting after the database went away, so a restart is not hammered.
+RECONNECT_DELAY = timedelta(seconds=1)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What one claimed batch came to."""
+
+    claimed: int = 0
+    done: int = 0
+    skipped: int = 0
+    retried: int = 0
+    dead: int = 0
+
+
+class InboxWorker:
+    """Processes the inbox events of ``sources`` that have a handler.
+
+    ``dsn`` is used for the loops' connections and, unless ``listen_dsn`` is given, for LISTEN
+    (behind a transaction-mode pooler give ``listen_dsn`` a direct connection, or ``listen=False``
+    to rely on polling). ``connect_kwargs`` go to :meth:`psycopg.AsyncConnection.connect` (for
+    example ``prepare_threshold``).
+    """
+
+    def __init__(
+        self,
+        sources: Iterable[Source],
+        *,
+        dsn: str,
+        schema: str = DEFAULT_SCHEMA,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
+        shutdown_timeout: timedelta = DEFAULT_SHUTDOWN_TIMEOUT,
+        listen: bool = True,
+        listen_dsn: str | None = None,
+        connect_kwargs: dict[str, Any] | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        if batch_size < 1 or concurrency < 1:
+            raise UsageError("batch_size and concurrency must be positive")
+        if poll_interval <= timedelta(0):
+            raise UsageError("poll_interval must be positive")
+        self.sources = {name: s for name, s in by_name(sources).items() if s.handler is not None}
+        if not self.sources:
+            raise UsageError("an inbox worker needs at least one source with a handler")
+        self.store = AsyncInboxStore(schema=schema)
+        self.dsn = dsn
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.shutdown_timeout = shutdown_timeout
+        self.listen = listen
+        self.listen_dsn = listen_dsn or dsn
+        self.connect_kwargs = connect_kwargs or {}
+        self.clock = clock
+        self._names = sorted(self.sources)
+        self._blocking = sorted(n for n, s in self.sources.items() if s.head_failure == "block")
+
+    # -- one batch ------------------------------------------------------------------------------
+
+    async def run_once(
+        self,
+        conn: AsyncConnection[Any],
+        *,
+        now: datetime | None = None,
+        jitter: float | None = None,
+    ) -> BatchResult:
+        """Claim and process one batch on ``conn`` (not in a transaction), in one transaction.
+
+        ``now`` is the clock for the claim, the backoff and the timestamps (default: the
+        database's ``now()`` and :attr:`clock`); ``jitter`` fixes the backoff's random part.
+        """
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise UsageError("run_once needs a connection outside a transaction")
+        store = self.store
+        finished: list[tuple[InboxEvent, Status]] = []
+        retried = dead = 0
+        async with conn.transaction():
+            events = await store.claim(
+                conn, self._names, limit=self.batch_size, blocking=self._blocking, now=now
+            )
+            for event in events:
+                source = self.sources[event.source]
+                await store.savepoint(conn)
+                try:
+                    status = await self._run_handler(conn, source, event, now)
+                    await store.release_savepoint(conn)
+                except Exception as error:
+                    # A cancellation (shutdown) is no Exception: it rolls the whole batch back.
+                    await store.rollback_savepoint(conn)
+                    decision = after_failure(
+                        source.retry, event.attempts, now=now or self.clock(), jitter=jitter
+                    )
+                    await store.fail(conn, event, decision, describe_error(error), now=now)
+                    if decision.status == "dead":
+                        dead += 1
+                        log.error(
+                            "inbox event %s/%s dead-lettered after %d attempts: %s",
+                            event.source,
+                            event.id,
+                            event.attempts + 1,
+                            type(error).__qualname__,
+                        )
+                    else:
+                        retried += 1
+                        log.info(
+                            "inbox event %s/%s failed (%s); retrying",
+                            event.source,
+                            event.id,
+                            type(error).__qualname__,
+                        )
+                else:
+                    finished.append((event, status))
+            await store.finish(conn, finished, now=now)
+        return BatchResult(
+            claimed=len(events),
+            done=sum(1 for _, s in finished if s == "done"),
+            skipped=sum(1 for _, s in finished if s == "skipped"),
+            retried=retried,
+            dead=dead,
+        )
+
+    async def _run_handler(
+        self,
+        conn: AsyncConnection[Any],
+        source: Source,
+        event: InboxEvent,
+        now: datetime | None,
+    ) -> Status:
+        if needs_watermark(source.out_of_order, event) and not await self.store.advance_watermark(
+            conn, event, now=now
+        ):
+            return "skipped"
+        if source.json_required:
+            event = replace(event, payload=parse_json(event.body))
+        assert source.handler is not None  # sources without one are never claimed
+        try:
+            async with asyncio.timeout(source.handler_timeout.total_seconds()):
+                await source.handler(event, conn)
+        except TimeoutError as error:
+            raise HandlerTimeout(source.handler_timeout.total_seconds()) from error
+        return "done"
+
+    # -- loops -----------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Process events until ``stop`` is set; then let in-flight batches finish (or roll back
+        after ``shutdown_timeout``) and return."""
+        wakes = [asyncio.Event() for _ in range(self.concurrency)]
+        tasks = [asyncio.create_task(self._loop(stop, wake)) for wake in wakes]
+        if self.listen:
+            tasks.append(asyncio.create_task(self._listen(stop, wakes)))
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopping and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]  # a bug: say it loudly
+            _, pending = await asyncio.wait(tasks, timeout=self.shutdown_timeout.total_seconds())
+            for task in pending:
+                task.cancel()
+        finally:
+            stop.set()
+            stopping.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _loop(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
+        conn: AsyncConnection[Any] | None = None
+        try:
+            while not stop.is_set():
+                # Cleared before the claim: a notification during the batch means "look again".
+                wake.clear()
+                try:
+                    if conn is None or conn.closed:
+                        conn = await self._connect(self.dsn, autocommit=False)
+                    result = await self.run_once(conn)
+                except (DatabaseUnavailable, psycopg.OperationalError) as error:
+                    log.warning("inbox worker lost the database: %s; reconnecting", error)
+                    await _close(conn)
+                    conn = None
+                    await _wait(stop, None, RECONNECT_DELAY)
+                    continue
+                except PgonceError as error:
+                    log.error("inbox worker batch failed: %s", error)
+                    await _close(conn)
+                    conn = None
+                    await _wait(stop, None, RECONNECT_DELAY)
+                    continue
+                if result.claimed < self.batch_size:
+                    await _wait(stop, wake, self.poll_interval)
+        finally:
+            await _close(conn)
+
+    async def _listen(self, stop: asyncio.Event, wakes: list[asyncio.Event]) -> None:
+        while not stop.is_set():
+            try:
+                conn = await self._connect(self.listen_dsn, autocommit=True)
+                async with conn:
+                    await self.store.listen(conn)
+                    for wake in wakes:  # whatever was stored while nobody listened
+                        wake.set()
+                    while not stop.is_set():
+                        async for _ in conn.notifies(timeout=0.5):
+                            for wake in wakes:
+                                wake.set()
+            except (PgonceError, psycopg.Error, OSError) as error:
+                log.warning("inbox LISTEN connection failed: %s; polling until it is back", error)
+                await _wait(stop, None, RECONNECT_DELAY)
+
+    async def _connect(self, dsn: str, *, autocommit: bool) -> AsyncConnection[Any]:
+        try:
+            return await AsyncConnection.connect(dsn, autocommit=autocommit, **self.connect_kwargs)
+        except psycopg.OperationalError as error:
+            raise DatabaseUnavailable(f"connecting an inbox worker failed: {error}") from error
+
+    # -- dead letters ----------------------------------------------------------------------------
+
+    async def replay(
+        self,
+        conn: AsyncConnection[Any],
+        source: str,
+        event_ids: Iterable[str] | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> list[str]:
+        """Dead letters of ``source`` back to pending, committed; returns the replayed ids."""
+        async with conn.transaction():
+            return await self.store.replay(
+                conn, source, None if event_ids is None else list(event_ids), now=now
+            )
+
+
+async def _close(conn: AsyncConnection[Any] | None) -> None:
+    if conn is not None and not conn.closed:
+        # Closing a broken connection: nothing is left to save.
+        with contextlib.suppress(psycopg.Error):
+            await conn.close()
+
+
+async def _wait(stop: asyncio.Event, wake: asyncio.Event | None, longest: timedelta) -> None:
+    """Sleep until ``stop`` or ``wake`` is set, at most ``longest``."""
+    waiters = [asyncio.ensure_future(stop.wait())]
+    if wake is not None:
+        waiters.append(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=longest.total_seconds(), return_when="FIRST_COMPLETED")
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

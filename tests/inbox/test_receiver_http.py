@@ -1,0 +1,192 @@
+"""The receiver through a real uvicorn server: dedupe under concurrency, conflicts, refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pgonce.webhooks.receiver import InboxReceiver
+from pgonce.webhooks.schemes import build_scheme
+from pgonce.webhooks.source import Source
+from pgonce.webhooks.worker import InboxWorker
+from tests.inbox.conftest import SCHEMA, SECRET, effects, eventually, hmac_scheme, serve, source
+
+pytestmark = pytest.mark.slow
+
+
+def signed(body: bytes, event_id: str | None) -> dict[str, str]:
+    return hmac_scheme().sign(body, event_id=event_id)
+
+
+def order_body(n: int) -> bytes:
+    return json.dumps({"type": "order.paid", "order": n}).encode()
+
+
+async def test_500_concurrent_deliveries_of_100_events_give_100_effects(effects_dsn: str) -> None:
+    receiver = InboxReceiver([source()], dsn=effects_dsn, schema=SCHEMA)
+    deliveries = [(f"evt_{i % 100}", order_body(i % 100)) for i in range(500)]
+    with serve(receiver) as url:
+        limits = httpx.Limits(max_connections=100)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+            responses = await asyncio.gather(
+                *(
+                    client.post("/webhooks/shop", content=body, headers=signed(body, eid))
+                    for eid, body in deliveries
+                )
+            )
+    assert [r.status_code for r in responses] == [200] * 500
+    outcomes = [r.json()["outcome"] for r in responses]
+    assert outcomes.count("stored") == 100
+    assert outcomes.count("duplicate") == 400
+    with psycopg.connect(effects_dsn) as conn:
+        row = conn.execute(f"SELECT count(*), count(DISTINCT event_id) FROM {SCHEMA}.inbox")
+        assert row.fetchone() == (100, 100)
+
+    worker = InboxWorker([source()], dsn=effects_dsn, schema=SCHEMA, concurrency=4, batch_size=7)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    await eventually(lambda: len(effects(effects_dsn)) >= 100)
+    stop.set()
+    await running
+    done = effects(effects_dsn)
+    assert len(done) == 100
+    assert {e for _, e, _ in done} == {f"evt_{i}" for i in range(100)}
+
+
+def test_same_id_with_another_body_is_409_and_an_integrity_alert(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver = InboxReceiver([source()], dsn=dsn, schema=SCHEMA)
+    first, second = b'{"amount":1}', b'{"amount":2}'
+    with serve(receiver) as url, httpx.Client(base_url=url) as client:
+        ok = client.post("/webhooks/shop", content=first, headers=signed(first, "evt_1"))
+        again = client.post("/webhooks/shop", content=first, headers=signed(first, "evt_1"))
+        with caplog.at_level(logging.WARNING, logger="pgonce.inbox"):
+            clash = client.post("/webhooks/shop", content=second, headers=signed(second, "evt_1"))
+    assert (ok.status_code, ok.json()["outcome"]) == (200, "stored")
+    assert (again.status_code, again.json()["outcome"]) == (200, "duplicate")
+    assert clash.status_code == 409
+    assert clash.headers["content-type"] == "application/problem+json"
+    assert clash.json()["status"] == 409
+    alerts = [r for r in caplog.records if r.name == "pgonce.inbox" and "integrity" in r.message]
+    assert len(alerts) == 1
+    assert "evt_1" in alerts[0].getMessage()
+    assert SECRET not in alerts[0].getMessage()
+    assert "amount" not in alerts[0].getMessage()
+    with psycopg.connect(dsn) as conn:
+        stored = conn.execute(f"SELECT body FROM {SCHEMA}.inbox").fetchall()
+    assert stored == [(first,)]
+
+
+def test_refusals_are_problems_with_the_right_status(dsn: str) -> None:
+    receiver = InboxReceiver([source(body_limit=64)], dsn=dsn, schema=SCHEMA)
+    good = b'{"ok":true}'
+    with serve(receiver) as url, httpx.Client(base_url=url) as client:
+        cases: list[tuple[int, httpx.Response]] = [
+            (404, client.post("/webhooks/nope", content=good, headers=signed(good, "e1"))),
+            (404, client.post("/other/shop", content=good, headers=signed(good, "e1"))),
+            (405, client.get("/webhooks/shop")),
+            (401, client.post("/webhooks/shop", content=good)),
+            (401, client.post("/webhooks/shop", content=good, headers=signed(b"{}", "e1"))),
+            (413, client.post("/webhooks/shop", content=b"x" * 65, headers=signed(b"x" * 65, "e"))),
+            (400, client.post("/webhooks/shop", content=b"\xff{}", headers=signed(b"\xff{}", "e"))),
+            (400, client.post("/webhooks/shop", content=b"{nope", headers=signed(b"{nope", "e"))),
+        ]
+
+        # A chunked body without Content-Length is cut off at the limit, too.
+        def chunks() -> Any:
+            for _ in range(100):
+                yield b"x" * 16
+
+        chunked = client.post("/webhooks/shop", content=chunks(), headers=signed(b"", "e"))
+        cases.append((413, chunked))
+    for expected, response in cases:
+        assert response.status_code == expected, response.text
+        problem = response.json()
+        assert response.headers["content-type"] == "application/problem+json"
+        assert problem["status"] == expected
+        assert SECRET not in response.text
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {SCHEMA}.inbox").fetchone() == (0,)
+
+
+def test_standard_webhooks_delivery_signed_by_the_providers_library(dsn: str) -> None:
+    from standardwebhooks.webhooks import Webhook
+
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    scheme = build_scheme("standard-webhooks", [secret])
+    receiver = InboxReceiver([Source(name="sw", scheme=scheme)], dsn=dsn, schema=SCHEMA)
+    body = b'{"type":"invoice.paid","id":1}'
+    now = datetime.now(UTC)
+    signature = Webhook(secret).sign("msg_2KWPBgLlAfxdpx2AI54pPJ85f4W", now, body.decode())
+    headers = {
+        "webhook-id": "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W",
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": signature,
+    }
+    with serve(receiver) as url, httpx.Client(base_url=url) as client:
+        response = client.post("/webhooks/sw", content=body, headers=headers)
+        stale = dict(headers, **{"webhook-timestamp": str(int(now.timestamp()) - 3600)})
+        replayed_late = client.post("/webhooks/sw", content=body, headers=stale)
+    assert response.status_code == 200
+    assert replayed_late.status_code == 401
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(f"SELECT event_id, headers FROM {SCHEMA}.inbox").fetchone()
+    assert row is not None
+    assert row[0] == "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"
+    # The stored headers are enough to verify the stored delivery again.
+    scheme.verify(row[1], body, now=now)
+
+
+header_values = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=80)
+
+
+@pytest.fixture
+def garbage_url(dsn: str) -> Any:
+    receiver = InboxReceiver([source(body_limit=256)], dsn=dsn, schema=SCHEMA)
+    with serve(receiver) as url, httpx.Client(base_url=url) as client:
+        yield client
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    body=st.one_of(st.binary(max_size=400), st.text(max_size=300).map(str.encode)),
+    signature=st.one_of(st.none(), header_values),
+    event_id=st.one_of(st.none(), header_values),
+    sign_it=st.booleans(),
+    path=st.sampled_from(["/webhooks/shop", "/webhooks/", "/webhooks/shop/x", "/webhooks/%00"]),
+)
+def test_garbage_deliveries_never_get_a_500(
+    garbage_url: httpx.Client,
+    body: bytes,
+    signature: str | None,
+    event_id: str | None,
+    sign_it: bool,
+    path: str,
+) -> None:
+    headers: dict[str, str] = {}
+    if sign_it:
+        headers = signed(body, event_id)
+    else:
+        if signature is not None:
+            headers["x-signature"] = signature
+        if event_id is not None:
+            headers["x-event-id"] = event_id
+    response = garbage_url.post(path, content=body, headers=headers)
+    assert response.status_code < 500, response.text
+    assert response.status_code in (200, 400, 401, 404, 409, 413)
+    if response.status_code != 200:
+        assert response.headers["content-type"] == "application/problem+json"
