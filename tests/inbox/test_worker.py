@@ -39,10 +39,14 @@ def delivery(
     event_id: str, payload: dict[str, Any], *, name: str = "shop", ordering: Ordering | None = None
 ) -> Delivery:
     body = json.dumps(payload).encode()
-    return Delivery(name, event_id, body, {"content-type": "application/json"}, digest(body), ordering)
+    return Delivery(
+        name, event_id, body, {"content-type": "application/json"}, digest(body), ordering
+    )
 
 
-async def deliver(dsn: str, *deliveries: Delivery, one_by_one: bool = False, now: Any = None) -> None:
+async def deliver(
+    dsn: str, *deliveries: Delivery, one_by_one: bool = False, now: Any = None
+) -> None:
     """Store deliveries as the receiver would: one transaction (or one each, in arrival order)."""
     store = AsyncInboxStore(schema=SCHEMA)
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
@@ -98,9 +102,7 @@ async def test_retries_back_off_then_dead_letter_then_replay(effects_dsn: str) -
             raise RuntimeError("the ledger is down")
 
     policy = RetryPolicy(attempts=3, base=timedelta(seconds=10), cap=timedelta(seconds=15))
-    worker = InboxWorker(
-        [source(handler=handler, retry=policy)], dsn=effects_dsn, schema=SCHEMA
-    )
+    worker = InboxWorker([source(handler=handler, retry=policy)], dsn=effects_dsn, schema=SCHEMA)
     async with await psycopg.AsyncConnection.connect(effects_dsn) as conn:
         first = await worker.run_once(conn, now=T0, jitter=0.5)
         assert (first.claimed, first.retried) == (1, 1)
@@ -389,8 +391,11 @@ async def test_forward_sends_the_event_id_as_idempotency_key(dsn: str) -> None:
 
     async def target(request: Request) -> Response:
         received.append(
-            (request.headers.get("idempotency-key"), request.headers.get("pgonce-source"),
-             await request.body())
+            (
+                request.headers.get("idempotency-key"),
+                request.headers.get("pgonce-source"),
+                await request.body(),
+            )
         )
         return Response(status_code=answers.pop(0))
 

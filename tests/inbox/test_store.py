@@ -1,0 +1,98 @@
+"""The inbox store on real PostgreSQL: batch outcomes, one notification per batch, concurrent
+batches, and the refusal of autocommit connections."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgonce.cli import main
+from pgonce.core.inbox import Delivery, digest
+from pgonce.errors import NotInTransaction
+from pgonce.store._async.inbox import AsyncInboxStore
+from pgonce.store._sync.inbox import InboxStore
+from tests.inbox.conftest import SCHEMA
+
+
+def delivery(event_id: str, body: bytes, source: str = "shop") -> Delivery:
+    return Delivery(source, event_id, body, {"x-signature": "s"}, digest(body))
+
+
+def test_a_batch_stores_new_events_and_tells_duplicates_from_conflicts(
+    conn: psycopg.Connection[Any],
+) -> None:
+    store = InboxStore(schema=SCHEMA)
+    with conn.transaction():
+        first = store.store(conn, [delivery("a", b"1"), delivery("b", b"2"), delivery("a", b"1")])
+    assert first == ["stored", "stored", "duplicate"]
+    with conn.transaction():
+        again = store.store(
+            conn,
+            [
+                delivery("a", b"1"),
+                delivery("b", b"other"),
+                delivery("c", b"3"),
+                delivery("a", b"x"),
+            ],
+        )
+    assert again == ["duplicate", "conflict", "stored", "conflict"]
+    # The same event id in another source is another event.
+    with conn.transaction():
+        assert store.store(conn, [delivery("a", b"9", source="github")]) == ["stored"]
+    assert store.counts(conn) == {("github", "pending"): 1, ("shop", "pending"): 3}
+
+
+def test_one_notification_per_stored_batch_and_none_for_duplicates(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    store = InboxStore(schema=SCHEMA)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        store.listen(listener)
+        with conn.transaction():
+            store.store(conn, [delivery(f"e{i}", b"x%d" % i) for i in range(50)])
+        with conn.transaction():
+            store.store(conn, [delivery("e1", b"x1")])  # a duplicate: nothing new to process
+        heard = list(listener.notifies(timeout=0.5))
+    assert [n.channel for n in heard] == ["pgonce.inbox"]
+
+
+def test_writes_refuse_an_autocommit_connection(dsn: str) -> None:
+    store = InboxStore(schema=SCHEMA)
+    with psycopg.connect(dsn, autocommit=True) as auto, pytest.raises(NotInTransaction):
+        store.store(auto, [delivery("a", b"1")])
+
+
+async def test_concurrent_overlapping_batches_neither_deadlock_nor_double_store(dsn: str) -> None:
+    store = AsyncInboxStore(schema=SCHEMA)
+    ids = [f"evt_{i}" for i in range(40)]
+
+    async def one_batch(seed: int) -> list[str]:
+        shuffled = ids[:]
+        random.Random(seed).shuffle(shuffled)
+        async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
+            deliveries = [delivery(i, i.encode()) for i in shuffled]
+            outcomes = await store.store(conn, deliveries)
+            await asyncio.sleep(0.01)  # hold the row locks a little
+            return [i for i, o in zip(shuffled, outcomes, strict=True) if o == "stored"]
+
+    results = await asyncio.gather(*(one_batch(seed) for seed in range(8)))
+    stored = [i for batch in results for i in batch]
+    assert sorted(stored) == sorted(ids)
+
+
+def test_cli_replays_dead_letters(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    store = InboxStore(schema=SCHEMA)
+    with conn.transaction():
+        store.store(conn, [delivery("a", b"1"), delivery("b", b"2")])
+        conn.execute(
+            f"UPDATE {SCHEMA}.inbox SET status = 'dead', attempts = 3, processed_at = now()"
+        )
+    assert main(["inbox-replay", "--dsn", dsn, "--source", "shop", "--event-id", "b"]) == 0
+    assert main(["inbox-replay", "--dsn", dsn, "--source", "shop", "--event-id", "b"]) == 1
+    rows = conn.execute(f"SELECT event_id, status, attempts FROM {SCHEMA}.inbox ORDER BY 1")
+    assert rows.fetchall() == [("a", "dead", 3), ("b", "pending", 0)]
+    conn.commit()
