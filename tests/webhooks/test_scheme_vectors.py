@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -163,3 +166,18 @@ def test_slack_must_fail(signature: str) -> None:
     now = datetime.fromtimestamp(int(SLACK_TIMESTAMP), UTC)
     with pytest.raises(SignatureInvalid):
         build_scheme("slack", [SLACK_SECRET]).verify(slack_headers(signature), SLACK_BODY, now=now)
+
+
+def test_standard_webhooks_non_ascii_id_as_the_receiver_decodes_it() -> None:
+    # A sender signs the id's UTF-8 bytes; the receiver decodes header bytes as Latin-1 (as ASGI
+    # servers deliver them), and verification must recover the bytes that were signed.
+    msg_id = "msg_\u00e9\u4e2d"
+    key = base64.b64decode(SW_SECRET.removeprefix("whsec_"))
+    content = f"{msg_id}.{SW_TIMESTAMP}.".encode() + SW_BODY
+    signature = "v1," + base64.b64encode(hmac.new(key, content, hashlib.sha256).digest()).decode()
+    as_received = {
+        "webhook-id": msg_id.encode().decode("latin-1"),
+        "webhook-timestamp": SW_TIMESTAMP,
+        "webhook-signature": signature,
+    }
+    build_scheme("standard-webhooks", [SW_SECRET]).verify(as_received, SW_BODY, now=SW_NOW)

@@ -132,7 +132,17 @@ def matches_any(expected: Iterable[bytes], given: Sequence[bytes]) -> bool:
 
 
 def encode_header(value: str, name: str) -> bytes:
-    """A header value that is part of the signed content, as the UTF-8 bytes that were signed."""
+    """A header value that is part of the signed content, as the bytes that were sent.
+
+    ASGI servers hand header values over as bytes and the receiver decodes them as Latin-1, which
+    maps every byte to one character; encoding back as Latin-1 recovers exactly the bytes the
+    sender signed, whatever their encoding. A value with characters beyond Latin-1 cannot have
+    come that way (it was built in Python): it is taken as UTF-8.
+    """
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        pass
     try:
         return value.encode("utf-8")
     except UnicodeEncodeError:
