@@ -38,6 +38,7 @@ from pgonce.webhooks.schemes.base import Headers
 from pgonce.webhooks.schemes.common import (
     ALGORITHMS,
     DEFAULT_TOLERANCE,
+    HmacKey,
     check_tolerance,
     checked_secrets,
     decode_base64,
@@ -46,7 +47,6 @@ from pgonce.webhooks.schemes.common import (
     encode_base64,
     header,
     header_event_id,
-    hmac_digest,
     json_event_id,
     json_object,
     matches_any,
@@ -107,25 +107,26 @@ class GenericHmac:
         if not timestamp_header and _PLACEHOLDER in signed_prefix:
             raise ConfigError(f"{name}: signed_prefix uses {_PLACEHOLDER} but no timestamp_header")
         self._header = _header_name(name, "header", header) or ""
-        self._algorithm = ALGORITHMS[algorithm]
         self._encoding = encoding
         self._prefix = prefix
         self._timestamp_header = _header_name(name, "timestamp_header", timestamp_header)
         self._signed_prefix = signed_prefix
         self._id_header = _header_name(name, "id_header", id_header)
         self._id_field = id_field or None
-        self._keys = _secrets(name, secrets, secret_encoding)
+        self._keys = tuple(
+            HmacKey(k, ALGORITHMS[algorithm]) for k in _secrets(name, secrets, secret_encoding)
+        )
         self.tolerance = tolerance
         self.header_names = tuple(
             h for h in (self._header, self._timestamp_header, self._id_header) if h
         )
 
-    def signature(self, key: bytes, timestamp: str | None, body: bytes) -> bytes:
+    def signature(self, key: HmacKey, timestamp: str | None, body: bytes) -> bytes:
         """The one definition of the digest, used by :meth:`sign` and :meth:`verify`."""
         lead = self._signed_prefix
         if timestamp is not None:
             lead = lead.replace(_PLACEHOLDER, timestamp)
-        return hmac_digest(key, self._algorithm, lead.encode("utf-8") + body)
+        return key.digest(lead.encode("utf-8"), body)
 
     def verify(self, headers: Headers, body: bytes, *, now: datetime) -> None:
         value = header(headers, self._header).strip()

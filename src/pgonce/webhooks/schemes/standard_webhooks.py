@@ -31,6 +31,7 @@ from pgonce.webhooks.schemes.base import Headers
 from pgonce.webhooks.schemes.common import (
     DEFAULT_TOLERANCE,
     MAX_SIGNATURES,
+    HmacKey,
     check_tolerance,
     checked_event_id,
     checked_secrets,
@@ -39,7 +40,6 @@ from pgonce.webhooks.schemes.common import (
     encode_base64,
     encode_header,
     header,
-    hmac_digest,
     matches_any,
     signed_timestamp,
     unix_seconds,
@@ -57,19 +57,16 @@ _ED25519_SIGNATURE_BYTES = 64
 class _Keys:
     """The configured secrets, sorted by what they can do."""
 
-    hmac: tuple[bytes, ...]
+    hmac: tuple[HmacKey, ...]
     public: tuple[Ed25519PublicKey, ...]
     #: The first secret that can sign: ("v1", key bytes) or ("v1a", private key); None if none.
-    signer: tuple[str, bytes | Ed25519PrivateKey] | None
+    signer: tuple[str, HmacKey | Ed25519PrivateKey] | None
 
 
-def signed_content(msg_id: str, timestamp: str, body: bytes) -> bytes:
-    """What both versions sign; the one definition that :meth:`sign` and :meth:`verify` use."""
-    return b"%s.%s.%s" % (encode_header(msg_id, ID_HEADER), timestamp.encode("ascii"), body)
-
-
-def hmac_signature(key: bytes, content: bytes) -> bytes:
-    return hmac_digest(key, "sha256", content)
+def signed_lead(msg_id: str, timestamp: str) -> bytes:
+    """What both versions sign before the body: ``{id}.{timestamp}.``; the one definition that
+    :meth:`~StandardWebhooks.sign` and :meth:`~StandardWebhooks.verify` use."""
+    return b"%s.%s." % (encode_header(msg_id, ID_HEADER), timestamp.encode("ascii"))
 
 
 class StandardWebhooks:
@@ -86,12 +83,12 @@ class StandardWebhooks:
         msg_id = header(headers, ID_HEADER)
         timestamp_text, timestamp = signed_timestamp(headers, TIMESTAMP_HEADER)
         entries = header(headers, SIGNATURE_HEADER).split()
-        content = signed_content(msg_id, timestamp_text, body)
-        if not self._matches(entries[:MAX_SIGNATURES], content):
+        lead = signed_lead(msg_id, timestamp_text)
+        if not self._matches(entries[:MAX_SIGNATURES], lead, body):
             raise SignatureInvalid(f"no signature in the {SIGNATURE_HEADER} header matches")
         check_tolerance(timestamp, now, self.tolerance)
 
-    def _matches(self, entries: list[str], content: bytes) -> bool:
+    def _matches(self, entries: list[str], lead: bytes, body: bytes) -> bool:
         v1: list[bytes] = []
         v1a: list[bytes] = []
         for entry in entries:
@@ -104,8 +101,11 @@ class StandardWebhooks:
                 v1.append(signature)
             elif version == "v1a" and len(signature) == _ED25519_SIGNATURE_BYTES:
                 v1a.append(signature)
-        if v1 and matches_any((hmac_signature(k, content) for k in self._keys.hmac), v1):
+        if v1 and matches_any((k.digest(lead, body) for k in self._keys.hmac), v1):
             return True
+        if not (v1a and self._keys.public):
+            return False
+        content = lead + body
         return any(_ed25519_valid(key, sig, content) for key in self._keys.public for sig in v1a)
 
     def event_id(self, headers: Headers, body: bytes) -> str | None:
@@ -119,12 +119,12 @@ class StandardWebhooks:
             raise UsageError("no secret of this scheme can sign: whpk_ public keys only verify")
         msg_id = event_id if event_id is not None else "msg_" + random_ids.token_urlsafe(18)
         timestamp_text = str(unix_seconds(timestamp))
-        content = signed_content(msg_id, timestamp_text, body)
+        lead = signed_lead(msg_id, timestamp_text)
         version, key = self._keys.signer
         if isinstance(key, Ed25519PrivateKey):
-            signature = key.sign(content)
+            signature = key.sign(lead + body)
         else:
-            signature = hmac_signature(key, content)
+            signature = key.digest(lead, body)
         return {
             ID_HEADER: msg_id,
             TIMESTAMP_HEADER: timestamp_text,
@@ -141,9 +141,9 @@ def _ed25519_valid(key: Ed25519PublicKey, signature: bytes, content: bytes) -> b
 
 
 def _parse_keys(secrets: Sequence[str]) -> _Keys:
-    hmac_keys: list[bytes] = []
+    hmac_keys: list[HmacKey] = []
     public: list[Ed25519PublicKey] = []
-    signer: tuple[str, bytes | Ed25519PrivateKey] | None = None
+    signer: tuple[str, HmacKey | Ed25519PrivateKey] | None = None
     for number, secret in enumerate(checked_secrets(NAME, secrets), 1):
         what = f"secret #{number} of the {NAME} scheme"
         if secret.startswith("whpk_"):
@@ -156,7 +156,7 @@ def _parse_keys(secrets: Sequence[str]) -> _Keys:
             signer = signer or ("v1a", private)
         else:
             encoded = secret.removeprefix("whsec_")
-            key = decode_secret_base64(encoded, f"{what} (after 'whsec_')")
+            key = HmacKey(decode_secret_base64(encoded, f"{what} (after 'whsec_')"), "sha256")
             hmac_keys.append(key)
             signer = signer or ("v1", key)
     return _Keys(hmac=tuple(hmac_keys), public=tuple(public), signer=signer)

@@ -18,10 +18,10 @@ from pgonce.webhooks.schemes.base import Headers
 from pgonce.webhooks.schemes.common import (
     DEFAULT_TOLERANCE,
     MAX_SIGNATURES,
+    HmacKey,
     check_tolerance,
     decode_hex,
     header,
-    hmac_digest,
     json_event_id,
     json_object,
     matches_any,
@@ -34,9 +34,9 @@ NAME = "stripe"
 SIGNATURE_HEADER = "stripe-signature"
 
 
-def signature(key: bytes, timestamp: str, body: bytes) -> bytes:
+def signature(key: HmacKey, timestamp: str, body: bytes) -> bytes:
     """The one definition of Stripe's signature, used by :meth:`~Stripe.sign` and verify."""
-    return hmac_digest(key, "sha256", b"%s.%s" % (timestamp.encode("ascii"), body))
+    return key.digest(timestamp.encode("ascii"), b".", body)
 
 
 class Stripe:
@@ -46,7 +46,7 @@ class Stripe:
     header_names: tuple[str, ...] = (SIGNATURE_HEADER,)
 
     def __init__(self, secrets: Sequence[str], *, tolerance: timedelta = DEFAULT_TOLERANCE) -> None:
-        self._keys = text_secrets(NAME, secrets)
+        self._keys = tuple(HmacKey(k, "sha256") for k in text_secrets(NAME, secrets))
         self.tolerance = tolerance
 
     def verify(self, headers: Headers, body: bytes, *, now: datetime) -> None:
