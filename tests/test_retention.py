@@ -184,7 +184,7 @@ def test_summary_says_when_the_cap_ended_a_run() -> None:
 
 
 def group(oldest: timedelta | None, overdue: int = 0) -> GroupFacts:
-    return GroupFacts("keys", None, Retention(), 10, oldest, overdue)
+    return GroupFacts("keys", None, Retention(), oldest, overdue)
 
 
 def stuck(count: int) -> StuckFacts:

@@ -366,9 +366,8 @@ class GroupFacts:
     target: str
     scope: str | None
     retention: Retention
-    #: Rows that are deletable once old (for keys: completed keys).
-    rows: int
-    #: Age of the oldest of them at ``checked_at``; ``None`` when there are none.
+    #: Age of the oldest row that is deletable once old (for keys: the oldest completed key) at
+    #: ``checked_at``; ``None`` when there is none.
     oldest_age: timedelta | None
     #: Rows past their retention that are still there (the sweeper's backlog).
     overdue: int
@@ -468,7 +467,7 @@ def judge_horizon(facts: GroupFacts, slack: timedelta) -> list[Finding]:
             facts.target,
             facts.scope,
             "ok",
-            f"{facts.overdue:,} of {facts.rows:,}",
+            f"{facts.overdue:,}",
             f"older than {format_duration(retention.keep)}",
             "",
         )

@@ -327,3 +327,13 @@ SELECT source, event_id, status, attempts, received_at, next_attempt_at, process
        encode(digest, 'hex') AS digest, octet_length(body) AS body_bytes,
        encode(substring(body FROM 1 FOR 200), 'escape') AS body_preview
   FROM inbox;
+
+-- ## Sweeper and health: completed keys in age order.
+
+-- Completed keys by claimed_at: each sweep batch reads exactly the rows it deletes, oldest first,
+-- however large the table and however few rows are due; "the oldest completed key" of the health
+-- check is one index probe. The BRIN index cannot do either for long: its ranges only ever widen,
+-- and space freed by the sweeper is reused by new keys, so old and new rows share every range.
+-- Partial, so a claim's INSERT (completed_at still NULL) does not touch it; the completion's
+-- UPDATE adds one entry (it is never a HOT update: keys_incomplete's predicate reads completed_at).
+CREATE INDEX keys_completed_by_age ON keys (claimed_at) WHERE completed_at IS NOT NULL;

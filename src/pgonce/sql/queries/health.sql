@@ -4,28 +4,35 @@
 -- the rows that are deletable once old (the same predicate as its delete_<target> in sweep.sql).
 -- Parameters as in sweep.sql (now, default_keep, scopes, keeps). Columns:
 --   scope       the scope with its own retention, or NULL for every other scope
---   rows        deletable-once-old rows in the group
---   oldest_age  age of the oldest of them at `now` (NULL when there are none)
+--   oldest_age  age of the oldest of those rows at `now` (NULL when there are none)
 --   overdue     rows already past their retention
 -- A target whose rows can get stuck also has `stuck_<target>` (count, age of the oldest).
--- These statements read whole tables: run them every few minutes, not every second.
+-- Every statement here reads an index range, not the table, so a metrics scrape stays cheap.
 
 -- name: clock
 SELECT coalesce(%(now)s::timestamptz, now())
 
 -- name: horizon_keys
-SELECT p.scope,
-       count(*) AS rows,
-       coalesce(%(now)s::timestamptz, now()) - min(k.claimed_at) AS oldest_age,
-       count(*) FILTER (
-           WHERE k.claimed_at < coalesce(%(now)s::timestamptz, now())
-                                - coalesce(p.keep, %(default_keep)s::interval)
+-- Both figures come from keys_completed_by_age: the oldest key is an index probe, the overdue
+-- count reads only overdue rows (none, when the sweeper keeps up).
+SELECT g.scope,
+       coalesce(%(now)s::timestamptz, now()) - (
+           SELECT min(k.claimed_at)
+             FROM {schema}.keys AS k
+            WHERE k.completed_at IS NOT NULL
+              AND CASE WHEN g.scope IS NULL THEN k.scope <> ALL (%(scopes)s::text[])
+                       ELSE k.scope = g.scope END
+       ) AS oldest_age,
+       (SELECT count(*)
+          FROM {schema}.keys AS k
+         WHERE k.completed_at IS NOT NULL
+           AND k.claimed_at < coalesce(%(now)s::timestamptz, now()) - g.keep
+           AND CASE WHEN g.scope IS NULL THEN k.scope <> ALL (%(scopes)s::text[])
+                    ELSE k.scope = g.scope END
        ) AS overdue
-  FROM {schema}.keys AS k
-  LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
-         ON p.scope = k.scope
- WHERE k.completed_at IS NOT NULL
- GROUP BY p.scope
+  FROM (SELECT p.scope, p.keep FROM unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
+        UNION ALL
+        SELECT NULL, %(default_keep)s::interval) AS g(scope, keep)
 
 -- name: stuck_keys
 -- Claims committed without a response and older than the threshold (the keys_incomplete index).

@@ -15,7 +15,10 @@
 --     twice (a row deleted by another sweeper after our snapshot is skipped, not counted).
 --   * The DELETE joins the chosen rows on the primary key, scope first. No ctid: the statement is
 --     correct on Citus, where scope is the distribution column.
+--   * Oldest first (ORDER BY the age column, with an index on it, partial to deletable rows): a
+--     batch costs the rows it deletes, not the table, and a capped run leaves the youngest behind.
 --   * The sweeper runs each batch in its own transaction, after `statement_timeout`.
+--   * A table without scopes (the outbox) uses %(default_keep)s alone; unused parameters are fine.
 --
 -- Registering another table is one statement in this shape, e.g. for the inbox:
 --   -- name: delete_inbox
@@ -23,7 +26,7 @@
 --       SELECT i.source, i.event_id FROM {schema}.inbox AS i
 --         LEFT JOIN unnest(...) AS p(scope, keep) ON p.scope = i.source
 --        WHERE i.status IN ('done', 'skipped') AND i.received_at < ... (as below)
---        LIMIT %(batch_size)s FOR UPDATE OF i SKIP LOCKED)
+--        ORDER BY i.received_at LIMIT %(batch_size)s FOR UPDATE OF i SKIP LOCKED)
 --   DELETE FROM {schema}.inbox AS i USING doomed
 --    WHERE i.source = doomed.source AND i.event_id = doomed.event_id
 
@@ -33,7 +36,8 @@ SELECT set_config('statement_timeout', %(timeout_ms)s, true)
 
 -- name: delete_keys
 -- Completed keys only: a claim in flight (completed_at IS NULL) is never deleted, however old.
--- claimed_at ages a key: a provider's retry horizon runs from its first delivery.
+-- claimed_at ages a key: a provider's retry horizon runs from its first delivery. Oldest first,
+-- through keys_completed_by_age: a batch reads the rows it deletes, not the table.
 WITH doomed AS MATERIALIZED (
     SELECT k.scope, k.key
       FROM {schema}.keys AS k
@@ -43,6 +47,7 @@ WITH doomed AS MATERIALIZED (
        AND k.claimed_at < coalesce(%(now)s::timestamptz, now()) - %(min_keep)s::interval
        AND k.claimed_at < coalesce(%(now)s::timestamptz, now())
                           - coalesce(p.keep, %(default_keep)s::interval)
+     ORDER BY k.claimed_at
      LIMIT %(batch_size)s
        FOR UPDATE OF k SKIP LOCKED
 )

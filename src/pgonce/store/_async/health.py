@@ -91,16 +91,11 @@ class AsyncHealthCheck:
 
 
 def _group_facts(
-    policy: RetentionPolicy, rows: list[tuple[str | None, int, timedelta | None, int]]
+    policy: RetentionPolicy, rows: list[tuple[str | None, timedelta | None, int]]
 ) -> list[GroupFacts]:
-    """One entry per scope group of the policy; a group without rows is reported as empty."""
-    found = {scope: (count, oldest, overdue) for scope, count, oldest, overdue in rows}
+    """One entry per scope group of the policy, in the policy's order."""
+    found = {scope: (oldest, overdue) for scope, oldest, overdue in rows}
     return [
-        GroupFacts(
-            policy.target,
-            scope,
-            policy.for_scope(scope),
-            *found.get(scope, (0, None, 0)),
-        )
+        GroupFacts(policy.target, scope, policy.for_scope(scope), *found.get(scope, (None, 0)))
         for scope in policy.groups()
     ]
