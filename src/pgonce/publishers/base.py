@@ -1,0 +1,81 @@
+"""The one small interface between the outbox relay and a broker.
+
+A publisher receives a batch in id order and answers, per row, **acknowledged** (the broker took
+responsibility for it), **refused** (the broker or endpoint answered no; the relay counts an
+attempt) or nothing at all (unsettled: the outcome is unknown, e.g. the connection dropped; the
+row is retried without counting an attempt). Raising :class:`~pgonce.errors.BrokerUnavailable`
+means the whole batch is unsettled. A publisher never marks anything in the database: the relay
+does, in the claim's transaction, only for what the publisher reported acknowledged.
+
+Adding a broker (Kafka is the obvious next one: ``enable.idempotence`` and the outbox id as the
+record key or a header) means writing one class with :meth:`Publisher.publish` and
+:meth:`Publisher.close`, and a test against a real broker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pgonce.core.outbox import OutboxMessage
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """The broker's answer to a batch: acknowledged ids, and refused ids with the reason."""
+
+    acked: frozenset[int] = frozenset()
+    refused: Mapping[int, str] = field(default_factory=dict)
+
+
+class Publisher(Protocol):
+    #: Short name for logs and metrics: "rabbitmq", "nats", "redis", "http".
+    name: str
+
+    async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
+        """Publish ``batch`` in order; return what the broker acknowledged or refused."""
+        ...
+
+    async def close(self) -> None:
+        """Release the broker connection; the publisher may be used again (it reconnects)."""
+        ...
+
+
+def body(message: OutboxMessage) -> bytes:
+    """The message body: the payload as compact UTF-8 JSON."""
+    return json.dumps(message.payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def message_headers(message: OutboxMessage) -> dict[str, str]:
+    """Headers every broker carries: the caller's, then the outbox facts (which win on a clash).
+
+    ``message-id`` duplicates the broker's own id field for consumers that only read headers.
+    """
+    return {
+        **message.headers,
+        "message-id": message.message_id,
+        "type": message.type,
+        "aggregatetype": message.aggregatetype,
+        "aggregateid": message.aggregateid,
+    }
+
+
+def by_aggregatetype(prefix: str) -> Routing:
+    """Routing that names the destination ``<prefix><aggregatetype>`` (Debezium's default shape)."""
+
+    def route(message: OutboxMessage) -> str:
+        return f"{prefix}{message.aggregatetype}"
+
+    return route
+
+
+class Routing(Protocol):
+    def __call__(self, message: OutboxMessage) -> str: ...
+
+
+def short_error(error: BaseException) -> str:
+    """A one-line reason for ``last_error``: the class and the first line of the message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

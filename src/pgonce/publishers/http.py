@@ -1,0 +1,126 @@
+"""Outgoing webhooks signed per Standard Webhooks (httpx).
+
+Each row is one ``POST`` to the endpoint ``routing(message)``, with the body
+``{"type": ..., "timestamp": ..., "data": <payload>}`` and the headers ``webhook-id`` (the outbox
+id: receivers dedupe on it), ``webhook-timestamp`` and ``webhook-signature`` (HMAC-SHA256 over
+``id.timestamp.body`` with a ``whsec_`` secret, or Ed25519 with a ``whsk_`` one). The signing is
+the one :class:`~pgonce.webhooks.schemes.standard_webhooks.StandardWebhooks` scheme the inbox
+verifies with, so the two sides cannot disagree.
+
+A 2xx answer acknowledges the row; anything else, a timeout or a refused connection is a refusal:
+the endpoint belongs to someone else, so its downtime counts against the retry policy and ends in
+parking rather than in rows that wait forever. The rows of one aggregate are sent one after the
+other, and an aggregate stops at its first failure (its later rows wait, unsettled), so a receiver
+never gets an aggregate's events out of order; different aggregates are sent concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+from pgonce.core.outbox import OutboxMessage
+from pgonce.errors import ConfigError
+from pgonce.publishers.base import PublishResult, Routing, short_error
+from pgonce.webhooks.schemes.standard_webhooks import StandardWebhooks
+
+#: Per-request timeout. Receivers are expected to acknowledge fast and work later (Standard
+#: Webhooks recommends answering within seconds); 15 s leaves room for a slow one.
+DEFAULT_TIMEOUT = timedelta(seconds=15)
+#: Aggregates sent at once; bounds the connections opened to one receiver.
+DEFAULT_CONCURRENCY = 16
+
+
+class HttpPublisher:
+    """POSTs each row to ``url`` (or to ``routing(message)``), signed with ``secret``."""
+
+    name = "http"
+
+    def __init__(
+        self,
+        *,
+        secret: str,
+        url: str | None = None,
+        routing: Routing | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        if (url is None) == (routing is None):
+            raise ConfigError("give the webhook publisher either a url or a routing function")
+        self._routing: Routing = routing or (lambda _message: url or "")
+        self._signer = StandardWebhooks([secret])
+        self.timeout = timeout
+        self.concurrency = concurrency
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._client: httpx.AsyncClient | None = None
+
+    def request(self, message: OutboxMessage) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of ``message``'s delivery (public for tests and receivers' docs)."""
+        now = self._clock()
+        envelope = {
+            "type": message.type,
+            "timestamp": now.isoformat().replace("+00:00", "Z"),
+            "data": message.payload,
+        }
+        content = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
+        headers = self._signer.sign(content, event_id=message.message_id, timestamp=now)
+        headers["content-type"] = "application/json"
+        # The caller's outbox headers travel too, but never over the signature's own headers.
+        for name, value in message.headers.items():
+            headers.setdefault(name.lower(), value)
+        return content, headers
+
+    async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout.total_seconds())
+        client = self._client
+        by_aggregate: dict[tuple[str, str], list[OutboxMessage]] = {}
+        for message in batch:
+            by_aggregate.setdefault((message.aggregatetype, message.aggregateid), []).append(
+                message
+            )
+        acked: set[int] = set()
+        refused: dict[int, str] = {}
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def send_in_order(messages: list[OutboxMessage]) -> None:
+            async with gate:
+                for message in messages:
+                    error = await self._send(client, message)
+                    if error is not None:
+                        refused[message.id] = error
+                        return
+                    acked.add(message.id)
+
+        await asyncio.gather(*(send_in_order(m) for m in by_aggregate.values()))
+        return PublishResult(frozenset(acked), refused)
+
+    async def _send(self, client: httpx.AsyncClient, message: OutboxMessage) -> str | None:
+        url = self._routing(message)
+        content, headers = self.request(message)
+        try:
+            response = await client.post(url, content=content, headers=headers)
+        except httpx.HTTPError as error:
+            return f"webhook to {_origin(url)} failed: {short_error(error)}"
+        if 200 <= response.status_code < 300:
+            return None
+        return f"webhook to {_origin(url)} answered {response.status_code}"
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+def _origin(url: str) -> str:
+    # Only scheme, host and port go into last_error: a URL's path or query may carry a token.
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return "an invalid URL"
+    return f"{parsed.scheme}://{parsed.host}" + (f":{parsed.port}" if parsed.port else "")

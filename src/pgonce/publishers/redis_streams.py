@@ -1,0 +1,77 @@
+"""Redis Streams publisher: one ``XADD`` per row, the outbox id in the entry's ``message-id`` field.
+
+The entry id is Redis's own (``*``): outbox ids of different aggregates reach a stream out of id
+order when several relays run, and Redis refuses an explicit entry id lower than the stream's last.
+Consumers dedupe on the ``message-id`` field. A batch goes in one pipeline (in order, one round
+trip); each ``XADD`` that returned an entry id is acknowledged, an error reply is a refusal, a lost
+connection leaves the batch unsettled. Redis acknowledges from memory: how durable an acknowledged
+entry is depends on the server's ``appendonly``/``appendfsync`` settings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+
+from pgonce.core.outbox import OutboxMessage
+from pgonce.errors import BrokerUnavailable
+from pgonce.publishers.base import PublishResult, Routing, body, by_aggregatetype, short_error
+
+#: The machine's Redis in development; in production this comes from configuration.
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+class RedisStreamsPublisher:
+    """Appends to the stream ``routing(message)`` (default ``outbox.<aggregatetype>``).
+
+    Fields: ``message-id``, ``type``, ``aggregatetype``, ``aggregateid``, ``payload`` (JSON) and
+    ``headers`` (a JSON object). ``maxlen`` caps each stream approximately (``MAXLEN ~``); None
+    keeps everything.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self, url: str = DEFAULT_URL, *, routing: Routing | None = None, maxlen: int | None = None
+    ) -> None:
+        self.url = url
+        self.routing = routing or by_aggregatetype("outbox.")
+        self.maxlen = maxlen
+        self._client: Redis | None = None
+
+    async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
+        if self._client is None:
+            self._client = Redis.from_url(self.url, socket_connect_timeout=5)
+        pipe = self._client.pipeline(transaction=False)
+        for message in batch:
+            fields: dict[bytes | bytearray | memoryview[int] | str | int | float, Any] = {
+                "message-id": message.message_id,
+                "type": message.type,
+                "aggregatetype": message.aggregatetype,
+                "aggregateid": message.aggregateid,
+                "payload": body(message),
+                "headers": json.dumps(dict(message.headers), separators=(",", ":")),
+            }
+            pipe.xadd(self.routing(message), fields, maxlen=self.maxlen, approximate=True)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (OSError, redis_errors.ConnectionError, redis_errors.TimeoutError) as error:
+            await self.close()
+            raise BrokerUnavailable(f"Redis: {short_error(error)}") from error
+        acked: set[int] = set()
+        refused: dict[int, str] = {}
+        for message, reply in zip(batch, replies, strict=True):
+            if isinstance(reply, BaseException):
+                refused[message.id] = f"Redis refused XADD: {short_error(reply)}"
+            else:
+                acked.add(message.id)
+        return PublishResult(frozenset(acked), refused)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()

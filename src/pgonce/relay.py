@@ -1,0 +1,292 @@
+"""The outbox relay: the loop that takes committed outbox rows to a broker.
+
+One batch is one transaction on the relay's own connection: claim rows (``FOR UPDATE SKIP
+LOCKED``), publish them, wait for the broker's acknowledgements, mark the acknowledged rows
+published and record refusals, commit. What that guarantees:
+
+- **No loss.** A row is marked published only after the broker acknowledged it, in the transaction
+  that holds its lock. A relay that dies anywhere before the commit (SIGKILL, lost database
+  connection) releases its rows; the next relay publishes them again with the same message id.
+- **No double publishing between relays.** A locked row is skipped by every other relay, so
+  several relays share the work without waiting on each other. Duplicates arise only where an
+  acknowledgement was lost (the broker has the message, the mark did not commit), and then carry
+  the same message id.
+- **Order per aggregate.** enqueue() serializes the transactions that write one aggregate, so an
+  aggregate's id order is its commit order; a relay only takes an aggregate through its oldest
+  pending row, and publishes the aggregate's rows in id order. While one relay holds an aggregate,
+  no other relay publishes any of its rows; the next one continues only after the first committed.
+  Caveats, stated plainly: a parked row leaves the order (the rows behind it go on without it), and
+  a broker that refuses row n but acknowledges row n+1 of the same batch has both of them
+  out of order already (counted in :attr:`BatchReport.out_of_order`).
+- **Outages wait.** A broker that cannot be reached leaves rows pending with no attempt counted;
+  only refusals count towards parking.
+
+Wake-up: a LISTEN on a dedicated connection (direct, never through a transaction-mode pooler)
+wakes the loop when an enqueueing transaction commits; polling every ``poll_interval`` covers a
+lost notification or a LISTEN connection that is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+
+from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA
+from pgonce.core.outbox import RetryPolicy, refuse, settle
+from pgonce.errors import BrokerUnavailable, PgonceError
+from pgonce.publishers.base import Publisher, PublishResult
+from pgonce.store._async.outbox import AsyncOutboxStore
+from pgonce.store.errors import translate_errors
+
+log = logging.getLogger("pgonce.relay")
+
+#: Rows per batch (one transaction, one round of confirms). 200 amortizes the commit and the
+#: broker round trip well while keeping a batch's locks and a redelivery after a crash small.
+DEFAULT_BATCH_SIZE = 200
+#: The polling fallback: the longest a committed row waits when a notification was lost.
+DEFAULT_POLL_INTERVAL = timedelta(seconds=5)
+#: Waits after a batch the broker did not settle (down, or answers lost): from the first value
+#: doubling to the second, so an outage costs a few connection attempts a minute, not a storm.
+DEFAULT_OUTAGE_BACKOFF = (timedelta(milliseconds=200), timedelta(seconds=10))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    """What one batch did."""
+
+    claimed: int = 0
+    published: int = 0
+    refused: int = 0
+    parked: int = 0
+    unsettled: int = 0
+    out_of_order: int = 0
+    #: The broker raised BrokerUnavailable (nothing of the batch reached it, as far as we know).
+    broker_down: bool = False
+
+
+@dataclass(slots=True)
+class RelayStats:
+    """Totals since the relay started."""
+
+    batches: int = 0
+    published: int = 0
+    refused: int = 0
+    parked: int = 0
+    unsettled: int = 0
+    out_of_order: int = 0
+    errors: int = 0
+    last_error: str | None = field(default=None)
+
+    def add(self, report: BatchReport) -> None:
+        self.batches += 1
+        self.published += report.published
+        self.refused += report.refused
+        self.parked += report.parked
+        self.unsettled += report.unsettled
+        self.out_of_order += report.out_of_order
+
+
+class Relay:
+    """Publishes the outbox of ``schema`` in the database ``dsn`` through ``publisher``.
+
+    Run several (in one process or many): they share the rows without double publishing. ``run``
+    loops until ``stop`` is set; ``run_once`` does one batch on a connection the caller gives
+    (for tests and for embedding in another loop).
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        publisher: Publisher,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        policy: RetryPolicy | None = None,
+        poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
+        listen: bool = True,
+        listen_dsn: str | None = None,
+        prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
+        outage_backoff: tuple[timedelta, timedelta] = DEFAULT_OUTAGE_BACKOFF,
+    ) -> None:
+        self.dsn = dsn
+        self.publisher = publisher
+        self.store = AsyncOutboxStore(schema=schema)
+        self.batch_size = batch_size
+        self.policy = policy or RetryPolicy()
+        self.poll_interval = poll_interval
+        self.listen = listen
+        #: LISTEN needs a session of its own; behind PgBouncer in transaction mode give the
+        #: server's direct address here.
+        self.listen_dsn = listen_dsn or dsn
+        self.prepare_threshold = prepare_threshold
+        self.outage_backoff = outage_backoff
+        self.stats = RelayStats()
+        self._wake = asyncio.Event()
+
+    async def run_once(
+        self, conn: AsyncConnection[Any], *, now: datetime | None = None
+    ) -> BatchReport:
+        """Claim, publish and settle one batch in one transaction on ``conn`` (autocommit)."""
+        async with conn.transaction():
+            batch = await self.store.claim(conn, limit=self.batch_size, now=now)
+            if not batch:
+                return BatchReport()
+            broker_down = False
+            try:
+                result = await self.publisher.publish(batch)
+            except BrokerUnavailable as error:
+                log.warning("relay: %s; %d rows wait", error, len(batch))
+                result, broker_down = PublishResult(), True
+            settled_at = now or datetime.now(UTC)
+            settlement = settle(batch, result.acked, result.refused)
+            await self.store.mark_published(conn, settlement.published, now=now)
+            refusals = [
+                refuse(
+                    self.policy,
+                    id=row.id,
+                    attempts_before=row.attempts,
+                    error=error,
+                    now=settled_at,
+                )
+                for row, error in settlement.refused
+            ]
+            await self.store.record_refusals(conn, refusals)
+        parked = sum(1 for r in refusals if r.parked_at is not None)
+        if parked:
+            log.error(
+                "relay: parked %d outbox rows after %d attempts", parked, self.policy.max_attempts
+            )
+        if settlement.out_of_order:
+            log.warning(
+                "relay: %d rows acknowledged after an earlier row of their aggregate was refused",
+                settlement.out_of_order,
+            )
+        return BatchReport(
+            claimed=len(batch),
+            published=len(settlement.published),
+            refused=len(refusals) - parked,
+            parked=parked,
+            unsettled=len(settlement.unsettled),
+            out_of_order=settlement.out_of_order,
+            broker_down=broker_down,
+        )
+
+    async def run(self, stop: asyncio.Event | None = None) -> RelayStats:
+        """Publish until ``stop`` is set (forever without one); survive database and broker
+        outages by waiting and reconnecting."""
+        stop = stop or asyncio.Event()
+        listener = asyncio.create_task(self._listen(stop)) if self.listen else None
+        outage = self.outage_backoff[0]
+        conn: AsyncConnection[Any] | None = None
+        try:
+            while not stop.is_set():
+                try:
+                    if conn is None or conn.closed:
+                        conn = await self.connect(self.dsn)
+                    # Cleared before the claim: a notification arriving during the batch is
+                    # kept for the next wait.
+                    self._wake.clear()
+                    report = await self.run_once(conn)
+                except Exception as error:
+                    # The loop outlives any one failure: a database outage (PgonceError) or a
+                    # bug in a publisher. Rows of the failed batch were not marked; they wait.
+                    self.stats.errors += 1
+                    self.stats.last_error = str(error)
+                    if isinstance(error, PgonceError):
+                        log.warning("relay: %s", error)
+                    else:
+                        log.exception("relay: batch failed")
+                    if conn is not None:
+                        await conn.close()
+                    conn = None
+                    await self._sleep(stop, outage, wake=False)
+                    outage = min(outage * 2, self.outage_backoff[1])
+                    continue
+                self.stats.add(report)
+                if report.broker_down or (report.unsettled and not report.published):
+                    await self._sleep(stop, _jittered(outage), wake=False)
+                    outage = min(outage * 2, self.outage_backoff[1])
+                    continue
+                outage = self.outage_backoff[0]
+                if report.claimed < self.batch_size:
+                    await self._sleep(stop, self.poll_interval, wake=True)
+        finally:
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+            if conn is not None:
+                await conn.close()
+            await self.publisher.close()
+        return self.stats
+
+    async def drain(self, *, now: datetime | None = None) -> RelayStats:
+        """Run batches on one connection until a batch claims nothing; for scripts, tests and the
+        benchmark. A batch with unsettled rows ends the drain too (they are due again at once)."""
+        stats = RelayStats()
+        conn = await self.connect(self.dsn)
+        try:
+            while True:
+                report = await self.run_once(conn, now=now)
+                stats.add(report)
+                if not report.claimed or report.unsettled or report.broker_down:
+                    return stats
+        finally:
+            await conn.close()
+
+    def wake(self) -> None:
+        """Make a waiting :meth:`run` look for rows now (what a notification does)."""
+        self._wake.set()
+
+    async def connect(self, dsn: str) -> AsyncConnection[Any]:
+        with translate_errors("connecting the outbox relay"):
+            return await AsyncConnection.connect(
+                dsn, autocommit=True, prepare_threshold=self.prepare_threshold
+            )
+
+    async def _sleep(self, stop: asyncio.Event, delay: timedelta, *, wake: bool) -> None:
+        events = [stop, self._wake] if wake else [stop]
+        waiters = [asyncio.create_task(e.wait()) for e in events]
+        try:
+            await asyncio.wait(
+                waiters, timeout=delay.total_seconds(), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        """Set the wake event on every notification; reconnect after a failure (polling covers
+        the gap)."""
+        while not stop.is_set():
+            try:
+                async with self._listening() as notifications:
+                    # A row may have committed while we were not listening.
+                    self._wake.set()
+                    async for _ in notifications:
+                        self._wake.set()
+            except (PgonceError, psycopg.Error) as error:
+                log.info("relay: LISTEN connection lost (%s); polling meanwhile", error)
+            await self._sleep(stop, self.poll_interval, wake=False)
+
+    @contextlib.asynccontextmanager
+    async def _listening(self) -> AsyncIterator[AsyncIterator[object]]:
+        conn = await self.connect(self.listen_dsn)
+        try:
+            await self.store.listen(conn)
+            yield conn.notifies()
+        finally:
+            await conn.close()
+
+
+def _jittered(delay: timedelta) -> timedelta:
+    return delay * random.uniform(0.8, 1.2)
