@@ -7,6 +7,7 @@ stored response and any outbox rows commit in one transaction on the caller's co
 from pgonce.config import Settings
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won
+from pgonce.core.retention import HealthReport, Retention, RetentionPolicy, SweepLimits, SweepResult
 from pgonce.errors import (
     ConfigError,
     DatabaseError,
@@ -17,16 +18,24 @@ from pgonce.errors import (
     SchemaNotMigrated,
     UsageError,
 )
+from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.keys import AsyncKeyStore, AsyncOperation
+from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
+from pgonce.store._sync.health import HealthCheck
 from pgonce.store._sync.keys import KeyStore, Operation
+from pgonce.store._sync.sweeper import Sweeper
 
 __all__ = [
+    "AsyncHealthCheck",
     "AsyncKeyStore",
     "AsyncOperation",
+    "AsyncSweeper",
     "Claim",
     "ConfigError",
     "DatabaseError",
     "DatabaseUnavailable",
+    "HealthCheck",
+    "HealthReport",
     "InFlight",
     "KeyMismatch",
     "KeyStore",
@@ -35,9 +44,15 @@ __all__ = [
     "PgonceError",
     "Replay",
     "Response",
+    "Retention",
+    "RetentionPolicy",
     "SchemaNotMigrated",
     "Settings",
+    "SweepLimits",
+    "SweepResult",
+    "Sweeper",
     "UsageError",
     "Won",
     "fingerprint",
+    "sweep_every",
 ]
