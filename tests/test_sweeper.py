@@ -6,6 +6,9 @@ The clock is a parameter: rows are written with old timestamps and the sweep is 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import pty
 import re
 import subprocess
 import sys
@@ -15,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgonce.core.outcomes import Won
 from pgonce.core.retention import Retention, RetentionPolicy, SweepLimits, SweepResult
@@ -23,6 +26,7 @@ from pgonce.errors import ConfigError, DatabaseError, UsageError
 from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store._sync.sweeper import Sweeper
+from pgonce.store._sync.sweeper import sweep_every as sync_sweep_every
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -232,8 +236,16 @@ def test_concurrent_sweep_processes_never_double_count(dsn: str) -> None:
     add_keys(dsn, 4000, age=40 * DAY)
     add_keys(dsn, 20, age=40 * DAY, completed=False, prefix="in-flight-")
     args = [
-        "sweep", "--dsn", dsn, "--now", NOW.isoformat(), "--batch-size", "20", "--pause", "0s",
-    ]  # fmt: skip
+        "sweep",
+        "--dsn",
+        dsn,
+        "--now",
+        NOW.isoformat(),
+        "--batch-size",
+        "20",
+        "--pause",
+        "0s",
+    ]
     processes = [
         subprocess.Popen([sys.executable, "-m", "pgonce", *args], stdout=subprocess.PIPE, text=True)
         for _ in range(4)
@@ -300,3 +312,89 @@ def test_a_stop_request_ends_a_run_between_batches(dsn: str) -> None:
     (keys,) = result.targets
     assert (keys.deleted, keys.batches, keys.ending) == (10, 1, "stopped")
     assert "stopped on request" in result.summary()
+
+
+def test_cli_shows_progress_and_the_count_on_a_terminal(dsn: str) -> None:
+    add_keys(dsn, 12, age=40 * DAY)
+    controller, terminal = pty.openpty()
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pgonce",
+                "sweep",
+                "--dsn",
+                dsn,
+                "--now",
+                NOW.isoformat(),
+                "--batch-size",
+                "5",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        os.close(terminal)
+        shown = b""
+        while chunk := _read_pty(controller):
+            shown += chunk
+    finally:
+        os.close(controller)
+    assert done.returncode == 0
+    assert b"pgonce sweep: keys 10 rows, 2 batches" in shown
+    assert b"\rpgonce sweep: keys 12 rows, 3 batches" in shown
+    assert done.stdout.startswith("swept 12 rows (keys 12) in 3 batches")
+
+
+def _read_pty(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: the terminal's other end is closed and everything was read
+        return b""
+
+
+def test_the_sync_timer_loop_survives_a_failed_run(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgonce.sweeper")
+    add_keys(dsn, 15, age=400 * DAY)
+    stop = threading.Event()
+    runs: list[SweepResult] = []
+
+    def on_run(result: SweepResult) -> None:
+        runs.append(result)
+        stop.set()
+
+    sweeper = Sweeper(
+        limits=SweepLimits(
+            batch_size=10, pause=NO_PAUSE, statement_timeout=timedelta(milliseconds=100)
+        )
+    )
+    with psycopg.connect(dsn) as blocker, ConnectionPool(dsn, min_size=1, max_size=1) as pool:
+        # The first run times out on the table lock; the loop must log it and try again.
+        blocker.execute("LOCK TABLE pgonce.keys IN ACCESS EXCLUSIVE MODE")
+        loop = threading.Thread(
+            target=sync_sweep_every,
+            args=(pool, sweeper, stop),
+            kwargs={"every": timedelta(milliseconds=50), "on_run": on_run},
+        )
+        loop.start()
+        _wait_for_warning(caplog, "sweep failed")
+        blocker.rollback()
+        loop.join(timeout=30)
+    assert not loop.is_alive()
+    assert [r.deleted for r in runs] == [15]
+    assert remaining(dsn) == 0
+
+
+def _wait_for_warning(caplog: pytest.LogCaptureFixture, text: str, timeout: float = 10.0) -> None:
+    """Return once a log record containing ``text`` was emitted (from any thread)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in record.getMessage() for record in caplog.records):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no log record said {text!r}")
