@@ -11,13 +11,22 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pgonce.cli import demo, doctor, inbox_replay, migrate, sweep
+from pgonce.cli import demo, doctor, inbox_replay, migrate, relay, serve, sweep, worker
 from pgonce.cli.common import Command
 from pgonce.errors import PgonceError
 
 #: The commands, in the order ``--help`` lists them. A command module has NAME, HELP,
 #: ``configure(parser)`` and ``run(args) -> int``.
-COMMANDS: tuple[Command, ...] = (migrate, demo, sweep, doctor, inbox_replay)
+COMMANDS: tuple[Command, ...] = (
+    serve,
+    worker,
+    relay,
+    migrate,
+    demo,
+    sweep,
+    doctor,
+    inbox_replay,
+)
 
 EPILOG = """\
 With no --dsn and no PGONCE_DSN, pgonce starts an embedded PostgreSQL 18 with its data in

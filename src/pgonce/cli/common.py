@@ -69,3 +69,14 @@ def database(
             if applied:
                 say(f"pgonce: applied migrations {', '.join(f'{v:04d}' for v in applied)}")
         yield settings, db
+
+
+def print_proof(
+    rows: list[tuple[str, object, str]], *, seconds: float, items: int, ok: bool
+) -> None:
+    """The exactly-once proof as the demos print it: a table, a rate, and the verdict."""
+    print()
+    for label, value, note in rows:
+        print(f"  {label:<20} {value!s:>6}   {note}".rstrip())
+    print(f"\n  {items / seconds:,.0f} deliveries/s in {seconds:.2f} s")
+    print(f"\nexactly once: {'yes' if ok else 'NO'}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from pgonce.cli.common import add_database_options, database, say
+from pgonce.cli.common import add_database_options, database, print_proof, say
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Response
 from pgonce.store._async.keys import AsyncKeyStore
@@ -163,9 +163,5 @@ async def _storm(dsn: str, schema: str, args: argparse.Namespace) -> int:
         ("crashed mid-work", o["crashed"], "order written, then the handler died: rolled back"),
         ("identical responses", "yes" if identical else "NO", "every order: one response body"),
     ]
-    print()
-    for label, value, note in lines:
-        print(f"  {label:<20} {value!s:>6}   {note}")
-    print(f"\n  {len(deliveries) / elapsed:,.0f} deliveries/s in {elapsed:.2f} s")
-    print(f"\nexactly once: {'yes' if ok else 'NO'}")
+    print_proof(lines, seconds=elapsed, items=len(deliveries), ok=ok)
     return 0 if ok else 1

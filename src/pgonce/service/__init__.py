@@ -1,0 +1,1 @@
+"""The runnable service: configuration, the ASGI app and the background loops of `serve`."""

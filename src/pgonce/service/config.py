@@ -1,0 +1,573 @@
+"""The service's configuration: one TOML file, every value overridable by the environment.
+
+- The file is ``--config`` or ``$PGONCE_CONFIG``. Without one, the service runs with defaults and
+  no webhook sources.
+- ``PGONCE__SECTION__KEY=value`` overrides ``[section] key`` (double underscores separate the path:
+  ``PGONCE__SERVER__PORT=9000``, ``PGONCE__SOURCES__SHOP__TOLERANCE=10m``). ``PGONCE_DSN``,
+  ``PGONCE_SCHEMA`` and ``PGONCE_DATA_DIR`` keep working as everywhere else in pgonce.
+- Secrets are never written in the file: a secret setting holds ``env:NAME``, the name of the
+  environment variable that holds it. pgonce never prints a secret, only the variable's name.
+- Invalid configuration is refused at start with **every** problem listed (file, key, why), not
+  just the first.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pgonce.config import DEFAULT_DATA_DIR, DEFAULT_SCHEMA, Settings
+from pgonce.core.inbox import Ordering, RetryPolicy
+from pgonce.core.retention import (
+    DEFAULT_RETENTION,
+    DEFAULT_RETRY_HORIZON,
+    DEFAULT_SWEEP_EVERY,
+    TARGETS,
+    Retention,
+    RetentionPolicy,
+    format_duration,
+    parse_duration,
+)
+from pgonce.errors import ConfigError, PgonceError
+from pgonce.webhooks.forward import forward_to
+from pgonce.webhooks.schemes import SCHEMES, build_scheme
+from pgonce.webhooks.source import Handler, OrderingExtractor, Source
+
+#: Loopback by default: a service that receives webhooks is put behind a proxy on purpose, never
+#: exposed on every interface by accident.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+#: Inbox workers per process. Four keeps a handler that waits on I/O from stalling the rest while
+#: staying far below a small database's connection limit.
+DEFAULT_WORKERS = 4
+
+ENV_PREFIX = "PGONCE__"
+_HAS_PASSWORD = re.compile(r"^[a-z0-9+.-]+://[^/@]*:[^/@]*@")
+_ENV_SECRET = re.compile(r"^env:([A-Za-z_][A-Za-z0-9_]*)$")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """A webhook source, and how long its deliveries are kept."""
+
+    source: Source
+    retention: Retention
+
+
+@dataclass(frozen=True)
+class OutboxConfig:
+    """Where the relay publishes the outbox: one publisher per service."""
+
+    #: "rabbitmq", "nats", "redis" or "http".
+    publisher: str
+    #: The broker's URL (or, for "http", the webhook endpoint). May hold credentials: it is read
+    #: from the environment when written "env:NAME", and never printed.
+    url: str = field(repr=False)
+    #: RabbitMQ: the exchange ("" is the default exchange: the routing key names the queue).
+    exchange: str = ""
+    #: "http": the Standard Webhooks signing secret (whsec_...), from the environment.
+    secret: str | None = field(default=None, repr=False)
+    #: Relays in this process; several share the rows without double publishing.
+    relays: int = 1
+    #: How long published rows are kept before the sweeper deletes them.
+    retention: timedelta = timedelta(days=7)
+
+
+PUBLISHERS = ("rabbitmq", "nats", "redis", "http")
+#: The brokers' usual local addresses; the RabbitMQ one carries its well-known default login.
+DEFAULT_PUBLISHER_URLS = {
+    "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/",
+    "nats": "nats://127.0.0.1:4222",
+    "redis": "redis://127.0.0.1:6379/0",
+}
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    settings: Settings = field(default_factory=Settings)
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    sources: tuple[SourceConfig, ...] = ()
+    workers: int = DEFAULT_WORKERS
+    keys_retention: Retention = field(default_factory=Retention)
+    sweep_every: timedelta = DEFAULT_SWEEP_EVERY
+    #: The admin page is off unless a credential is configured (``[admin] token = "env:NAME"``).
+    admin_token: str | None = field(default=None, repr=False)
+    #: The outbox relay; None runs no relay.
+    outbox: OutboxConfig | None = None
+    #: "json", "text", or "auto" (text on a terminal, JSON lines otherwise).
+    log_format: str = "auto"
+    #: Where the configuration came from, for messages.
+    origin: str = "defaults"
+
+    def retention_policies(self) -> list[RetentionPolicy]:
+        """One policy per sweep target: keys by scope, the inbox by source."""
+        policies = [RetentionPolicy("keys", self.keys_retention)]
+        if "inbox" in TARGETS:
+            policies.append(
+                RetentionPolicy(
+                    "inbox",
+                    Retention(),
+                    {s.source.name: s.retention for s in self.sources},
+                )
+            )
+        if "outbox" in TARGETS:
+            keep = self.outbox.retention if self.outbox else DEFAULT_RETENTION
+            policies.append(RetentionPolicy("outbox", Retention(keep, timedelta(0))))
+        return policies
+
+
+class _Problems:
+    """Collects every problem of a configuration, so that all are reported at once."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+        self.items: list[str] = []
+
+    def add(self, key: str, why: str) -> None:
+        self.items.append(f"{self.origin}: {key}: {why}")
+
+    def check(self, key: str, build: Callable[[], T]) -> T | None:
+        """Run ``build``; a pgonce error it raises becomes a problem of ``key``."""
+        try:
+            return build()
+        except PgonceError as error:
+            self.add(key, str(error))
+            return None
+
+
+def _env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part]
+        target = data
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                break
+        else:
+            if path:
+                target[path[-1]] = value
+
+
+class _Section:
+    """Typed reads of one table of the file, each failure recorded as a problem."""
+
+    def __init__(self, data: Any, path: str, problems: _Problems) -> None:
+        self.path = path
+        self.problems = problems
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            problems.add(path, "must be a table")
+            data = {}
+        self.data: dict[str, Any] = data
+        self.read: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def raw(self, name: str) -> Any:
+        self.read.add(name)
+        return self.data.get(name)
+
+    def text(self, name: str, default: str) -> str:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if not isinstance(value, str) or not value:
+            self.problems.add(self.key(name), "must be a non-empty string")
+            return default
+        return value
+
+    def optional_text(self, name: str) -> str | None:
+        value = self.raw(name)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.problems.add(self.key(name), "must be a non-empty string")
+            return None
+        return value
+
+    def integer(self, name: str, default: int, *, low: int = 1, high: int = 2**31) -> int:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.problems.add(self.key(name), f"must be a whole number from {low} to {high}")
+            return default
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        if not isinstance(value, bool):
+            self.problems.add(self.key(name), "must be true or false")
+            return default
+        return value
+
+    def duration(self, name: str, default: timedelta) -> timedelta:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return timedelta(seconds=value)
+        if isinstance(value, str):
+            parsed = self.problems.check(self.key(name), lambda: parse_duration(value))
+            return parsed if parsed is not None else default
+        self.problems.add(self.key(name), "must be a duration such as 30s, 5m, 72h or 30d")
+        return default
+
+    def secrets(self, name: str) -> list[str]:
+        value = self.raw(name)
+        if value is None:
+            return []
+        values = [value] if isinstance(value, str) else value
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            self.problems.add(self.key(name), 'must be "env:NAME" or a list of them')
+            return []
+        found = []
+        for item in values:
+            secret = _secret(item, self.key(name), self.problems)
+            if secret is not None:
+                found.append(secret)
+        return found
+
+    def unknown(self, allowed: set[str] | None = None) -> None:
+        for name in sorted(set(self.data) - (allowed or self.read)):
+            self.problems.add(self.key(name), "is not a known setting")
+
+    def tables(self, name: str) -> Iterator[tuple[str, _Section]]:
+        value = self.raw(name) or {}
+        if not isinstance(value, dict):
+            self.problems.add(self.key(name), "must be a table of tables")
+            return
+        for child, data in value.items():
+            yield child, _Section(data, f"{self.key(name)}.{child}", self.problems)
+
+
+def _secret(value: str, key: str, problems: _Problems) -> str | None:
+    match = _ENV_SECRET.match(value)
+    if not match:
+        # Never echo the value: it may be the secret itself, pasted where a reference belongs.
+        problems.add(
+            key, 'secrets are given by reference: write "env:NAME" (the value was not shown)'
+        )
+        return None
+    secret = os.environ.get(match[1])
+    if not secret:
+        problems.add(key, f"the environment variable {match[1]} is not set")
+        return None
+    return secret
+
+
+def _import_handler(spec: str, key: str, problems: _Problems) -> Handler | None:
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        problems.add(key, f"{spec!r} is not of the form module:function")
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        problems.add(key, f"cannot import {module_name!r}: {error}")
+        return None
+    handler = getattr(module, attribute, None)
+    if not callable(handler):
+        problems.add(key, f"{module_name!r} has no callable {attribute!r}")
+        return None
+    return handler  # type: ignore[no-any-return]
+
+
+def json_pointer(pointer: str) -> Callable[[Any], Any]:
+    """A getter for RFC 6901 ``pointer`` (``/data/object/id``); it returns ``None`` if absent."""
+    if pointer and not pointer.startswith("/"):
+        raise ConfigError(f"{pointer!r} is not a JSON pointer (it starts with '/')")
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+
+    def get(document: Any) -> Any:
+        for part in parts:
+            if isinstance(document, dict):
+                document = document.get(part)
+            elif isinstance(document, list) and part.isdigit() and int(part) < len(document):
+                document = document[int(part)]
+            else:
+                return None
+        return document
+
+    return get
+
+
+def ordering_from_pointers(key_pointer: str, version_pointer: str | None) -> OrderingExtractor:
+    """Ordering by the JSON values at ``key_pointer`` (and ``version_pointer``, an integer)."""
+    key_of = json_pointer(key_pointer)
+    version_of = json_pointer(version_pointer) if version_pointer else None
+
+    def extract(payload: Any, headers: Mapping[str, str]) -> Ordering | None:
+        key = key_of(payload)
+        if key is None or isinstance(key, dict | list):
+            return None
+        version = version_of(payload) if version_of else None
+        return Ordering(str(key), version if isinstance(version, int) else None)
+
+    return extract
+
+
+_SOURCE_KEYS = {
+    "scheme",
+    "secrets",
+    "tolerance",
+    "options",
+    "body_limit",
+    "json_required",
+    "handler",
+    "forward",
+    "ordering_key",
+    "ordering_version",
+    "out_of_order",
+    "head_failure",
+    "attempts",
+    "retry_base",
+    "retry_cap",
+    "handler_timeout",
+    "retention",
+    "retry_horizon",
+}
+
+
+def _source(name: str, section: _Section) -> SourceConfig | None:
+    problems = section.problems
+    before = len(problems.items)
+    scheme_name = section.text("scheme", "")
+    if scheme_name and scheme_name not in SCHEMES:
+        problems.add(section.key("scheme"), f"unknown scheme; known: {', '.join(SCHEMES)}")
+    secrets = section.secrets("secrets")
+    if not scheme_name:
+        problems.add(section.key("scheme"), "is required")
+    if not secrets and section.raw("secrets") is None:
+        problems.add(section.key("secrets"), 'is required ("env:NAME", or a list for rotation)')
+    tolerance = section.duration("tolerance", timedelta(minutes=5))
+    options = section.raw("options")
+    handler_spec = section.optional_text("handler")
+    forward = section.optional_text("forward")
+    handler: Handler | None = None
+    if handler_spec and forward:
+        problems.add(section.key("handler"), "give either handler or forward, not both")
+    elif handler_spec:
+        handler = _import_handler(handler_spec, section.key("handler"), problems)
+    elif forward:
+        if not forward.startswith(("http://", "https://")):
+            problems.add(section.key("forward"), "must be an http:// or https:// URL")
+        else:
+            handler = forward_to(forward)
+    key_pointer = section.optional_text("ordering_key")
+    version_pointer = section.optional_text("ordering_version")
+    ordering = None
+    if key_pointer:
+        ordering = problems.check(
+            section.key("ordering_key"),
+            lambda: ordering_from_pointers(key_pointer, version_pointer),
+        )
+    retry = problems.check(
+        section.key("attempts"),
+        lambda: RetryPolicy(
+            attempts=section.integer("attempts", RetryPolicy().attempts),
+            base=section.duration("retry_base", RetryPolicy().base),
+            cap=section.duration("retry_cap", RetryPolicy().cap),
+        ),
+    )
+    retention = Retention(
+        keep=section.duration("retention", DEFAULT_RETENTION),
+        retry_horizon=section.duration("retry_horizon", DEFAULT_RETRY_HORIZON),
+    )
+    if retention.keep < retention.retry_horizon:
+        problems.add(
+            section.key("retention"),
+            f"{format_duration(retention.keep)} is shorter than the provider's retry horizon of "
+            f"{format_duration(retention.retry_horizon)}: a redelivery after "
+            f"{format_duration(retention.keep)} would be processed again",
+        )
+    body_limit = section.integer("body_limit", 1024 * 1024)
+    json_required = section.boolean("json_required", True)
+    out_of_order = section.text("out_of_order", "process")
+    head_failure = section.text("head_failure", "block")
+    handler_timeout = section.duration("handler_timeout", timedelta(seconds=30))
+    section.unknown(_SOURCE_KEYS)
+    if len(problems.items) != before or retry is None:
+        return None
+    scheme = problems.check(
+        section.key("scheme"),
+        lambda: build_scheme(
+            scheme_name, secrets, tolerance=tolerance, options=options if options else None
+        ),
+    )
+    if scheme is None:
+        return None
+    source = problems.check(
+        section.path,
+        lambda: Source(
+            name=name,
+            scheme=scheme,
+            handler=handler,
+            body_limit=body_limit,
+            json_required=json_required,
+            ordering=ordering,
+            out_of_order=out_of_order,  # type: ignore[arg-type]
+            head_failure=head_failure,  # type: ignore[arg-type]
+            retry=retry,
+            handler_timeout=handler_timeout,
+        ),
+    )
+    return SourceConfig(source, retention) if source else None
+
+
+def _outbox(section: _Section) -> OutboxConfig | None:
+    problems = section.problems
+    before = len(problems.items)
+    publisher = section.text("publisher", "")
+    if publisher not in PUBLISHERS:
+        problems.add(section.key("publisher"), f"is one of {', '.join(PUBLISHERS)}")
+    url_value = section.optional_text("url") or DEFAULT_PUBLISHER_URLS.get(publisher)
+    url = ""
+    if url_value is None:
+        problems.add(section.key("url"), "is required for the http publisher")
+    elif url_value.startswith("env:"):
+        url = _secret(url_value, section.key("url"), problems) or ""
+    elif _HAS_PASSWORD.match(url_value) and url_value not in DEFAULT_PUBLISHER_URLS.values():
+        problems.add(
+            section.key("url"),
+            'holds a password: put the URL in an environment variable and write "env:NAME"',
+        )
+    else:
+        url = url_value
+    secret_ref = section.optional_text("secret")
+    secret = _secret(secret_ref, section.key("secret"), problems) if secret_ref else None
+    if publisher == "http" and secret_ref is None:
+        problems.add(section.key("secret"), 'is required for the http publisher ("env:NAME")')
+    config = OutboxConfig(
+        publisher=publisher,
+        url=url,
+        exchange=section.text("exchange", ""),
+        secret=secret,
+        relays=section.integer("relays", 1, high=64),
+        retention=section.duration("retention", timedelta(days=7)),
+    )
+    section.unknown()
+    return config if len(problems.items) == before else None
+
+
+def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> ServiceConfig:
+    """Read the configuration; raise :class:`ConfigError` listing every problem found."""
+    env = os.environ if environ is None else environ
+    if path is None and env.get("PGONCE_CONFIG"):
+        path = Path(env["PGONCE_CONFIG"])
+    origin = str(path) if path else "environment"
+    problems = _Problems(origin)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such configuration file") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"{path}: cannot read it: {error}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    _env_overrides(data, env)
+    root = _Section(data, "", problems)
+
+    database = _Section(root.raw("database"), "database", problems)
+    dsn_ref = database.optional_text("dsn")
+    dsn = _secret(dsn_ref, "database.dsn", problems) if dsn_ref else None
+    settings = problems.check(
+        "database",
+        lambda: Settings.from_env(
+            env,
+            dsn=dsn,
+            schema=database.optional_text("schema"),
+            data_dir=Path(d) if (d := database.optional_text("data_dir")) else None,
+        ),
+    )
+    database.unknown()
+
+    server = _Section(root.raw("server"), "server", problems)
+    host = server.text("host", DEFAULT_HOST)
+    port = server.integer("port", DEFAULT_PORT, low=0, high=65535)
+    log_format = server.text("log_format", "auto")
+    if log_format not in ("auto", "json", "text"):
+        problems.add("server.log_format", "is auto, json or text")
+    server.unknown()
+
+    inbox = _Section(root.raw("inbox"), "inbox", problems)
+    workers = inbox.integer("workers", DEFAULT_WORKERS, high=256)
+    inbox.unknown()
+
+    keys = _Section(root.raw("keys"), "keys", problems)
+    keys_retention = Retention(
+        keep=keys.duration("retention", DEFAULT_RETENTION),
+        retry_horizon=keys.duration("retry_horizon", DEFAULT_RETRY_HORIZON),
+    )
+    if keys_retention.keep < keys_retention.retry_horizon:
+        problems.add(
+            "keys.retention",
+            f"{format_duration(keys_retention.keep)} is shorter than the clients' retry horizon "
+            f"of {format_duration(keys_retention.retry_horizon)}",
+        )
+    keys.unknown()
+
+    sweeper = _Section(root.raw("sweeper"), "sweeper", problems)
+    sweep_every = sweeper.duration("every", DEFAULT_SWEEP_EVERY)
+    sweeper.unknown()
+
+    outbox_data = root.raw("outbox")
+    outbox = _outbox(_Section(outbox_data, "outbox", problems)) if outbox_data else None
+
+    admin = _Section(root.raw("admin"), "admin", problems)
+    token_ref = admin.optional_text("token")
+    admin_token = _secret(token_ref, "admin.token", problems) if token_ref else None
+    admin.unknown()
+
+    sources = []
+    for name, section in root.tables("sources"):
+        found = _source(name, section)
+        if found is not None:
+            sources.append(found)
+    root.unknown({"database", "server", "inbox", "keys", "sweeper", "admin", "sources", "outbox"})
+
+    if problems.items:
+        count = len(problems.items)
+        raise ConfigError(
+            f"the configuration has {count} problem{'s' if count > 1 else ''}:\n  "
+            + "\n  ".join(problems.items)
+        )
+    assert settings is not None
+    return ServiceConfig(
+        settings=settings,
+        host=host,
+        port=port,
+        sources=tuple(sources),
+        workers=workers,
+        keys_retention=keys_retention,
+        sweep_every=sweep_every,
+        admin_token=admin_token,
+        outbox=outbox,
+        log_format=log_format,
+        origin=origin,
+    )
+
+
+__all__ = ["DEFAULT_DATA_DIR", "DEFAULT_SCHEMA", "ServiceConfig", "SourceConfig", "load"]

@@ -1,0 +1,205 @@
+"""Running the service: the HTTP app on uvicorn plus the background loops, and a clean stop.
+
+``pgonce serve`` runs every part in one process; ``pgonce worker``, ``pgonce relay`` and the
+sweeper run one part alone, so that a deployment scales each separately (several processes of each
+may run against one database: the inbox workers and relays share rows with ``FOR UPDATE SKIP
+LOCKED``, the sweepers skip each other's locked rows).
+
+Stopping (SIGTERM or SIGINT): uvicorn stops accepting and finishes the requests it has; the
+workers finish or roll back their in-flight handlers; the relays finish their batch; then the
+process exits 0. Nothing acknowledged is lost: a delivery is answered only after its commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from psycopg_pool import AsyncConnectionPool
+
+from pgonce.errors import ConfigError
+from pgonce.publishers.base import Publisher
+from pgonce.relay import Relay
+from pgonce.service.admin import Admin
+from pgonce.service.app import ServiceApp
+from pgonce.service.config import ServiceConfig
+from pgonce.service.metrics import ServiceMetrics
+from pgonce.store._async.health import AsyncHealthCheck
+from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
+from pgonce.webhooks.receiver import InboxReceiver
+from pgonce.webhooks.worker import InboxWorker
+
+log = logging.getLogger("pgonce.service")
+
+PARTS = ("http", "workers", "relay", "sweeper")
+
+
+@dataclass(frozen=True)
+class Running:
+    """What a started service exposes to the code that started it (tests, the demo)."""
+
+    url: str
+    app: ServiceApp
+    stop: asyncio.Event
+
+
+def build_publisher(config: ServiceConfig) -> Publisher:
+    outbox = config.outbox
+    if outbox is None:
+        raise ConfigError("no [outbox] publisher is configured")
+    if outbox.publisher == "rabbitmq":
+        from pgonce.publishers.rabbitmq import RabbitMQPublisher
+
+        return RabbitMQPublisher(outbox.url, exchange=outbox.exchange)
+    if outbox.publisher == "nats":
+        from pgonce.publishers.nats import NatsPublisher
+
+        return NatsPublisher(outbox.url)
+    if outbox.publisher == "redis":
+        from pgonce.publishers.redis_streams import RedisStreamsPublisher
+
+        return RedisStreamsPublisher(outbox.url)
+    from pgonce.publishers.http import HttpPublisher
+
+    assert outbox.secret is not None
+    return HttpPublisher(secret=outbox.secret, url=outbox.url)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: SIGTERM and SIGINT belong to the service, which
+    sets ``stop`` so that the loops end together with the HTTP server."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def run(
+    config: ServiceConfig,
+    dsn: str,
+    *,
+    parts: Iterable[str] = PARTS,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[Running], Coroutine[Any, Any, None]] | None = None,
+) -> None:
+    """Run the chosen ``parts`` until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    chosen = set(parts)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    schema = config.settings.schema
+    connect = {"prepare_threshold": config.settings.prepare_threshold}
+    sources = [s.source for s in config.sources]
+    policies = config.retention_policies()
+    relays = (
+        [
+            Relay(
+                dsn,
+                build_publisher(config),
+                schema=schema,
+                prepare_threshold=connect["prepare_threshold"],
+            )
+            for _ in range(config.outbox.relays)
+        ]
+        if config.outbox and "relay" in chosen
+        else []
+    )
+    metrics = ServiceMetrics(relay_stats=lambda: [r.stats for r in relays])
+    health = AsyncHealthCheck(policies, schema=schema)
+    tasks: list[asyncio.Task[Any]] = []
+    async with AsyncConnectionPool(
+        dsn, min_size=1, max_size=10, kwargs=connect, open=False, name="pgonce-service"
+    ) as pool:
+        if "workers" in chosen and any(s.handler for s in sources):
+            worker = InboxWorker(
+                sources, dsn=dsn, schema=schema, concurrency=config.workers, connect_kwargs=connect
+            )
+            tasks.append(asyncio.create_task(worker.run(stop), name="inbox-workers"))
+        for relay in relays:
+            tasks.append(asyncio.create_task(relay.run(stop), name="outbox-relay"))
+        if "sweeper" in chosen:
+            sweeper = AsyncSweeper(policies, schema=schema)
+            tasks.append(
+                asyncio.create_task(
+                    sweep_every(
+                        pool,
+                        sweeper,
+                        stop,
+                        every=config.sweep_every,
+                        on_run=metrics.record_sweep,
+                    ),
+                    name="sweeper",
+                )
+            )
+        if "http" in chosen:
+            await _serve_http(config, pool, sources, metrics, health, stop, tasks, on_ready)
+        else:
+            log.info("running %s", ", ".join(sorted(chosen)))
+            await stop.wait()
+        stop.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                log.error("%s ended with an error: %s", task.get_name(), result)
+
+
+async def _serve_http(
+    config: ServiceConfig,
+    pool: AsyncConnectionPool[Any],
+    sources: list[Any],
+    metrics: ServiceMetrics,
+    health: AsyncHealthCheck,
+    stop: asyncio.Event,
+    tasks: list[asyncio.Task[Any]],
+    on_ready: Callable[[Running], Coroutine[Any, Any, None]] | None,
+) -> None:
+    schema = config.settings.schema
+    receiver = InboxReceiver(sources, pool=pool, schema=schema) if sources else None
+    admin = Admin(
+        config.admin_token,
+        pool,
+        schema=schema,
+        health=health,
+        stuck_after=lambda: health.stuck_after,
+    )
+    app = ServiceApp(
+        pool=pool, schema=schema, receiver=receiver, metrics=metrics, health=health, admin=admin
+    )
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=30,
+        )
+    )
+    serving = asyncio.create_task(server.serve(), name="http")
+    while not server.started:
+        if serving.done():
+            await serving  # raises what made startup fail (a port in use)
+            raise ConfigError(f"the HTTP server on {config.host}:{config.port} did not start")
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1] if server.servers else config.port
+    url = f"http://{config.host}:{port}"
+    log.info("serving on %s", url)
+    print(f"pgonce: serving on {url}", flush=True)
+    if on_ready is not None:
+        tasks.append(asyncio.create_task(on_ready(Running(url, app, stop)), name="on-ready"))
+    waiting = asyncio.create_task(stop.wait())
+    await asyncio.wait([serving, waiting], return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    await serving
+    waiting.cancel()
+    if receiver is not None:
+        await receiver.close()

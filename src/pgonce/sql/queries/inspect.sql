@@ -1,0 +1,41 @@
+-- Read-only statements for people: the admin page, `pgonce events`, and the service's metrics.
+-- {schema} is pgonce's schema. Nothing here writes.
+
+-- name: inbox_overview
+-- Per source and status: how many events, and the oldest one (for "oldest pending" ages).
+SELECT source, status, count(*) AS events, min(received_at) AS oldest
+  FROM {schema}.inbox
+ GROUP BY source, status
+ ORDER BY source, status
+
+-- name: list_events
+-- Newest first; every filter is optional (NULL means "any").
+SELECT source, event_id, status, attempts, received_at, next_attempt_at, processed_at,
+       left(last_error, 300) AS last_error, octet_length(body) AS bytes
+  FROM {schema}.inbox
+ WHERE (%(source)s::text IS NULL OR source = %(source)s)
+   AND (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(event_id)s::text IS NULL OR event_id = %(event_id)s)
+ ORDER BY received_at DESC, seq DESC
+ LIMIT %(limit)s
+
+-- name: event_detail
+-- The columns of list_events first (without truncating the error), then the detail.
+SELECT source, event_id, status, attempts, received_at, next_attempt_at, processed_at,
+       last_error, octet_length(body) AS bytes,
+       ordering_key, version, headers, body, encode(digest, 'hex') AS digest
+  FROM {schema}.inbox
+ WHERE source = %(source)s AND event_id = %(event_id)s
+
+-- name: stuck_claims
+-- Claims in flight for longer than %(older_than)s: the rows the health check counts, by name.
+SELECT scope, key, claimed_at
+  FROM {schema}.keys
+ WHERE completed_at IS NULL
+   AND claimed_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval
+ ORDER BY claimed_at
+ LIMIT %(limit)s
+
+-- name: schema_version
+-- What /readyz compares with the latest migration this code knows.
+SELECT coalesce(max(version), 0) FROM {schema}.schema_migrations

@@ -1,0 +1,126 @@
+"""Read-only views of pgonce's tables for people: the admin page, ``pgonce events`` and metrics.
+
+Nothing here writes, and nothing here is on a hot path. This file is the source of
+``_sync/inspect.py`` (``tools/gen_sync.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from psycopg import AsyncConnection
+from psycopg.rows import tuple_row
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.sql import Queries
+from pgonce.store.errors import translate_errors
+
+Row = TypeVar("Row")
+
+#: The most rows a listing returns: a page for people, not an export.
+MAX_LIST = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    source: str
+    status: str
+    events: int
+    oldest: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EventSummary:
+    source: str
+    event_id: str
+    status: str
+    attempts: int
+    received_at: datetime
+    next_attempt_at: datetime
+    processed_at: datetime | None
+    last_error: str | None
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventDetail(EventSummary):
+    ordering_key: str | None
+    version: int | None
+    headers: dict[str, str]
+    body: bytes
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class StuckClaim:
+    scope: str
+    key: str
+    claimed_at: datetime
+
+
+class AsyncInspector:
+    """Queries that show what pgonce holds; each runs in its own short read."""
+
+    def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
+        self._sql = Queries("inspect", schema)
+
+    async def _rows(
+        self, conn: AsyncConnection[Row], statement: bytes, params: dict[str, Any], what: str
+    ) -> list[tuple[Any, ...]]:
+        with translate_errors(what):
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(statement, params)
+            return await cur.fetchall()
+
+    async def inbox_overview(self, conn: AsyncConnection[Row]) -> list[SourceStatus]:
+        rows = await self._rows(conn, self._sql.inbox_overview, {}, "reading the inbox overview")
+        return [SourceStatus(*row) for row in rows]
+
+    async def events(
+        self,
+        conn: AsyncConnection[Row],
+        *,
+        source: str | None = None,
+        status: str | None = None,
+        event_id: str | None = None,
+        limit: int = 100,
+    ) -> list[EventSummary]:
+        """Stored events, newest first, filtered by any of source, status and id."""
+        params = {
+            "source": source,
+            "status": status,
+            "event_id": event_id,
+            "limit": max(1, min(limit, MAX_LIST)),
+        }
+        rows = await self._rows(conn, self._sql.list_events, params, "listing inbox events")
+        return [EventSummary(*row) for row in rows]
+
+    async def event(
+        self, conn: AsyncConnection[Row], source: str, event_id: str
+    ) -> EventDetail | None:
+        params = {"source": source, "event_id": event_id}
+        rows = await self._rows(conn, self._sql.event_detail, params, "reading an inbox event")
+        if not rows:
+            return None
+        values = list(rows[0])
+        values[-3:-1] = dict(values[-3]), bytes(values[-2])  # headers (jsonb), body (bytea)
+        return EventDetail(*values)
+
+    async def stuck_claims(
+        self,
+        conn: AsyncConnection[Row],
+        older_than: timedelta,
+        *,
+        now: datetime | None = None,
+        limit: int = 50,
+    ) -> list[StuckClaim]:
+        params = {"older_than": older_than, "now": now, "limit": max(1, min(limit, MAX_LIST))}
+        rows = await self._rows(conn, self._sql.stuck_claims, params, "listing stuck claims")
+        return [StuckClaim(*row) for row in rows]
+
+    async def schema_version(self, conn: AsyncConnection[Row]) -> int:
+        """The newest migration applied (0 when none; SchemaNotMigrated without the ledger)."""
+        rows = await self._rows(conn, self._sql.schema_version, {}, "reading the schema version")
+        return int(rows[0][0])
