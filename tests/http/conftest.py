@@ -1,7 +1,8 @@
 """A real uvicorn server per test, in its own process, on a loopback socket the test bound itself.
 
-The test binds port 0 on 127.0.0.1 and hands the listening socket to uvicorn (``--fd``): no race for
-a free port, and the server process can be killed with SIGKILL like any production crash.
+The test binds port 0 on 127.0.0.1 and hands the listening socket to the uvicorn process
+(``python -m bench.servers``, which also says why not ``uvicorn --fd``): no race for a free port,
+and the server process can be killed with SIGKILL like any production crash.
 """
 
 from __future__ import annotations
@@ -61,13 +62,9 @@ def start_server(dsn: str, log: Path, options: dict[str, Any]) -> Server:
             [
                 sys.executable,
                 "-m",
-                "uvicorn",
-                "--factory",
-                "tests.http.app:create_app",
-                "--fd",
+                "bench.servers",
                 str(sock.fileno()),
-                "--log-level",
-                "warning",
+                "tests.http.app:create_app",
             ],
             cwd=ROOT,
             env=env,

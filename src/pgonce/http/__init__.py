@@ -5,6 +5,7 @@ from pgonce.http.transaction import (
     IdempotentTransaction,
     connection,
     idempotent_transaction,
+    transaction_of,
 )
 
 __all__ = [
@@ -13,4 +14,5 @@ __all__ = [
     "connection",
     "header_scope",
     "idempotent_transaction",
+    "transaction_of",
 ]

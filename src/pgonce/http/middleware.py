@@ -35,6 +35,7 @@ no per-request state on the instance: everything per request lives in locals and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
@@ -83,8 +84,11 @@ DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
 #: be at least this long, or the header would promise more than the store keeps.
 DEFAULT_RETENTION = timedelta(hours=24)
 
-# "Do not wait": the key store needs a positive wait; one millisecond answers a duplicate at once.
-_NO_WAIT = timedelta(milliseconds=1)
+#: What "do not wait" (``wait=None``) means for the claim's lock wait. Not one millisecond: the
+#: claim's INSERT also waits on PostgreSQL's own short locks (a table extended by concurrent
+#: inserts), and a timeout there would answer 409 to a brand-new key. 100 ms rides those out and
+#: is still far shorter than any endpoint a duplicate could be waiting for.
+NO_WAIT = timedelta(milliseconds=100)
 
 # Extensions that would let the app bypass the buffered body (a file sent by path, zero-copy).
 _BYPASSING_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend")
@@ -138,8 +142,8 @@ class IdempotencyMiddleware:
     longest prefix wins; an empty collection turns a route off); other paths use ``methods``.
     ``require_key`` answers 400 to such a request without a key (else it passes, unprotected).
     ``wait`` lets a duplicate wait that long for the original, then replay; ``None`` answers 409
-    at once. ``store`` defaults to an :class:`AsyncKeyStore` on ``schema``; its
-    ``store_server_errors`` decides whether 5xx responses are kept.
+    at once (see :data:`NO_WAIT`). ``store`` defaults to an :class:`AsyncKeyStore` on
+    ``schema``; its ``store_server_errors`` decides whether 5xx responses are kept.
     """
 
     def __init__(
@@ -176,7 +180,7 @@ class IdempotencyMiddleware:
             reverse=True,
         )
         self.require_key = require_key
-        self.wait = wait if wait is not None else _NO_WAIT
+        self.wait = wait if wait is not None else NO_WAIT
         self.canonicalize_json = canonicalize_json
         self.max_request_bytes = max_request_bytes
         self.max_response_bytes = max_response_bytes
@@ -269,14 +273,21 @@ class IdempotencyMiddleware:
     ) -> None:
         captured: _Captured | None = None
         try:
-            async with self.pool.connection() as conn, conn.transaction() as transaction:
-                claim = await self.store.claim(conn, caller, key, fingerprint, wait=self.wait)
+            async with self.pool.connection() as conn:
+                claim = await self._claim(conn, caller, key, fingerprint)
                 if isinstance(claim, Won):
-                    captured = await self._run(scope, receive, send, conn, claim, body)
-                    if captured.stored:
-                        await self.store.complete(conn, claim, captured.response())
-                    else:
-                        raise psycopg.Rollback(transaction)
+                    try:
+                        captured = await self._run(scope, receive, send, conn, claim, body)
+                        if captured.stored:
+                            # A failed completion (e.g. the endpoint left the transaction
+                            # aborted) raises, and COMMIT never runs.
+                            await self.store.complete(conn, claim, captured.response())
+                            await conn.commit()
+                        else:
+                            await conn.rollback()
+                    except BaseException:
+                        await _rollback_quietly(conn)
+                        raise
         except KeyMismatch:
             await send_problem(
                 send,
@@ -322,6 +333,27 @@ class IdempotencyMiddleware:
                 "retry after the time in Retry-After",
                 headers=[("retry-after", str(claim.retry_after))],
             )
+
+    async def _claim(
+        self, conn: AsyncConnection[Any], caller: str, key: str, fingerprint: bytes
+    ) -> Won | Replay | InFlight:
+        """Open the transaction and claim; a claim that did not win ends its transaction.
+
+        Not in pipeline mode (unlike ``AsyncKeyStore.once()``): the endpoint runs on this
+        connection, and pipeline mode would refuse its COPY and server-side cursors and report
+        its errors late. Measured, pipelining these statements saved no time here either: the
+        cost is psycopg's per-statement work in Python, not the round trips on loopback.
+        """
+        try:
+            if conn.autocommit:
+                await conn.execute(b"BEGIN", prepare=False)
+            claim = await self.store.claim(conn, caller, key, fingerprint, wait=self.wait)
+        except BaseException:
+            await _rollback_quietly(conn)
+            raise
+        if not isinstance(claim, Won):
+            await conn.rollback()  # a duplicate wrote nothing: there is nothing to keep
+        return claim
 
     async def _run(
         self,
@@ -413,6 +445,13 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if header == name:
             return str(value.decode("latin-1"))
     return None
+
+
+async def _rollback_quietly(conn: AsyncConnection[Any]) -> None:
+    # The original error is what the client's request failed with; a rollback that fails (the
+    # connection died) must not replace it. PostgreSQL rolls back a dead connection by itself.
+    with contextlib.suppress(psycopg.Error):
+        await conn.rollback()
 
 
 async def _forward(send: Send, captured: _Captured, extra: list[tuple[bytes, bytes]]) -> None:

@@ -26,7 +26,6 @@ hands out the transaction and the endpoint takes the connection itself)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -64,9 +63,12 @@ class IdempotentTransaction:
         self.began = True
 
 
-def transaction_of(state: Mapping[str, Any]) -> IdempotentTransaction:
-    """The transaction in an ASGI scope's ``state``; :class:`UsageError` when there is none."""
-    tx = state.get(STATE_KEY)
+def transaction_of(request: HTTPConnection) -> IdempotentTransaction:
+    """Starlette helper: the request's :class:`IdempotentTransaction`.
+
+    Raises :class:`UsageError` when the middleware did not claim a key for this request.
+    """
+    tx = (request.scope.get("state") or {}).get(STATE_KEY)
     if not isinstance(tx, IdempotentTransaction):
         raise UsageError(
             "this request has no idempotent transaction: the route must be covered by "
@@ -75,11 +77,15 @@ def transaction_of(state: Mapping[str, Any]) -> IdempotentTransaction:
     return tx
 
 
-def idempotent_transaction(request: HTTPConnection) -> IdempotentTransaction:
-    """FastAPI dependency (and Starlette helper): the request's :class:`IdempotentTransaction`."""
-    return transaction_of(request.scope.get("state") or {})
+async def idempotent_transaction(request: HTTPConnection) -> IdempotentTransaction:
+    """FastAPI dependency: the request's :class:`IdempotentTransaction`.
+
+    A coroutine on purpose: FastAPI runs plain functions in a thread pool, a hop that costs more
+    than the lookup.
+    """
+    return transaction_of(request)
 
 
 def connection(request: HTTPConnection) -> AsyncConnection[Any]:
     """Starlette helper: the claim's connection; call it inside the endpoint (it marks it begun)."""
-    return idempotent_transaction(request).connection
+    return transaction_of(request).connection

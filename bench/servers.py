@@ -1,0 +1,77 @@
+"""A real uvicorn server in its own process, on a loopback socket bound by the caller.
+
+``serve("pkg.module:factory", env, log)`` binds 127.0.0.1 on a free port, hands the listening
+socket to a child process (``python -m bench.servers FD pkg.module:factory``), waits until it
+accepts connections, yields the port, and stops the server (SIGTERM, then SIGKILL) on exit.
+Binding in the parent leaves no race for the port.
+
+The child wraps the inherited descriptor with ``socket.socket(fileno=...)``, which detects its
+real family. ``uvicorn --fd`` would take it for a Unix socket, and asyncio then leaves TCP_NODELAY
+off on accepted connections: every response would wait 40 ms for the client's delayed ACK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def serve(factory: str, env: Mapping[str, str], log: Path, *, ready: float = 30) -> Iterator[int]:
+    """Run ``factory`` (an ASGI app factory) under uvicorn; yield the port it listens on."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = int(sock.getsockname()[1])
+    command = [sys.executable, "-m", "bench.servers", str(sock.fileno()), factory]
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **env},
+            pass_fds=[sock.fileno()],
+            stdout=out,
+            stderr=out,
+        )
+    sock.close()
+    try:
+        deadline = time.monotonic() + ready
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server for {factory} exited; see {log}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server for {factory} never listened; see {log}")
+            time.sleep(0.05)
+        yield port
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def main() -> None:
+    """``python -m bench.servers FD module:factory``: uvicorn on an inherited listening socket."""
+    import uvicorn
+
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    config = uvicorn.Config(sys.argv[2], factory=True, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()

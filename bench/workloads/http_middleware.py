@@ -1,0 +1,346 @@
+"""Idempotency-Key middleware: the payments app through a real uvicorn server, with and without.
+
+Every variant is the same FastAPI app (POST /payments inserts one row in PostgreSQL and answers
+201 with JSON), served by one uvicorn process on a loopback socket, loaded by the same client at
+the same concurrency, each request with a new key (the path every real request takes once):
+
+- ``no middleware``: the reference; the endpoint inserts on a pool connection of its own;
+- ``pgonce``: IdempotencyMiddleware; the endpoint inserts on the claim's connection, so the
+  claim, the row and the stored response commit in one transaction;
+- the peers a user would pick instead, wired as their documentation says:
+  ``fastapi-idempotency`` (it ships only an in-process memory store), ``asgi-idempotency-header``
+  (its Redis backend, Redis on 6379) and ``idemkit`` (its PostgreSQL backend, asyncpg). None of
+  them can put the key and the endpoint's row in one transaction: their endpoint commits on its
+  own connection.
+
+The load generator is a small keep-alive HTTP/1.1 client on raw asyncio streams, so that it uses
+a fraction of the CPU that the server does (the machine is shared by client, server and database).
+Variants run in interleaved rounds, so that drift on a shared machine hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel
+
+from bench.context import BenchContext
+from bench.report import Table, percentile, ratio
+from bench.servers import serve
+from pgonce.http import IdempotencyMiddleware, IdempotentTransaction, idempotent_transaction
+
+TITLE = "Idempotency-Key middleware over HTTP"
+
+FACTORY = "bench.workloads.http_middleware:create_app"
+VARIANTS = ("none", "pgonce", "fastapi-idempotency", "asgi-idempotency-header", "idemkit")
+LABELS = {
+    "none": "no middleware",
+    "pgonce": "pgonce",
+    "fastapi-idempotency": "fastapi-idempotency 0.1 (memory store)",
+    "asgi-idempotency-header": "asgi-idempotency-header 0.2 (Redis)",
+    "idemkit": "idemkit 1.0 (PostgreSQL, asyncpg)",
+}
+CONCURRENCY = 8
+POOL_SIZE = 8
+TABLE = "bench_http_payments"
+SCOPE_PREFIX = "bench-http:"
+REDIS_URL = "redis://127.0.0.1:6379/0"
+IDEMKIT_TABLE = "bench_idemkit_records"
+
+INSERT = (
+    f"INSERT INTO {TABLE} (principal, amount, currency) VALUES (%s, %s, %s) RETURNING id"
+).encode()
+
+
+# --- the app, one per variant (uvicorn --factory bench.workloads.http_middleware:create_app) ----
+
+
+class NewPayment(BaseModel):
+    amount: int
+    currency: str
+
+
+def create_app() -> FastAPI:
+    """The payments app for ``BENCH_HTTP_VARIANT`` on ``BENCH_HTTP_DSN``."""
+    variant = os.environ["BENCH_HTTP_VARIANT"]
+    dsn = os.environ["BENCH_HTTP_DSN"]
+    pool = AsyncConnectionPool(dsn, open=False, min_size=POOL_SIZE, max_size=POOL_SIZE)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await pool.open(wait=True)
+        yield
+        await pool.close()
+
+    app = FastAPI(lifespan=lifespan)
+
+    async def insert(conn: Any, payment: NewPayment) -> JSONResponse:
+        cur = await conn.execute(INSERT, ("bench", payment.amount, payment.currency))
+        row = await cur.fetchone()
+        body = {"id": row[0], "amount": payment.amount, "currency": payment.currency}
+        return JSONResponse(body, status_code=201, headers={"Location": f"/payments/{row[0]}"})
+
+    if variant == "pgonce":
+
+        def key_scope(scope: Any) -> str:
+            return SCOPE_PREFIX + "bench"
+
+        app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=key_scope)
+
+        @app.post("/payments", status_code=201)
+        async def create_pgonce(
+            payment: NewPayment,
+            tx: Annotated[IdempotentTransaction, Depends(idempotent_transaction)],
+        ) -> JSONResponse:
+            return await insert(tx.connection, payment)
+
+        return app
+
+    @app.post("/payments", status_code=201)
+    async def create(payment: NewPayment) -> JSONResponse:
+        async with pool.connection() as conn:
+            return await insert(conn, payment)
+
+    if variant == "fastapi-idempotency":
+        import fastapi_idempotency
+
+        app.add_middleware(
+            fastapi_idempotency.IdempotencyMiddleware,
+            store=fastapi_idempotency.MemoryStore(),
+            scope=lambda request: "bench",
+        )
+    elif variant == "asgi-idempotency-header":
+        from idempotency_header_middleware import IdempotencyHeaderMiddleware
+        from idempotency_header_middleware.backends.redis import RedisBackend
+        from redis.asyncio import Redis
+
+        # Its dataclass signature types the app as Starlette's ASGIApp with MutableMapping
+        # messages, which Starlette's own add_middleware typing does not accept.
+        app.add_middleware(
+            IdempotencyHeaderMiddleware,  # type: ignore[arg-type]
+            backend=RedisBackend(Redis.from_url(REDIS_URL)),
+        )
+    elif variant == "idemkit":
+        from idemkit import HttpConfig
+        from idemkit import IdempotencyMiddleware as IdemkitMiddleware
+        from idemkit.backends.postgres import PostgresBackend
+
+        backend = PostgresBackend.from_url(
+            dsn, table=IDEMKIT_TABLE, min_size=POOL_SIZE, max_size=POOL_SIZE
+        )
+        app.add_middleware(
+            IdemkitMiddleware,
+            backend=backend,
+            config=HttpConfig(scope=lambda request: "bench"),
+        )
+    elif variant != "none":
+        raise ValueError(f"unknown variant {variant!r}")
+    return app
+
+
+# --- the load generator -------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    latencies: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add(self, other: Result) -> None:
+        self.latencies.extend(other.latencies)
+        for status, n in other.statuses.items():
+            self.statuses[status] = self.statuses.get(status, 0) + n
+        self.seconds += other.seconds
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies) / self.seconds if self.seconds else 0.0
+
+
+def request_bytes(port: int, key: str, amount: int) -> bytes:
+    body = json.dumps({"amount": amount, "currency": "EUR"}).encode()
+    head = (
+        f"POST /payments HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer bench\r\nIdempotency-Key: {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
+    status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionError("the server closed the connection")
+    status = int(status_line.split()[1])
+    headers: dict[bytes, bytes] = {}
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get(b"transfer-encoding") == b"chunked":
+        parts = []
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            if size == 0:
+                await reader.readline()
+                break
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        return status, headers, b"".join(parts)
+    length = int(headers.get(b"content-length", b"0"))
+    return status, headers, await reader.readexactly(length)
+
+
+async def load(port: int, seconds: float, concurrency: int = CONCURRENCY) -> Result:
+    """``concurrency`` keep-alive connections, each sending new-key POSTs back to back."""
+    result = Result()
+    stop_at = time.perf_counter() + seconds
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < stop_at:
+                payload = request_bytes(port, uuid.uuid4().hex, 1000)
+                started = time.perf_counter()
+                writer.write(payload)
+                status, _, _ = await read_response(reader)
+                result.latencies.append(time.perf_counter() - started)
+                result.statuses[status] = result.statuses.get(status, 0) + 1
+        finally:
+            writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+async def probe(port: int) -> str:
+    """Does a retry replay? Two identical requests with one key, and what came back."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        key = uuid.uuid4().hex
+        answers = []
+        for _ in range(2):
+            writer.write(request_bytes(port, key, 7))
+            answers.append(await read_response(reader))
+    finally:
+        writer.close()
+    (s1, _, b1), (s2, h2, b2) = answers
+    if s1 != 201:
+        return f"first answer {s1}"
+    if s2 == s1 and b2 == b1 and h2.get(b"idempotent-replayed") == b"true":
+        return "identical replay"
+    if b2 == b1:
+        return f"replay {s2}, same body"
+    return f"second answer {s2}, another body (ran twice)"
+
+
+# --- the workload -------------------------------------------------------------------------------
+
+
+def prepare(ctx: BenchContext) -> None:
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY,"
+            " principal text NOT NULL, amount bigint NOT NULL, currency text NOT NULL)".encode()
+        )
+        conn.execute(f"TRUNCATE {TABLE}".encode())
+    from idemkit.backends.postgres import init_pg
+
+    asyncio.run(init_pg(ctx.dsn, table=IDEMKIT_TABLE))
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {IDEMKIT_TABLE}".encode())
+
+
+def cleanup(ctx: BenchContext) -> None:
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        conn.execute(
+            f"DELETE FROM {ctx.schema}.keys WHERE scope LIKE %s".encode(), (SCOPE_PREFIX + "%",)
+        )
+        conn.execute(f"TRUNCATE {TABLE}, {IDEMKIT_TABLE}".encode())
+
+
+def redis_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), 1):
+            return True
+    except OSError:
+        return False
+
+
+def run(ctx: BenchContext) -> list[Table]:
+    prepare(ctx)
+    log = Path(tempfile.gettempdir()) / "pgonce-bench-http-middleware.log"
+    log.write_text("")
+    skipped: dict[str, str] = {}
+    if not redis_up():
+        skipped["asgi-idempotency-header"] = "Redis is not reachable on 127.0.0.1:6379"
+    variants = [v for v in VARIANTS if v not in skipped]
+    rounds = 1 if ctx.quick else 3
+    seconds = ctx.seconds(6)
+    results = {v: Result() for v in variants}
+    probes: dict[str, str] = {}
+    for _ in range(rounds):
+        for variant in variants:
+            try:
+                env = {"BENCH_HTTP_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
+                with serve(FACTORY, env, log) as port:
+                    asyncio.run(load(port, min(1.0, seconds)))  # warm-up: pools, caches, JIT-less
+                    results[variant].add(asyncio.run(load(port, seconds)))
+                    if variant not in probes:
+                        probes[variant] = asyncio.run(probe(port))
+            except (RuntimeError, OSError) as error:
+                skipped[variant] = f"did not run: {error}"
+    cleanup(ctx)
+
+    reference = results["none"]
+    table = Table(
+        TITLE,
+        ["variant", "requests/s", "p50 ms", "p99 ms", "throughput", "p99", "answers", "retry"],
+    )
+    for variant in variants:
+        if variant in skipped:
+            continue
+        result = results[variant]
+        p99 = percentile(result.latencies, 99)
+        table.add(
+            LABELS[variant],
+            f"{result.rps:,.0f}",
+            f"{percentile(result.latencies, 50) * 1000:.1f}",
+            f"{p99 * 1000:.1f}",
+            ratio(result.rps, reference.rps, "no middleware"),
+            ratio(p99, percentile(reference.latencies, 99), "no middleware"),
+            ", ".join(f"{n}x{s}" for s, n in sorted(result.statuses.items())),
+            probes.get(variant, "?"),
+        )
+    table.notes.append(
+        f"One uvicorn process per variant, {CONCURRENCY} keep-alive connections, a new "
+        f"Idempotency-Key on every request, {rounds} interleaved round(s) of {seconds:g} s each; "
+        f"pools of {POOL_SIZE} connections. 'retry' is what a second identical request got."
+    )
+    table.notes.append(
+        "pgonce's figure includes what the others do not do: the claim, the payment row and the "
+        "stored response commit in one transaction (one BEGIN/claim/insert/complete/COMMIT)."
+    )
+    for variant, reason in skipped.items():
+        table.notes.append(f"{LABELS[variant]} skipped: {reason}.")
+    return [table]

@@ -1,0 +1,277 @@
+"""The middleware's pure parts: key parsing, request fingerprints, replayed headers, routing.
+
+And one in-process check of a promise the server tests cannot see: the middleware keeps no
+per-request state on its instance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from starlette.requests import Request
+
+from examples.payments import app as payments
+from pgonce.core.outcomes import Response
+from pgonce.core.requests import canonical_json, is_json, request_fingerprint
+from pgonce.errors import InvalidIdempotencyKey, UsageError
+from pgonce.http import IdempotencyMiddleware, header_scope, transaction_of
+from pgonce.http.keys import MAX_KEY_LENGTH, key_from_headers, parse_key
+from pgonce.http.replay import replay_headers, storable_headers
+
+# --- keys -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ("abc", "abc"),
+        ('"abc"', "abc"),
+        ("  abc\t", "abc"),
+        ('"8e03978e-40d5-43e8-bc93-6894a57f9324"', "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ('"a\\"b"', 'a"b'),
+        ('"a\\\\b"', "a\\b"),
+        ('"with space"', "with space"),
+        ("k" * MAX_KEY_LENGTH, "k" * MAX_KEY_LENGTH),
+        ('"' + "k" * MAX_KEY_LENGTH + '"', "k" * MAX_KEY_LENGTH),
+    ],
+)
+def test_keys_that_parse(raw: str, key: str) -> None:
+    assert parse_key(raw) == key
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "",
+        "   ",
+        '""',
+        "k" * (MAX_KEY_LENGTH + 1),
+        '"' + "k" * (MAX_KEY_LENGTH + 1) + '"',
+        "a\x00b",
+        "a\x1fb",
+        "a\x7fb",
+        "a\nb",
+        "a\tb",
+        "caf\xe9",
+        '"abc',
+        '"a\\bc"',
+        '"abc"def',
+        '"abc\\',
+    ],
+)
+def test_keys_that_are_refused(raw: str) -> None:
+    with pytest.raises(InvalidIdempotencyKey) as caught:
+        parse_key(raw)
+    assert caught.value.status == 400
+    if raw.strip():
+        assert raw.strip() not in str(caught.value)  # the message never quotes the value
+
+
+def test_key_from_headers() -> None:
+    assert key_from_headers([(b"content-type", b"application/json")]) is None
+    assert key_from_headers([(b"idempotency-key", b'"k1"')]) == "k1"
+    with pytest.raises(InvalidIdempotencyKey):
+        key_from_headers([(b"idempotency-key", b"a"), (b"idempotency-key", b"a")])
+
+
+# --- fingerprints ---------------------------------------------------------------------------------
+
+
+def test_canonical_json_ignores_key_order_and_whitespace() -> None:
+    a = canonical_json(b'{"b": [1, {"y": 2, "x": 1}], "a": "\\u00e9"}')
+    b = canonical_json('{"a":"é","b":[1,{"x":1,"y":2}]}'.encode())
+    assert a == b
+    assert a == '{"a":"é","b":[1,{"x":1,"y":2}]}'.encode()
+
+
+@pytest.mark.parametrize(
+    ("left", "right"),
+    [
+        (b'{"a": 1}', b'{"a": 1.0}'),  # numbers as written: never a rounding collision
+        (b'{"a": 1}', b'{"a": "1"}'),
+        (b"[1, 2]", b"[2, 1]"),  # array order matters
+        (b'{"a": 10000000000000000001}', b'{"a": 10000000000000000000}'),
+        (b'{"a": null}', b"{}"),
+    ],
+)
+def test_canonical_json_keeps_every_difference_in_value(left: bytes, right: bytes) -> None:
+    assert canonical_json(left) != canonical_json(right)
+
+
+@pytest.mark.parametrize("body", [b"not json", b'{"a": 1, "a": 2}', b'{"a": NaN}', b"", b"{"])
+def test_bodies_that_are_not_canonical_json(body: bytes) -> None:
+    assert canonical_json(body) is None
+
+
+def test_is_json() -> None:
+    assert is_json("application/json")
+    assert is_json("Application/JSON; charset=utf-8")
+    assert is_json("application/problem+json")
+    assert not is_json("text/plain")
+    assert not is_json("application/jsonp")
+    assert not is_json(None)
+
+
+def fp(**overrides: Any) -> bytes:
+    parts: dict[str, Any] = {
+        "method": "POST",
+        "path": "/payments",
+        "query": b"a=1",
+        "body": b'{"amount": 1, "currency": "EUR"}',
+        "content_type": "application/json",
+    }
+    parts.update(overrides)
+    return request_fingerprint(
+        parts.pop("method"), parts.pop("path"), parts.pop("query"), parts.pop("body"), **parts
+    )
+
+
+def test_the_fingerprint_covers_method_path_query_and_body() -> None:
+    base = fp()
+    assert fp() == base
+    assert fp(method="post") == base
+    assert fp(body=b'{ "currency": "EUR", "amount": 1 }') == base
+    for changed in (
+        fp(method="PATCH"),
+        fp(path="/payments/"),
+        fp(query=b"a=2"),
+        fp(query=b""),
+        fp(body=b'{"amount": 2, "currency": "EUR"}'),
+    ):
+        assert changed != base
+
+
+def test_canonical_and_raw_bodies_never_collide() -> None:
+    canonical = b'{"amount":1,"currency":"EUR"}'
+    assert fp(body=canonical) != fp(body=canonical, content_type="text/plain")
+    assert fp(body=b'{ "amount": 1 }', canonicalize_json=False) != fp(
+        body=b'{"amount": 1}', canonicalize_json=False
+    )
+
+
+# --- replayed headers -----------------------------------------------------------------------------
+
+
+def test_storable_headers_drop_cookies_hop_by_hop_and_recomputed_ones() -> None:
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"Set-Cookie", b"session=secret"),
+        (b"location", b"/payments/1"),
+        (b"content-length", b"12"),
+        (b"date", b"Sun, 29 Nov 2026 12:00:00 GMT"),
+        (b"connection", b"keep-alive"),
+        (b"transfer-encoding", b"chunked"),
+        (b"keep-alive", b"timeout=5"),
+        (b"x-custom", b"1"),
+        (b"x-custom", b"2"),
+        (b"idempotent-replayed", b"true"),
+        (b"idempotency-key-expires", b"Mon, 30 Nov 2026 12:00:00 GMT"),
+    ]
+    assert storable_headers(raw) == (
+        ("content-type", "application/json"),
+        ("location", "/payments/1"),
+        ("x-custom", "1"),
+        ("x-custom", "2"),
+    )
+
+
+def test_replay_headers_recompute_length_and_mark_the_replay() -> None:
+    stored = Response(201, (("location", "/p/1"), ("set-cookie", "s=1")), b"12345")
+    headers = replay_headers(stored, [("idempotency-key-expires", "x")])
+    assert headers == [
+        (b"location", b"/p/1"),
+        (b"content-length", b"5"),
+        (b"idempotent-replayed", b"true"),
+        (b"idempotency-key-expires", b"x"),
+    ]
+
+
+# --- routing and scopes ---------------------------------------------------------------------------
+
+
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    raise AssertionError("not called")
+
+
+def middleware(**options: Any) -> IdempotencyMiddleware:
+    pool = AsyncConnectionPool("", open=False)
+    return IdempotencyMiddleware(_app, pool=pool, key_scope=lambda scope: "s", **options)
+
+
+def test_methods_per_route_by_longest_prefix_on_segment_boundaries() -> None:
+    mw = middleware(routes={"/payments": ["post"], "/payments/refunds": [], "/admin/": ["PUT"]})
+    assert mw.methods_for("/payments") == {"POST"}
+    assert mw.methods_for("/payments/42") == {"POST"}
+    assert mw.methods_for("/payments/refunds/1") == frozenset()
+    assert mw.methods_for("/paymentsx") == {"POST", "PATCH"}  # not a segment of /payments
+    assert mw.methods_for("/admin/users") == {"PUT"}
+    assert mw.methods_for("/other") == {"POST", "PATCH"}
+    assert middleware(methods=["post"]).methods_for("/x") == {"POST"}
+
+
+def test_key_scope_is_required() -> None:
+    pool = AsyncConnectionPool("", open=False)
+    with pytest.raises(TypeError):
+        IdempotencyMiddleware(_app, pool=pool)  # type: ignore[call-arg]
+    with pytest.raises(UsageError):
+        IdempotencyMiddleware(_app, pool=pool, key_scope="tenant")  # type: ignore[arg-type]
+
+
+def test_header_scope_hashes_the_credential() -> None:
+    of = header_scope("X-Api-Key", prefix="key:")
+    scope = {"headers": [(b"x-api-key", b"sk_live_secret")]}
+    assert of(scope) == "key:" + hashlib.sha256(b"sk_live_secret").hexdigest()
+    assert of({"headers": []}) is None
+
+
+def test_a_request_without_a_claim_has_no_transaction() -> None:
+    request = Request({"type": "http", "headers": [], "state": {}})
+    with pytest.raises(UsageError):
+        transaction_of(request)
+
+
+# --- no per-request state on the instance ---------------------------------------------------------
+
+
+def find_middleware(app: Any) -> IdempotencyMiddleware:
+    layer = app.middleware_stack
+    while not isinstance(layer, IdempotencyMiddleware):
+        layer = layer.app
+    return layer
+
+
+async def test_the_middleware_keeps_no_per_request_state(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(payments.CREATE_TABLE)
+    app = payments.create_app(dsn)
+    pool = app.state.pool
+    await pool.open()
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            headers = {"Authorization": "Bearer alice-token", "Idempotency-Key": "k1"}
+            body = {"amount": 1, "currency": "EUR"}
+            assert (await client.post("/payments", json=body, headers=headers)).status_code == 201
+            mw = find_middleware(app)
+            before = dict(vars(mw))
+            answers = [
+                await client.post("/payments", json=body, headers=headers),  # replay
+                await client.post("/payments", json={**body, "amount": 2}, headers=headers),
+                await client.post(
+                    "/payments",
+                    json=body,
+                    headers={**headers, "Idempotency-Key": uuid.uuid4().hex},
+                ),
+                await client.post("/payments", json=body, headers={"Idempotency-Key": "k2"}),
+            ]
+            assert [a.status_code for a in answers] == [201, 422, 201, 401]
+            assert dict(vars(mw)) == before
+            assert all(vars(mw)[name] is value for name, value in before.items())
+    finally:
+        await pool.close()
