@@ -15,8 +15,13 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-run: $(VENV)/.synced  ## start PostgreSQL (embedded without PGONCE_DSN), migrate, run the main job
-	$(BIN)/pgonce demo
+# The example source's signing secret. A demo value, public on purpose: the storm that `make run`
+# fires signs with it. Set your own (and never commit it) for anything real.
+PGONCE_DEMO_SECRET ?= whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+export PGONCE_DEMO_SECRET
+
+run: $(VENV)/.synced  ## start the service on the example config (embedded PostgreSQL without PGONCE_DSN) and prove exactly-once
+	$(BIN)/pgonce serve --config examples/pgonce.toml --demo
 
 test: $(VENV)/.synced  ## the whole test suite (PGONCE_TEST_DSN selects a server, else embedded)
 	$(BIN)/pytest -n auto $(PYTEST_ARGS)
