@@ -52,6 +52,10 @@ log = logging.getLogger("pgonce.relay")
 #: Rows per batch (one transaction, one round of confirms). 200 amortizes the commit and the
 #: broker round trip well while keeping a batch's locks and a redelivery after a crash small.
 DEFAULT_BATCH_SIZE = 200
+#: Most rows of one aggregate in a batch. It bounds what a claim reads per aggregate (a batch of
+#: mostly single-event aggregates still fills up to the batch size) while letting one busy
+#: aggregate move 50 events per round trip.
+DEFAULT_PER_AGGREGATE = 50
 #: The polling fallback: the longest a committed row waits when a notification was lost.
 DEFAULT_POLL_INTERVAL = timedelta(seconds=5)
 #: Waits after a batch the broker did not settle (down, or answers lost): from the first value
@@ -110,6 +114,7 @@ class Relay:
         *,
         schema: str = DEFAULT_SCHEMA,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        per_aggregate: int = DEFAULT_PER_AGGREGATE,
         policy: RetryPolicy | None = None,
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
         listen: bool = True,
@@ -121,6 +126,7 @@ class Relay:
         self.publisher = publisher
         self.store = AsyncOutboxStore(schema=schema)
         self.batch_size = batch_size
+        self.per_aggregate = min(per_aggregate, batch_size)
         self.policy = policy or RetryPolicy()
         self.poll_interval = poll_interval
         self.listen = listen
@@ -137,7 +143,9 @@ class Relay:
     ) -> BatchReport:
         """Claim, publish and settle one batch in one transaction on ``conn`` (autocommit)."""
         async with conn.transaction():
-            batch = await self.store.claim(conn, limit=self.batch_size, now=now)
+            batch = await self.store.claim(
+                conn, limit=self.batch_size, per_aggregate=self.per_aggregate, now=now
+            )
             if not batch:
                 return BatchReport()
             broker_down = False

@@ -1,9 +1,9 @@
 """A relay in a process of its own, for the concurrency and kill -9 tests.
 
-``python -m tests.outbox.relay_process DSN BROKER URL DEST [--hang-after N]`` publishes until the
-outbox has no pending row. With ``--hang-after N`` it stops after the N-th batch was acknowledged
-by the broker but before the batch is marked: it prints the acknowledged ids as a JSON line and
-waits forever, which is the moment the test kills it with SIGKILL.
+``python -m tests.outbox.relay_process DSN BROKER URL DEST [--hang-after N] [--wait-go]``
+publishes until the outbox has no pending row. With ``--hang-after N`` it stops after the N-th
+batch was acknowledged by the broker but before the batch is marked: it prints the acknowledged
+ids as a JSON line and waits forever, which is the moment the test kills it with SIGKILL.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("dest")
     parser.add_argument("--hang-after", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--wait-go", action="store_true", help="start on a line on stdin")
     args = parser.parse_args(argv)
     chosen = publisher(args.broker, args.url, args.dest)
     if args.hang_after:
@@ -70,6 +71,8 @@ async def main(argv: list[str]) -> int:
     published = 0
     try:
         print("ready", flush=True)
+        if args.wait_go:
+            await asyncio.to_thread(sys.stdin.readline)
         while True:
             report = await relay.run_once(conn)
             published += report.published

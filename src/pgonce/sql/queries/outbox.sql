@@ -5,38 +5,44 @@ SELECT {schema}.outbox_enqueue(%(aggregatetype)s, %(aggregateid)s, %(type)s, %(p
                                %(headers)s, %(now)s, %(channel)s)
 
 -- name: claim
--- A batch for one relay, locked until its transaction ends.
+-- A batch for one relay: up to `limit` rows in id order, at most `per_aggregate` per aggregate.
 --
--- heads: the oldest pending row of each aggregate, if it is due, locked with SKIP LOCKED. Holding
--- an aggregate's head is holding the aggregate: another relay skips the locked head, and none of
--- the aggregate's later rows is a head while it is pending, so no second relay can take them.
--- Then the heads' later pending rows join the batch in id order (nobody else can hold them).
--- Every exclusion a concurrent commit can cause is on the safe side: a row is skipped this round,
--- never taken out of order.
+-- heads: the oldest pending row of each aggregate, if it is due, locked FOR UPDATE SKIP LOCKED.
+-- Holding an aggregate's head is holding the aggregate: another relay skips the locked head, and
+-- none of the aggregate's later rows is a head while the head is pending, so no other relay can
+-- take them. The later rows therefore need no lock of their own; they join the batch in id order
+-- (a prefix of each aggregate). Every exclusion a concurrent commit can cause is on the safe side:
+-- a row is skipped this round, never taken out of order.
+--
+-- "Oldest" is a correlated min() rather than NOT EXISTS: a subplan always probes the index by
+-- aggregate, where an anti-join planned on a fresh table's missing statistics scanned it whole.
 WITH heads AS (
     SELECT o.id, o.aggregatetype, o.aggregateid
       FROM {schema}.outbox AS o
      WHERE o.published_at IS NULL AND o.parked_at IS NULL
        AND o.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
-       AND NOT EXISTS (
-           SELECT 1
+       AND o.id = (
+           SELECT min(e.id)
              FROM {schema}.outbox AS e
             WHERE e.aggregatetype = o.aggregatetype AND e.aggregateid = o.aggregateid
-              AND e.published_at IS NULL AND e.parked_at IS NULL
-              AND e.id < o.id)
+              AND e.published_at IS NULL AND e.parked_at IS NULL)
      ORDER BY o.id
      LIMIT %(limit)s
        FOR UPDATE OF o SKIP LOCKED
 )
-SELECT o.id, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers, o.created_at,
-       o.attempts
-  FROM {schema}.outbox AS o
-  JOIN heads AS h
-    ON o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid AND o.id >= h.id
- WHERE o.published_at IS NULL AND o.parked_at IS NULL
- ORDER BY o.id
+SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.payload, r.headers, r.created_at,
+       r.attempts
+  FROM heads AS h
+ CROSS JOIN LATERAL (
+       SELECT o.*
+         FROM {schema}.outbox AS o
+        WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
+          AND o.published_at IS NULL AND o.parked_at IS NULL
+          AND o.id >= h.id
+        ORDER BY o.id
+        LIMIT %(per_aggregate)s) AS r
+ ORDER BY r.id
  LIMIT %(limit)s
-   FOR UPDATE OF o
 
 -- name: mark_published
 UPDATE {schema}.outbox

@@ -108,19 +108,28 @@ class AsyncOutboxStore:
         )
 
     async def claim(
-        self, conn: AsyncConnection[Row], *, limit: int, now: datetime | None = None
+        self,
+        conn: AsyncConnection[Row],
+        *,
+        limit: int,
+        per_aggregate: int | None = None,
+        now: datetime | None = None,
     ) -> list[OutboxMessage]:
-        """Lock up to ``limit`` due rows for this transaction, in id order.
+        """Take up to ``limit`` due rows (at most ``per_aggregate`` of one aggregate) for this
+        transaction, in id order.
 
         Only an aggregate whose oldest pending row is due and not locked by another relay takes
-        part, with its later pending rows; so two relays never publish one aggregate at once.
+        part, and that row stays locked until the transaction ends; so two relays never publish
+        one aggregate at once.
         """
-        if limit < 1:
+        per_aggregate = limit if per_aggregate is None else per_aggregate
+        if limit < 1 or per_aggregate < 1:
             raise UsageError("a batch holds at least one row")
         require_transaction(conn)
+        params = {"limit": limit, "per_aggregate": per_aggregate, "now": now}
         with translate_errors("claiming outbox rows"):
             cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(self._sql.claim, {"limit": limit, "now": now})
+            await cur.execute(self._sql.claim, params)
             rows = await cur.fetchall()
         return [
             OutboxMessage(
