@@ -1,0 +1,90 @@
+"""Idempotent consumers: brokers deliver at least once, the handler's effects happen once.
+
+The other side of the outbox. A consumer receives a message (its id is the outbox id, or any id
+the producer guarantees stable across redeliveries) and calls :meth:`IdempotentConsumer.handle`:
+
+1. the key store claims ``(consumer name, message id)`` in a new transaction on the consumer's
+   connection;
+2. if the claim is won, the handler runs on that connection, so its writes belong to the same
+   transaction;
+3. the claim is completed and the transaction **commits**; only then does ``handle`` return.
+
+The caller acknowledges the broker message only after ``handle`` returned :attr:`Outcome.PROCESSED`
+or :attr:`Outcome.DUPLICATE`. A crash before the commit leaves neither the effects nor the claim,
+and the broker redelivers; a crash after the commit but before the ack makes the broker
+redeliver a message whose claim is committed, which is answered :attr:`Outcome.DUPLICATE` without
+running the handler. A handler that raises rolls everything back and the exception propagates:
+do not acknowledge (let the broker redeliver or dead-letter it). :attr:`Outcome.IN_FLIGHT` means
+another consumer is processing the same message right now: do not acknowledge; requeue it for
+later. The same message id with a different body raises :class:`~pgonce.errors.KeyMismatch`.
+
+Claims of a consumer are key-store rows with the consumer's name as scope, so the retention
+sweeper removes them like any other key; keep them longer than the broker can redeliver.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+
+from pgonce.core.fingerprint import fingerprint
+from pgonce.core.outcomes import Response
+from pgonce.errors import UsageError
+from pgonce.store._async.keys import AsyncKeyStore
+
+Handler = Callable[[AsyncConnection[Any]], Awaitable[None]]
+
+
+class Outcome(enum.Enum):
+    #: The handler ran and its writes committed with the claim: acknowledge the message.
+    PROCESSED = "processed"
+    #: The message was processed before: acknowledge it, nothing ran.
+    DUPLICATE = "duplicate"
+    #: Another consumer holds the claim right now: do not acknowledge; requeue for later.
+    IN_FLIGHT = "in_flight"
+
+    @property
+    def acknowledge(self) -> bool:
+        """Whether the broker message may be acknowledged now."""
+        return self is not Outcome.IN_FLIGHT
+
+
+class IdempotentConsumer:
+    """Runs a handler at most once per message id for the consumer ``name`` (the claims' scope).
+
+    Use one name per logical consumer (not per process): all replicas of one consumer share the
+    claims, which is what makes a redelivery to another replica a duplicate.
+    """
+
+    def __init__(self, name: str, *, key_store: AsyncKeyStore | None = None) -> None:
+        if not name:
+            raise UsageError("a consumer needs a name: it is the scope of its claims")
+        self.name = name
+        self.key_store = key_store or AsyncKeyStore()
+
+    async def handle(
+        self, conn: AsyncConnection[Any], message_id: str, body: bytes, handler: Handler
+    ) -> Outcome:
+        """Claim ``message_id``, run ``handler(conn)`` if the claim is won, and commit.
+
+        ``conn`` must be idle (no transaction open): the claim and the handler's writes must be
+        committed when this returns, so that acknowledging the message is safe.
+        """
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            raise UsageError(
+                "handle() commits its own transaction; call it on an idle connection, "
+                "not inside a transaction"
+            )
+        async with self.key_store.once(conn, self.name, message_id, fingerprint(body)) as op:
+            if op.won:
+                await handler(conn)
+                op.respond(Response())
+        if op.won:
+            return Outcome.PROCESSED
+        if op.replayed:
+            return Outcome.DUPLICATE
+        return Outcome.IN_FLIGHT
