@@ -129,8 +129,10 @@ class ServiceConfig:
 class _Problems:
     """Collects every problem of a configuration, so that all are reported at once."""
 
-    def __init__(self, origin: str) -> None:
+    def __init__(self, origin: str, environ: Mapping[str, str]) -> None:
         self.origin = origin
+        #: Where env:NAME references are looked up.
+        self.environ = environ
         self.items: list[str] = []
 
     def add(self, key: str, why: str) -> None:
@@ -269,7 +271,7 @@ def _secret(value: str, key: str, problems: _Problems) -> str | None:
             key, 'secrets are given by reference: write "env:NAME" (the value was not shown)'
         )
         return None
-    secret = os.environ.get(match[1])
+    secret = problems.environ.get(match[1])
     if not secret:
         problems.add(key, f"the environment variable {match[1]} is not set")
         return None
@@ -476,7 +478,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     if path is None and env.get("PGONCE_CONFIG"):
         path = Path(env["PGONCE_CONFIG"])
     origin = str(path) if path else "environment"
-    problems = _Problems(origin)
+    problems = _Problems(origin, env)
     data: dict[str, Any] = {}
     if path is not None:
         try:
