@@ -286,3 +286,34 @@ def test_serve_refuses_a_retention_shorter_than_the_retry_horizon(dsn: str, tmp_
     )
     assert "Traceback" not in result.stderr
     assert SECRET not in result.stderr
+
+
+def test_send_and_events_commands(dsn: str, service: Service, tmp_path: Path) -> None:
+    env = {**os.environ, "TEST_SHOP_SECRET": SECRET, "TEST_ADMIN_TOKEN": TOKEN}
+
+    def pgonce(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pgonce", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    body = json.dumps({"data": {"run": "cli", "order": "o-1", "amount": 1}})
+    sent = pgonce(
+        "send", "--config", str(tmp_path / "pgonce.toml"), "--source", "shop",
+        "--url", service.url, "--id", "evt_cli_1", "--body", body, "--copies", "3",
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    assert '2 × 200 {"outcome":"duplicate"}' in sent.stdout
+    assert '1 × 200 {"outcome":"stored"}' in sent.stdout
+    listed = pgonce("events", "--dsn", dsn, "--source", "shop", "--id", "evt_cli_1")
+    assert listed.returncode == 0, listed.stderr
+    assert "evt_cli_1" in listed.stdout
+    shown = pgonce("events", "--dsn", dsn, "--source", "shop", "--id", "evt_cli_1", "--show")
+    assert shown.returncode == 0, shown.stderr
+    assert '"order": "o-1"' in shown.stdout
+    assert "webhook-signature" in shown.stdout

@@ -11,7 +11,18 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pgonce.cli import demo, doctor, inbox_replay, migrate, relay, serve, sweep, worker
+from pgonce.cli import (
+    demo,
+    doctor,
+    events,
+    inbox_replay,
+    migrate,
+    relay,
+    send,
+    serve,
+    sweep,
+    worker,
+)
 from pgonce.cli.common import Command
 from pgonce.errors import PgonceError
 
@@ -25,6 +36,8 @@ COMMANDS: tuple[Command, ...] = (
     demo,
     sweep,
     doctor,
+    events,
+    send,
     inbox_replay,
 )
 
