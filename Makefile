@@ -27,18 +27,21 @@ test: $(VENV)/.synced  ## the whole test suite (PGONCE_TEST_DSN selects a server
 	$(BIN)/pytest -n auto $(PYTEST_ARGS)
 
 lint: $(VENV)/.synced  ## ruff, ruff format --check, mypy --strict, sync-code drift check
-	$(BIN)/ruff check src tests bench tools
-	$(BIN)/ruff format --check src tests bench tools
+	$(BIN)/ruff check src tests bench tools faults
+	$(BIN)/ruff format --check src tests bench tools faults
 	$(BIN)/python tools/gen_sync.py --check
 	$(BIN)/mypy
 
 format: $(VENV)/.synced  ## apply ruff format and fixes, regenerate the sync code
 	$(BIN)/python tools/gen_sync.py
-	$(BIN)/ruff check --fix src tests bench tools
-	$(BIN)/ruff format src tests bench tools
+	$(BIN)/ruff check --fix src tests bench tools faults
+	$(BIN)/ruff format src tests bench tools faults
 
 bench: $(VENV)/.synced  ## benchmarks; writes bench/results/latest.md
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+faults: $(VENV)/.synced  ## the fault and bad-input suite; writes faults/results/latest.md
+	$(BIN)/python -m faults $(FAULTS_ARGS)
 
 sync: $(VENV)/.synced
 

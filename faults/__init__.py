@@ -1,0 +1,1 @@
+"""pgonce's fault and bad-input suite: `make faults` writes faults/results/latest.md."""
