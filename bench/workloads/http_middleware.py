@@ -296,7 +296,7 @@ def run(ctx: BenchContext) -> list[Table]:
         skipped["asgi-idempotency-header"] = "Redis is not reachable on 127.0.0.1:6379"
     variants = [v for v in VARIANTS if v not in skipped]
     rounds = 1 if ctx.quick else 3
-    seconds = ctx.seconds(6)
+    seconds = ctx.seconds(5)
     results = {v: Result() for v in variants}
     probes: dict[str, str] = {}
     for _ in range(rounds):

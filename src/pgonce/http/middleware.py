@@ -224,7 +224,7 @@ class IdempotencyMiddleware:
             return
         fingerprint = request_fingerprint(
             scope["method"],
-            scope.get("root_path", "") + scope["path"],
+            scope["path"],
             scope.get("query_string", b""),
             body,
             content_type=_header(scope, b"content-type"),
