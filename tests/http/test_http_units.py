@@ -275,3 +275,55 @@ async def test_the_middleware_keeps_no_per_request_state(dsn: str) -> None:
             assert all(vars(mw)[name] is value for name, value in before.items())
     finally:
         await pool.close()
+
+
+# --- Starlette, an autocommit pool, an async key scope ----------------------------------------
+
+
+async def test_starlette_helper_on_an_autocommit_pool_with_an_async_key_scope(dsn: str) -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from pgonce.http import connection
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE notes (id serial PRIMARY KEY, text text)")
+
+    async def create(request: Request) -> JSONResponse:
+        cur = await connection(request).execute(
+            "INSERT INTO notes (text) VALUES (%s) RETURNING id", ((await request.body()).decode(),)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return JSONResponse({"id": row[0]}, status_code=201)
+
+    async def tenant(scope: Any) -> str | None:
+        return dict(scope["headers"]).get(b"x-tenant", b"").decode() or None
+
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, open=False, kwargs={"autocommit": True}, min_size=1, max_size=2
+    )
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/notes", create, methods=["POST"])]), pool=pool, key_scope=tenant
+    )
+    await pool.open()
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            headers = {"X-Tenant": "t1", "Idempotency-Key": "n1"}
+            first = await client.post("/notes", content=b"hello", headers=headers)
+            second = await client.post("/notes", content=b"hello", headers=headers)
+            other = await client.post(
+                "/notes", content=b"hello", headers={**headers, "X-Tenant": "t2"}
+            )
+    finally:
+        await pool.close()
+    assert first.status_code == second.status_code == other.status_code == 201
+    assert second.content == first.content
+    assert second.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in other.headers
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM notes").fetchone() == (2,)
+        scopes = conn.execute("SELECT scope FROM pgonce.keys ORDER BY scope").fetchall()
+        assert scopes == [("t1",), ("t2",)]
