@@ -10,6 +10,7 @@ from pgonce.core.retention import (
     DEFAULT_RETENTION,
     DEFAULT_RETRY_HORIZON,
     DEFAULT_SLACK,
+    TARGETS,
     GroupFacts,
     Retention,
     RetentionPolicy,
@@ -21,6 +22,7 @@ from pgonce.core.retention import (
     assess,
     format_duration,
     parse_duration,
+    policies_for,
     policy_from_text,
 )
 from pgonce.errors import ConfigError
@@ -227,3 +229,12 @@ def test_stuck_claims_fail() -> None:
     (finding,) = [f for f in report.findings if f.check == "stuck claims"]
     assert finding.status == "fail"
     assert finding.value == "2 (oldest 1h)"
+
+
+def test_every_target_gets_a_policy_the_given_one_or_the_defaults() -> None:
+    custom = RetentionPolicy(default=Retention(keep=60 * DAY))
+    assert policies_for([]) == [RetentionPolicy(name) for name in TARGETS]
+    assert policies_for([custom])[0] is custom
+    assert policies_for([custom], targets=["keys"]) == [custom]
+    with pytest.raises(ConfigError, match="no sweep target 'nope'"):
+        policies_for([], targets=["nope"])

@@ -222,6 +222,19 @@ class RetentionPolicy:
         }
 
 
+def policies_for(
+    policies: Iterable[RetentionPolicy], targets: Iterable[str] | None = None
+) -> list[RetentionPolicy]:
+    """One policy per target, in sweep order; a target without one gets the defaults.
+
+    ``targets`` restricts the list to those names (default: every registered target); policies of
+    other targets are left out.
+    """
+    given = {policy.target: policy for policy in policies}
+    names = list(TARGETS) if targets is None else [target(name).name for name in targets]
+    return [given.get(name) or RetentionPolicy(name) for name in names]
+
+
 def _guard(found: SweepTarget, scope: str | None, retention: Retention) -> None:
     where = f"{found.scope_word} {scope!r}" if scope else f"every {found.scope_word}"
     what = f"the retention of {found.name} for {where}"

@@ -29,9 +29,9 @@ from pgonce.core.retention import (
     StuckFacts,
     SweepLimits,
     assess,
+    policies_for,
 )
 from pgonce.sql import Queries
-from pgonce.store._sync.sweeper import policies_for
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")

@@ -34,14 +34,13 @@ from psycopg_pool import ConnectionPool
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.retention import (
     DEFAULT_SWEEP_EVERY,
-    TARGETS,
     Ending,
     RetentionPolicy,
     SweepLimits,
     SweepResult,
     TargetSweep,
     after_batch,
-    target,
+    policies_for,
 )
 from pgonce.errors import DatabaseError, UsageError
 from pgonce.sql import Queries
@@ -58,21 +57,6 @@ class StopSignal(Protocol):
     """What tells a sweeper to stop: an ``time.Event`` or a ``threading.Event``."""
 
     def is_set(self) -> bool: ...
-
-
-def policies_for(
-    policies: Iterable[RetentionPolicy], targets: Iterable[str] | None = None
-) -> list[RetentionPolicy]:
-    """One policy per target to sweep, in sweep order; a target without one gets the defaults.
-
-    ``targets`` restricts the run to those names (default: every registered target).
-    """
-    given = {policy.target: policy for policy in policies}
-    names = list(TARGETS) if targets is None else [target(name).name for name in targets]
-    unknown = set(given) - set(names)
-    if targets is None and unknown:
-        raise UsageError(f"policies for unknown targets: {', '.join(sorted(unknown))}")
-    return [given.get(name) or RetentionPolicy(name) for name in names]
 
 
 class Sweeper:
