@@ -90,17 +90,19 @@ def create_app() -> FastAPI:
         return JSONResponse({"nonce": uuid.uuid4().hex}, status_code=200)
 
     @app.post("/block")
-    async def block(directory: str, tx: Tx = transaction) -> Response:
+    async def block(directory: str, status: int = 201, tx: Tx = transaction) -> Response:
         # Signals "my write is done" with a file, then holds the transaction open until the test
-        # creates the gate file (or kills the server).
+        # creates the gate file (or kills the server). Every run leaves a line in "runs".
         payment = await insert_payment(tx)
         folder = Path(directory)
+        with (folder / "runs").open("a") as runs:
+            runs.write(f"{payment}\n")
         (folder / "started").write_text(str(os.getpid()))
         deadline = time.monotonic() + 60
         while not (folder / "gate").exists():
             if time.monotonic() > deadline:
                 return JSONResponse({"error": "gate never opened"}, status_code=500)
             await asyncio.sleep(0.01)
-        return JSONResponse({"id": payment}, status_code=201)
+        return JSONResponse({"id": payment}, status_code=status)
 
     return app

@@ -254,8 +254,9 @@ def test_the_query_string_is_part_of_the_request(
 class Blocked:
     """A request to /block running in a thread, its write done, its transaction held open."""
 
-    def __init__(self, server: Server, key: str, folder: Path) -> None:
+    def __init__(self, server: Server, key: str, folder: Path, path: str | None = None) -> None:
         self.folder = folder
+        self.path = path or block_path(folder)
         self.response: httpx.Response | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(server, key), daemon=True)
@@ -268,7 +269,7 @@ class Blocked:
 
     def _run(self, server: Server, key: str) -> None:
         try:
-            self.response = post(server, block_path(self.folder), key)
+            self.response = post(server, self.path, key)
         except BaseException as error:  # the server may be killed under it
             self.error = error
 
@@ -300,18 +301,13 @@ def test_in_flight_is_409_with_retry_after_and_consumes_nothing(
     assert payments(db) == 1
 
 
-def test_with_waiting_enabled_a_duplicate_waits_then_replays(
-    make_server: ServerFactory, db: psycopg.Connection[Any], tmp_path: Path
-) -> None:
-    server = make_server(wait_ms=20_000)
-    key = new_key()
-    original = Blocked(server, key, tmp_path)
+def waiting_duplicate(
+    server: Server, key: str, path: str, db: psycopg.Connection[Any]
+) -> tuple[list[httpx.Response], threading.Thread]:
+    """Send a duplicate in a thread; return once it waits on the original's row lock."""
     result: list[httpx.Response] = []
-    waiter = threading.Thread(
-        target=lambda: result.append(post(server, block_path(tmp_path), key)), daemon=True
-    )
+    waiter = threading.Thread(target=lambda: result.append(post(server, path, key)), daemon=True)
     waiter.start()
-    # Release the original only once the duplicate is waiting on its row lock in PostgreSQL.
     deadline = time.monotonic() + 20
     pid = None
     while pid is None:
@@ -323,6 +319,16 @@ def test_with_waiting_enabled_a_duplicate_waits_then_replays(
         pid = row[0] if row else None
         time.sleep(0.01)
     wait_until_blocked(db, pid)
+    return result, waiter
+
+
+def test_with_waiting_enabled_a_duplicate_waits_then_replays(
+    make_server: ServerFactory, db: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    server = make_server(wait_ms=20_000)
+    key = new_key()
+    original = Blocked(server, key, tmp_path)
+    result, waiter = waiting_duplicate(server, key, block_path(tmp_path), db)
     first = original.release()
     waiter.join(timeout=30)
     assert result, "the waiting duplicate got no answer"
@@ -330,6 +336,24 @@ def test_with_waiting_enabled_a_duplicate_waits_then_replays(
     assert result[0].content == first.content
     assert result[0].headers["idempotent-replayed"] == "true"
     assert payments(db) == 1
+
+
+def test_a_waiting_duplicate_runs_the_work_itself_when_the_original_rolls_back(
+    make_server: ServerFactory, db: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    server = make_server(wait_ms=20_000)
+    key = new_key()
+    path = block_path(tmp_path) + "&status=503"  # the original fails: it rolls back
+    original = Blocked(server, key, tmp_path, path)
+    result, waiter = waiting_duplicate(server, key, path, db)
+    assert original.release().status_code == 503
+    waiter.join(timeout=30)
+    assert result, "the waiting duplicate got no answer"
+    assert result[0].status_code == 503  # it won the freed key and ran the endpoint itself
+    assert "idempotent-replayed" not in result[0].headers
+    assert len((tmp_path / "runs").read_text().splitlines()) == 2
+    assert keys(db) == 0
+    assert payments(db) == 0
 
 
 # --- what is not stored -----------------------------------------------------------------------
