@@ -11,7 +11,8 @@ import pytest
 from pgonce.core.retention import Retention, RetentionPolicy
 from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._sync.health import HealthCheck
-from tests.test_sweeper import DAY, NOW, add_keys, run_cli
+from tests.test_cli import pgonce
+from tests.test_sweeper import DAY, NOW, add_keys
 
 MINUTE = timedelta(minutes=1)
 
@@ -82,7 +83,7 @@ async def test_the_async_check_reports_the_same_figures(dsn: str) -> None:
 
 
 def doctor(dsn: str, *args: str) -> tuple[int, str]:
-    done = run_cli("doctor", "--dsn", dsn, "--now", NOW.isoformat(), *args)
+    done = pgonce("doctor", "--dsn", dsn, "--now", NOW.isoformat(), *args)
     assert "Traceback" not in done.stderr
     return done.returncode, done.stdout
 
@@ -117,6 +118,6 @@ def test_doctor_warnings_fail_only_with_strict(
 
 
 def test_doctor_refuses_a_retention_shorter_than_the_horizon(dsn: str) -> None:
-    done = run_cli("doctor", "--dsn", dsn, "--retention", "1d")
+    done = pgonce("doctor", "--dsn", dsn, "--retention", "1d")
     assert done.returncode == 1
     assert "every scope is 1d, shorter than its retry horizon of 3d" in done.stderr

@@ -27,6 +27,7 @@ from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store._sync.sweeper import Sweeper
 from pgonce.store._sync.sweeper import sweep_every as sync_sweep_every
+from tests.test_cli import pgonce
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -222,32 +223,23 @@ async def test_concurrent_sweepers_on_separate_connections_never_double_count(ds
     assert remaining(dsn, "key LIKE 'in-flight-%'") == 50
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgonce", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+PGONCE = [sys.executable, "-m", "pgonce"]
+
+
+def sweep_args(dsn: str, *options: str) -> list[str]:
+    """The arguments of ``pgonce sweep`` on ``dsn`` at NOW."""
+    return ["sweep", "--dsn", dsn, "--now", NOW.isoformat(), *options]
 
 
 def test_concurrent_sweep_processes_never_double_count(dsn: str) -> None:
     add_keys(dsn, 4000, age=40 * DAY)
     add_keys(dsn, 20, age=40 * DAY, completed=False, prefix="in-flight-")
-    args = [
-        "sweep",
-        "--dsn",
-        dsn,
-        "--now",
-        NOW.isoformat(),
-        "--batch-size",
-        "20",
-        "--pause",
-        "0s",
-    ]
     processes = [
-        subprocess.Popen([sys.executable, "-m", "pgonce", *args], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [*PGONCE, *sweep_args(dsn, "--batch-size", "20", "--pause", "0s")],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(4)
     ]
     outputs = [p.communicate(timeout=120)[0] for p in processes]
@@ -260,20 +252,20 @@ def test_concurrent_sweep_processes_never_double_count(dsn: str) -> None:
 
 def test_cli_prints_one_final_line_when_not_on_a_terminal(dsn: str) -> None:
     add_keys(dsn, 12, age=40 * DAY)
-    done = run_cli("sweep", "--dsn", dsn, "--now", NOW.isoformat(), "--batch-size", "5")
+    done = pgonce(*sweep_args(dsn, "--batch-size", "5"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [done.stdout.strip()]
     assert done.stdout.startswith("swept 12 rows (keys 12) in 3 batches")
     assert done.stderr == ""
     add_keys(dsn, 3, age=40 * DAY, prefix="more-")
-    quiet = run_cli("sweep", "--dsn", dsn, "--now", NOW.isoformat(), "--quiet")
+    quiet = pgonce(*sweep_args(dsn, "--quiet"))
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
     assert remaining(dsn) == 0
 
 
 def test_cli_refuses_a_retention_shorter_than_the_horizon(dsn: str) -> None:
     add_keys(dsn, 3, age=40 * DAY)
-    done = run_cli("sweep", "--dsn", dsn, "--scope-retention", "stripe=1d/3d")
+    done = pgonce("sweep", "--dsn", dsn, "--scope-retention", "stripe=1d/3d")
     assert done.returncode == 1
     assert "scope 'stripe' is 1d, shorter than its retry horizon of 3d" in done.stderr
     assert "Traceback" not in done.stderr
@@ -319,18 +311,7 @@ def test_cli_shows_progress_and_the_count_on_a_terminal(dsn: str) -> None:
     controller, terminal = pty.openpty()
     try:
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pgonce",
-                "sweep",
-                "--dsn",
-                dsn,
-                "--now",
-                NOW.isoformat(),
-                "--batch-size",
-                "5",
-            ],
+            [*PGONCE, *sweep_args(dsn, "--batch-size", "5")],
             stdout=subprocess.PIPE,
             stderr=terminal,
             text=True,

@@ -101,6 +101,7 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--now",
         type=_moment,
+        metavar="TIME",
         help="judge ages as of this ISO 8601 time instead of the server's clock (tests, what-ifs)",
     )
 
