@@ -161,7 +161,7 @@ def kind(outcome: object) -> str:
 @given(steps=ops)
 def test_random_interleavings_match_the_model(dsn: str, steps: list[Op]) -> None:
     run = uuid.uuid4()  # fresh keys per example: examples share the test's database
-    store = KeyStore(wait=timedelta(milliseconds=30))
+    store = KeyStore(wait=timedelta(milliseconds=100))
     model = Model()
     wins: dict[tuple[int, str], Won] = {}
     conns = [psycopg.connect(dsn) for _ in range(CONNS)]

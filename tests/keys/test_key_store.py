@@ -207,8 +207,10 @@ def test_bad_arguments_are_usage_errors(conn: psycopg.Connection[Any], store: Ke
         store.claim(conn, "", "k", FP)
     with pytest.raises(UsageError):
         store.claim(conn, "s", "k", b"not a sha256")
-    with pytest.raises(UsageError):
-        KeyStore(wait=timedelta(0))
+    with pytest.raises(UsageError, match="at least 100 ms"):
+        KeyStore(wait=timedelta(milliseconds=5))
+    with pytest.raises(UsageError, match="at least 100 ms"):
+        store.claim(conn, "s", "k", FP, wait=timedelta(milliseconds=1))
 
 
 class TestRace:
@@ -219,7 +221,7 @@ class TestRace:
     ) -> None:
         with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
             assert isinstance(store.claim(first, "s", "k", FP), Won)
-            outcome = store.claim(second, "s", "k", FP, wait=timedelta(milliseconds=50))
+            outcome = store.claim(second, "s", "k", FP, wait=timedelta(milliseconds=100))
             assert outcome == InFlight(retry_after=store.retry_after, reason="locked")
             # The duplicate's transaction is still usable, and its lock_timeout is its own again.
             assert second.execute("SHOW lock_timeout").fetchone() == ("0",)
@@ -355,7 +357,7 @@ def test_in_flight_duplicate_through_once_has_no_response(dsn: str, store: KeySt
     gate = threading.Event()
     with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
         assert isinstance(store.claim(first, "s", "k", FP), Won)
-        with store.once(second, "s", "k", FP, wait=timedelta(milliseconds=20)) as op:
+        with store.once(second, "s", "k", FP, wait=timedelta(milliseconds=100)) as op:
             assert op.in_flight
             assert isinstance(op.claim, InFlight)
             gate.set()

@@ -79,7 +79,7 @@ async def test_a_failing_handler_leaves_no_claim_and_no_effect(db: Any) -> None:
 
 
 async def test_a_message_being_processed_elsewhere_is_in_flight(dsn: str, db: Any) -> None:
-    store = AsyncKeyStore(wait=timedelta(milliseconds=50))
+    store = AsyncKeyStore(wait=timedelta(milliseconds=100))
     async with await psycopg.AsyncConnection.connect(dsn) as other:
         # Another replica has claimed the message and is still working on it.
         await store.claim(other, "shipping", "43", fingerprint(b"{}"))

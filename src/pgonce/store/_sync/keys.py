@@ -9,6 +9,7 @@ the source of ``_sync/keys.py`` (``tools/gen_sync.py``); edit this one.
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -20,7 +21,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA
+from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA, MIN_CLAIM_WAIT
 from pgonce.core.outcomes import (
     Claim,
     InFlight,
@@ -37,6 +38,15 @@ from pgonce.store.common import claim_row, require_transaction
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
+
+
+def _check_wait(wait: timedelta) -> None:
+    if wait < MIN_CLAIM_WAIT:
+        raise UsageError(
+            f"a claim's wait must be at least {MIN_CLAIM_WAIT.total_seconds() * 1000:.0f} ms: it "
+            "bounds every lock the claim's INSERT waits for, and under load a new key's INSERT "
+            "can wait that long for an index page, which a shorter wait would report as in flight"
+        )
 
 
 class KeyStore:
@@ -56,8 +66,7 @@ class KeyStore:
         retry_after: int = DEFAULT_RETRY_AFTER,
         store_server_errors: bool = False,
     ) -> None:
-        if wait <= timedelta(0):
-            raise UsageError("wait must be positive (use a few milliseconds for 'do not wait')")
+        _check_wait(wait)
         self.schema = schema
         self.wait = wait
         self.retry_after = retry_after
@@ -94,7 +103,9 @@ class KeyStore:
         validate_key(scope, key)
         validate_fingerprint(fingerprint)
         require_transaction(conn)
-        wait_ms = max(1, int((wait or self.wait) / timedelta(milliseconds=1)))
+        if wait is not None:
+            _check_wait(wait)
+        wait_ms = int((wait or self.wait) / timedelta(milliseconds=1))
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
             cur = conn.cursor(row_factory=tuple_row)
@@ -322,7 +333,5 @@ class Operation(Generic[Row]):
     def _rollback_quietly(self) -> None:
         # The original error is what the caller must see; a failing rollback (the connection
         # died) must not replace it. PostgreSQL rolls back a dead connection's transaction.
-        try:
+        with contextlib.suppress(psycopg.Error):
             self._conn.rollback()
-        except psycopg.Error:
-            pass
