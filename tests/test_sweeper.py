@@ -15,14 +15,17 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 
 import psycopg
 import pytest
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgonce.core.outcomes import Won
-from pgonce.core.retention import Retention, RetentionPolicy, SweepLimits, SweepResult
+from pgonce.core.retention import TARGETS, Retention, RetentionPolicy, SweepLimits, SweepResult
 from pgonce.errors import ConfigError, DatabaseError, UsageError
+from pgonce.sql import parse_named
 from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store._sync.sweeper import Sweeper
@@ -81,30 +84,36 @@ def sweep(dsn: str, sweeper: Sweeper, batches: list[int] | None = None) -> Sweep
         return sweeper.sweep(conn, now=NOW, on_batch=on_batch)
 
 
+@pytest.fixture(params=[True, False], ids=["ctid", "portable"])
+def by_ctid(request: pytest.FixtureRequest) -> bool:
+    """Both paths of every batch test: joined on ctid (plain PostgreSQL) and the portable one."""
+    return bool(request.param)
+
+
 def limits(batch_size: int, max_batches: int = 1000) -> SweepLimits:
     return SweepLimits(batch_size=batch_size, max_batches=max_batches, pause=NO_PAUSE)
 
 
-def test_batches_of_batch_size_until_the_first_short_one(dsn: str) -> None:
+def test_batches_of_batch_size_until_the_first_short_one(dsn: str, by_ctid: bool) -> None:
     add_keys(dsn, 25, age=40 * DAY)
     batches: list[int] = []
-    result = sweep(dsn, Sweeper(limits=limits(10)), batches)
+    result = sweep(dsn, Sweeper(ctid=by_ctid, limits=limits(10)), batches)
     assert batches == [10, 10, 5]
     (keys,) = result.targets
-    assert (keys.deleted, keys.batches, keys.ending) == (25, 3, "drained")
+    assert (keys.deleted, keys.batches, keys.ending, keys.by_ctid) == (25, 3, "drained", by_ctid)
     assert remaining(dsn) == 0
 
 
-def test_an_exact_multiple_ends_on_an_empty_batch(dsn: str) -> None:
+def test_an_exact_multiple_ends_on_an_empty_batch(dsn: str, by_ctid: bool) -> None:
     add_keys(dsn, 20, age=40 * DAY)
     batches: list[int] = []
-    sweep(dsn, Sweeper(limits=limits(10)), batches)
+    sweep(dsn, Sweeper(ctid=by_ctid, limits=limits(10)), batches)
     assert batches == [10, 10, 0]
 
 
-def test_the_cap_ends_a_run_and_the_next_run_continues(dsn: str) -> None:
+def test_the_cap_ends_a_run_and_the_next_run_continues(dsn: str, by_ctid: bool) -> None:
     add_keys(dsn, 50, age=40 * DAY)
-    sweeper = Sweeper(limits=limits(10, max_batches=2))
+    sweeper = Sweeper(ctid=by_ctid, limits=limits(10, max_batches=2))
     first = sweep(dsn, sweeper)
     assert (first.deleted, first.batches, first.capped) == (20, 2, True)
     assert "batch cap reached" in first.summary()
@@ -115,41 +124,44 @@ def test_the_cap_ends_a_run_and_the_next_run_continues(dsn: str) -> None:
     assert remaining(dsn) == 0
 
 
-def test_only_completed_keys_past_their_retention_go(dsn: str) -> None:
+def test_only_completed_keys_past_their_retention_go(dsn: str, by_ctid: bool) -> None:
     add_keys(dsn, 5, age=40 * DAY, prefix="old-done-")
     add_keys(dsn, 3, age=400 * DAY, completed=False, prefix="old-in-flight-")
     add_keys(dsn, 4, age=29 * DAY, prefix="young-done-")
     add_keys(dsn, 2, age=31 * DAY, prefix="just-expired-")
-    result = sweep(dsn, Sweeper(limits=limits(100)))
+    result = sweep(dsn, Sweeper(ctid=by_ctid, limits=limits(100)))
     assert result.deleted == 7
     assert remaining(dsn, "key LIKE 'old-in-flight-%'") == 3
     assert remaining(dsn, "key LIKE 'young-done-%'") == 4
     assert remaining(dsn) == 7
 
 
-def test_an_open_claim_in_another_transaction_is_untouched(dsn: str, store: KeyStore) -> None:
+def test_an_open_claim_in_another_transaction_is_untouched(
+    dsn: str, by_ctid: bool, store: KeyStore
+) -> None:
     # A claim whose transaction is still open, made 40 days "ago": invisible to the sweeper, and
     # completed afterwards, it is a live key that must survive.
     add_keys(dsn, 3, age=40 * DAY)
     with psycopg.connect(dsn) as holder:
         won = store.claim(holder, "api", "open", b"\x01" * 32, now=NOW - 40 * DAY)
         assert isinstance(won, Won)
-        assert sweep(dsn, Sweeper(limits=limits(10))).deleted == 3
+        assert sweep(dsn, Sweeper(ctid=by_ctid, limits=limits(10))).deleted == 3
         store.complete(holder, won)
         holder.commit()
     assert remaining(dsn, "key = 'open' AND completed_at IS NOT NULL") == 1
 
 
-def test_a_locked_row_is_skipped_not_waited_for(dsn: str) -> None:
+def test_a_locked_row_is_skipped_not_waited_for(dsn: str, by_ctid: bool) -> None:
     add_keys(dsn, 30, age=40 * DAY)
     with psycopg.connect(dsn) as holder:
         holder.execute("SELECT 1 FROM pgonce.keys WHERE key = 'k7' FOR UPDATE")
         started = time.monotonic()
         # A timeout shorter than any wait would turn a lock wait into an error.
         sweeper = Sweeper(
+            ctid=by_ctid,
             limits=SweepLimits(
                 batch_size=10, pause=NO_PAUSE, statement_timeout=timedelta(seconds=2)
-            )
+            ),
         )
         result = sweep(dsn, sweeper)
         assert time.monotonic() - started < 2
@@ -157,7 +169,7 @@ def test_a_locked_row_is_skipped_not_waited_for(dsn: str) -> None:
     assert remaining(dsn) == 1
 
 
-def test_per_scope_retention(dsn: str) -> None:
+def test_per_scope_retention(dsn: str, by_ctid: bool) -> None:
     add_keys(dsn, 4, age=40 * DAY, scope="audit")
     add_keys(dsn, 4, age=40 * DAY, scope="api")
     add_keys(dsn, 2, age=10 * DAY, scope="chatty")
@@ -168,7 +180,7 @@ def test_per_scope_retention(dsn: str) -> None:
             "chatty": Retention(keep=7 * DAY, retry_horizon=DAY),
         }
     )
-    assert sweep(dsn, Sweeper([policy], limits=limits(100))).deleted == 6
+    assert sweep(dsn, Sweeper([policy], ctid=by_ctid, limits=limits(100))).deleted == 6
     assert remaining(dsn, "scope = 'audit'") == 4
     assert remaining(dsn, "scope = 'api'") == 0
     assert remaining(dsn, "scope = 'chatty'") == 3
@@ -206,10 +218,12 @@ def test_a_retention_shorter_than_the_horizon_refuses_to_build_a_sweeper() -> No
         Sweeper([RetentionPolicy(scopes={"stripe": Retention(keep=DAY, retry_horizon=3 * DAY)})])
 
 
-async def test_concurrent_sweepers_on_separate_connections_never_double_count(dsn: str) -> None:
+async def test_concurrent_sweepers_on_separate_connections_never_double_count(
+    dsn: str, by_ctid: bool
+) -> None:
     add_keys(dsn, 3000, age=40 * DAY)
     add_keys(dsn, 50, age=40 * DAY, completed=False, prefix="in-flight-")
-    sweeper = AsyncSweeper(limits=SweepLimits(batch_size=25, pause=NO_PAUSE))
+    sweeper = AsyncSweeper(ctid=by_ctid, limits=SweepLimits(batch_size=25, pause=NO_PAUSE))
 
     async def one() -> int:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -217,7 +231,7 @@ async def test_concurrent_sweepers_on_separate_connections_never_double_count(ds
 
     counts = await asyncio.gather(*(one() for _ in range(6)))
     # A sweeper may stop early at a batch made short by rows its peers hold; a last run drains.
-    counts.append(sweep(dsn, Sweeper(limits=limits(25))).deleted)
+    counts.append(sweep(dsn, Sweeper(ctid=by_ctid, limits=limits(25))).deleted)
     assert sum(counts) == 3000
     assert remaining(dsn) == 50
     assert remaining(dsn, "key LIKE 'in-flight-%'") == 50
@@ -379,3 +393,43 @@ def _wait_for_warning(caplog: pytest.LogCaptureFixture, text: str, timeout: floa
             return
         time.sleep(0.01)
     raise AssertionError(f"no log record said {text!r}")
+
+
+def test_each_ctid_twin_is_its_portable_statement_but_for_the_join() -> None:
+    # The twin must not drift: the rows it chooses are exactly the portable statement's.
+    statements = parse_named(
+        resources.files("pgonce.sql").joinpath("queries", "sweep.sql").read_text()
+    )
+    for name, target in TARGETS.items():
+        if not target.has_ctid_twin:
+            continue
+        portable = statements[f"delete_{name}"].splitlines()
+        twin = statements[f"delete_{name}_by_ctid"].splitlines()
+        body = [line for line in portable if not line.startswith("--")]
+        twin_body = [line for line in twin if not line.startswith("--")]
+        assert twin_body[:-1] == body[:-1]
+        assert "ctid" in twin_body[-1]
+        assert "ctid" not in body[-1]
+
+
+def test_plain_postgresql_is_swept_by_ctid_unless_told_otherwise(dsn: str) -> None:
+    add_keys(dsn, 3, age=40 * DAY)
+    (auto,) = sweep(dsn, Sweeper(limits=limits(10))).targets
+    assert (auto.deleted, auto.by_ctid) == (3, True)
+    add_keys(dsn, 3, age=40 * DAY, prefix="again-")
+    (portable,) = sweep(dsn, Sweeper(ctid=False, limits=limits(10))).targets
+    assert (portable.deleted, portable.by_ctid) == (3, False)
+
+
+def test_each_batch_commits_on_a_connection_without_autocommit(dsn: str) -> None:
+    add_keys(dsn, 30, age=40 * DAY)
+    seen: list[int] = []
+
+    def on_batch(_target: str, _deleted: int) -> None:
+        # Another connection sees every batch once it returns: each was its own transaction.
+        seen.append(remaining(dsn))
+
+    with psycopg.connect(dsn) as conn:
+        Sweeper(limits=limits(10)).sweep(conn, now=NOW, on_batch=on_batch)
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+    assert seen == [20, 10, 0, 0]

@@ -95,6 +95,8 @@ class SweepTarget:
     deletable: str
     #: Whether ``stuck_<name>`` exists in health.sql (rows that should have finished and did not).
     has_stuck: bool = False
+    #: Whether ``delete_<name>_by_ctid`` exists in sweep.sql (the faster path on plain PostgreSQL).
+    has_ctid_twin: bool = False
 
 
 KEYS = SweepTarget(
@@ -103,6 +105,7 @@ KEYS = SweepTarget(
     age_column="claimed_at",
     deletable="completed keys (completed_at IS NOT NULL); never a claim in flight",
     has_stuck=True,
+    has_ctid_twin=True,
 )
 
 #: Every table the sweeper serves, in sweep order. The inbox and the outbox add theirs here, e.g.
@@ -323,12 +326,13 @@ def after_batch(deleted: int, batches: int, limits: SweepLimits) -> Ending | Non
 
 @dataclass(frozen=True, slots=True)
 class TargetSweep:
-    """What one run did to one target."""
+    """What one run did to one target, and whether its batches joined on ctid."""
 
     target: str
     deleted: int
     batches: int
     ending: Ending
+    by_ctid: bool = False
 
 
 @dataclass(frozen=True, slots=True)

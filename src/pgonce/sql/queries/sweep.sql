@@ -13,8 +13,11 @@
 --   * The batch is chosen with LIMIT ... FOR UPDATE SKIP LOCKED: concurrent sweepers take disjoint
 --     rows, never wait for each other or for a transaction holding a row, and never delete a row
 --     twice (a row deleted by another sweeper after our snapshot is skipped, not counted).
---   * The DELETE joins the chosen rows on the primary key, scope first. No ctid: the statement is
---     correct on Citus, where scope is the distribution column.
+--   * The DELETE joins the chosen rows on the primary key, scope first: no ctid, so the statement
+--     is correct on Citus, where scope is the distribution column. On plain PostgreSQL an optional
+--     twin, `delete_<target>_by_ctid`, joins on ctid instead (a TID scan, about twice as fast): the
+--     rows are locked by this very statement, so their ctid cannot change before the DELETE. The
+--     twin must be the same statement but for its last line (tests/test_sweeper.py checks it).
 --   * Oldest first (ORDER BY the age column, with an index on it, partial to deletable rows): a
 --     batch costs the rows it deletes, not the table, and a capped run leaves the youngest behind.
 --   * The sweeper runs each batch in its own transaction, after `statement_timeout`.
@@ -34,12 +37,16 @@
 -- SET LOCAL, parameterized: it ends with the transaction, so pooled connections keep no state.
 SELECT set_config('statement_timeout', %(timeout_ms)s, true)
 
+-- name: plain_postgres
+-- Whether ctid may be used: not where Citus distributes the tables.
+SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
+
 -- name: delete_keys
 -- Completed keys only: a claim in flight (completed_at IS NULL) is never deleted, however old.
 -- claimed_at ages a key: a provider's retry horizon runs from its first delivery. Oldest first,
 -- through keys_completed_by_age: a batch reads the rows it deletes, not the table.
 WITH doomed AS MATERIALIZED (
-    SELECT k.scope, k.key
+    SELECT k.ctid, k.scope, k.key
       FROM {schema}.keys AS k
       LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
              ON p.scope = k.scope
@@ -54,3 +61,22 @@ WITH doomed AS MATERIALIZED (
 DELETE FROM {schema}.keys AS k
  USING doomed
  WHERE k.scope = doomed.scope AND k.key = doomed.key
+
+-- name: delete_keys_by_ctid
+-- delete_keys, joined on ctid: plain PostgreSQL only (see the header).
+WITH doomed AS MATERIALIZED (
+    SELECT k.ctid, k.scope, k.key
+      FROM {schema}.keys AS k
+      LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
+             ON p.scope = k.scope
+     WHERE k.completed_at IS NOT NULL
+       AND k.claimed_at < coalesce(%(now)s::timestamptz, now()) - %(min_keep)s::interval
+       AND k.claimed_at < coalesce(%(now)s::timestamptz, now())
+                          - coalesce(p.keep, %(default_keep)s::interval)
+     ORDER BY k.claimed_at
+     LIMIT %(batch_size)s
+       FOR UPDATE OF k SKIP LOCKED
+)
+DELETE FROM {schema}.keys AS k
+ USING doomed
+ WHERE k.ctid = doomed.ctid

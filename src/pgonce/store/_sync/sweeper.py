@@ -12,6 +12,9 @@ Guarantees:
   claim in flight is never deleted.
 - A target's run stops at its first short batch, or at the batch cap; a stop request is honoured
   between batches.
+- ctid is never needed for correctness: every target has a portable statement that joins on its
+  primary key. On plain PostgreSQL a target's ``_by_ctid`` twin is used instead, for speed; where
+  Citus is installed (or with ``ctid=False``) the portable one is.
 
 The sweeper needs a connection of its own (idle, not inside a transaction): it commits each batch.
 This file is the source of ``_sync/sweeper.py`` (``tools/gen_sync.py``); edit this one.
@@ -29,11 +32,13 @@ from typing import Any, Protocol, TypeVar
 
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.retention import (
     DEFAULT_SWEEP_EVERY,
+    TARGETS,
     Ending,
     RetentionPolicy,
     SweepLimits,
@@ -63,7 +68,9 @@ class Sweeper:
     """Deletes expired rows of every sweep target, in bounded batches.
 
     ``policies`` give the retention per target (and per scope); each was checked against its retry
-    horizon when it was built. ``targets`` restricts which tables this sweeper serves.
+    horizon when it was built. ``targets`` restricts which tables this sweeper serves. ``ctid``:
+    ``None`` (default) joins batches on ctid when the server is plain PostgreSQL (no Citus), True
+    always where a target has that path, False never.
     """
 
     def __init__(
@@ -73,10 +80,12 @@ class Sweeper:
         schema: str = DEFAULT_SCHEMA,
         limits: SweepLimits | None = None,
         targets: Iterable[str] | None = None,
+        ctid: bool | None = None,
     ) -> None:
         self.schema = schema
         self.limits = limits or SweepLimits()
         self.policies = policies_for(policies, targets)
+        self.ctid = ctid
         self._sql = Queries("sweep", schema)
 
     def sweep(
@@ -97,20 +106,34 @@ class Sweeper:
                 "inside a transaction"
             )
         started = monotonic()
+        by_ctid = self.ctid
+        if by_ctid is None:
+            by_ctid = self._plain_postgres(conn)
         swept = []
         for policy in self.policies:
-            swept.append(self._sweep_target(conn, policy, now, stop, on_batch))
+            use_ctid = by_ctid and TARGETS[policy.target].has_ctid_twin
+            swept.append(self._sweep_target(conn, policy, use_ctid, now, stop, on_batch))
         return SweepResult(tuple(swept), monotonic() - started)
+
+    def _plain_postgres(self, conn: Connection[Row]) -> bool:
+        # In a transaction of its own: on a non-autocommit connection a bare query would leave one
+        # open, and every batch would then be a savepoint inside it instead of a transaction.
+        with translate_errors("checking for Citus"), conn.transaction():
+            cur = conn.cursor(row_factory=tuple_row)
+            cur.execute(self._sql.plain_postgres)
+            row = cur.fetchone()
+        return bool(row and row[0])
 
     def _sweep_target(
         self,
         conn: Connection[Row],
         policy: RetentionPolicy,
+        by_ctid: bool,
         now: datetime | None,
         stop: StopSignal | None,
         on_batch: OnBatch | None,
     ) -> TargetSweep:
-        statement = getattr(self._sql, f"delete_{policy.target}")
+        statement = getattr(self._sql, f"delete_{policy.target}" + ("_by_ctid" if by_ctid else ""))
         params = {**policy.params(now), "batch_size": self.limits.batch_size}
         deleted = batches = 0
         ending: Ending | None = None
@@ -127,7 +150,7 @@ class Sweeper:
             if on_batch is not None:
                 on_batch(policy.target, count)
             ending = after_batch(count, batches, self.limits)
-        return TargetSweep(policy.target, deleted, batches, ending)
+        return TargetSweep(policy.target, deleted, batches, ending, by_ctid)
 
     def _batch(self, conn: Connection[Row], statement: bytes, params: dict[str, Any]) -> int:
         with conn.transaction():
