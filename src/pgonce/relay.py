@@ -23,7 +23,10 @@ published and record refusals, commit. What that guarantees:
 
 Wake-up: a LISTEN on a dedicated connection (direct, never through a transaction-mode pooler)
 wakes the loop when an enqueueing transaction commits; polling every ``poll_interval`` covers a
-lost notification or a LISTEN connection that is down.
+lost notification or a LISTEN connection that is down. enqueue() notifies only while some relay
+is registered as waiting (``outbox_waiting_relays``), because PostgreSQL serializes the commits of
+notifying transactions: a busy relay is not waiting, so under load business transactions commit
+in parallel, and an idle relay is woken within milliseconds.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import socket
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -42,7 +48,7 @@ from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA
 from pgonce.core.outbox import RetryPolicy, refuse, settle
-from pgonce.errors import BrokerUnavailable, PgonceError
+from pgonce.errors import BrokerUnavailable, ConfigError, PgonceError
 from pgonce.publishers.base import Publisher, PublishResult
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store.errors import translate_errors
@@ -56,8 +62,15 @@ DEFAULT_BATCH_SIZE = 200
 #: mostly single-event aggregates still fills up to the batch size) while letting one busy
 #: aggregate move 50 events per round trip.
 DEFAULT_PER_AGGREGATE = 50
+#: Batches in flight at once (each its own transaction and connection). Two overlap one batch's
+#: database work (claim, mark, commit) with the other's wait for the broker's acknowledgements;
+#: more rarely help, since a broker connection pipelines the messages of a batch already.
+DEFAULT_CONCURRENCY = 2
 #: The polling fallback: the longest a committed row waits when a notification was lost.
 DEFAULT_POLL_INTERVAL = timedelta(seconds=5)
+#: A waiting relay's registration counts for a minute (outbox_enqueue()); it is renewed every
+#: time the relay goes to sleep, so the poll interval must stay well below that.
+MAX_POLL_INTERVAL = timedelta(seconds=30)
 #: Waits after a batch the broker did not settle (down, or answers lost): from the first value
 #: doubling to the second, so an outage costs a few connection attempts a minute, not a storm.
 DEFAULT_OUTAGE_BACKOFF = (timedelta(milliseconds=200), timedelta(seconds=10))
@@ -115,6 +128,7 @@ class Relay:
         schema: str = DEFAULT_SCHEMA,
         batch_size: int = DEFAULT_BATCH_SIZE,
         per_aggregate: int = DEFAULT_PER_AGGREGATE,
+        concurrency: int = DEFAULT_CONCURRENCY,
         policy: RetryPolicy | None = None,
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
         listen: bool = True,
@@ -122,11 +136,16 @@ class Relay:
         prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
         outage_backoff: tuple[timedelta, timedelta] = DEFAULT_OUTAGE_BACKOFF,
     ) -> None:
+        if not timedelta(0) < poll_interval <= MAX_POLL_INTERVAL:
+            raise ConfigError(f"poll_interval must be above 0 and at most {MAX_POLL_INTERVAL}")
+        if min(batch_size, per_aggregate, concurrency) < 1:
+            raise ConfigError("batch_size, per_aggregate and concurrency must be at least 1")
         self.dsn = dsn
         self.publisher = publisher
         self.store = AsyncOutboxStore(schema=schema)
         self.batch_size = batch_size
         self.per_aggregate = min(per_aggregate, batch_size)
+        self.concurrency = concurrency
         self.policy = policy or RetryPolicy()
         self.poll_interval = poll_interval
         self.listen = listen
@@ -136,6 +155,8 @@ class Relay:
         self.prepare_threshold = prepare_threshold
         self.outage_backoff = outage_backoff
         self.stats = RelayStats()
+        #: Names this relay in outbox_waiting_relays; unique per instance.
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = asyncio.Event()
 
     async def run_once(
@@ -190,9 +211,23 @@ class Relay:
 
     async def run(self, stop: asyncio.Event | None = None) -> RelayStats:
         """Publish until ``stop`` is set (forever without one); survive database and broker
-        outages by waiting and reconnecting."""
+        outages by waiting and reconnecting. ``concurrency`` batch loops run at once, each on
+        its own connection, sharing the publisher and the LISTEN connection."""
         stop = stop or asyncio.Event()
         listener = asyncio.create_task(self._listen(stop)) if self.listen else None
+        try:
+            await asyncio.gather(
+                *(self._loop(stop, f"{self.name}/{n}") for n in range(self.concurrency))
+            )
+        finally:
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+            await self.publisher.close()
+        return self.stats
+
+    async def _loop(self, stop: asyncio.Event, name: str) -> None:
         outage = self.outage_backoff[0]
         conn: AsyncConnection[Any] | None = None
         try:
@@ -226,30 +261,53 @@ class Relay:
                     continue
                 outage = self.outage_backoff[0]
                 if report.claimed < self.batch_size:
-                    await self._sleep(stop, self.poll_interval, wake=True)
+                    await self._wait_for_rows(conn, stop, name)
         finally:
-            if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await listener
             if conn is not None:
                 await conn.close()
-            await self.publisher.close()
-        return self.stats
+
+    async def _wait_for_rows(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, name: str
+    ) -> None:
+        """Sleep until a notification, ``stop`` or the poll interval.
+
+        Without listening this is a plain poll. With it, the loop first registers as waiting
+        (from then on enqueue() notifies) and looks once more, because a row committed just
+        before the registration sent no notification. A transaction that checked the
+        registration before it existed and commits after the last look is the one case left to
+        the poll.
+        """
+        if not self.listen:
+            await self._sleep(stop, self.poll_interval, wake=True)
+            return
+        await self.store.set_waiting(conn, name, True)
+        try:
+            report = await self.run_once(conn)
+            self.stats.add(report)
+            if not report.claimed:
+                await self._sleep(stop, self.poll_interval, wake=True)
+        finally:
+            await self.store.set_waiting(conn, name, False)
 
     async def drain(self, *, now: datetime | None = None) -> RelayStats:
-        """Run batches on one connection until a batch claims nothing; for scripts, tests and the
-        benchmark. A batch with unsettled rows ends the drain too (they are due again at once)."""
+        """Run batches until nothing is claimable, with ``concurrency`` loops; for scripts, tests
+        and the benchmark. A batch with unsettled rows ends its loop too (they are due again at
+        once). The publisher stays open."""
         stats = RelayStats()
-        conn = await self.connect(self.dsn)
-        try:
-            while True:
-                report = await self.run_once(conn, now=now)
-                stats.add(report)
-                if not report.claimed or report.unsettled or report.broker_down:
-                    return stats
-        finally:
-            await conn.close()
+
+        async def loop() -> None:
+            conn = await self.connect(self.dsn)
+            try:
+                while True:
+                    report = await self.run_once(conn, now=now)
+                    stats.add(report)
+                    if not report.claimed or report.unsettled or report.broker_down:
+                        return
+            finally:
+                await conn.close()
+
+        await asyncio.gather(*(loop() for _ in range(self.concurrency)))
+        return stats
 
     def wake(self) -> None:
         """Make a waiting :meth:`run` look for rows now (what a notification does)."""

@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgonce.core.outbox import channel
 from pgonce.errors import NotInTransaction, UsageError
@@ -72,30 +73,54 @@ def test_bad_names_and_headers_are_usage_errors(conn: psycopg.Connection[Any]) -
         enqueue(conn, "order", "1", "order.created", {}, headers={"n": 1})  # type: ignore[dict-item]
 
 
+def notifications_after(
+    conn: psycopg.Connection[Any], listener: psycopg.Connection[Any]
+) -> list[str]:
+    """The channels notified so far, ended by a marker sent after everything before it."""
+    listener.execute("LISTEN marker")
+    conn.execute("SELECT pg_notify('marker', '')")
+    seen = []
+    for note in listener.notifies(timeout=5):
+        if note.channel == "marker":
+            break
+        seen.append(note.channel)
+    return seen
+
+
 def test_one_notification_per_transaction_and_none_for_a_rollback(dsn: str) -> None:
     with (
         psycopg.connect(dsn, autocommit=True) as listener,
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
-        listener.execute(
-            psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel("pgonce")))
-        )
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel("pgonce"))))
+        OutboxStore().set_waiting(conn, "relay-1", True)
         with pytest.raises(RuntimeError), conn.transaction():
             enqueue(conn, "order", "0", "order.created", {})
             raise RuntimeError("rolled back")
         with conn.transaction():
             for n in range(5):
                 enqueue(conn, "order", str(n), "order.created", {})
-        # A marker sent after the commit: everything before it has been delivered by then.
-        conn.execute("SELECT pg_notify('marker', '')")
-        listener.execute("LISTEN marker")
-        conn.execute("SELECT pg_notify('marker', '')")
-        seen = []
-        for note in listener.notifies(timeout=5):
-            if note.channel == "marker":
-                break
-            seen.append(note.channel)
-        assert seen == ["pgonce_outbox"]
+        assert notifications_after(conn, listener) == ["pgonce_outbox"]
+
+
+def test_no_notification_while_no_relay_waits(dsn: str) -> None:
+    """NOTIFY serializes commits; with every relay busy (none registered) enqueue sends none."""
+    store = OutboxStore()
+    with (
+        psycopg.connect(dsn, autocommit=True) as listener,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel("pgonce"))))
+        store.set_waiting(conn, "relay-1", True)
+        store.set_waiting(conn, "relay-1", False)
+        with conn.transaction():
+            enqueue(conn, "order", "1", "order.created", {})
+        # A registration older than a minute is a relay that died waiting.
+        store.set_waiting(conn, "relay-2", True)
+        conn.execute("UPDATE pgonce.outbox_waiting_relays SET since = now() - interval '2 min'")
+        with conn.transaction():
+            enqueue(conn, "order", "2", "order.created", {})
+        assert notifications_after(conn, listener) == []
 
 
 async def test_transactions_of_one_aggregate_get_ids_in_commit_order(dsn: str) -> None:

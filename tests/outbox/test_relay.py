@@ -163,7 +163,7 @@ async def test_a_notification_wakes_a_waiting_relay_long_before_the_poll(
     relay = Relay(
         dsn,
         RedisStreamsPublisher(redis_url, routing=lambda m: key),
-        poll_interval=timedelta(seconds=120),
+        poll_interval=timedelta(seconds=30),
     )
     stop = asyncio.Event()
     running = asyncio.create_task(relay.run(stop))

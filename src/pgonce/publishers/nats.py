@@ -65,8 +65,14 @@ class NatsPublisher:
         self.ack_timeout = ack_timeout
         self._client: Client | None = None
         self._js: JetStreamContext | None = None
+        self._connecting = asyncio.Lock()
 
     async def _connect(self) -> JetStreamContext:
+        # The relay's concurrent batch loops share this publisher: one of them connects.
+        async with self._connecting:
+            return await self._connect_once()
+
+    async def _connect_once(self) -> JetStreamContext:
         if self._js is not None and self._client is not None and self._client.is_connected:
             return self._js
         await self.close()

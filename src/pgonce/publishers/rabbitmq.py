@@ -60,8 +60,14 @@ class RabbitMQPublisher:
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
+        self._connecting = asyncio.Lock()
 
     async def _connect(self) -> AbstractExchange:
+        # The relay's concurrent batch loops share this publisher: one of them connects.
+        async with self._connecting:
+            return await self._connect_once()
+
+    async def _connect_once(self) -> AbstractExchange:
         if self._exchange is not None and self._channel is not None and not self._channel.is_closed:
             return self._exchange
         await self.close()
@@ -84,7 +90,7 @@ class RabbitMQPublisher:
         # in any grouping, and each future resolves with its own message's answer.
         results = await asyncio.gather(
             *(
-                exchange.publish(_amqp_message(m), self.routing(m), mandatory=True, timeout=timeout)
+                exchange.publish(amqp_message(m), self.routing(m), mandatory=True, timeout=timeout)
                 for m in batch
             ),
             return_exceptions=True,
@@ -122,7 +128,8 @@ class RabbitMQPublisher:
                 await connection.close()
 
 
-def _amqp_message(message: OutboxMessage) -> aio_pika.Message:
+def amqp_message(message: OutboxMessage) -> aio_pika.Message:
+    """The AMQP message for an outbox row: persistent, JSON, the outbox id as message-id."""
     headers: dict[str, Any] = message_headers(message)
     return aio_pika.Message(
         body(message),

@@ -170,11 +170,22 @@ CREATE TABLE outbox_aggregates (
     CONSTRAINT outbox_aggregates_pkey PRIMARY KEY (aggregatetype, aggregateid)
 );
 
+-- Relays waiting for a notification, each refreshing its row whenever it goes back to sleep.
+-- enqueue() sends NOTIFY only while a relay waits: PostgreSQL serializes the commits of all
+-- transactions that notified (one lock on the notification queue, held from pre-commit to the
+-- end of the commit), so notifying while the relays are busy anyway would turn every concurrent
+-- business commit into a queue. A row older than a minute belongs to a relay that died waiting.
+CREATE TABLE outbox_waiting_relays (
+    relay text        NOT NULL,
+    since timestamptz NOT NULL,
+    CONSTRAINT outbox_waiting_relays_pkey PRIMARY KEY (relay)
+);
+
 -- outbox_enqueue(): the one statement of enqueue(); returns the new row's id.
 --
--- Takes the aggregate's lock, inserts the row, and notifies the relays on p_channel
--- ("<schema>_outbox"). NOTIFY is delivered at commit, never for a rolled-back transaction, and the
--- identical payload is sent once per transaction however many rows it enqueued.
+-- Takes the aggregate's lock, inserts the row, and, while a relay waits, notifies p_channel
+-- ("<schema>_outbox"). NOTIFY is delivered at commit, never for a rolled-back transaction, and
+-- the identical payload is sent once per transaction however many rows it enqueued.
 CREATE FUNCTION outbox_enqueue(p_aggregatetype text, p_aggregateid text, p_type text,
                                p_payload jsonb, p_headers jsonb, p_now timestamptz,
                                p_channel text)
@@ -195,7 +206,10 @@ BEGIN
     VALUES (p_aggregatetype, p_aggregateid, p_type, p_payload, coalesce(p_headers, '{}'), v_now,
             v_now)
     RETURNING id INTO v_id;
-    PERFORM pg_notify(p_channel, '');
+    -- The real clock, not p_now: staleness is about relays that exist now.
+    IF EXISTS (SELECT 1 FROM outbox_waiting_relays WHERE since > now() - interval '1 minute') THEN
+        PERFORM pg_notify(p_channel, '');
+    END IF;
     RETURN v_id;
 END
 $enqueue$;

@@ -74,6 +74,14 @@ RETURNING id
 -- name: notify
 SELECT pg_notify(%(channel)s, '')
 
+-- name: register_waiting
+-- This relay is about to sleep: enqueue() notifies while the row is fresh.
+INSERT INTO {schema}.outbox_waiting_relays (relay, since) VALUES (%(relay)s, now())
+ON CONFLICT (relay) DO UPDATE SET since = excluded.since
+
+-- name: unregister_waiting
+DELETE FROM {schema}.outbox_waiting_relays WHERE relay = %(relay)s
+
 -- name: counts
 SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS pending,
        count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL

@@ -199,6 +199,14 @@ class AsyncOutboxStore:
                 await conn.execute(self._sql.notify, {"channel": self.channel})
         return replayed
 
+    async def set_waiting(self, conn: AsyncConnection[Row], relay: str, waiting: bool) -> None:
+        """Register (or unregister) ``relay`` as waiting for notifications; enqueue() sends NOTIFY
+        only while some relay is registered (NOTIFY serializes commits). Runs as its own
+        statement: call it on the relay's connection outside a batch."""
+        statement = self._sql.register_waiting if waiting else self._sql.unregister_waiting
+        with translate_errors("registering a waiting relay"):
+            await conn.execute(statement, {"relay": relay})
+
     async def listen(self, conn: AsyncConnection[Row]) -> None:
         """Subscribe ``conn`` (a dedicated, direct, autocommit connection) to the outbox channel.
 
