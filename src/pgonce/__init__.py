@@ -9,27 +9,33 @@ from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won
 from pgonce.core.retention import HealthReport, Retention, RetentionPolicy, SweepLimits, SweepResult
 from pgonce.errors import (
+    BrokerUnavailable,
     ConfigError,
     DatabaseError,
     DatabaseUnavailable,
     KeyMismatch,
     NotInTransaction,
     PgonceError,
+    PublishError,
     SchemaNotMigrated,
     UsageError,
 )
 from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.keys import AsyncKeyStore, AsyncOperation
+from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
 from pgonce.store._sync.health import HealthCheck
 from pgonce.store._sync.keys import KeyStore, Operation
+from pgonce.store._sync.outbox import OutboxStore, enqueue
 from pgonce.store._sync.sweeper import Sweeper
 
 __all__ = [
     "AsyncHealthCheck",
     "AsyncKeyStore",
     "AsyncOperation",
+    "AsyncOutboxStore",
     "AsyncSweeper",
+    "BrokerUnavailable",
     "Claim",
     "ConfigError",
     "DatabaseError",
@@ -41,7 +47,9 @@ __all__ = [
     "KeyStore",
     "NotInTransaction",
     "Operation",
+    "OutboxStore",
     "PgonceError",
+    "PublishError",
     "Replay",
     "Response",
     "Retention",
@@ -53,6 +61,7 @@ __all__ = [
     "Sweeper",
     "UsageError",
     "Won",
+    "enqueue",
     "fingerprint",
     "sweep_every",
 ]
