@@ -29,6 +29,9 @@ from pgonce.store._sync.sweeper import Sweeper
 TITLE = "Sweeper"
 ROWS = 1_000_000
 QUICK_ROWS = 30_000
+#: Rows for the comparison of the two join paths.
+PATH_ROWS = 200_000
+PATH_QUICK_ROWS = 10_000
 CLIENTS = 4
 #: Phases alternate: claims alone for ALONE_S seconds, then with the sweeper for SWEEP_S seconds.
 ALONE_S = 1.0
@@ -199,6 +202,37 @@ def run(ctx: BenchContext) -> list[Table]:
         f"{rate:,.0f}",
         ratio(rate, fill_rate, "INSERT rate"),
     )
+    paths = _paths(ctx, PATH_QUICK_ROWS if ctx.quick else PATH_ROWS)
     with psycopg.connect(ctx.dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM pgonce.keys WHERE scope LIKE 'sweep-bench-%'")
-    return [claims, table]
+    return [claims, table, paths]
+
+
+def _paths(ctx: BenchContext, rows: int) -> Table:
+    """The two join paths of a batch, unpaused and without load: what ctid saves per row."""
+    table = Table(
+        "Sweeper: batch join paths (no pause, no claim load)",
+        ["path", "rows", "rows/s", "ratio"],
+        notes=[
+            "ctid: the default on plain PostgreSQL. Primary key: the portable path, used where "
+            "Citus is installed. Same statement otherwise, same rows, one after the other.",
+        ],
+    )
+    rates = []
+    for by_ctid in (True, False):
+        _fill(ctx, rows)
+        sweeper = Sweeper(
+            schema=ctx.schema,
+            ctid=by_ctid,
+            limits=SweepLimits(max_batches=1_000_000, pause=timedelta(0)),
+        )
+        with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+            result = sweeper.sweep(conn)
+        rates.append(result.deleted / result.seconds if result.seconds else 0.0)
+        table.add(
+            "ctid" if by_ctid else "**primary key (portable)**",
+            f"{result.deleted:,}",
+            f"{rates[-1]:,.0f}",
+            "reference" if by_ctid else ratio(rates[-1], rates[0], "ctid"),
+        )
+    return table
