@@ -59,7 +59,9 @@ def main() -> int:
     ]
     RESULTS.mkdir(exist_ok=True)
     text = "\n".join(header) + "\n".join(t.markdown() for t in tables)
-    (RESULTS / "latest.md").write_text(text)
+    # Only a full run is "latest"; a partial one must not overwrite the other workloads' figures.
+    name = "latest.md" if not args.only and not args.quick else f"partial-{args.only or 'all'}.md"
+    (RESULTS / name).write_text(text)
     print(text)
     return 0
 
