@@ -24,6 +24,7 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     │   └── EventConflict             409: same event id, different body (an integrity alert)
     └── InboxHandlerError             an inbox handler's run failed in a way pgonce detected
         ├── HandlerTimeout            the handler outlived its source's handler_timeout
+        ├── HandlerSwallowedError     the handler caught a database error; its writes cannot commit
         └── ForwardFailed             the forward target did not accept the event
 
 The class docstring is the default message; every exception keeps the psycopg error it translates
@@ -167,6 +168,13 @@ class HandlerTimeout(InboxHandlerError):
     def __init__(self, seconds: float) -> None:
         super().__init__(f"the handler did not finish within {seconds:g} s")
         self.seconds = seconds
+
+
+class HandlerSwallowedError(InboxHandlerError):
+    """The handler returned normally after a database error aborted its writes.
+
+    A handler must let database errors propagate: after one, none of its writes can commit.
+    """
 
 
 class ForwardFailed(InboxHandlerError):

@@ -4,6 +4,7 @@ watermarks, wake-ups, shutdown and HTTP forwards."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -144,13 +145,18 @@ async def test_a_failing_event_does_not_undo_its_batch(effects_dsn: str) -> None
         if event.id == "e2":
             # An SQL error aborts the transaction; the savepoint must bring it back.
             await conn.execute("SELECT 1 / 0")
+        if event.id == "e3":
+            # A handler that swallows a database error must not pass for a success.
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute("SELECT 1 / 0")
 
     worker = InboxWorker([source(handler=handler)], dsn=effects_dsn, schema=SCHEMA)
     async with await psycopg.AsyncConnection.connect(effects_dsn) as conn:
         result = await worker.run_once(conn, now=T0)
-    assert (result.done, result.retried) == (4, 1)
-    assert sorted(e for _, e, _ in effects(effects_dsn)) == ["e0", "e1", "e3", "e4"]
+    assert (result.done, result.retried) == (3, 2)
+    assert sorted(e for _, e, _ in effects(effects_dsn)) == ["e0", "e1", "e4"]
     assert "division by zero" in (await row(effects_dsn, "e2"))["last_error"]
+    assert (await row(effects_dsn, "e3"))["last_error"].startswith("HandlerSwallowedError")
 
 
 async def test_handler_timeout_counts_as_a_failure(effects_dsn: str) -> None:

@@ -47,7 +47,13 @@ from pgonce.core.inbox import (
     needs_watermark,
     parse_json,
 )
-from pgonce.errors import DatabaseUnavailable, HandlerTimeout, PgonceError, UsageError
+from pgonce.errors import (
+    DatabaseUnavailable,
+    HandlerSwallowedError,
+    HandlerTimeout,
+    PgonceError,
+    UsageError,
+)
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.webhooks.source import Source, by_name
 
@@ -154,12 +160,12 @@ class InboxWorker:
             events = await store.claim(
                 conn, self._names, limit=self.batch_size, blocking=self._blocking, now=now
             )
-            for event in events:
-                source = self.sources[event.source]
+            if events:
                 await store.savepoint(conn)
+            for number, event in enumerate(events, 1):
+                source = self.sources[event.source]
                 try:
                     status = await self._run_handler(conn, source, event, now)
-                    await store.release_savepoint(conn)
                 except Exception as error:
                     # A cancellation (shutdown) is no Exception: it rolls the whole batch back.
                     await store.rollback_savepoint(conn)
@@ -186,6 +192,11 @@ class InboxWorker:
                         )
                 else:
                     finished.append((event, status))
+                # One round trip per event: release this event's savepoint, open the next one's.
+                if number < len(events):
+                    await store.next_savepoint(conn)
+                else:
+                    await store.release_savepoint(conn)
             await store.finish(conn, finished, now=now)
         return BatchResult(
             claimed=len(events),
@@ -214,6 +225,9 @@ class InboxWorker:
                 await source.handler(event, conn)
         except TimeoutError as error:
             raise HandlerTimeout(source.handler_timeout.total_seconds()) from error
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            # The handler swallowed a database error: its writes cannot commit, so it failed.
+            raise HandlerSwallowedError()
         return "done"
 
     # -- loops -----------------------------------------------------------------------------------

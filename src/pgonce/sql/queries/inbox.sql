@@ -36,6 +36,10 @@ SAVEPOINT pgonce_inbox_event
 -- name: release_savepoint
 RELEASE SAVEPOINT pgonce_inbox_event
 
+-- name: next_savepoint
+-- Two statements in one round trip (no parameters: the simple query protocol carries both).
+RELEASE SAVEPOINT pgonce_inbox_event; SAVEPOINT pgonce_inbox_event
+
 -- name: rollback_savepoint
 ROLLBACK TO SAVEPOINT pgonce_inbox_event
 

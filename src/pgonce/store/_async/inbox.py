@@ -145,6 +145,11 @@ class AsyncInboxStore:
         with translate_errors("releasing an inbox savepoint"):
             await conn.execute(self._sql.release_savepoint)
 
+    async def next_savepoint(self, conn: AsyncConnection[Row]) -> None:
+        """Release the savepoint of one event and open the next one's, in one round trip."""
+        with translate_errors("moving to the next inbox savepoint"):
+            await conn.execute(self._sql.next_savepoint)
+
     async def rollback_savepoint(self, conn: AsyncConnection[Row]) -> None:
         """Undo one handler's writes (also after an error aborted the transaction)."""
         with translate_errors("rolling back an inbox savepoint"):

@@ -147,6 +147,11 @@ class InboxStore:
         with translate_errors("releasing an inbox savepoint"):
             conn.execute(self._sql.release_savepoint)
 
+    def next_savepoint(self, conn: Connection[Row]) -> None:
+        """Release the savepoint of one event and open the next one's, in one round trip."""
+        with translate_errors("moving to the next inbox savepoint"):
+            conn.execute(self._sql.next_savepoint)
+
     def rollback_savepoint(self, conn: Connection[Row]) -> None:
         """Undo one handler's writes (also after an error aborted the transaction)."""
         with translate_errors("rolling back an inbox savepoint"):

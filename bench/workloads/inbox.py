@@ -1,0 +1,362 @@
+"""Webhook inbox: HTTP ingest against a bare insert endpoint, and workers against pgqueuer.
+
+Ingest: one uvicorn process serves both the inbox receiver (``POST /webhooks/bench``: read the
+body, verify its HMAC signature, claim (source, event id), store, 200 after commit) and a bare
+Starlette endpoint (``POST /bare``: insert the body in a transaction of its own, 200). The same
+keep-alive client loads each in turn with new, signed events; figures are requests/s and p99.
+
+Workers: the same number of events is queued for the inbox worker (a no-op handler, run in the
+transaction that marks each event done) and for pgqueuer's QueueManager (a no-op entrypoint; the
+shape of pgqueuer's own ``tools/benchmark.py`` consumer, two managers), each drained to the end.
+
+Everything runs in a scratch database created for the run and dropped after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from bench.context import BenchContext
+from bench.report import Table, percentile, ratio
+from bench.workloads.http_middleware import read_response
+from pgonce.core.inbox import Delivery, InboxEvent, digest
+from pgonce.store._async.inbox import AsyncInboxStore
+from pgonce.store.migrate import migrate
+
+TITLE = "Webhook inbox"
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "bench-secret"
+#: Keep-alive connections of the ingest client: a provider's burst of retries and new events.
+CONCURRENCY = 32
+#: Connections of the bare endpoint's pool; the receiver uses its defaults (two flushers).
+BARE_POOL = 8
+INGEST_SECONDS = 15.0
+WORKER_EVENTS = 20_000
+WORKER_BATCH = 50
+
+
+# --- the app (run in its own process) -----------------------------------------------------------
+
+
+def create_app() -> Any:
+    from psycopg_pool import AsyncConnectionPool
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Mount, Route
+
+    from pgonce.webhooks.receiver import InboxReceiver
+    from pgonce.webhooks.schemes import build_scheme
+    from pgonce.webhooks.source import Source
+
+    dsn = os.environ["BENCH_INBOX_DSN"]
+    scheme = build_scheme(
+        "generic-hmac", [SECRET], options={"header": "x-signature", "id_header": "x-event-id"}
+    )
+    receiver = InboxReceiver([Source(name="bench", scheme=scheme)], dsn=dsn, prefix="")
+    bare_pool = AsyncConnectionPool(dsn, min_size=BARE_POOL, max_size=BARE_POOL, open=False)
+
+    async def bare(request: Request) -> Response:
+        body = await request.body()
+        async with bare_pool.connection() as conn, conn.transaction():
+            await conn.execute("INSERT INTO bench_bare (body) VALUES (%s)", (body,))
+        return Response(b'{"outcome":"stored"}', media_type="application/json")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await bare_pool.open(wait=True)
+        async with receiver:
+            yield
+        await bare_pool.close()
+
+    return Starlette(
+        routes=[Route("/bare", bare, methods=["POST"]), Mount("/webhooks", receiver)],
+        lifespan=lifespan,
+    )
+
+
+def _serve_inherited_socket() -> None:
+    """``python -m bench.workloads.inbox FD``: uvicorn on an inherited TCP socket (so that
+    TCP_NODELAY is set on accepted connections, unlike with ``uvicorn --fd``)."""
+    import uvicorn
+
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    config = uvicorn.Config(
+        "bench.workloads.inbox:create_app", factory=True, log_level="warning", access_log=False
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def serve(dsn: str, log: Path) -> Iterator[int]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = int(sock.getsockname()[1])
+    env = {**os.environ, "BENCH_INBOX_DSN": dsn}
+    command = [sys.executable, "-m", "bench.workloads.inbox", str(sock.fileno())]
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, pass_fds=[sock.fileno()], stdout=out, stderr=out
+        )
+    sock.close()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the inbox bench server exited; see {log}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the inbox bench server never listened; see {log}")
+            time.sleep(0.05)
+        yield port
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# --- ingest load --------------------------------------------------------------------------------
+
+
+def signed_request(port: int, path: str) -> bytes:
+    event_id = f"evt_{uuid.uuid4().hex}"
+    body = json.dumps({"id": event_id, "type": "invoice.paid", "amount": 4200}).encode()
+    signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"X-Signature: {signature}\r\nX-Event-Id: {event_id}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def load(port: int, path: str, seconds: float) -> tuple[float, float, dict[int, int]]:
+    """Requests/s, p99 in ms and the status counts of ``CONCURRENCY`` keep-alive clients."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    stop_at = time.perf_counter() + seconds
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < stop_at:
+                request = signed_request(port, path)
+                started = time.perf_counter()
+                writer.write(request)
+                status, _, _ = await read_response(reader)
+                latencies.append(time.perf_counter() - started)
+                statuses[status] = statuses.get(status, 0) + 1
+        finally:
+            writer.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+    elapsed = time.perf_counter() - started
+    return len(latencies) / elapsed, percentile(latencies, 99) * 1000, statuses
+
+
+# --- workers ------------------------------------------------------------------------------------
+
+
+async def _until(check: Any, every: float = 0.02) -> None:
+    for _ in iter(int, 1):
+        if await check():
+            return
+        await asyncio.sleep(every)
+
+
+async def inbox_workers(dsn: str, schema: str, events: int) -> float:
+    """Events/s of the inbox worker draining ``events`` no-op events."""
+    from pgonce.webhooks.schemes import build_scheme
+    from pgonce.webhooks.source import Source
+    from pgonce.webhooks.worker import InboxWorker
+
+    store = AsyncInboxStore(schema=schema)
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        for start in range(0, events, 1000):
+            batch = []
+            for n in range(start, min(events, start + 1000)):
+                body = b'{"n":%d}' % n
+                batch.append(Delivery("worker", f"evt_{n}", body, {}, digest(body)))
+            async with conn.transaction():
+                await store.store(conn, batch)
+
+    async def noop(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
+        return None
+
+    scheme = build_scheme("generic-hmac", [SECRET], options={"header": "x-signature"})
+    source = Source(name="worker", scheme=scheme, handler=noop)
+    worker = InboxWorker(
+        [source],
+        dsn=dsn,
+        schema=schema,
+        batch_size=WORKER_BATCH,
+        poll_interval=timedelta(milliseconds=50),
+    )
+    query = sql.SQL(
+        "SELECT count(*) FROM {}.inbox WHERE source = 'worker' AND status = 'pending'"
+    ).format(sql.Identifier(schema))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
+
+        async def drained() -> bool:
+            row = await (await watcher.execute(query)).fetchone()
+            return row is not None and row[0] == 0
+
+        stop = asyncio.Event()
+        started = time.perf_counter()
+        running = asyncio.create_task(worker.run(stop))
+        await _until(drained)
+        elapsed = time.perf_counter() - started
+        stop.set()
+        await running
+    return events / elapsed
+
+
+async def pgqueuer_workers(dsn: str, events: int, batch_size: int) -> float:
+    """Jobs/s of two pgqueuer QueueManagers draining ``events`` no-op jobs."""
+    from pgqueuer.db import PsycopgDriver
+    from pgqueuer.models import Job
+    from pgqueuer.qm import QueueManager
+    from pgqueuer.queries import Queries
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        queries = Queries(PsycopgDriver(conn))
+        with contextlib.suppress(psycopg.Error):
+            await queries.install()
+        await queries.clear_queue()
+        for start in range(0, events, 1000):
+            size = min(1000, events - start)
+            await queries.enqueue(["noop"] * size, [b"%d" % n for n in range(size)], [0] * size)
+
+    connections = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(2)]
+    try:
+        managers = [QueueManager(Queries(PsycopgDriver(c))) for c in connections]
+        processed = 0
+        finished = asyncio.Event()
+        for manager in managers:
+
+            @manager.entrypoint("noop")
+            async def noop(job: Job) -> None:
+                nonlocal processed
+                processed += 1
+                if processed >= events:
+                    finished.set()
+
+        started = time.perf_counter()
+        running = [asyncio.create_task(m.run(batch_size=batch_size)) for m in managers]
+        await finished.wait()
+        elapsed = time.perf_counter() - started
+        for manager in managers:
+            manager.shutdown.set()
+        await asyncio.gather(*running)
+    finally:
+        for c in connections:
+            await c.close()
+    return events / elapsed
+
+
+# --- the workload -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def scratch_database(dsn: str, schema: str) -> Iterator[str]:
+    name = f"pgonce_bench_inbox_{os.getpid()}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    scratch = make_conninfo(dsn, dbname=name)
+    try:
+        with psycopg.connect(scratch, autocommit=True) as conn:
+            migrate(conn, schema)
+            conn.execute("CREATE TABLE bench_bare (id bigserial PRIMARY KEY, body bytea NOT NULL)")
+        yield scratch
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def run(ctx: BenchContext) -> list[Table]:
+    seconds = ctx.seconds(INGEST_SECONDS)
+    events = 1_000 if ctx.quick else WORKER_EVENTS
+    log = ROOT / "bench" / "results" / "inbox-server.log"
+    log.parent.mkdir(exist_ok=True)
+    with scratch_database(ctx.dsn, ctx.schema) as dsn:
+        with serve(dsn, log) as port:
+            # Warm both paths (connections, prepared statements) before measuring.
+            asyncio.run(load(port, "/webhooks/bench", min(1.0, seconds)))
+            asyncio.run(load(port, "/bare", min(1.0, seconds)))
+            inbox = asyncio.run(load(port, "/webhooks/bench", seconds))
+            bare = asyncio.run(load(port, "/bare", seconds))
+        workers = asyncio.run(inbox_workers(dsn, ctx.schema, events))
+        pgq_default = asyncio.run(pgqueuer_workers(dsn, events, 10))
+        pgq_same = asyncio.run(pgqueuer_workers(dsn, events, WORKER_BATCH))
+
+    ingest = Table(
+        "Webhook inbox: HTTP ingest (verify + dedupe + store + 200)",
+        ["endpoint", "requests/s", "p99 ms", "statuses", "vs bare insert"],
+    )
+    for label, (rps, p99, statuses) in (("pgonce inbox", inbox), ("bare insert", bare)):
+        ingest.add(label, f"{rps:,.0f}", f"{p99:.1f}", statuses, ratio(rps, bare[0], "bare"))
+    ingest.notes.append(
+        f"One uvicorn process serves both endpoints; {CONCURRENCY} keep-alive clients send new, "
+        f"HMAC-signed events for {seconds:g} s each. The bare endpoint inserts the body in a "
+        f"transaction of its own from a pool of {BARE_POOL}; the inbox acknowledges only after "
+        "the commit that holds the event (group commit: concurrent deliveries share it)."
+    )
+    drain = Table(
+        "Webhook inbox: worker throughput with a no-op handler",
+        ["consumer", "events/s", "vs pgqueuer (batch 10)"],
+    )
+    drain.add(
+        f"pgonce inbox worker, 2 loops, batch {WORKER_BATCH}",
+        f"{workers:,.0f}",
+        ratio(workers, pgq_default, "pgqueuer"),
+    )
+    drain.add(
+        "pgqueuer, 2 QueueManagers, batch 10",
+        f"{pgq_default:,.0f}",
+        ratio(pgq_default, pgq_default, "pgqueuer"),
+    )
+    drain.add(
+        f"pgqueuer, 2 QueueManagers, batch {WORKER_BATCH}",
+        f"{pgq_same:,.0f}",
+        ratio(pgq_same, pgq_default, "pgqueuer"),
+    )
+    drain.notes.append(
+        f"{events:,} events queued, then drained to the end. The inbox runs each handler in the "
+        "transaction that marks its event done (one commit per batch, a savepoint per event); "
+        "pgqueuer's consumer is the shape of its own tools/benchmark.py (two QueueManagers, "
+        "batch 10 by default) on psycopg."
+    )
+    return [ingest, drain]
+
+
+if __name__ == "__main__":
+    _serve_inherited_socket()
