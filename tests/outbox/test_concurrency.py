@@ -49,3 +49,29 @@ async def test_three_relays_publish_10000_rows_exactly_once_in_order(
         assert conn.execute(
             "SELECT count(*) FROM pgonce.outbox WHERE published_at IS NULL"
         ).fetchone() == (0,)
+
+
+@pytest.mark.slow
+async def test_three_relays_on_three_hot_aggregates_keep_each_aggregate_in_order(
+    dsn: str, rabbitmq_url: str
+) -> None:
+    """Few aggregates, many events each: the relays contend for every aggregate's head."""
+    ids = await asyncio.to_thread(fill, dsn, 3000, 3)
+    name = fresh("pgonce-test-")
+    async with rabbitmq_queue(rabbitmq_url, name) as queue:
+        relays = await asyncio.gather(
+            *(
+                start_relay(dsn, "rabbitmq", rabbitmq_url, name, "--wait-go", "--batch-size", "20")
+                for _ in range(3)
+            )
+        )
+        for relay in relays:
+            await go(relay)
+        totals = []
+        for relay in relays:
+            totals.append(json.loads(await read_line(relay, within=120))["published"])
+            assert await relay.wait() == 0
+        received = await rabbitmq_drain(queue)
+    assert sum(totals) == 3000
+    assert sorted(int(r.message_id) for r in received) == ids
+    assert_in_order_per_aggregate(received)

@@ -197,3 +197,34 @@ async def test_a_batch_of_nothing_is_a_usage_error(aconn: Any, limit: int) -> No
 
     with pytest.raises(UsageError):
         await AsyncOutboxStore().claim(aconn, limit=limit)
+
+
+async def test_a_row_in_backoff_holds_back_the_rest_of_its_aggregate(
+    dsn: str, receiver: Receiver
+) -> None:
+    # Aggregate "0": rows 1, 3, 5; aggregate "1": rows 2, 4, 6. The first delivery fails.
+    ids = fill(dsn, 6, aggregates=2)
+    failures = {str(ids[0]): 1}
+
+    def status(_count: int) -> int:
+        webhook_id = receiver.requests[-1][0]["webhook-id"]
+        if failures.get(webhook_id):
+            failures[webhook_id] -= 1
+            return 500
+        return 204
+
+    receiver.status = status
+    relay = Relay(dsn, HttpPublisher(url=receiver.url, secret=SECRET), batch_size=10)
+    later = datetime.now(UTC) + timedelta(minutes=1)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        first = await relay.run_once(conn, now=later)
+        # Aggregate "0" stopped at its refused head; aggregate "1" went through.
+        assert (first.refused, first.published) == (1, 3)
+        # Its head waits for the backoff, and so do the rows behind it.
+        assert (await relay.run_once(conn, now=later)).claimed == 0
+        after = await relay.run_once(conn, now=later + timedelta(hours=1))
+        assert after.published == 3
+    await relay.publisher.close()
+    delivered = [h["webhook-id"] for h, _ in receiver.requests]
+    zero = [str(i) for i in ids[0::2]]
+    assert [d for d in delivered if d in zero] == [zero[0], *zero]
