@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -305,8 +306,8 @@ def scratch_database(dsn: str, schema: str) -> Iterator[str]:
 def run(ctx: BenchContext) -> list[Table]:
     seconds = ctx.seconds(INGEST_SECONDS)
     events = 1_000 if ctx.quick else WORKER_EVENTS
-    log = ROOT / "bench" / "results" / "inbox-server.log"
-    log.parent.mkdir(exist_ok=True)
+    # The server's output (warnings, a traceback if it fails to start) goes beside other temp files.
+    log = Path(tempfile.gettempdir()) / "pgonce-bench-inbox-server.log"
     with scratch_database(ctx.dsn, ctx.schema) as dsn:
         with serve(dsn, log) as port:
             # Warm both paths (connections, prepared statements) before measuring.
