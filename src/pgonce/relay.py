@@ -175,6 +175,8 @@ class Relay:
             except BrokerUnavailable as error:
                 log.warning("relay: %s; %d rows wait", error, len(batch))
                 result, broker_down = PublishResult(), True
+            # The backoff is computed on this host's clock and compared with the database's in
+            # the claim; a skew of a few seconds shifts a retry by as much, nothing worse.
             settled_at = now or datetime.now(UTC)
             settlement = settle(batch, result.acked, result.refused)
             await self.store.mark_published(conn, settlement.published, now=now)
