@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -147,7 +148,10 @@ def test_standard_webhooks_delivery_signed_by_the_providers_library(dsn: str) ->
     scheme.verify(row[1], body, now=now)
 
 
-header_values = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=80)
+# Printable ASCII without surrounding blanks: what an HTTP client can send at all.
+header_values = st.text(
+    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=80
+).map(str.strip)
 
 
 @pytest.fixture
@@ -190,3 +194,32 @@ def test_garbage_deliveries_never_get_a_500(
     assert response.status_code in (200, 400, 401, 404, 409, 413)
     if response.status_code != 200:
         assert response.headers["content-type"] == "application/problem+json"
+
+
+async def test_first_requests_open_the_pool_once_and_an_unreachable_database_is_503() -> None:
+    # A port nobody listens on: the receiver cannot open its pool.
+    dead = "postgresql://postgres@127.0.0.1:1/nothing?connect_timeout=1"
+    receiver = InboxReceiver([source()], dsn=dead, schema=SCHEMA)
+    receiver.pool.timeout = 1.0
+    body = b"{}"
+    headers = [(k.encode(), v.encode()) for k, v in signed(body, "e1").items()]
+    answers: list[int] = []
+
+    async def one() -> None:
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0)
+
+        async def send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                answers.append(message["status"])
+
+        scope = {"type": "http", "method": "POST", "path": "/webhooks/shop", "headers": headers}
+        await receiver(scope, receive, send)
+
+    started = time.monotonic()
+    await asyncio.gather(one(), one(), one())
+    assert answers == [503, 503, 503]
+    assert time.monotonic() - started < 10  # one bounded wait, not one per request
+    await receiver.close()

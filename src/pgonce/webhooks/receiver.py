@@ -42,6 +42,7 @@ from pgonce.core.inbox import (
 )
 from pgonce.errors import (
     BadPayload,
+    DatabaseUnavailable,
     EventConflict,
     PayloadTooLarge,
     PgonceError,
@@ -116,23 +117,41 @@ class InboxReceiver:
         self._flushers = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
+        self._opening: asyncio.Future[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the receiver's own pool (a caller's pool is the caller's to open)."""
-        if not self._started:
-            self._started = True
-            if self._owns_pool:
-                await self.pool.open(wait=True)
+        """Open the receiver's own pool (a caller's pool is the caller's to open).
+
+        Concurrent callers (the first requests, when nobody started the receiver) all wait for
+        the one opening, so none of them meets a pool that is not open yet.
+        """
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._open())
+        opening = self._opening
+        try:
+            await asyncio.shield(opening)
+        except Exception as error:
+            if opening is self._opening:
+                self._opening = None  # the next request tries again
+            if isinstance(error, PgonceError):
+                raise
+            raise DatabaseUnavailable(f"the inbox receiver could not connect: {error}") from error
+
+    async def _open(self) -> None:
+        if self._owns_pool:
+            await self.pool.open(wait=True, timeout=self.pool.timeout)
+        self._started = True
 
     async def close(self) -> None:
         """Wait until every queued delivery was stored and answered, then close the own pool."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._owns_pool and self._started:
+        if self._owns_pool and not self.pool.closed:
             await self.pool.close()
         self._started = False
+        self._opening = None
 
     async def __aenter__(self) -> InboxReceiver:
         await self.start()
@@ -166,9 +185,6 @@ class InboxReceiver:
                 try:
                     await self.start()
                 except PgonceError as error:
-                    await send({"type": "lifespan.startup.failed", "message": str(error)})
-                    return
-                except Exception as error:  # the pool's own errors: say them, do not crash
                     await send({"type": "lifespan.startup.failed", "message": str(error)})
                     return
                 await send({"type": "lifespan.startup.complete"})
