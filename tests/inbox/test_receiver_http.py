@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -223,3 +225,28 @@ async def test_first_requests_open_the_pool_once_and_an_unreachable_database_is_
     assert answers == [503, 503, 503]
     assert time.monotonic() - started < 10  # one bounded wait, not one per request
     await receiver.close()
+
+
+def test_mounted_in_another_app_with_the_body_hash_as_fallback_id(dsn: str) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    receiver = InboxReceiver([source()], dsn=dsn, schema=SCHEMA, prefix="")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with receiver:
+            yield
+
+    app = Starlette(routes=[Mount("/hooks", receiver)], lifespan=lifespan)
+    body = b'{"no":"id header"}'
+    with serve(app) as url, httpx.Client(base_url=url) as client:
+        first = client.post("/hooks/shop", content=body, headers=signed(body, None))
+        again = client.post("/hooks/shop", content=body, headers=signed(body, None))
+        unknown = client.post("/hooks/none", content=body, headers=signed(body, None))
+    assert [first.json()["outcome"], again.json()["outcome"]] == ["stored", "duplicate"]
+    assert unknown.status_code == 404
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(f"SELECT event_id FROM {SCHEMA}.inbox").fetchone()
+    assert row is not None
+    assert row[0].startswith("sha256:")

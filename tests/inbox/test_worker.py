@@ -415,3 +415,27 @@ async def test_forward_sends_the_event_id_as_idempotency_key(dsn: str) -> None:
             assert (await row(dsn, "evt_9"))["last_error"].startswith("ForwardFailed")
             assert (await worker.run_once(conn, now=T0 + timedelta(hours=1))).done == 1
     assert received == [("evt_9", "shop", b'{"n": 9}')] * 2
+
+
+async def test_handlers_by_event_type(effects_dsn: str) -> None:
+    await deliver(
+        effects_dsn,
+        delivery("paid", {"type": "invoice.paid"}),
+        delivery("other", {"type": "customer.created"}),
+        delivery("untyped", {}),
+    )
+    ran: list[tuple[str, str]] = []
+
+    async def on_paid(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
+        ran.append(("paid", event.id))
+        await record_effect(event, conn)
+
+    src = source(
+        handler=None,
+        handlers={"invoice.paid": on_paid},
+        event_type=lambda payload, headers: payload.get("type"),
+    )
+    worker = InboxWorker([src], dsn=effects_dsn, schema=SCHEMA)
+    await run_batches(worker, effects_dsn)
+    assert ran == [("paid", "paid")]
+    assert statuses(effects_dsn) == {"paid": "done", "other": "done", "untyped": "done"}

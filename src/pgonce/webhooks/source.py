@@ -34,6 +34,10 @@ Handler = Callable[[InboxEvent, AsyncConnection[Any]], Awaitable[None]]
 #: when the source does not require JSON) and its headers; ``None`` means "not ordered".
 OrderingExtractor = Callable[[Any, Headers], Ordering | None]
 
+#: Reads the event type (``"invoice.paid"``) from the parsed JSON and the headers, to pick a handler
+#: from :attr:`Source.handlers`; ``None`` when the event has none.
+EventTypeExtractor = Callable[[Any, Headers], str | None]
+
 #: Names the event id of a delivery whose scheme finds none; see :func:`fallback_event_id`.
 EventIdFallback = Callable[[Headers, bytes], str]
 
@@ -63,6 +67,9 @@ class Source:
     - ``scheme``: verifies signatures and names event ids (:mod:`pgonce.webhooks.schemes`).
     - ``handler``: the application's code for each event; ``None`` for a receive-only source
       (its events wait until a worker with a handler runs).
+    - ``handlers`` and ``event_type``: handlers by event type, chosen with the ``event_type``
+      extractor; ``handler`` then serves the types not listed, and an event that neither names
+      is marked done without running anything.
     - ``body_limit``: bytes; a longer body is answered 413.
     - ``json_required``: refuse bodies that are not UTF-8 JSON with 400 (handlers then get
       ``event.payload``).
@@ -78,6 +85,8 @@ class Source:
     name: str
     scheme: Scheme
     handler: Handler | None = None
+    handlers: Mapping[str, Handler] = field(default_factory=dict)
+    event_type: EventTypeExtractor | None = None
     body_limit: int = DEFAULT_BODY_LIMIT
     json_required: bool = True
     event_id_fallback: EventIdFallback = body_hash_event_id
@@ -104,8 +113,23 @@ class Source:
             )
         if self.head_failure not in ("block", "park"):
             raise ConfigError(f"source {self.name!r}: head_failure is 'block' or 'park'")
+        if self.handlers and self.event_type is None:
+            raise ConfigError(f"source {self.name!r}: handlers by event type need event_type")
         if self.handler_timeout <= timedelta(0):
             raise ConfigError(f"source {self.name!r}: handler_timeout must be positive")
+
+    @property
+    def handles(self) -> bool:
+        """Whether a worker has anything to run for this source's events."""
+        return self.handler is not None or bool(self.handlers)
+
+    def handler_for(self, payload: Any, headers: Headers) -> Handler | None:
+        """The handler of one event: by its type when one is registered, else ``handler``."""
+        if self.handlers and self.event_type is not None:
+            chosen = self.handlers.get(self.event_type(payload, headers) or "")
+            if chosen is not None:
+                return chosen
+        return self.handler
 
 
 def by_name(sources: Iterable[Source]) -> Mapping[str, Source]:

@@ -121,7 +121,7 @@ class InboxWorker:
             raise UsageError("batch_size and concurrency must be positive")
         if poll_interval <= timedelta(0):
             raise UsageError("poll_interval must be positive")
-        self.sources = {name: s for name, s in by_name(sources).items() if s.handler is not None}
+        self.sources = {name: s for name, s in by_name(sources).items() if s.handles}
         if not self.sources:
             raise UsageError("an inbox worker needs at least one source with a handler")
         self.store = AsyncInboxStore(schema=schema)
@@ -219,10 +219,12 @@ class InboxWorker:
             return "skipped"
         if source.json_required:
             event = replace(event, payload=parse_json(event.body))
-        assert source.handler is not None  # sources without one are never claimed
+        handler = source.handler_for(event.payload, event.headers)
+        if handler is None:
+            return "done"  # an event type nobody handles: nothing to do, and nothing to retry
         try:
             async with asyncio.timeout(source.handler_timeout.total_seconds()):
-                await source.handler(event, conn)
+                await handler(event, conn)
         except TimeoutError as error:
             raise HandlerTimeout(source.handler_timeout.total_seconds()) from error
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
