@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pgonce.core.inbox import Ordering
 from pgonce.webhooks.receiver import InboxReceiver
 from pgonce.webhooks.schemes import build_scheme
 from pgonce.webhooks.source import Source
@@ -158,9 +159,24 @@ header_values = st.text(
 
 @pytest.fixture
 def garbage_url(dsn: str) -> Any:
-    receiver = InboxReceiver([source(body_limit=256)], dsn=dsn, schema=SCHEMA)
+    def ordering(payload: Any, headers: Any) -> Ordering | None:
+        if isinstance(payload, dict) and "key" in payload:
+            return Ordering(payload["key"], payload.get("v"))
+        return None
+
+    receiver = InboxReceiver([source(body_limit=256, ordering=ordering)], dsn=dsn, schema=SCHEMA)
     with serve(receiver) as url, httpx.Client(base_url=url) as client:
         yield client
+
+
+# JSON documents whose ordering key and version are anything JSON can carry, lone surrogates and
+# integers beyond 64 bits included: the ordering extractor's input is untrusted too.
+ordered_bodies = st.fixed_dictionaries(
+    {
+        "key": st.one_of(st.text(max_size=20), st.integers(), st.none(), st.just("\ud800")),
+        "v": st.one_of(st.integers(), st.floats(), st.text(max_size=5), st.none(), st.just(2**70)),
+    }
+).map(lambda d: json.dumps(d).encode())
 
 
 @settings(
@@ -169,7 +185,7 @@ def garbage_url(dsn: str) -> Any:
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
-    body=st.one_of(st.binary(max_size=400), st.text(max_size=300).map(str.encode)),
+    body=st.one_of(st.binary(max_size=400), st.text(max_size=300).map(str.encode), ordered_bodies),
     signature=st.one_of(st.none(), header_values),
     event_id=st.one_of(st.none(), header_values),
     sign_it=st.booleans(),
@@ -250,3 +266,45 @@ def test_mounted_in_another_app_with_the_body_hash_as_fallback_id(dsn: str) -> N
         row = conn.execute(f"SELECT event_id FROM {SCHEMA}.inbox").fetchone()
     assert row is not None
     assert row[0].startswith("sha256:")
+
+
+async def test_a_delivery_the_database_refuses_fails_alone_not_its_batch(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A constraint of this test's own database stands for any row PostgreSQL might refuse.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"ALTER TABLE {SCHEMA}.inbox ADD CONSTRAINT no_poison CHECK (event_id <> 'poison')"
+        )
+    receiver = InboxReceiver([source()], dsn=dsn, schema=SCHEMA, flushers=1)
+    answers: dict[str, int] = {}
+
+    async def deliver(event_id: str, extra: list[tuple[bytes, bytes]] = []) -> None:  # noqa: B006
+        body = json.dumps({"id": event_id}).encode()
+        headers = [(k.encode(), v.encode()) for k, v in signed(body, event_id).items()]
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0)
+
+        async def send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                answers[event_id] = message["status"]
+
+        scope = {"type": "http", "method": "POST", "path": "/webhooks/shop"}
+        await receiver(scope | {"headers": headers + extra}, receive, send)
+
+    async with receiver:
+        ids = [f"e{i}" for i in range(20)]
+        await asyncio.gather(
+            *(deliver(i) for i in ids[:10]),
+            deliver("poison"),
+            deliver("nul", [(b"x-note", b"a\x00b")]),  # an ASGI server could pass this on
+            *(deliver(i) for i in ids[10:]),
+        )
+    # All 22 shared one batch (one flusher, queued before it ran), which then fell apart.
+    assert "a batch of 22 deliveries failed" in caplog.text
+    assert answers.pop("poison") == 503
+    assert answers == dict.fromkeys([*ids, "nul"], 200)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {SCHEMA}.inbox").fetchone() == (21,)

@@ -112,22 +112,31 @@ def digest(body: bytes) -> bytes:
     return hashlib.sha256(body).digest()
 
 
+def _storable_text(text: object, what: str) -> str:
+    """``text`` when PostgreSQL can store it as a key: a non-empty str, valid UTF-8 (no lone
+    surrogates, which JSON can smuggle in), no NUL, at most :data:`MAX_EVENT_ID_BYTES` bytes."""
+    if not isinstance(text, str) or not text:
+        raise BadPayload(f"the {what} is empty or not text")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadPayload(f"the {what} is not valid Unicode") from None
+    if size > MAX_EVENT_ID_BYTES:
+        raise BadPayload(f"the {what} is longer than {MAX_EVENT_ID_BYTES} bytes")
+    if "\x00" in text:
+        raise BadPayload(f"the {what} contains a NUL character")
+    return text
+
+
 def validate_event_id(event_id: str) -> str:
-    """The id itself, or :class:`BadPayload` when it is empty or too long to be an id."""
-    if not event_id or len(event_id.encode("utf-8", "surrogatepass")) > MAX_EVENT_ID_BYTES:
-        raise BadPayload("the event id is empty or longer than 512 bytes")
-    if "\x00" in event_id:
-        raise BadPayload("the event id contains a NUL character")
-    return event_id
+    """The id itself, or :class:`BadPayload` when it cannot be stored as an id."""
+    return _storable_text(event_id, "event id")
 
 
 def validate_ordering(ordering: Ordering) -> Ordering:
     """The ordering itself, or :class:`BadPayload` when its key or version cannot be stored."""
-    key, version = ordering.key, ordering.version
-    if not isinstance(key, str) or not key or "\x00" in key:
-        raise BadPayload("the ordering key is empty or not text")
-    if len(key.encode("utf-8", "surrogatepass")) > MAX_EVENT_ID_BYTES:
-        raise BadPayload("the ordering key is longer than 512 bytes")
+    version = ordering.version
+    _storable_text(ordering.key, "ordering key")
     if version is not None and (
         isinstance(version, bool) or not isinstance(version, int) or not -(2**63) <= version < 2**63
     ):
@@ -151,11 +160,15 @@ def stored_headers(
     headers: Mapping[str, str], needed: Collection[str] | None = None
 ) -> dict[str, str]:
     """The headers kept with a delivery: those the scheme reads (``needed``, lower-case names)
-    plus ``content-type``, or, when the scheme does not say, all but our own edge's credentials."""
+    plus ``content-type``, or, when the scheme does not say, all but our own edge's credentials.
+    A value with a NUL character is left out: no HTTP server passes one on, and jsonb cannot hold
+    it."""
     if needed is not None:
         keep = {*needed, "content-type"}
-        return {name: value for name, value in headers.items() if name in keep}
-    return {name: value for name, value in headers.items() if name not in UNSTORED_HEADERS}
+        chosen = {name: value for name, value in headers.items() if name in keep}
+    else:
+        chosen = {n: v for n, v in headers.items() if n not in UNSTORED_HEADERS}
+    return {name: value for name, value in chosen.items() if "\x00" not in value + name}
 
 
 @dataclass(frozen=True, slots=True)

@@ -297,19 +297,35 @@ class InboxReceiver:
             while self._queue:
                 batch = self._queue[: self._max_batch]
                 del self._queue[: self._max_batch]
-                try:
-                    async with self.pool.connection() as conn, conn.transaction():
-                        outcomes = await self.store.store(conn, [d for d, _ in batch])
-                except PgonceError as error:
-                    _settle(batch, error=error)
-                except Exception as error:  # the pool's timeouts and lost connections
-                    _settle(batch, error=PgonceError(f"the inbox could not store: {error}"))
-                else:
-                    _settle(batch, outcomes=outcomes)
+                await self._store_batch(batch)
         finally:
             # No await between the queue check above and this line: a delivery queued meanwhile
             # would have found this flusher still counted and is picked up by the loop.
             self._flushers -= 1
+
+    async def _store_batch(
+        self, batch: list[tuple[Delivery, asyncio.Future[StoreOutcome]]]
+    ) -> None:
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                outcomes = await self.store.store(conn, [d for d, _ in batch])
+        except DatabaseUnavailable as error:
+            _settle(batch, error=error)
+        except PgonceError as error:
+            if len(batch) == 1:
+                _settle(batch, error=error)
+                return
+            # One delivery the database refuses must not fail the others it shares a batch with:
+            # store each alone, so only that one is answered 503.
+            log.warning(
+                "a batch of %d deliveries failed (%s); storing one by one", len(batch), error
+            )
+            for item in batch:
+                await self._store_batch([item])
+        except Exception as error:  # the pool's timeouts and lost connections
+            _settle(batch, error=DatabaseUnavailable(f"the inbox could not store: {error}"))
+        else:
+            _settle(batch, outcomes=outcomes)
 
 
 def _settle(
