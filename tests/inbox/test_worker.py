@@ -439,3 +439,36 @@ async def test_handlers_by_event_type(effects_dsn: str) -> None:
     await run_batches(worker, effects_dsn)
     assert ran == [("paid", "paid")]
     assert statuses(effects_dsn) == {"paid": "done", "other": "done", "untyped": "done"}
+
+
+async def test_a_write_that_breaks_a_deferred_constraint_at_commit_fails_alone(
+    effects_dsn: str,
+) -> None:
+    with psycopg.connect(effects_dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE ledger (id int, CONSTRAINT ledger_once UNIQUE (id)"
+            " DEFERRABLE INITIALLY DEFERRED)"
+        )
+    await deliver(effects_dsn, *(delivery(f"e{i}", {"n": i}) for i in range(5)), now=T0)
+
+    async def handler(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
+        await record_effect(event, conn)
+        # e3 writes the same ledger id twice: only COMMIT finds out.
+        copies = 2 if event.id == "e3" else 1
+        for _ in range(copies):
+            await conn.execute("INSERT INTO ledger VALUES (%s)", (event.payload["n"],))
+
+    worker = InboxWorker([source(handler=handler)], dsn=effects_dsn, schema=SCHEMA)
+    results = await run_batches(worker, effects_dsn, now=T0)
+    assert sum(r.retried for r in results) == 1
+    assert statuses(effects_dsn) == {
+        "e0": "done",
+        "e1": "done",
+        "e2": "done",
+        "e3": "pending",
+        "e4": "done",
+    }
+    assert sorted(e for _, e, _ in effects(effects_dsn)) == ["e0", "e1", "e2", "e4"]
+    failed = await row(effects_dsn, "e3")
+    assert failed["attempts"] == 1
+    assert failed["last_error"].startswith("UniqueViolation")

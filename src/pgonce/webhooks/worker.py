@@ -9,6 +9,9 @@ applied exactly once:
   its failure is recorded (attempts + 1, the error, the next attempt after an exponential backoff
   with jitter), and after the source's last attempt the event is dead-lettered; :meth:`replay`
   brings dead letters back;
+- a batch whose COMMIT fails (a handler's write broke a deferred constraint) is retried one event
+  per transaction, and the event whose commit fails alone gets the failure recorded in a
+  transaction of its own;
 - a worker that dies (kill -9, a lost connection) commits nothing: PostgreSQL rolls its
   transaction back and releases the rows' locks, and another worker claims them; the attempt is
   not counted;
@@ -40,7 +43,9 @@ from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.inbox import (
+    DeadLetter,
     InboxEvent,
+    Retry,
     Status,
     after_failure,
     describe_error,
@@ -136,6 +141,7 @@ class InboxWorker:
         self.clock = clock
         self._names = sorted(self.sources)
         self._blocking = sorted(n for n, s in self.sources.items() if s.head_failure == "block")
+        self._one_at_a_time = 0
 
     # -- one batch ------------------------------------------------------------------------------
 
@@ -155,56 +161,103 @@ class InboxWorker:
             raise UsageError("run_once needs a connection outside a transaction")
         store = self.store
         finished: list[tuple[InboxEvent, Status]] = []
-        retried = dead = 0
-        async with conn.transaction():
-            events = await store.claim(
-                conn, self._names, limit=self.batch_size, blocking=self._blocking, now=now
-            )
-            if events:
-                await store.savepoint(conn)
-            for number, event in enumerate(events, 1):
-                source = self.sources[event.source]
-                try:
-                    status = await self._run_handler(conn, source, event, now)
-                except Exception as error:
-                    # A cancellation (shutdown) is no Exception: it rolls the whole batch back.
-                    await store.rollback_savepoint(conn)
-                    decision = after_failure(
-                        source.retry, event.attempts, now=now or self.clock(), jitter=jitter
-                    )
-                    await store.fail(conn, event, decision, describe_error(error), now=now)
-                    if decision.status == "dead":
-                        dead += 1
-                        log.error(
-                            "inbox event %s/%s dead-lettered after %d attempts: %s",
-                            event.source,
-                            event.id,
-                            event.attempts + 1,
-                            type(error).__qualname__,
+        failed: list[Retry | DeadLetter] = []
+        events: list[InboxEvent] = []
+        # After a batch failed at commit, claim one event at a time until the culprit is found.
+        limit = 1 if self._one_at_a_time > 0 else self.batch_size
+        self._one_at_a_time = max(0, self._one_at_a_time - 1)
+        try:
+            async with conn.transaction():
+                events = await store.claim(
+                    conn, self._names, limit=limit, blocking=self._blocking, now=now
+                )
+                if events:
+                    await store.savepoint(conn)
+                for number, event in enumerate(events, 1):
+                    source = self.sources[event.source]
+                    try:
+                        status = await self._run_handler(conn, source, event, now)
+                    except Exception as error:
+                        # A cancellation (shutdown) is no Exception: it rolls the batch back.
+                        await store.rollback_savepoint(conn)
+                        failed.append(
+                            await self._record_failure(conn, source, event, error, now, jitter)
                         )
                     else:
-                        retried += 1
-                        log.info(
-                            "inbox event %s/%s failed (%s); retrying",
-                            event.source,
-                            event.id,
-                            type(error).__qualname__,
-                        )
-                else:
-                    finished.append((event, status))
-                # One round trip per event: release this event's savepoint, open the next one's.
-                if number < len(events):
-                    await store.next_savepoint(conn)
-                else:
-                    await store.release_savepoint(conn)
-            await store.finish(conn, finished, now=now)
+                        finished.append((event, status))
+                    # One round trip per event: release its savepoint, open the next one's.
+                    if number < len(events):
+                        await store.next_savepoint(conn)
+                    else:
+                        await store.release_savepoint(conn)
+                await store.finish(conn, finished, now=now)
+        except psycopg.Error as error:
+            # Statements inside the block raise pgonce's errors; a raw psycopg error other than a
+            # lost connection comes from COMMIT: a handler's write broke a deferred constraint.
+            if isinstance(error, psycopg.OperationalError) or not events:
+                raise
+            return await self._commit_failed(conn, events, error, now, jitter)
         return BatchResult(
             claimed=len(events),
             done=sum(1 for _, s in finished if s == "done"),
             skipped=sum(1 for _, s in finished if s == "skipped"),
-            retried=retried,
-            dead=dead,
+            retried=sum(1 for d in failed if isinstance(d, Retry)),
+            dead=sum(1 for d in failed if isinstance(d, DeadLetter)),
         )
+
+    async def _commit_failed(
+        self,
+        conn: AsyncConnection[Any],
+        events: list[InboxEvent],
+        error: psycopg.Error,
+        now: datetime | None,
+        jitter: float | None,
+    ) -> BatchResult:
+        if len(events) > 1:
+            # Which handler broke the commit is unknown: retry these events one per transaction.
+            log.warning("an inbox batch failed at commit (%s); retrying one by one", error)
+            self._one_at_a_time = len(events)
+            return BatchResult(claimed=len(events))
+        (event,) = events
+        async with conn.transaction():
+            decision = await self._record_failure(
+                conn, self.sources[event.source], event, error, now, jitter
+            )
+        return BatchResult(
+            claimed=1,
+            retried=int(isinstance(decision, Retry)),
+            dead=int(isinstance(decision, DeadLetter)),
+        )
+
+    async def _record_failure(
+        self,
+        conn: AsyncConnection[Any],
+        source: Source,
+        event: InboxEvent,
+        error: BaseException,
+        now: datetime | None,
+        jitter: float | None,
+    ) -> Retry | DeadLetter:
+        decision = after_failure(
+            source.retry, event.attempts, now=now or self.clock(), jitter=jitter
+        )
+        await self.store.fail(conn, event, decision, describe_error(error), now=now)
+        if isinstance(decision, DeadLetter):
+            log.error(
+                "inbox event %s/%s dead-lettered after %d attempts: %s",
+                event.source,
+                event.id,
+                event.attempts + 1,
+                type(error).__qualname__,
+            )
+        else:
+            log.info(
+                "inbox event %s/%s failed (%s); retrying",
+                event.source,
+                event.id,
+                type(error).__qualname__,
+            )
+        return decision
 
     async def _run_handler(
         self,
