@@ -352,7 +352,8 @@ def run(ctx: BenchContext) -> list[Table]:
     )
     drain.notes.append(
         f"{events:,} events queued, then drained to the end. The inbox runs each handler in the "
-        "transaction that marks its event done (one commit per batch, a savepoint per event); "
+        "transaction that marks its event done (one commit per batch; savepoints only after a "
+        "failure); "
         "pgqueuer's consumer is the shape of its own tools/benchmark.py (two QueueManagers, "
         "batch 10 by default) on psycopg."
     )

@@ -137,13 +137,17 @@ async def test_retries_back_off_then_dead_letter_then_replay(effects_dsn: str) -
     assert (await row(effects_dsn, "e1"))["status"] == "done"
 
 
-async def test_a_failing_event_does_not_undo_its_batch(effects_dsn: str) -> None:
+async def test_a_failing_handler_commits_nothing_and_the_rest_of_its_batch_commits_once(
+    effects_dsn: str,
+) -> None:
     await deliver(effects_dsn, *(delivery(f"e{i}", {"n": i}) for i in range(5)), now=T0)
+    runs: list[str] = []
 
     async def handler(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
+        runs.append(event.id)
         await record_effect(event, conn)
         if event.id == "e2":
-            # An SQL error aborts the transaction; the savepoint must bring it back.
+            # An SQL error aborts the transaction: the batch (or its savepoint) must recover.
             await conn.execute("SELECT 1 / 0")
         if event.id == "e3":
             # A handler that swallows a database error must not pass for a success.
@@ -152,9 +156,22 @@ async def test_a_failing_event_does_not_undo_its_batch(effects_dsn: str) -> None
 
     worker = InboxWorker([source(handler=handler)], dsn=effects_dsn, schema=SCHEMA)
     async with await psycopg.AsyncConnection.connect(effects_dsn) as conn:
-        result = await worker.run_once(conn, now=T0)
-    assert (result.done, result.retried) == (3, 2)
+        # Without savepoints the first failure rolls the whole batch back...
+        first = await worker.run_once(conn, now=T0)
+        assert (first.claimed, first.done, first.retried) == (5, 0, 1)
+        assert runs == ["e0", "e1", "e2"]
+        # ...and the next batches isolate each handler, so e3's failure costs only itself.
+        second = await worker.run_once(conn, now=T0)
+        assert (second.claimed, second.done, second.retried) == (4, 3, 1)
+        assert (await worker.run_once(conn, now=T0)).claimed == 0
     assert sorted(e for _, e, _ in effects(effects_dsn)) == ["e0", "e1", "e4"]
+    assert statuses(effects_dsn) == {
+        "e0": "done",
+        "e1": "done",
+        "e2": "pending",
+        "e3": "pending",
+        "e4": "done",
+    }
     assert "division by zero" in (await row(effects_dsn, "e2"))["last_error"]
     assert (await row(effects_dsn, "e3"))["last_error"].startswith("HandlerSwallowedError")
 

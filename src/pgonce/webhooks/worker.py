@@ -3,12 +3,13 @@
 A worker loop claims a batch of due, pending events with ``FOR UPDATE SKIP LOCKED`` and, in that
 same transaction, runs each event's handler on the same connection, then marks the events done.
 The handler's writes and the "done" commit together or not at all, so each handler's effects are
-applied exactly once:
+applied exactly once (a handler may *run* more than once; only one run commits):
 
-- a handler that raises is rolled back to a savepoint (the batch's other events are unaffected),
-  its failure is recorded (attempts + 1, the error, the next attempt after an exponential backoff
-  with jitter), and after the source's last attempt the event is dead-lettered; :meth:`replay`
-  brings dead letters back;
+- a handler that raises rolls back: the whole batch while the worker runs without savepoints (the
+  others' events stay pending and run again in the next batch), or just its savepoint during the
+  :data:`CAREFUL_BATCHES` batches that follow a failure. Then its failure is recorded (attempts
+  + 1, the error, the next attempt after an exponential backoff with jitter), and after the
+  source's last attempt the event is dead-lettered; :meth:`replay` brings dead letters back;
 - a batch whose COMMIT fails (a handler's write broke a deferred constraint) is retried one event
   per transaction, and the event whose commit fails alone gets the failure recorded in a
   transaction of its own;
@@ -83,6 +84,22 @@ DEFAULT_SHUTDOWN_TIMEOUT = timedelta(seconds=30)
 RECONNECT_DELAY = timedelta(seconds=1)
 
 
+#: Batches that isolate each handler with a savepoint after a handler failed. Without one, a batch
+#: costs three round trips however large it is, but a failure rolls the whole batch back and the
+#: other events' handlers run again; failures come in bursts (a dependency is down), so after one
+#: the worker pays the savepoints for a while rather than re-running handlers again and again.
+CAREFUL_BATCHES = 10
+
+
+class _HandlerFailed(Exception):
+    """Carries a handler's failure out of a batch transaction, rolling the batch back."""
+
+    def __init__(self, event: InboxEvent, error: Exception) -> None:
+        super().__init__(f"the handler of {event.source}/{event.id} failed")
+        self.event = event
+        self.error = error
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -142,6 +159,7 @@ class InboxWorker:
         self._names = sorted(self.sources)
         self._blocking = sorted(n for n, s in self.sources.items() if s.head_failure == "block")
         self._one_at_a_time = 0
+        self._careful = 0
 
     # -- one batch ------------------------------------------------------------------------------
 
@@ -166,12 +184,15 @@ class InboxWorker:
         # After a batch failed at commit, claim one event at a time until the culprit is found.
         limit = 1 if self._one_at_a_time > 0 else self.batch_size
         self._one_at_a_time = max(0, self._one_at_a_time - 1)
+        # Savepoints cost a round trip per event; they are used only while failures are recent.
+        careful = self._careful > 0
+        self._careful = max(0, self._careful - 1)
         try:
             async with conn.transaction():
                 events = await store.claim(
                     conn, self._names, limit=limit, blocking=self._blocking, now=now
                 )
-                if events:
+                if careful and events:
                     await store.savepoint(conn)
                 for number, event in enumerate(events, 1):
                     source = self.sources[event.source]
@@ -179,18 +200,39 @@ class InboxWorker:
                         status = await self._run_handler(conn, source, event, now)
                     except Exception as error:
                         # A cancellation (shutdown) is no Exception: it rolls the batch back.
+                        if not careful:
+                            raise _HandlerFailed(event, error) from error  # rolls back the batch
                         await store.rollback_savepoint(conn)
                         failed.append(
                             await self._record_failure(conn, source, event, error, now, jitter)
                         )
                     else:
                         finished.append((event, status))
-                    # One round trip per event: release its savepoint, open the next one's.
-                    if number < len(events):
-                        await store.next_savepoint(conn)
-                    else:
-                        await store.release_savepoint(conn)
+                    if careful:
+                        # One round trip per event: release its savepoint, open the next one's.
+                        if number < len(events):
+                            await store.next_savepoint(conn)
+                        else:
+                            await store.release_savepoint(conn)
                 await store.finish(conn, finished, now=now)
+        except _HandlerFailed as failure:
+            # The batch rolled back, the failed handler's writes with it; the others' events are
+            # still pending and run again in the next batch, with savepoints this time.
+            self._careful = CAREFUL_BATCHES
+            async with conn.transaction():
+                decision = await self._record_failure(
+                    conn,
+                    self.sources[failure.event.source],
+                    failure.event,
+                    failure.error,
+                    now,
+                    jitter,
+                )
+            return BatchResult(
+                claimed=len(events),
+                retried=int(isinstance(decision, Retry)),
+                dead=int(isinstance(decision, DeadLetter)),
+            )
         except psycopg.Error as error:
             # Statements inside the block raise pgonce's errors; a raw psycopg error other than a
             # lost connection comes from COMMIT: a handler's write broke a deferred constraint.
