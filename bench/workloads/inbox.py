@@ -20,10 +20,6 @@ import hashlib
 import hmac
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -38,13 +34,13 @@ from psycopg.conninfo import make_conninfo
 
 from bench.context import BenchContext
 from bench.report import Table, percentile, ratio
+from bench.servers import serve
 from bench.workloads.http_middleware import read_response
 from pgonce.core.inbox import Delivery, InboxEvent, digest
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.store.migrate import migrate
 
 TITLE = "Webhook inbox"
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "bench-secret"
 #: Keep-alive connections of the ingest client: a provider's burst of retries and new events.
 CONCURRENCY = 32
@@ -93,52 +89,6 @@ def create_app() -> Any:
         routes=[Route("/bare", bare, methods=["POST"]), Mount("/webhooks", receiver)],
         lifespan=lifespan,
     )
-
-
-def _serve_inherited_socket() -> None:
-    """``python -m bench.workloads.inbox FD``: uvicorn on an inherited TCP socket (so that
-    TCP_NODELAY is set on accepted connections, unlike with ``uvicorn --fd``)."""
-    import uvicorn
-
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    config = uvicorn.Config(
-        "bench.workloads.inbox:create_app", factory=True, log_level="warning", access_log=False
-    )
-    uvicorn.Server(config).run(sockets=[sock])
-
-
-@contextlib.contextmanager
-def serve(dsn: str, log: Path) -> Iterator[int]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    port = int(sock.getsockname()[1])
-    env = {**os.environ, "BENCH_INBOX_DSN": dsn}
-    command = [sys.executable, "-m", "bench.workloads.inbox", str(sock.fileno())]
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            command, cwd=ROOT, env=env, pass_fds=[sock.fileno()], stdout=out, stderr=out
-        )
-    sock.close()
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the inbox bench server exited; see {log}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the inbox bench server never listened; see {log}")
-            time.sleep(0.05)
-        yield port
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 # --- ingest load --------------------------------------------------------------------------------
@@ -309,7 +259,7 @@ def run(ctx: BenchContext) -> list[Table]:
     # The server's output (warnings, a traceback if it fails to start) goes beside other temp files.
     log = Path(tempfile.gettempdir()) / "pgonce-bench-inbox-server.log"
     with scratch_database(ctx.dsn, ctx.schema) as dsn:
-        with serve(dsn, log) as port:
+        with serve("bench.workloads.inbox:create_app", {"BENCH_INBOX_DSN": dsn}, log) as port:
             # Warm both paths (connections, prepared statements) before measuring.
             asyncio.run(load(port, "/webhooks/bench", min(1.0, seconds)))
             asyncio.run(load(port, "/bare", min(1.0, seconds)))
@@ -358,7 +308,3 @@ def run(ctx: BenchContext) -> list[Table]:
         "batch 10 by default) on psycopg."
     )
     return [ingest, drain]
-
-
-if __name__ == "__main__":
-    _serve_inherited_socket()
