@@ -258,13 +258,14 @@ class InboxReceiver:
         payload = parse_json(body) if source.json_required else None
         try:
             event_id = source.scheme.event_id(headers, body)
+            if event_id is None:
+                event_id = source.event_id_fallback(headers, body)
         except WebhookError:
             raise
         except Exception:
-            log.exception("scheme %s could not name an event id", source.scheme.name)
+            # The scheme's or the application's extractor broke on an authentic delivery.
+            log.exception("the event id of a delivery to %s could not be read", source.name)
             raise BadPayload("the event id could not be read") from None
-        if event_id is None:
-            event_id = source.event_id_fallback(headers, body)
         ordering = _ordering(source, payload, headers)
         return Delivery(
             source=source.name,
