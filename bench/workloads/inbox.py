@@ -226,6 +226,16 @@ async def pgqueuer_workers(dsn: str, events: int, batch_size: int) -> float:
 
         running = [asyncio.create_task(m.run(batch_size=batch_size)) for m in managers]
         await finished.wait()
+        # pgqueuer buffers its acknowledgements: done means its queue table is empty, the way
+        # the inbox's done means the events' done marks have committed.
+        watcher = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with watcher:
+
+            async def drained() -> bool:
+                row = await (await watcher.execute("SELECT count(*) FROM pgqueuer")).fetchone()
+                return row is not None and row[0] == 0
+
+            await _until(drained)
         elapsed = time.perf_counter() - first[0]
         for manager in managers:
             manager.shutdown.set()
@@ -311,11 +321,10 @@ def run(ctx: BenchContext) -> list[Table]:
     )
     drain.notes.append(
         f"{events:,} events queued, then drained to the end, timed from the first handler call "
-        "to the last event's done mark (inbox) or the last handler call (pgqueuer, whose "
-        "acknowledgements are buffered and committed later). The inbox runs each handler in the "
-        "transaction that marks its event done (one commit per batch; savepoints only after a "
-        "failure); "
-        "pgqueuer's consumer is the shape of its own tools/benchmark.py (two QueueManagers, "
-        "batch 10 by default) on psycopg."
+        "until every event's completion has committed (the inbox's done marks; pgqueuer's "
+        "buffered acknowledgements, which empty its queue table). The inbox runs each handler "
+        "in the transaction that marks its event done (one commit per batch; savepoints only "
+        "after a failure); pgqueuer's consumer is the shape of its own tools/benchmark.py (two "
+        "QueueManagers, batch 10 by default) on psycopg."
     )
     return [ingest, drain]
