@@ -89,7 +89,7 @@ async def test_handler_effects_commit_with_done(effects_dsn: str) -> None:
     assert sorted(p["n"] for p in seen) == list(range(10))
     assert set(statuses(effects_dsn).values()) == {"done"}
     done = await row(effects_dsn, "e0")
-    assert done["attempts"] == 1
+    assert done["attempts"] == 0  # failed runs only
     assert done["processed_at"] is not None
 
 

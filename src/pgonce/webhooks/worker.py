@@ -85,7 +85,7 @@ RECONNECT_DELAY = timedelta(seconds=1)
 
 
 #: Batches that isolate each handler with a savepoint after a handler failed. Without one, a batch
-#: costs three round trips however large it is, but a failure rolls the whole batch back and the
+#: costs two round trips however large it is, but a failure rolls the whole batch back and the
 #: other events' handlers run again; failures come in bursts (a dependency is down), so after one
 #: the worker pays the savepoints for a while rather than re-running handlers again and again.
 CAREFUL_BATCHES = 10
@@ -208,13 +208,14 @@ class InboxWorker:
                         )
                     else:
                         finished.append((event, status))
+                        if status == "skipped":
+                            await store.skip(conn, event)
                     if careful:
                         # One round trip per event: release its savepoint, open the next one's.
                         if number < len(events):
                             await store.next_savepoint(conn)
                         else:
                             await store.release_savepoint(conn)
-                await store.finish(conn, finished, now=now)
         except _HandlerFailed as failure:
             # The batch rolled back, the failed handler's writes with it; the others' events are
             # still pending and run again in the next batch, with savepoints this time.
@@ -227,6 +228,7 @@ class InboxWorker:
                     failure.error,
                     now,
                     jitter,
+                    claimed=False,
                 )
             return BatchResult(
                 claimed=len(events),
@@ -263,7 +265,7 @@ class InboxWorker:
         (event,) = events
         async with conn.transaction():
             decision = await self._record_failure(
-                conn, self.sources[event.source], event, error, now, jitter
+                conn, self.sources[event.source], event, error, now, jitter, claimed=False
             )
         return BatchResult(
             claimed=1,
@@ -279,11 +281,15 @@ class InboxWorker:
         error: BaseException,
         now: datetime | None,
         jitter: float | None,
+        *,
+        claimed: bool = True,
     ) -> Retry | DeadLetter:
         decision = after_failure(
             source.retry, event.attempts, now=now or self.clock(), jitter=jitter
         )
-        await self.store.fail(conn, event, decision, describe_error(error), now=now)
+        await self.store.fail(
+            conn, event, decision, describe_error(error), claimed=claimed, now=now
+        )
         if isinstance(decision, DeadLetter):
             log.error(
                 "inbox event %s/%s dead-lettered after %d attempts: %s",

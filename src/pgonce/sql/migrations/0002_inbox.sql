@@ -20,7 +20,7 @@ CREATE TABLE inbox (
     digest           bytea       NOT NULL,
     received_at      timestamptz NOT NULL,
     status           text        NOT NULL DEFAULT 'pending',
-    -- Handler runs that ended (successfully or not); a run cut short by a crash is not counted.
+    -- Failed handler runs (the dead-letter count); a run cut short by a crash is not counted.
     attempts         integer     NOT NULL DEFAULT 0,
     next_attempt_at  timestamptz NOT NULL,
     -- "<exception type>: <message>", truncated; the handler's last failure.

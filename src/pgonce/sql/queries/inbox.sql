@@ -8,27 +8,36 @@ SELECT ord, outcome
                             %(versions)s::bigint[], %(now)s, %(channel)s)
 
 -- name: claim
--- Pending, due events of the given sources. An event with an ordering key is taken only when it is
--- the head of its key: no earlier event of that key is still pending (being processed by another
--- worker counts: its row is pending until that worker commits) or, for the sources listed in
--- `blocking`, dead. SKIP LOCKED lets workers claim side by side without waiting on each other.
-SELECT i.source, i.event_id, i.body, i.headers, i.attempts, i.received_at, i.ordering_key,
-       i.version
-  FROM {schema}.inbox AS i
- WHERE i.status = 'pending'
-   AND i.source = ANY(%(sources)s::text[])
-   AND i.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
-   AND (i.ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1
-          FROM {schema}.inbox AS h
-         WHERE h.source = i.source
-           AND h.ordering_key = i.ordering_key
-           AND h.status IN ('pending', 'dead')
-           AND (h.received_at, h.seq) < (i.received_at, i.seq)
-           AND (h.status = 'pending' OR h.source = ANY(%(blocking)s::text[]))))
- ORDER BY i.next_attempt_at
- LIMIT %(limit)s
-   FOR UPDATE OF i SKIP LOCKED
+-- Locks pending, due events of the given sources and marks them done, in the worker's transaction:
+-- the mark commits with the handlers' writes, and a failing handler's event is set back (fail) or
+-- its whole batch rolled back, so no other session ever sees "done" for an event whose handler's
+-- writes did not commit. Marking in the claim saves the batch a round trip.
+-- An event with an ordering key is taken only when it is the head of its key: no earlier event of
+-- that key is still pending (being processed by another worker counts: its row stays pending for
+-- others until that worker commits) or, for the sources listed in `blocking`, dead. SKIP LOCKED
+-- lets workers claim side by side without waiting on each other.
+UPDATE {schema}.inbox AS u
+   SET status = 'done',
+       processed_at = coalesce(%(now)s::timestamptz, now())
+  FROM (SELECT i.source, i.event_id
+          FROM {schema}.inbox AS i
+         WHERE i.status = 'pending'
+           AND i.source = ANY(%(sources)s::text[])
+           AND i.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+           AND (i.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1
+                  FROM {schema}.inbox AS h
+                 WHERE h.source = i.source
+                   AND h.ordering_key = i.ordering_key
+                   AND h.status IN ('pending', 'dead')
+                   AND (h.received_at, h.seq) < (i.received_at, i.seq)
+                   AND (h.status = 'pending' OR h.source = ANY(%(blocking)s::text[]))))
+         ORDER BY i.next_attempt_at
+         LIMIT %(limit)s
+           FOR UPDATE OF i SKIP LOCKED) AS c
+ WHERE u.source = c.source AND u.event_id = c.event_id
+RETURNING u.source, u.event_id, u.body, u.headers, u.attempts, u.received_at, u.ordering_key,
+          u.version, u.next_attempt_at, u.seq
 
 -- name: savepoint
 SAVEPOINT pgonce_inbox_event
@@ -43,26 +52,23 @@ RELEASE SAVEPOINT pgonce_inbox_event; SAVEPOINT pgonce_inbox_event
 -- name: rollback_savepoint
 ROLLBACK TO SAVEPOINT pgonce_inbox_event
 
--- name: finish
--- Events whose handler succeeded ('done') or that were dropped as out of order ('skipped'), in
--- the transaction that ran their handlers.
-UPDATE {schema}.inbox AS i
-   SET status = f.status,
-       attempts = i.attempts + f.ran,
-       processed_at = coalesce(%(now)s::timestamptz, now())
-  FROM unnest(%(sources)s::text[], %(event_ids)s::text[], %(statuses)s::text[], %(ran)s::integer[])
-       AS f(source, event_id, status, ran)
- WHERE i.source = f.source AND i.event_id = f.event_id AND i.status = 'pending'
+-- name: skip
+-- Claimed events dropped by the out-of-order policy: their handler did not run.
+UPDATE {schema}.inbox
+   SET status = 'skipped'
+ WHERE source = %(source)s AND event_id = %(event_id)s
 
 -- name: fail
--- A handler failure: retry at next_attempt_at, or dead-letter (status 'dead').
+-- A handler failure: retry at next_attempt_at, or dead-letter (status 'dead'). `expected` is
+-- 'done' for a row claimed in this transaction, 'pending' after that transaction rolled back (then
+-- a row another worker has finished meanwhile is left alone).
 UPDATE {schema}.inbox
    SET attempts = attempts + 1,
        status = %(status)s,
        next_attempt_at = coalesce(%(next_attempt_at)s, next_attempt_at),
        last_error = %(error)s,
        processed_at = CASE WHEN %(status)s = 'dead' THEN coalesce(%(now)s::timestamptz, now()) END
- WHERE source = %(source)s AND event_id = %(event_id)s AND status = 'pending'
+ WHERE source = %(source)s AND event_id = %(event_id)s AND status = %(expected)s
 
 -- name: advance_watermark
 -- Moves the watermark of (source, ordering key) to `version` unless it is already past it; no row

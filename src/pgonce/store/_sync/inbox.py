@@ -24,7 +24,6 @@ from pgonce.core.inbox import (
     Delivery,
     InboxEvent,
     Retry,
-    Status,
     StoreOutcome,
     notify_channel,
 )
@@ -95,12 +94,15 @@ class InboxStore:
         blocking: Sequence[str] = (),
         now: datetime | None = None,
     ) -> list[InboxEvent]:
-        """Lock up to ``limit`` due, pending events of ``sources`` in the current transaction.
+        """Lock up to ``limit`` due, pending events of ``sources`` and mark them done, in the
+        current transaction, which must run their handlers before it commits.
 
-        Events with an ordering key are taken only at the head of their key; a dead head blocks its
-        key for the sources in ``blocking``. Rows locked by other workers are skipped, not waited
-        for. The locks last until the transaction ends: a crashed worker's rows are free again as
-        soon as PostgreSQL notices the lost connection.
+        The mark is visible to nobody until the commit, and a failed handler's event is set back
+        by :meth:`fail` (or its transaction rolled back). Events with an ordering key are taken
+        only at the head of their key; a dead head blocks its key for the sources in
+        ``blocking``. Rows locked by other workers are skipped, not waited for. The locks last
+        until the transaction ends: a crashed worker's rows are free again as soon as PostgreSQL
+        notices the lost connection.
         """
         require_transaction(conn)
         if limit < 1:
@@ -115,27 +117,20 @@ class InboxStore:
             cur = conn.cursor(row_factory=tuple_row)
             cur.execute(self._sql.claim, params)
             rows = cur.fetchall()
+        # UPDATE ... RETURNING does not keep the claim's order: due first, then arrival.
+        rows.sort(key=lambda row: (row[8], row[9]))
         return [
             InboxEvent(
-                source=source,
-                id=event_id,
-                body=bytes(body),
-                headers=headers,
-                attempts=attempts,
-                received_at=received_at,
-                ordering_key=ordering_key,
-                version=version,
+                source=row[0],
+                id=row[1],
+                body=bytes(row[2]),
+                headers=row[3],
+                attempts=row[4],
+                received_at=row[5],
+                ordering_key=row[6],
+                version=row[7],
             )
-            for (
-                source,
-                event_id,
-                body,
-                headers,
-                attempts,
-                received_at,
-                ordering_key,
-                version,
-            ) in rows
+            for row in rows
         ]
 
     def savepoint(self, conn: Connection[Row]) -> None:
@@ -157,31 +152,11 @@ class InboxStore:
         with translate_errors("rolling back an inbox savepoint"):
             conn.execute(self._sql.rollback_savepoint)
 
-    def finish(
-        self,
-        conn: Connection[Row],
-        finished: Sequence[tuple[InboxEvent, Status]],
-        *,
-        now: datetime | None = None,
-    ) -> int:
-        """Mark claimed events ``"done"`` (their handler ran) or ``"skipped"`` (dropped as out of
-        order), in the transaction that ran their handlers; returns how many rows changed."""
+    def skip(self, conn: Connection[Row], event: InboxEvent) -> None:
+        """Record a claimed event as ``"skipped"`` (dropped as out of order; no handler ran)."""
         require_transaction(conn)
-        if not finished:
-            return 0
-        for _, status in finished:
-            if status not in ("done", "skipped"):
-                raise UsageError(f"an event finishes as done or skipped, not {status!r}")
-        params: dict[str, Any] = {
-            "sources": [e.source for e, _ in finished],
-            "event_ids": [e.id for e, _ in finished],
-            "statuses": [s for _, s in finished],
-            "ran": [1 if s == "done" else 0 for _, s in finished],
-            "now": now,
-        }
-        with translate_errors("finishing inbox events"):
-            cur = conn.execute(self._sql.finish, params)
-        return cur.rowcount
+        with translate_errors("skipping an inbox event"):
+            conn.execute(self._sql.skip, {"source": event.source, "event_id": event.id})
 
     def fail(
         self,
@@ -190,11 +165,17 @@ class InboxStore:
         decision: Retry | DeadLetter,
         error: str,
         *,
+        claimed: bool = True,
         now: datetime | None = None,
     ) -> None:
-        """Record a failed run of ``event``'s handler: retry at ``decision.at``, or dead-letter."""
+        """Record a failed run of ``event``'s handler: retry at ``decision.at``, or dead-letter.
+
+        ``claimed`` says the event was claimed in the current transaction (its row is marked
+        done and locked); false after the claiming transaction rolled back.
+        """
         require_transaction(conn)
         params = {
+            "expected": "done" if claimed else "pending",
             "source": event.source,
             "event_id": event.id,
             "status": decision.status,
