@@ -1,0 +1,73 @@
+"""What every scenario gets: the suite's own PostgreSQL and redis-server, a temporary folder for
+configurations and logs, the run's generated secrets, and the run's size (full or quick).
+
+Each scenario works in a database of its own on the suite's server, migrated and with the demo
+handler's table, so that its accounting counts only its own effects.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from faults.pg import OwnPostgres
+from faults.procs import Proc, Processes, Secrets
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.service.demo import SETUP
+from pgonce.store.migrate import migrate
+from pgonce.webhooks.schemes import build_scheme
+from pgonce.webhooks.schemes.base import SigningScheme
+
+
+def generate_secrets() -> Secrets:
+    """A Standard Webhooks secret (whsec_ + base64 of 24 random bytes) and an admin token."""
+    import base64
+
+    shop = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    return Secrets(shop=shop, admin="adm-" + secrets.token_urlsafe(24))
+
+
+@dataclass
+class Context:
+    pg: OwnPostgres
+    folder: Path
+    quick: bool
+    seed: int
+    secrets: Secrets
+    redis_url: str
+    #: The suite's own redis-server (the broker scenario stops and starts it).
+    redis: Proc
+    rng: random.Random = field(init=False)
+    #: Every answer body the suite received from a refusal, scanned for secrets at the end.
+    bodies: list[bytes] = field(default_factory=list)
+    #: Every log file a started process wrote, scanned for secrets and tracebacks at the end.
+    logs: set[Path] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def size(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+    @property
+    def scheme(self) -> SigningScheme:
+        return build_scheme("standard-webhooks", [self.secrets.shop])
+
+    def database(self, name: str) -> str:
+        """A fresh, migrated database ``name`` with the demo handler's table; its socket DSN."""
+        dsn = self.pg.database(name)
+        with psycopg.connect(dsn) as conn:
+            migrate(conn, DEFAULT_SCHEMA)
+            conn.execute(SETUP)
+            conn.commit()
+        return dsn
+
+    def processes(self) -> Processes:
+        return Processes(self.folder, self.secrets)
+
+    def keep_logs(self, processes: Processes) -> None:
+        self.logs.update(p.log for p in processes.started)
