@@ -308,3 +308,32 @@ async def test_a_delivery_the_database_refuses_fails_alone_not_its_batch(
     assert answers == dict.fromkeys([*ids, "nul"], 200)
     with psycopg.connect(dsn) as conn:
         assert conn.execute(f"SELECT count(*) FROM {SCHEMA}.inbox").fetchone() == (21,)
+
+
+@pytest.mark.parametrize("original", ["rolls back", "commits"])
+async def test_a_delivery_waits_for_an_uncommitted_original_and_answers_after_commit(
+    dsn: str, original: str
+) -> None:
+    from pgonce.core.inbox import Delivery, digest
+    from pgonce.store._async.inbox import AsyncInboxStore
+
+    body = b'{"n":1}'
+    receiver = InboxReceiver([source()], dsn=dsn, schema=SCHEMA)
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        # Another transaction holds the same event, uncommitted (a batch being stored elsewhere).
+        await holder.execute("BEGIN")
+        first = Delivery("shop", "evt_1", body, {}, digest(body))
+        assert await AsyncInboxStore(schema=SCHEMA).store(holder, [first]) == ["stored"]
+        with serve(receiver) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                pending = asyncio.create_task(
+                    client.post("/webhooks/shop", content=body, headers=signed(body, "evt_1"))
+                )
+                done, _ = await asyncio.wait([pending], timeout=0.5)
+                assert not done  # no answer while the outcome is undecided
+                await (holder.rollback() if original == "rolls back" else holder.commit())
+                response = await asyncio.wait_for(pending, 10)
+    expected = "stored" if original == "rolls back" else "duplicate"
+    assert (response.status_code, response.json()["outcome"]) == (200, expected)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {SCHEMA}.inbox").fetchone() == (1,)
