@@ -25,10 +25,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from faults.context import Context, generate_secrets
-from faults.pg import own_postgres
-from faults.procs import ROOT, Processes
-from faults.proxy import free_port
+from faults.context import Context, open_context
+from faults.procs import ROOT
 from faults.report import Result, render
 from faults.scenarios import badinput, broker, database, kills, security, storms
 
@@ -139,18 +137,7 @@ def main(argv: list[str]) -> int:
     folder = Path(tempfile.mkdtemp(prefix="pgonce-faults-run-"))
     results: list[Result] = []
     try:
-        with own_postgres() as pg, Processes(folder, generate_secrets()) as infra:
-            redis_port = free_port()
-            redis = infra.redis("redis", redis_port)
-            ctx = Context(
-                pg=pg,
-                folder=folder,
-                quick=args.quick,
-                seed=seed,
-                secrets=infra.secrets,
-                redis_url=f"redis://127.0.0.1:{redis_port}/0",
-                redis=redis,
-            )
+        with open_context(folder, quick=args.quick, seed=seed) as ctx:
             try:
                 results = asyncio.run(asyncio.wait_for(run_all(ctx, chosen), args.timeout))
             except TimeoutError:

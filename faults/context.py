@@ -7,15 +7,18 @@ handler's table, so that its accounting counts only its own effects.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 
-from faults.pg import OwnPostgres
+from faults.pg import OwnPostgres, own_postgres
 from faults.procs import Proc, Processes, Secrets
+from faults.proxy import free_port
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.service.demo import SETUP
 from pgonce.store.migrate import migrate
@@ -71,3 +74,21 @@ class Context:
 
     def keep_logs(self, processes: Processes) -> None:
         self.logs.update(p.log for p in processes.started)
+
+
+@contextlib.contextmanager
+def open_context(folder: Path, *, quick: bool, seed: int) -> Iterator[Context]:
+    """The suite's own PostgreSQL and redis-server, for the scenarios; both stopped on exit
+    (``folder`` holds configurations and logs; the caller deletes it)."""
+    with own_postgres() as pg, Processes(folder, generate_secrets()) as infra:
+        port = free_port()
+        redis = infra.redis("redis", port)
+        yield Context(
+            pg=pg,
+            folder=folder,
+            quick=quick,
+            seed=seed,
+            secrets=infra.secrets,
+            redis_url=f"redis://127.0.0.1:{port}/0",
+            redis=redis,
+        )

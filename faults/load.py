@@ -396,18 +396,18 @@ class MixedLoad:
             asyncio.create_task(self.outbox.run_until(self.stop)),
         ]
 
-    async def finish(self, dsn: str, redis_url: str) -> Accounting:
+    async def finish(self, dsn: str, redis_url: str, *, within: float = 60) -> Accounting:
         """Stop producing, let the producers finish their retries, wait (bounded) for the
-        effects, retry every paid key once more, and account."""
+        effects (``within`` seconds each), retry every paid key once more, and account."""
         self.stop.set()
         await asyncio.gather(*self.tasks)
-        await wait_handled(self.hooks, dsn)
+        await wait_handled(self.hooks, dsn, within)
         self.replays_differ = await self.pays.replays_differ()
         self.unresolved = await asyncio.to_thread(self.hooks.unresolved, dsn)
         return combine(
             await asyncio.to_thread(self.hooks.account, dsn),
             await asyncio.to_thread(self.pays.account, dsn),
-            await self.outbox.account(dsn, redis_url),
+            await self.outbox.account(dsn, redis_url, within=within),
         )
 
     @property

@@ -82,7 +82,7 @@ async def _under_load(
             done.append(await fault(i))
             recoveries.append(await _ready(urls))
         await asyncio.sleep(1.0)  # load after the last fault, on the recovered processes
-        result.acc = await load.finish(direct, ctx.redis_url)
+        result.acc = await load.finish(direct, ctx.redis_url, within=ctx.size(60, 20))
         untouched = all(p.starts == 1 and p.alive() for p in (service, payments))
     ctx.bodies.extend(load.bodies)
     ended = [

@@ -76,7 +76,7 @@ async def kill_nine(ctx: Context) -> Result:
             + ", ".join(f"{t.name.removeprefix('kill-')} {t.kills}" for t in targets)
             + "), each process restarted",
         )
-        result.acc = await load.finish(dsn, ctx.redis_url)
+        result.acc = await load.finish(dsn, ctx.redis_url, within=ctx.size(90, 30))
     ctx.bodies.extend(load.bodies)
     result.check(f"at least {total} kills", kills >= total)
     result.checks += load.checks()
