@@ -489,3 +489,22 @@ async def test_a_write_that_breaks_a_deferred_constraint_at_commit_fails_alone(
     failed = await row(effects_dsn, "e3")
     assert failed["attempts"] == 1
     assert failed["last_error"].startswith("UniqueViolation")
+
+
+async def test_a_worker_takes_turns_between_its_sources(effects_dsn: str) -> None:
+    await deliver(effects_dsn, *(delivery(f"a{i}", {}, name="a") for i in range(30)), now=T0)
+    await deliver(effects_dsn, *(delivery(f"b{i}", {}, name="b") for i in range(30)), now=T0)
+    # A receive-only source's backlog must not stand in the way of the others' claims.
+    await deliver(effects_dsn, *(delivery(f"c{i}", {}, name="c") for i in range(300)), now=T0)
+    worker = InboxWorker(
+        [source("a"), source("b"), source("c", handler=None)],
+        dsn=effects_dsn,
+        schema=SCHEMA,
+        batch_size=10,
+    )
+    async with await psycopg.AsyncConnection.connect(effects_dsn) as conn:
+        for _ in range(2):
+            assert (await worker.run_once(conn, now=T0)).done == 10
+        assert sorted({s for s, _, _ in effects(effects_dsn)}) == ["a", "b"]
+    await run_batches(worker, effects_dsn, now=T0)
+    assert len(effects(effects_dsn)) == 60

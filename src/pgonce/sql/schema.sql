@@ -254,8 +254,10 @@ CREATE TABLE inbox (
     CONSTRAINT inbox_processed_when_final CHECK ((status = 'pending') = (processed_at IS NULL))
 );
 
--- The worker's claim: pending rows in next_attempt_at order; finished rows are not in the index.
-CREATE INDEX inbox_pending ON inbox (next_attempt_at) WHERE status = 'pending';
+-- The worker's claim, one source at a time: its pending rows in next_attempt_at order. Finished
+-- rows are not in the index, and other sources' backlogs are not in the way (on Citus the claim
+-- stays on one shard).
+CREATE INDEX inbox_pending ON inbox (source, next_attempt_at) WHERE status = 'pending';
 
 -- The ordering check: "is there an earlier unfinished event with my ordering key?"
 CREATE INDEX inbox_ordering ON inbox (source, ordering_key, received_at, seq)

@@ -157,7 +157,7 @@ class InboxWorker:
         self.connect_kwargs = connect_kwargs or {}
         self.clock = clock
         self._names = sorted(self.sources)
-        self._blocking = sorted(n for n, s in self.sources.items() if s.head_failure == "block")
+        self._turn = 0
         self._one_at_a_time = 0
         self._careful = 0
 
@@ -189,9 +189,7 @@ class InboxWorker:
         self._careful = max(0, self._careful - 1)
         try:
             async with conn.transaction():
-                events = await store.claim(
-                    conn, self._names, limit=limit, blocking=self._blocking, now=now
-                )
+                events = await self._claim(conn, limit, now)
                 if careful and events:
                     await store.savepoint(conn)
                 for number, event in enumerate(events, 1):
@@ -248,6 +246,26 @@ class InboxWorker:
             retried=sum(1 for d in failed if isinstance(d, Retry)),
             dead=sum(1 for d in failed if isinstance(d, DeadLetter)),
         )
+
+    async def _claim(
+        self, conn: AsyncConnection[Any], limit: int, now: datetime | None
+    ) -> list[InboxEvent]:
+        """Up to ``limit`` events, one claim per source until the batch is full. The first source
+        asked rotates from batch to batch, so a busy source cannot starve the others."""
+        names = self._names
+        self._turn = (self._turn + 1) % len(names)
+        events: list[InboxEvent] = []
+        for name in names[self._turn :] + names[: self._turn]:
+            events += await self.store.claim(
+                conn,
+                name,
+                limit=limit - len(events),
+                blocking=self.sources[name].head_failure == "block",
+                now=now,
+            )
+            if len(events) >= limit:
+                break
+        return events
 
     async def _commit_failed(
         self,

@@ -12,17 +12,18 @@ SELECT ord, outcome
 -- the mark commits with the handlers' writes, and a failing handler's event is set back (fail) or
 -- its whole batch rolled back, so no other session ever sees "done" for an event whose handler's
 -- writes did not commit. Marking in the claim saves the batch a round trip.
+-- One source per statement: an ordered scan of its part of inbox_pending, and on Citus one shard.
 -- An event with an ordering key is taken only when it is the head of its key: no earlier event of
 -- that key is still pending (being processed by another worker counts: its row stays pending for
--- others until that worker commits) or, for the sources listed in `blocking`, dead. SKIP LOCKED
--- lets workers claim side by side without waiting on each other.
+-- others until that worker commits) or, when `blocking`, dead. SKIP LOCKED lets workers claim side
+-- by side without waiting on each other.
 UPDATE {schema}.inbox AS u
    SET status = 'done',
        processed_at = coalesce(%(now)s::timestamptz, now())
   FROM (SELECT i.source, i.event_id
           FROM {schema}.inbox AS i
          WHERE i.status = 'pending'
-           AND i.source = ANY(%(sources)s::text[])
+           AND i.source = %(source)s
            AND i.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
            AND (i.ordering_key IS NULL OR NOT EXISTS (
                 SELECT 1
@@ -31,7 +32,7 @@ UPDATE {schema}.inbox AS u
                    AND h.ordering_key = i.ordering_key
                    AND h.status IN ('pending', 'dead')
                    AND (h.received_at, h.seq) < (i.received_at, i.seq)
-                   AND (h.status = 'pending' OR h.source = ANY(%(blocking)s::text[]))))
+                   AND (h.status = 'pending' OR %(blocking)s::boolean)))
          ORDER BY i.next_attempt_at
          LIMIT %(limit)s
            FOR UPDATE OF i SKIP LOCKED) AS c

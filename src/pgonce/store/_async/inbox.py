@@ -86,31 +86,25 @@ class AsyncInboxStore:
     async def claim(
         self,
         conn: AsyncConnection[Row],
-        sources: Sequence[str],
+        source: str,
         *,
         limit: int,
-        blocking: Sequence[str] = (),
+        blocking: bool = True,
         now: datetime | None = None,
     ) -> list[InboxEvent]:
-        """Lock up to ``limit`` due, pending events of ``sources`` and mark them done, in the
+        """Lock up to ``limit`` due, pending events of ``source`` and mark them done, in the
         current transaction, which must run their handlers before it commits.
 
         The mark is visible to nobody until the commit, and a failed handler's event is set back
         by :meth:`fail` (or its transaction rolled back). Events with an ordering key are taken
-        only at the head of their key; a dead head blocks its key for the sources in
-        ``blocking``. Rows locked by other workers are skipped, not waited for. The locks last
-        until the transaction ends: a crashed worker's rows are free again as soon as PostgreSQL
-        notices the lost connection.
+        only at the head of their key; a dead head blocks its key when ``blocking``. Rows locked
+        by other workers are skipped, not waited for. The locks last until the transaction ends:
+        a crashed worker's rows are free again as soon as PostgreSQL notices the lost connection.
         """
         require_transaction(conn)
         if limit < 1:
             raise UsageError("the claim limit must be positive")
-        params = {
-            "sources": list(sources),
-            "blocking": list(blocking),
-            "limit": limit,
-            "now": now,
-        }
+        params = {"source": source, "blocking": blocking, "limit": limit, "now": now}
         with translate_errors("claiming inbox events"):
             cur = conn.cursor(row_factory=tuple_row)
             await cur.execute(self._sql.claim, params)
