@@ -106,7 +106,7 @@ async def _setup_demo(dsn: str) -> None:
 def _demo(
     config: ServiceConfig, dsn: str, orders: int, copies: int
 ) -> Callable[[Running], Coroutine[Any, Any, None]]:
-    chosen = next((s.source for s in config.sources if s.source.handler is not None), None)
+    chosen = next((s.source for s in config.sources if s.source.handles), None)
     if chosen is None:
         raise ConfigError("--demo needs a source with a handler (see examples/pgonce.toml)")
     if not hasattr(chosen.scheme, "sign"):

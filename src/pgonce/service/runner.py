@@ -118,7 +118,7 @@ async def run(
     async with AsyncConnectionPool(
         dsn, min_size=1, max_size=10, kwargs=connect, open=False, name="pgonce-service"
     ) as pool:
-        if "workers" in chosen and any(s.handler for s in sources):
+        if "workers" in chosen and any(s.handles for s in sources):
             worker = InboxWorker(
                 sources, dsn=dsn, schema=schema, concurrency=config.workers, connect_kwargs=connect
             )

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
@@ -27,6 +27,7 @@ from pgonce.core.inbox import (
 )
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
+from pgonce.store._async.notify import listen
 from pgonce.store.common import require_transaction
 from pgonce.store.errors import translate_errors
 
@@ -227,14 +228,8 @@ class AsyncInboxStore:
         return replayed
 
     async def listen(self, conn: AsyncConnection[Row]) -> None:
-        """Subscribe ``conn`` (a dedicated, direct, autocommit connection) to the inbox channel.
-
-        LISTEN takes the channel as an identifier, not a parameter, so the statement is composed
-        with :class:`psycopg.sql.Identifier` from pgonce's own schema name, never from input.
-        """
-        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
-        with translate_errors("listening for inbox notifications"):
-            await conn.execute(statement)
+        """Subscribe ``conn`` to the inbox channel (see :mod:`.notify`)."""
+        await listen(conn, self.channel, "inbox")
 
     async def get(
         self, conn: AsyncConnection[Row], source: str, event_id: str

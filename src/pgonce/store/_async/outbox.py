@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
@@ -23,6 +23,7 @@ from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.outbox import OutboxCounts, OutboxMessage, Refusal, channel, validate_event
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
+from pgonce.store._async.notify import listen
 from pgonce.store.common import require_transaction
 from pgonce.store.errors import translate_errors
 
@@ -208,14 +209,8 @@ class AsyncOutboxStore:
             await conn.execute(statement, {"relay": relay})
 
     async def listen(self, conn: AsyncConnection[Row]) -> None:
-        """Subscribe ``conn`` (a dedicated, direct, autocommit connection) to the outbox channel.
-
-        LISTEN takes the channel as an identifier, not a parameter, so the statement is composed
-        with :class:`psycopg.sql.Identifier` from pgonce's own schema name, never from input.
-        """
-        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
-        with translate_errors("listening for outbox notifications"):
-            await conn.execute(statement)
+        """Subscribe ``conn`` to the outbox channel (see :mod:`.notify`)."""
+        await listen(conn, self.channel, "outbox")
 
     async def counts(
         self, conn: AsyncConnection[Row], *, now: datetime | None = None

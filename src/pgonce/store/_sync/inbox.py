@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from psycopg import Connection, sql
+from psycopg import Connection
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
@@ -29,6 +29,7 @@ from pgonce.core.inbox import (
 )
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
+from pgonce.store._sync.notify import listen
 from pgonce.store.common import require_transaction
 from pgonce.store.errors import translate_errors
 
@@ -229,14 +230,8 @@ class InboxStore:
         return replayed
 
     def listen(self, conn: Connection[Row]) -> None:
-        """Subscribe ``conn`` (a dedicated, direct, autocommit connection) to the inbox channel.
-
-        LISTEN takes the channel as an identifier, not a parameter, so the statement is composed
-        with :class:`psycopg.sql.Identifier` from pgonce's own schema name, never from input.
-        """
-        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
-        with translate_errors("listening for inbox notifications"):
-            conn.execute(statement)
+        """Subscribe ``conn`` to the inbox channel (see :mod:`.notify`)."""
+        listen(conn, self.channel, "inbox")
 
     def get(self, conn: Connection[Row], source: str, event_id: str) -> dict[str, Any] | None:
         """One event's bookkeeping (no body), for inspection and tests; None when unknown."""

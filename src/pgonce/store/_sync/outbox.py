@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from psycopg import Connection, sql
+from psycopg import Connection
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
@@ -25,6 +25,7 @@ from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.outbox import OutboxCounts, OutboxMessage, Refusal, channel, validate_event
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
+from pgonce.store._sync.notify import listen
 from pgonce.store.common import require_transaction
 from pgonce.store.errors import translate_errors
 
@@ -210,14 +211,8 @@ class OutboxStore:
             conn.execute(statement, {"relay": relay})
 
     def listen(self, conn: Connection[Row]) -> None:
-        """Subscribe ``conn`` (a dedicated, direct, autocommit connection) to the outbox channel.
-
-        LISTEN takes the channel as an identifier, not a parameter, so the statement is composed
-        with :class:`psycopg.sql.Identifier` from pgonce's own schema name, never from input.
-        """
-        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
-        with translate_errors("listening for outbox notifications"):
-            conn.execute(statement)
+        """Subscribe ``conn`` to the outbox channel (see :mod:`.notify`)."""
+        listen(conn, self.channel, "outbox")
 
     def counts(self, conn: Connection[Row], *, now: datetime | None = None) -> OutboxCounts:
         """Pending, waiting, parked and published rows (a full scan: for health and tests)."""
