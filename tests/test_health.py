@@ -3,21 +3,26 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 import psycopg
 import pytest
 
 from pgonce.core.retention import Retention, RetentionPolicy
-from pgonce.store._async.health import AsyncHealthCheck
-from pgonce.store._sync.health import HealthCheck
+from pgonce.store._async.health import AsyncHealthCheck as AnyAsyncHealthCheck
+from pgonce.store._sync.health import HealthCheck as AnyHealthCheck
 from tests.test_cli import pgonce
 from tests.test_sweeper import DAY, NOW, add_keys
+
+# These tests judge the key store's rows; the inbox and outbox targets have their own tests.
+HealthCheck = functools.partial(AnyHealthCheck, targets=["keys"])
+AsyncHealthCheck = functools.partial(AnyAsyncHealthCheck, targets=["keys"])
 
 MINUTE = timedelta(minutes=1)
 
 
-def check(dsn: str, health: HealthCheck | None = None) -> dict[tuple[str, str], tuple[str, str]]:
+def check(dsn: str, health: AnyHealthCheck | None = None) -> dict[tuple[str, str], tuple[str, str]]:
     """``{(check, scope): (status, value)}`` of a health check at NOW."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         report = (health or HealthCheck()).check(conn, now=NOW)
@@ -83,7 +88,7 @@ async def test_the_async_check_reports_the_same_figures(dsn: str) -> None:
 
 
 def doctor(dsn: str, *args: str) -> tuple[int, str]:
-    done = pgonce("doctor", "--dsn", dsn, "--now", NOW.isoformat(), *args)
+    done = pgonce("doctor", "--dsn", dsn, "--target", "keys", "--now", NOW.isoformat(), *args)
     assert "Traceback" not in done.stderr
     return done.returncode, done.stdout
 

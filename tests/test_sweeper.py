@@ -6,6 +6,7 @@ The clock is a parameter: rows are written with old timestamps and the sweep is 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import pty
@@ -26,11 +27,16 @@ from pgonce.core.outcomes import Won
 from pgonce.core.retention import TARGETS, Retention, RetentionPolicy, SweepLimits, SweepResult
 from pgonce.errors import ConfigError, DatabaseError, UsageError
 from pgonce.sql import parse_named
-from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
+from pgonce.store._async.sweeper import AsyncSweeper as AnyAsyncSweeper
+from pgonce.store._async.sweeper import sweep_every
 from pgonce.store._sync.keys import KeyStore
-from pgonce.store._sync.sweeper import Sweeper
+from pgonce.store._sync.sweeper import Sweeper as AnySweeper
 from pgonce.store._sync.sweeper import sweep_every as sync_sweep_every
 from tests.test_cli import pgonce
+
+# These tests are about the key store's rows; the other targets (inbox, outbox) have their own.
+Sweeper = functools.partial(AnySweeper, targets=["keys"])
+AsyncSweeper = functools.partial(AnyAsyncSweeper, targets=["keys"])
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -73,7 +79,7 @@ def remaining(dsn: str, where: str = "true") -> int:
     return int(row[0])
 
 
-def sweep(dsn: str, sweeper: Sweeper, batches: list[int] | None = None) -> SweepResult:
+def sweep(dsn: str, sweeper: AnySweeper, batches: list[int] | None = None) -> SweepResult:
     """One run at NOW on a connection of its own; ``batches`` collects each batch's count."""
 
     def on_batch(_target: str, deleted: int) -> None:
@@ -242,7 +248,7 @@ PGONCE = [sys.executable, "-m", "pgonce"]
 
 def sweep_args(dsn: str, *options: str) -> list[str]:
     """The arguments of ``pgonce sweep`` on ``dsn`` at NOW."""
-    return ["sweep", "--dsn", dsn, "--now", NOW.isoformat(), *options]
+    return ["sweep", "--dsn", dsn, "--target", "keys", "--now", NOW.isoformat(), *options]
 
 
 def test_concurrent_sweep_processes_never_double_count(dsn: str) -> None:

@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     health = HealthCheck(
         policies_from(args),
         schema=settings.schema,
+        targets=args.target,
         stuck_after=args.stuck_after,
         slack=args.slack,
     )

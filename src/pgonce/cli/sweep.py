@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     sweeper = Sweeper(
         policies_from(args),
         schema=settings_from(args).schema,
+        targets=args.target,
         limits=SweepLimits(
             batch_size=args.batch_size,
             max_batches=args.max_batches,

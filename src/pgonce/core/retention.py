@@ -108,9 +108,31 @@ KEYS = SweepTarget(
     has_ctid_twin=True,
 )
 
-#: Every table the sweeper serves, in sweep order. The inbox and the outbox add theirs here, e.g.
-#: ``SweepTarget("inbox", "source", "received_at", "deliveries done or skipped")``.
-TARGETS: dict[str, SweepTarget] = {target.name: target for target in (KEYS,)}
+INBOX = SweepTarget(
+    name="inbox",
+    scope_word="source",
+    age_column="received_at",
+    deletable="handled deliveries (done, skipped); never a pending event or a dead letter",
+)
+
+OUTBOX = SweepTarget(
+    name="outbox",
+    scope_word="outbox",  # the outbox has no scope: one retention for every row
+    age_column="published_at",
+    deletable="published rows; never a row waiting for the broker, nor a parked one",
+)
+
+OUTBOX_AGGREGATES = SweepTarget(
+    name="outbox_aggregates",
+    scope_word="outbox",
+    age_column="last_enqueued_at",
+    deletable="lock rows of aggregates idle for the retention, with nothing left to publish",
+)
+
+#: Every table the sweeper serves, in sweep order.
+TARGETS: dict[str, SweepTarget] = {
+    target.name: target for target in (KEYS, INBOX, OUTBOX, OUTBOX_AGGREGATES)
+}
 
 
 def target(name: str) -> SweepTarget:

@@ -353,3 +353,13 @@ SELECT source, event_id, status, attempts, received_at, next_attempt_at, process
 -- Partial, so a claim's INSERT (completed_at still NULL) does not touch it; the completion's
 -- UPDATE adds one entry (it is never a HOT update: keys_incomplete's predicate reads completed_at).
 CREATE INDEX keys_completed_by_age ON keys (claimed_at) WHERE completed_at IS NOT NULL;
+
+-- ## Sweeper paths through the inbox and the outbox (0005)
+--
+-- A batch reads the rows it deletes, oldest first, never the table.
+
+-- Handled deliveries by age. Dead letters are not in it: they wait for a person (and a replay).
+CREATE INDEX inbox_finished_by_age ON inbox (received_at) WHERE status IN ('done', 'skipped');
+
+-- Aggregates by the time of their last enqueue: an idle aggregate's lock row can go.
+CREATE INDEX outbox_aggregates_by_age ON outbox_aggregates (last_enqueued_at);

@@ -40,3 +40,43 @@ SELECT count(*), coalesce(%(now)s::timestamptz, now()) - min(claimed_at)
   FROM {schema}.keys
  WHERE completed_at IS NULL
    AND claimed_at < coalesce(%(now)s::timestamptz, now()) - %(stuck_after)s::interval
+
+-- name: horizon_inbox
+-- As horizon_keys, over handled deliveries by source (inbox_finished_by_age).
+SELECT g.scope,
+       coalesce(%(now)s::timestamptz, now()) - (
+           SELECT min(i.received_at)
+             FROM {schema}.inbox AS i
+            WHERE i.status IN ('done', 'skipped')
+              AND CASE WHEN g.scope IS NULL THEN i.source <> ALL (%(scopes)s::text[])
+                       ELSE i.source = g.scope END
+       ) AS oldest_age,
+       (SELECT count(*)
+          FROM {schema}.inbox AS i
+         WHERE i.status IN ('done', 'skipped')
+           AND i.received_at < coalesce(%(now)s::timestamptz, now()) - g.keep
+           AND CASE WHEN g.scope IS NULL THEN i.source <> ALL (%(scopes)s::text[])
+                    ELSE i.source = g.scope END
+       ) AS overdue
+  FROM (SELECT p.scope, p.keep FROM unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
+        UNION ALL
+        SELECT NULL, %(default_keep)s::interval) AS g(scope, keep)
+
+-- name: horizon_outbox
+-- One group (the outbox has no scope), over published rows (outbox_published_at).
+SELECT NULL::text AS scope,
+       coalesce(%(now)s::timestamptz, now())
+         - (SELECT min(published_at) FROM {schema}.outbox WHERE published_at IS NOT NULL)
+         AS oldest_age,
+       (SELECT count(*) FROM {schema}.outbox
+         WHERE published_at IS NOT NULL
+           AND published_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval)
+         AS overdue
+
+-- name: horizon_outbox_aggregates
+SELECT NULL::text AS scope,
+       coalesce(%(now)s::timestamptz, now())
+         - (SELECT min(last_enqueued_at) FROM {schema}.outbox_aggregates) AS oldest_age,
+       (SELECT count(*) FROM {schema}.outbox_aggregates
+         WHERE last_enqueued_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval)
+         AS overdue

@@ -80,3 +80,59 @@ WITH doomed AS MATERIALIZED (
 DELETE FROM {schema}.keys AS k
  USING doomed
  WHERE k.ctid = doomed.ctid
+
+-- name: delete_inbox
+-- Handled deliveries only (done, skipped): pending events and dead letters are never deleted.
+-- received_at ages a delivery: the provider's retry horizon runs from its first delivery, and a
+-- redelivery after the row is gone would be stored and handled again. Retention per source.
+WITH doomed AS MATERIALIZED (
+    SELECT i.ctid, i.source, i.event_id
+      FROM {schema}.inbox AS i
+      LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
+             ON p.scope = i.source
+     WHERE i.status IN ('done', 'skipped')
+       AND i.received_at < coalesce(%(now)s::timestamptz, now()) - %(min_keep)s::interval
+       AND i.received_at < coalesce(%(now)s::timestamptz, now())
+                           - coalesce(p.keep, %(default_keep)s::interval)
+     ORDER BY i.received_at
+     LIMIT %(batch_size)s
+       FOR UPDATE OF i SKIP LOCKED
+)
+DELETE FROM {schema}.inbox AS i
+ USING doomed
+ WHERE i.source = doomed.source AND i.event_id = doomed.event_id
+
+-- name: delete_outbox
+-- Published rows only: a row still waiting for the broker, or parked, is never deleted. The outbox
+-- has no scope: %(default_keep)s alone, aged by published_at (through outbox_published_at).
+WITH doomed AS MATERIALIZED (
+    SELECT o.id
+      FROM {schema}.outbox AS o
+     WHERE o.published_at IS NOT NULL
+       AND o.published_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval
+     ORDER BY o.published_at
+     LIMIT %(batch_size)s
+       FOR UPDATE OF o SKIP LOCKED
+)
+DELETE FROM {schema}.outbox AS o
+ USING doomed
+ WHERE o.id = doomed.id
+
+-- name: delete_outbox_aggregates
+-- The lock rows of aggregates that enqueued nothing for the retention and have no row left to
+-- publish. An enqueue holding the row is skipped; one arriving after the delete recreates it.
+WITH doomed AS MATERIALIZED (
+    SELECT a.aggregatetype, a.aggregateid
+      FROM {schema}.outbox_aggregates AS a
+     WHERE a.last_enqueued_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval
+       AND NOT EXISTS (
+           SELECT 1 FROM {schema}.outbox AS o
+            WHERE o.aggregatetype = a.aggregatetype AND o.aggregateid = a.aggregateid
+              AND o.published_at IS NULL)
+     ORDER BY a.last_enqueued_at
+     LIMIT %(batch_size)s
+       FOR UPDATE OF a SKIP LOCKED
+)
+DELETE FROM {schema}.outbox_aggregates AS a
+ USING doomed
+ WHERE a.aggregatetype = doomed.aggregatetype AND a.aggregateid = doomed.aggregateid
