@@ -317,3 +317,13 @@ def test_send_and_events_commands(dsn: str, service: Service, tmp_path: Path) ->
     assert shown.returncode == 0, shown.stderr
     assert '"order": "o-1"' in shown.stdout
     assert "webhook-signature" in shown.stdout
+
+
+def test_handled_events_are_counted(dsn: str, service: Service) -> None:
+    run = "counted"
+    asyncio.run(post_all(service.url, [delivery(run, n) for n in range(5)]))
+    assert wait_for_effects(dsn, run, 5) == (5, 5)
+    deadline = time.monotonic() + 10
+    while metric(service.url, "pgonce_inbox_events_handled_total", outcome="done") < 5:
+        assert time.monotonic() < deadline, "the handled events were never counted"
+        time.sleep(0.05)

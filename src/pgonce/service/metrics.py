@@ -27,6 +27,7 @@ from pgonce.core.outbox import OutboxCounts
 from pgonce.core.retention import HealthReport, SweepResult
 from pgonce.relay import RelayStats
 from pgonce.store._async.inspect import SourceStatus
+from pgonce.webhooks.worker import BatchResult
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -76,15 +77,15 @@ class ServiceMetrics:
             registry=r,
         )
         self.handler_runs = Counter(
-            "pgonce_inbox_handler_runs",
-            "Inbox handler runs by source and outcome (done, skipped, retry, dead)",
-            ["source", "outcome"],
+            "pgonce_inbox_events_handled",
+            "Inbox events the workers finished, by outcome (done, skipped, retry, dead)",
+            ["outcome"],
             registry=r,
         )
-        self.handler_seconds = Histogram(
-            "pgonce_inbox_handler_seconds",
-            "Inbox handler run time, including the commit that marks the event done",
-            ["source"],
+        self.batch_seconds = Histogram(
+            "pgonce_inbox_batch_seconds",
+            "Inbox worker batches: claim, handlers and the commit that marks the events done",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
         self.swept = Counter(
@@ -175,6 +176,17 @@ class ServiceMetrics:
             self.oldest_retained.labels(group.target, label).set(age)
             self.overdue.labels(group.target, label).set(group.overdue)
         self.health_status.set(_STATUS_VALUE[report.status])
+
+    def record_batch(self, result: BatchResult, seconds: float) -> None:
+        for outcome, count in (
+            ("done", result.done),
+            ("skipped", result.skipped),
+            ("retry", result.retried),
+            ("dead", result.dead),
+        ):
+            if count:
+                self.handler_runs.labels(outcome).inc(count)
+        self.batch_seconds.observe(seconds)
 
     def record_sweep(self, result: SweepResult) -> None:
         for swept in result.targets:

@@ -120,7 +120,12 @@ async def run(
     ) as pool:
         if "workers" in chosen and any(s.handles for s in sources):
             worker = InboxWorker(
-                sources, dsn=dsn, schema=schema, concurrency=config.workers, connect_kwargs=connect
+                sources,
+                dsn=dsn,
+                schema=schema,
+                concurrency=config.workers,
+                connect_kwargs=connect,
+                on_batch=metrics.record_batch,
             )
             tasks.append(asyncio.create_task(worker.run(stop), name="inbox-workers"))
         for relay in relays:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -138,6 +139,7 @@ class InboxWorker:
         listen_dsn: str | None = None,
         connect_kwargs: dict[str, Any] | None = None,
         clock: Callable[[], datetime] = _utcnow,
+        on_batch: Callable[[BatchResult, float], None] | None = None,
     ) -> None:
         if batch_size < 1 or concurrency < 1:
             raise UsageError("batch_size and concurrency must be positive")
@@ -156,6 +158,8 @@ class InboxWorker:
         self.listen_dsn = listen_dsn or dsn
         self.connect_kwargs = connect_kwargs or {}
         self.clock = clock
+        #: Called after every batch the loops ran, with its result and its seconds (metrics).
+        self.on_batch = on_batch
         self._names = sorted(self.sources)
         self._turn = 0
         self._one_at_a_time = 0
@@ -383,7 +387,10 @@ class InboxWorker:
                 try:
                     if conn is None or conn.closed:
                         conn = await self._connect(self.dsn, autocommit=False)
+                    started = time.perf_counter()
                     result = await self.run_once(conn)
+                    if self.on_batch is not None and result.claimed:
+                        self.on_batch(result, time.perf_counter() - started)
                 except (DatabaseUnavailable, psycopg.OperationalError) as error:
                     log.warning("inbox worker lost the database: %s; reconnecting", error)
                     await _close(conn)
