@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from pgonce.cli import COMMANDS
@@ -73,3 +74,22 @@ def test_demo_proves_exactly_once(dsn: str) -> None:
     assert "exactly once: yes" in result.stdout
     effects = next(line for line in result.stdout.splitlines() if "side effects" in line)
     assert effects.split()[2] == "20"
+
+
+def test_replay_puts_parked_outbox_rows_back(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO pgonce.outbox (aggregatetype, aggregateid, type, payload, parked_at, "
+            "attempts, last_error) VALUES ('order', 'o-1', 'order.created', '{}', now(), 5, "
+            "'refused') RETURNING id"
+        ).fetchone()
+    assert row is not None
+    first = pgonce("replay", "--outbox", "--dsn", dsn)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == [str(row[0])]
+    assert "replayed 1 parked outbox row(s)" in first.stderr
+    again = pgonce("replay", "--outbox", "--dsn", dsn)
+    assert again.returncode == 1
+    mixed = pgonce("replay", "--outbox", "--event-id", "x", "--dsn", dsn)
+    assert mixed.returncode != 0
+    assert "--event-id goes with --source" in mixed.stderr

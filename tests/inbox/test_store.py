@@ -91,8 +91,8 @@ def test_cli_replays_dead_letters(dsn: str, conn: psycopg.Connection[Any]) -> No
         conn.execute(
             f"UPDATE {SCHEMA}.inbox SET status = 'dead', attempts = 3, processed_at = now()"
         )
-    assert main(["inbox-replay", "--dsn", dsn, "--source", "shop", "--event-id", "b"]) == 0
-    assert main(["inbox-replay", "--dsn", dsn, "--source", "shop", "--event-id", "b"]) == 1
+    assert main(["replay", "--dsn", dsn, "--source", "shop", "--event-id", "b"]) == 0
+    assert main(["replay", "--dsn", dsn, "--source", "shop", "--event-id", "b"]) == 1
     rows = conn.execute(f"SELECT event_id, status, attempts FROM {SCHEMA}.inbox ORDER BY 1")
     assert rows.fetchall() == [("a", "dead", 3), ("b", "pending", 0)]
     conn.commit()

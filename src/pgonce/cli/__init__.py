@@ -15,9 +15,9 @@ from pgonce.cli import (
     demo,
     doctor,
     events,
-    inbox_replay,
     migrate,
     relay,
+    replay,
     send,
     serve,
     sweep,
@@ -38,7 +38,7 @@ COMMANDS: tuple[Command, ...] = (
     doctor,
     events,
     send,
-    inbox_replay,
+    replay,
 )
 
 EPILOG = """\
