@@ -327,3 +327,23 @@ def test_handled_events_are_counted(dsn: str, service: Service) -> None:
     while metric(service.url, "pgonce_inbox_events_handled_total", outcome="done") < 5:
         assert time.monotonic() < deadline, "the handled events were never counted"
         time.sleep(0.05)
+
+
+def test_demo_fires_a_signed_storm_at_a_running_service(
+    dsn: str, service: Service, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pgonce", "demo", "--url", service.url, "--config",
+         str(tmp_path / "pgonce.toml"), "--dsn", dsn, "--orders", "20", "--copies", "4"],
+        cwd=ROOT,
+        env={**os.environ, "TEST_SHOP_SECRET": SECRET, "TEST_ADMIN_TOKEN": TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "exactly once: yes" in result.stdout
+    proof = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.strip()}
+    assert proof["stored"][1] == "20"
+    assert proof["duplicates"][1] == "60"

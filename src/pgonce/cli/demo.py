@@ -5,6 +5,10 @@ attempts crash after writing the order (their transaction rolls back, the key is
 delivery goes through the key store: the claim, the order row and the stored response commit in one
 transaction. The orders table has no unique constraint: exactly-once comes from pgonce alone.
 At the end the demo counts the rows and compares every response with the first.
+
+With --url, the demo fires a signed webhook retry storm at a running `pgonce serve` instead: the
+first configured source with a handler (--config), every order delivered --copies times at once;
+it then counts the handler's rows (pgonce.service.demo:record_order writes them) in the database.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from pgonce.cli.common import add_database_options, database, print_proof, say
+from pgonce.cli.serve import fire_storm, service_config
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Response
+from pgonce.database import open_database
 from pgonce.store._async.keys import AsyncKeyStore
 
 NAME = "demo"
@@ -66,6 +73,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=0.05,
         help="share of first attempts that crash after writing (default 0.05)",
     )
+    service = parser.add_argument_group("against a running service")
+    service.add_argument("--url", help="fire a signed webhook storm at this running pgonce serve")
+    service.add_argument(
+        "--config", type=Path, help="the service's configuration (default: $PGONCE_CONFIG)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +86,14 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"pgonce demo: --{name} must be at least 1")
     if not 0 <= args.crash_rate < 1:
         raise SystemExit("pgonce demo: --crash-rate must be in [0, 1)")
+    if args.url:
+        config = service_config(args)
+        with open_database(config.settings) as db:
+            say(f"pgonce: counting effects in {db.description}")
+            ok = asyncio.run(
+                fire_storm(config, db.dsn, args.url.rstrip("/"), args.orders, args.copies)
+            )
+        return 0 if ok else 1
     with database(args) as (settings, db):
         return asyncio.run(_storm(db.dsn, settings.schema, args))
 

@@ -103,25 +103,35 @@ async def _setup_demo(dsn: str) -> None:
         await service_demo.setup(conn)
 
 
+def demo_source(config: ServiceConfig) -> tuple[str, SigningScheme]:
+    """The source a demo storm goes to: the first with a handler, whose scheme can sign."""
+    chosen = next((s.source for s in config.sources if s.source.handles), None)
+    if chosen is None:
+        raise ConfigError("the demo needs a source with a handler (see examples/pgonce.toml)")
+    if not hasattr(chosen.scheme, "sign"):
+        raise ConfigError(f"the demo: the scheme of source {chosen.name!r} cannot sign")
+    return chosen.name, cast(SigningScheme, chosen.scheme)
+
+
+async def fire_storm(config: ServiceConfig, dsn: str, url: str, orders: int, copies: int) -> bool:
+    """A signed retry storm at the service at ``url``; prints the proof, True when exactly once."""
+    name, scheme = demo_source(config)
+    say(f"pgonce demo: {orders * copies} signed deliveries of {orders} orders to {url} ({name})")
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        report = await service_demo.storm(url, name, scheme, pool, orders=orders, copies=copies)
+    print_proof(
+        report.proof(), seconds=report.seconds, items=report.deliveries, ok=report.exactly_once
+    )
+    return report.exactly_once
+
+
 def _demo(
     config: ServiceConfig, dsn: str, orders: int, copies: int
 ) -> Callable[[Running], Coroutine[Any, Any, None]]:
-    chosen = next((s.source for s in config.sources if s.source.handles), None)
-    if chosen is None:
-        raise ConfigError("--demo needs a source with a handler (see examples/pgonce.toml)")
-    if not hasattr(chosen.scheme, "sign"):
-        raise ConfigError(f"--demo: the scheme of source {chosen.name!r} cannot sign")
-    scheme = cast(SigningScheme, chosen.scheme)
+    demo_source(config)  # refuse a configuration without a usable source before starting
 
     async def fire(running: Running) -> None:
-        say(f"pgonce demo: {orders * copies} signed deliveries of {orders} orders to {chosen.name}")
-        async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
-            report = await service_demo.storm(
-                running.url, chosen.name, scheme, pool, orders=orders, copies=copies
-            )
-        print_proof(
-            report.proof(), seconds=report.seconds, items=report.deliveries, ok=report.exactly_once
-        )
+        await fire_storm(config, dsn, running.url, orders, copies)
         say(f"pgonce: still serving on {running.url} (Ctrl-C stops)")
 
     return fire
