@@ -58,8 +58,9 @@ def render(results: list[Result], *, command: str, started: str, seconds: float)
         f"**{len(results) - len(failed)} of {len(results)} scenarios passed.**"
         + (f" Failing: {', '.join(r.scenario for r in failed)}." if failed else ""),
         "",
-        "Columns: *sent* = distinct events, requests or outbox rows produced; *acked* = "
-        "acknowledged to the producer (200, 201, committed); *effects* = distinct side effects "
+        "Columns: *sent* = distinct events, payments or outbox rows produced (for bad input: "
+        "requests); *acked* = acknowledged to the producer (200, 201, committed; for bad input: "
+        "distinct events or payments accepted); *effects* = distinct side effects "
         "found in the database or the broker; *lost* = acknowledged without an effect; "
         "*doubled* = effects beyond the first; *500* = answers 500 or another 5xx except 503; "
         "*503* = pgonce's documented 'retry later' answer while its database is away; "

@@ -8,6 +8,7 @@ import ast
 import asyncio
 import base64
 import json
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -168,6 +169,20 @@ async def cross_scope_and_admin(ctx: Context) -> Result:
     return result
 
 
+def exceptions_logged(text: str) -> Counter[str]:
+    """The exception line that ends each traceback in a log (what was raised, not where)."""
+    found: Counter[str] = Counter()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("Traceback (most recent call last)"):
+            continue
+        for after in lines[i + 1 :]:
+            if after and not after[0].isspace():
+                found[after[:160]] += 1
+                break
+    return found
+
+
 def scan_secrets_and_tracebacks(ctx: Context) -> Result:
     """Every log the started processes wrote and every refusal body captured in the run."""
     logs = sorted(p for p in ctx.logs if p.exists())
@@ -199,4 +214,7 @@ def scan_secrets_and_tracebacks(ctx: Context) -> Result:
         ),
         not with_tracebacks,
     )
+    for name in sorted(with_tracebacks):
+        raised = exceptions_logged(text[name].decode(errors="replace"))
+        result.acc.notes += [f"{name}: {line} (×{n})" for line, n in raised.most_common(5)]
     return result
