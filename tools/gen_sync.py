@@ -67,7 +67,10 @@ def convert(source: str, name: str) -> str:
 def ruff_format(text: str, filename: Path) -> str:
     ruff = Path(sys.executable).parent / "ruff"
     fixed = subprocess.run(
-        [str(ruff), "check", "--fix", "--select", "I,F401,SIM117", "--stdin-filename", str(filename), "-"],
+        [
+            *(str(ruff), "check", "--fix", "--select", "I,F401,SIM117"),
+            *("--stdin-filename", str(filename), "-"),
+        ],
         input=text,
         capture_output=True,
         text=True,
