@@ -86,9 +86,10 @@ def _page(title: str, body: str) -> HTMLResponse:
 def _table(headings: list[str], rows: list[list[str]], empty: str = "none") -> str:
     if not rows:
         return f"<p><em>{escape(empty)}</em></p>"
-    head = "".join(f"<th>{escape(h)}</th>" for h in headings)
+    # Headings all empty: a table of facts (label, value), drawn without an empty heading row.
+    head = "".join(f"<th>{escape(h)}</th>" for h in headings) if any(headings) else ""
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<table>{f'<tr>{head}</tr>' if head else ''}{body}</table>"
 
 
 def _when(value: datetime | None) -> str:
@@ -215,7 +216,7 @@ class Admin:
                 conn, source=source, status=status, event_id=event_id, limit=200
             )
         options = "".join(
-            f'<option value="{s}"{" selected" if s == status else ""}>{s}</option>'
+            f'<option value="{s}"{" selected" if s == status else ""}>{s or "any"}</option>'
             for s in ("", *STATUSES)
         )
         form = (
