@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if args.source and (args.ids or args.aggregatetype):
         raise SystemExit("pgonce replay: --id and --aggregatetype go with --outbox")
     with (
-        database(args) as (settings, db), translate_errors("connecting"),
+        database(args) as (settings, db),
+        translate_errors("connecting"),
         psycopg.connect(db.dsn) as conn,
         conn.transaction(),
     ):
@@ -73,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
             ]
             what = "parked outbox row(s)"
         else:
-            replayed = InboxStore(schema=settings.schema).replay(
-                conn, args.source, args.event_ids
-            )
+            replayed = InboxStore(schema=settings.schema).replay(conn, args.source, args.event_ids)
             what = f"dead inbox event(s) of source {args.source}"
     for item in replayed:
         print(item)
