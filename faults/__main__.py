@@ -148,11 +148,12 @@ def main(argv: list[str]) -> int:
             print(f"faults: logs kept in {folder}")
         else:
             shutil.rmtree(folder, ignore_errors=True)
-    command = "make faults" + (f' FAULTS_ARGS="{shlex.join(argv)}"' if argv else "")
-    text = render(
-        results, command=f"{command}  # seed {seed}", started=started,
-        seconds=time.monotonic() - began,
-    )  # fmt: skip
+    # The command that reruns this very run: the same arguments and the seed it used.
+    rerun = [a for a in argv if a != "--keep"]
+    if args.seed is None:
+        rerun += ["--seed", str(seed)]
+    command = f'make faults FAULTS_ARGS="{shlex.join(rerun)}"'
+    text = render(results, command=command, started=started, seconds=time.monotonic() - began)
     print(text)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
