@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, AsyncPipeline
+from psycopg import AsyncConnection, AsyncPipeline
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
@@ -137,19 +137,14 @@ class AsyncKeyStore:
         if not self.stores(response):
             await self.release(conn, claim)
             return False
-        cur = await self._send_completion(conn, claim, response, now)
+        with translate_errors("completing a key"):
+            cur = await conn.execute(self._sql.complete, self._completion(claim, response, now))
         return cur.rowcount == 1
 
-    async def _send_completion(
-        self,
-        conn: AsyncConnection[Row],
-        claim: Won,
-        response: Response | None,
-        now: datetime | None,
-    ) -> AsyncCursor[Row]:
-        # In pipeline mode this only queues the UPDATE: read rowcount after the pipeline synced.
+    @staticmethod
+    def _completion(claim: Won, response: Response | None, now: datetime | None) -> dict[str, Any]:
         stored = response or Response()
-        params: dict[str, Any] = {
+        return {
             "scope": claim.scope,
             "key": claim.key,
             "status": stored.status,
@@ -157,8 +152,6 @@ class AsyncKeyStore:
             "body": stored.body,
             "now": now,
         }
-        with translate_errors("completing a key"):
-            return await conn.execute(self._sql.complete, params)
 
     async def release(self, conn: AsyncConnection[Row], claim: Won) -> None:
         """Give up ``claim`` in the current transaction, so that a retry runs the work anew."""
@@ -309,8 +302,11 @@ class AsyncOperation(Generic[Row]):
             end = b"COMMIT"
             if isinstance(self._claim, Won):
                 if self._store.stores(self.response):
-                    completion = await self._store._send_completion(
-                        self._conn, self._claim, self.response, self._now
+                    # Queued, not translated: an error raised here belongs to one of the block's
+                    # own statements, whose result arrived while this one was being sent.
+                    completion = await self._conn.execute(
+                        self._store._sql.complete,
+                        self._store._completion(self._claim, self.response, self._now),
                     )
                 else:
                     end = b"ROLLBACK"

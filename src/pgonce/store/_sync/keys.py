@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from psycopg import Connection, Cursor, Pipeline
+from psycopg import Connection, Pipeline
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
@@ -139,19 +139,14 @@ class KeyStore:
         if not self.stores(response):
             self.release(conn, claim)
             return False
-        cur = self._send_completion(conn, claim, response, now)
+        with translate_errors("completing a key"):
+            cur = conn.execute(self._sql.complete, self._completion(claim, response, now))
         return cur.rowcount == 1
 
-    def _send_completion(
-        self,
-        conn: Connection[Row],
-        claim: Won,
-        response: Response | None,
-        now: datetime | None,
-    ) -> Cursor[Row]:
-        # In pipeline mode this only queues the UPDATE: read rowcount after the pipeline synced.
+    @staticmethod
+    def _completion(claim: Won, response: Response | None, now: datetime | None) -> dict[str, Any]:
         stored = response or Response()
-        params: dict[str, Any] = {
+        return {
             "scope": claim.scope,
             "key": claim.key,
             "status": stored.status,
@@ -159,8 +154,6 @@ class KeyStore:
             "body": stored.body,
             "now": now,
         }
-        with translate_errors("completing a key"):
-            return conn.execute(self._sql.complete, params)
 
     def release(self, conn: Connection[Row], claim: Won) -> None:
         """Give up ``claim`` in the current transaction, so that a retry runs the work anew."""
@@ -311,8 +304,11 @@ class Operation(Generic[Row]):
             end = b"COMMIT"
             if isinstance(self._claim, Won):
                 if self._store.stores(self.response):
-                    completion = self._store._send_completion(
-                        self._conn, self._claim, self.response, self._now
+                    # Queued, not translated: an error raised here belongs to one of the block's
+                    # own statements, whose result arrived while this one was being sent.
+                    completion = self._conn.execute(
+                        self._store._sql.complete,
+                        self._store._completion(self._claim, self.response, self._now),
                     )
                 else:
                     end = b"ROLLBACK"
