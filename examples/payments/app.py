@@ -22,11 +22,13 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, Field
 
 from pgonce.http import IdempotencyMiddleware, IdempotentTransaction, idempotent_transaction
+from pgonce.http.problem import problem_body
 
 #: Demo credentials: bearer token -> principal. A real app asks its identity provider.
 TOKENS = {"alice-token": "alice", "bob-token": "bob"}
@@ -88,6 +90,22 @@ def create_app(dsn: str | None = None, **idempotency: Any) -> FastAPI:
     app = FastAPI(title="payments", lifespan=lifespan)
     app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=key_scope, **idempotency)
     app.state.pool = pool
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes the input back, and fails with a 500 on input it cannot
+        # serialize (NaN, Infinity). Say where and what, never echo the input: an RFC 9457 problem.
+        problems = [
+            {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))}
+            for e in error.errors()
+        ]
+        return Response(
+            problem_body(
+                422, "Invalid request", "the body does not describe a payment", errors=problems
+            ),
+            status_code=422,
+            media_type="application/problem+json",
+        )
 
     @app.post("/payments", status_code=201)
     async def create_payment(

@@ -241,6 +241,16 @@ class Relay:
                     # kept for the next wait.
                     self._wake.clear()
                     report = await self.run_once(conn)
+                    self.stats.add(report)
+                    if report.broker_down or (report.unsettled and not report.published):
+                        await self._sleep(stop, _jittered(outage), wake=False)
+                        outage = min(outage * 2, self.outage_backoff[1])
+                        continue
+                    outage = self.outage_backoff[0]
+                    if report.claimed < self.batch_size:
+                        # Inside the try: registering as waiting talks to the database too, and a
+                        # failure there must cost a reconnect, not the relay.
+                        await self._wait_for_rows(conn, stop, name)
                 except Exception as error:
                     # The loop outlives any one failure: a database outage (PgonceError) or a
                     # bug in a publisher. Rows of the failed batch were not marked; they wait.
@@ -255,15 +265,6 @@ class Relay:
                     conn = None
                     await self._sleep(stop, outage, wake=False)
                     outage = min(outage * 2, self.outage_backoff[1])
-                    continue
-                self.stats.add(report)
-                if report.broker_down or (report.unsettled and not report.published):
-                    await self._sleep(stop, _jittered(outage), wake=False)
-                    outage = min(outage * 2, self.outage_backoff[1])
-                    continue
-                outage = self.outage_backoff[0]
-                if report.claimed < self.batch_size:
-                    await self._wait_for_rows(conn, stop, name)
         finally:
             if conn is not None:
                 await conn.close()

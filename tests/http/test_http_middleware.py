@@ -555,3 +555,20 @@ def test_a_server_killed_mid_request_leaves_no_key_and_the_retry_pays_once(
     assert again.headers["idempotent-replayed"] == "true"
     assert payments(db) == 1
     assert keys(db) == 1
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
+def test_unserializable_numbers_get_a_problem_not_a_500(
+    server: Server, db: psycopg.Connection[Any], number: str
+) -> None:
+    # Found by the fault suite: FastAPI's default handler echoed the input and could not encode it.
+    response = httpx.post(
+        server.url + "/payments",
+        content=f'{{"amount": {number}, "currency": "EUR"}}'.encode(),
+        headers={**ALICE, "Idempotency-Key": new_key(), "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    assert number not in response.text
+    assert keys(db) == 0
