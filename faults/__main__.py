@@ -39,7 +39,7 @@ SCENARIOS: list[tuple[str, Scenario]] = [
     ("kill", kills.kill_nine),
     ("pg-restart", database.postgres_restarts),
     ("pg-cut", database.connection_cuts),
-    ("pg-stall", database.statement_timeouts),
+    ("pg-timeout", database.statement_timeouts),
     ("broker", broker.broker_outage),
     ("bad-webhooks", badinput.bad_webhooks),
     ("bad-http", badinput.bad_requests),
