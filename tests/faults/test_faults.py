@@ -80,12 +80,6 @@ async def test_no_cross_scope_replay_and_admin_refuses(ctx: Context) -> None:
     assert_passed(await security.cross_scope_and_admin(ctx))
 
 
-@pytest.mark.xfail(
-    reason="the middleware answers 500 (not 503) when its connection drops after the endpoint "
-    "began: in the endpoint's statements or in the completion (see faults/results/latest.md); "
-    "nothing is lost or doubled",
-    strict=False,
-)
 async def test_postgres_restarts_are_survived(ctx: Context) -> None:
     assert_passed(await database.postgres_restarts(ctx))
 

@@ -572,3 +572,28 @@ def test_unserializable_numbers_get_a_problem_not_a_500(
     assert response.headers["content-type"] == "application/problem+json"
     assert number not in response.text
     assert keys(db) == 0
+
+
+def test_database_lost_mid_request_is_503_and_the_retry_pays_once(
+    server: Server, db: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    # Found by the fault suite: a connection lost after the endpoint began was a 500.
+    key = new_key()
+    original = Blocked(server, key, tmp_path)
+    killed = db.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND state = 'idle in transaction' "
+        "AND pid <> pg_backend_pid()"
+    ).fetchall()
+    db.commit()
+    assert killed == [(True,)]
+    lost = original.release()
+    document = assert_problem(lost, 503)
+    assert "nothing was committed" in document["detail"]
+    assert int(lost.headers["retry-after"]) >= 1
+    assert payments(db) == 0
+    for name in ("gate", "started"):
+        (tmp_path / name).unlink()
+    retry = Blocked(server, key, tmp_path).release()
+    assert retry.status_code == 201
+    assert payments(db) == 1

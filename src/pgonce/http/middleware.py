@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -57,6 +58,8 @@ from pgonce.http.problem import send_problem
 from pgonce.http.replay import EXPIRES_HEADER, replay_headers, storable_headers
 from pgonce.http.transaction import STATE_KEY, IdempotentTransaction
 from pgonce.store._async.keys import AsyncKeyStore
+
+log = logging.getLogger("pgonce.http")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -110,6 +113,22 @@ def header_scope(name: str, *, prefix: str = "") -> KeyScope:
     return scope_of
 
 
+#: Failures that mean "the database went away", not "the code is wrong": a lost or refused
+#: connection (OperationalError covers AdminShutdown and a statement cancelled by a timeout), the
+#: pool's timeout, and pgonce's translation of them.
+_UNAVAILABLE = (PoolTimeout, DatabaseUnavailable, psycopg.OperationalError)
+
+
+def _log_unavailable(claim: Won, error: BaseException) -> None:
+    # One line, no traceback: an outage is an event to count, not a bug to debug.
+    log.warning(
+        "idempotent request rolled back, the database went away: %s: %s",
+        type(error).__name__,
+        str(error).strip().splitlines()[0] if str(error).strip() else "",
+        extra={"scope": claim.scope, "outcome": "unavailable"},
+    )
+
+
 @dataclass(slots=True)
 class _Captured:
     """The application's response, held back until the transaction has committed."""
@@ -122,6 +141,10 @@ class _Captured:
     too_large: bool = False
     #: Decided after the application returned: the response is kept for replays.
     stored: bool = False
+    #: The database went away while the endpoint ran or while its work was committed: nothing
+    #: committed (or, if COMMIT's answer was lost, the retry replays what did), so the client is
+    #: told to retry: 503 with Retry-After, never a 500 and a traceback.
+    unavailable: bool = False
 
     @property
     def answered(self) -> bool:
@@ -285,6 +308,12 @@ class IdempotencyMiddleware:
                             await conn.commit()
                         else:
                             await conn.rollback()
+                    except _UNAVAILABLE as error:
+                        await _rollback_quietly(conn)
+                        if captured is None:
+                            raise
+                        captured.unavailable = True
+                        _log_unavailable(claim, error)
                     except BaseException:
                         await _rollback_quietly(conn)
                         raise
@@ -297,20 +326,15 @@ class IdempotencyMiddleware:
                 "query or body); retry only with the identical request, or use a new key",
             )
             return
-        except (PoolTimeout, DatabaseUnavailable):
-            if captured is not None:
-                raise  # the endpoint ran: the server's 500 is the honest answer
-            await send_problem(
-                send,
-                503,
-                "Service temporarily unavailable",
-                "the idempotency store cannot be reached; retry with the same Idempotency-Key",
-                headers=[("retry-after", str(self.store.retry_after))],
-            )
+        except _UNAVAILABLE:
+            # Before the endpoint began: the claim (or the pool) could not reach the database.
+            await self._unavailable(send)
             return
         # Everything below runs after the commit (or the rollback): the client never sees an
         # answer that did not commit.
-        if captured is not None:
+        if captured is not None and captured.unavailable:
+            await self._unavailable(send)
+        elif captured is not None:
             await self._answer(send, captured, claim)
         elif isinstance(claim, Replay):
             response = claim.response
@@ -333,6 +357,16 @@ class IdempotencyMiddleware:
                 "retry after the time in Retry-After",
                 headers=[("retry-after", str(claim.retry_after))],
             )
+
+    async def _unavailable(self, send: Send) -> None:
+        await send_problem(
+            send,
+            503,
+            "Service temporarily unavailable",
+            "the database could not be reached and nothing was committed; retry with the same "
+            "Idempotency-Key",
+            headers=[("retry-after", str(self.store.retry_after))],
+        )
 
     async def _claim(
         self, conn: AsyncConnection[Any], caller: str, key: str, fingerprint: bytes
@@ -404,6 +438,14 @@ class IdempotencyMiddleware:
 
         try:
             await self.app(app_scope, replay_body, capture)
+        except _UNAVAILABLE as error:
+            if captured.answered:
+                await _forward(send, captured, [])
+                raise
+            # The endpoint's own statements lost the database: its transaction is gone.
+            captured.unavailable = True
+            _log_unavailable(claim, error)
+            return captured
         except BaseException:
             if captured.answered:
                 await _forward(send, captured, [])
