@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pgonce.core.channels import notify_channel
 from pgonce.core.inbox import (
     MAX_ERROR_CHARS,
     DeadLetter,
@@ -18,7 +19,6 @@ from pgonce.core.inbox import (
     answer,
     backoff,
     describe_error,
-    notify_channel,
     parse_json,
     stored_headers,
     validate_event_id,
@@ -99,8 +99,9 @@ def test_stored_headers_keep_what_verification_needs_and_drop_credentials() -> N
 
 def test_outcomes_map_to_statuses_and_the_channel_fits() -> None:
     assert [answer(o) for o in ("stored", "duplicate", "conflict", "gone")] == [200, 200, 409, 503]
-    assert notify_channel("pgonce") == "pgonce.inbox"
-    assert len(notify_channel("s" * 63)) == 63
+    assert notify_channel("pgonce", "inbox") == "pgonce.inbox"
+    assert notify_channel("pgonce", "outbox") == "pgonce.outbox"
+    assert len(notify_channel("s" * 63, "inbox")) == 63
 
 
 def test_sources_refuse_configuration_that_cannot_work() -> None:

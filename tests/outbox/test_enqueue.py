@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgonce.core.outbox import channel
+from pgonce.core.channels import notify_channel
 from pgonce.errors import NotInTransaction, UsageError
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store._async.outbox import enqueue as aenqueue
@@ -92,7 +92,9 @@ def test_one_notification_per_transaction_and_none_for_a_rollback(dsn: str) -> N
         psycopg.connect(dsn, autocommit=True) as listener,
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
-        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel("pgonce"))))
+        listener.execute(
+            sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel("pgonce", "outbox")))
+        )
         OutboxStore().set_waiting(conn, "relay-1", True)
         with pytest.raises(RuntimeError), conn.transaction():
             enqueue(conn, "order", "0", "order.created", {})
@@ -100,7 +102,7 @@ def test_one_notification_per_transaction_and_none_for_a_rollback(dsn: str) -> N
         with conn.transaction():
             for n in range(5):
                 enqueue(conn, "order", str(n), "order.created", {})
-        assert notifications_after(conn, listener) == ["pgonce_outbox"]
+        assert notifications_after(conn, listener) == ["pgonce.outbox"]
 
 
 def test_no_notification_while_no_relay_waits(dsn: str) -> None:
@@ -110,7 +112,9 @@ def test_no_notification_while_no_relay_waits(dsn: str) -> None:
         psycopg.connect(dsn, autocommit=True) as listener,
         psycopg.connect(dsn, autocommit=True) as conn,
     ):
-        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel("pgonce"))))
+        listener.execute(
+            sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel("pgonce", "outbox")))
+        )
         store.set_waiting(conn, "relay-1", True)
         store.set_waiting(conn, "relay-1", False)
         with conn.transaction():

@@ -223,9 +223,3 @@ def answer(outcome: StoreOutcome) -> int:
 def needs_watermark(policy: OutOfOrderPolicy, event: InboxEvent) -> bool:
     """Whether the event's version must be checked against its key's watermark."""
     return policy == "drop" and event.ordering_key is not None and event.version is not None
-
-
-def notify_channel(schema: str) -> str:
-    """The LISTEN/NOTIFY channel of the inbox in ``schema`` (at most 63 bytes, as PostgreSQL
-    requires of a channel name)."""
-    return f"{schema}.inbox"[:63]

@@ -168,12 +168,6 @@ class OutboxCounts:
     oldest_pending: datetime | None
 
 
-def channel(schema: str) -> str:
-    """The LISTEN/NOTIFY channel on which enqueue() wakes the relays of ``schema`` (at most 63
-    bytes, as PostgreSQL requires of a channel name)."""
-    return f"{schema}_outbox"[:63]
-
-
 def validate_event(aggregatetype: str, aggregateid: str, type: str) -> None:
     """Raise :class:`UsageError` for names the outbox table would refuse."""
     for what, value, limit in (

@@ -17,13 +17,13 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.channels import notify_channel
 from pgonce.core.inbox import (
     DeadLetter,
     Delivery,
     InboxEvent,
     Retry,
     StoreOutcome,
-    notify_channel,
 )
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
@@ -42,7 +42,7 @@ class AsyncInboxStore:
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
         self.schema = schema
         #: The LISTEN/NOTIFY channel: one notification per stored batch wakes the workers.
-        self.channel = notify_channel(schema)
+        self.channel = notify_channel(schema, "inbox")
         self._sql = Queries("inbox", schema)
 
     async def store(

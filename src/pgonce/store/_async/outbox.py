@@ -20,7 +20,8 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.outbox import OutboxCounts, OutboxMessage, Refusal, channel, validate_event
+from pgonce.core.channels import notify_channel
+from pgonce.core.outbox import OutboxCounts, OutboxMessage, Refusal, validate_event
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._async.notify import listen
@@ -58,7 +59,7 @@ async def enqueue(
         "payload": Jsonb(payload),
         "headers": Jsonb(_headers(headers)),
         "now": now,
-        "channel": channel(schema),
+        "channel": notify_channel(schema, "outbox"),
     }
     with translate_errors("enqueueing an outbox event"):
         cur = conn.cursor(row_factory=tuple_row)
@@ -82,7 +83,7 @@ class AsyncOutboxStore:
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
         self.schema = schema
-        self.channel = channel(schema)
+        self.channel = notify_channel(schema, "outbox")
         self._sql = Queries("outbox", schema)
 
     async def enqueue(
