@@ -7,10 +7,12 @@ commits, the key stays free, and the caller's connection is handed back idle and
 
 from __future__ import annotations
 
+import select
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, KeyStore, Response, fingerprint
@@ -125,3 +127,23 @@ async def test_async_failure_path_hands_back_a_clean_connection(
         retry.respond(Response(201, (), b"ok"))
     assert retry.stored
     assert effects(dsn, "k") == 1
+
+
+@pytest.mark.parametrize("respond", [True, False])
+def test_error_that_arrives_before_the_completion_is_queued(
+    dsn: str, table: None, conn: psycopg.Connection[Any], store: KeyStore, respond: bool
+) -> None:
+    # Found by CI: when the failing statement's answer is already on the socket, it surfaces
+    # while the completion (or COMMIT) is being queued -- the pipeline must still be left.
+    conn.execute("INSERT INTO effects (key) VALUES ('taken')")
+    conn.commit()
+    with pytest.raises(psycopg.errors.UniqueViolation), store.once(conn, "s", "k", FP) as op:
+        conn.execute("INSERT INTO effects (key) VALUES ('taken')")
+        # Wait (bounded) until PostgreSQL's answer, the error, is readable on the socket.
+        assert select.select([conn.pgconn.socket], [], [], 10)[0]
+        if respond:
+            op.respond(Response(201, (), b"never stored"))
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+    assert conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert effects(dsn, "k") == 0

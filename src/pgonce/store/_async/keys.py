@@ -297,8 +297,8 @@ class AsyncOperation(Generic[Row]):
         if exc is not None:
             await self._abort(exc)
             return
+        completion = None
         try:
-            completion = None
             end = b"COMMIT"
             if isinstance(self._claim, Won):
                 if self._store.stores(self.response):
@@ -311,10 +311,16 @@ class AsyncOperation(Generic[Row]):
                 else:
                     end = b"ROLLBACK"
             await self._conn.execute(end, prepare=False)
+        except BaseException as error:
+            # The pipeline is still open: leave it (discarding what is queued), then roll back.
+            await self._abort(error)
+            raise
+        try:
             # One flush: the block's pending statements, the completion and COMMIT.
             await self._pipeline.__aexit__(None, None, None)
         except BaseException:
-            # A statement failed (the server skipped the rest, COMMIT included): roll back.
+            # A statement failed and the server skipped the rest, COMMIT included. The pipeline
+            # has been left by its own exit: only the transaction remains to roll back.
             await self._rollback_quietly()
             raise
         self.stored = completion is not None and completion.rowcount == 1

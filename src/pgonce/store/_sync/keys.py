@@ -299,8 +299,8 @@ class Operation(Generic[Row]):
         if exc is not None:
             self._abort(exc)
             return
+        completion = None
         try:
-            completion = None
             end = b"COMMIT"
             if isinstance(self._claim, Won):
                 if self._store.stores(self.response):
@@ -313,10 +313,16 @@ class Operation(Generic[Row]):
                 else:
                     end = b"ROLLBACK"
             self._conn.execute(end, prepare=False)
+        except BaseException as error:
+            # The pipeline is still open: leave it (discarding what is queued), then roll back.
+            self._abort(error)
+            raise
+        try:
             # One flush: the block's pending statements, the completion and COMMIT.
             self._pipeline.__exit__(None, None, None)
         except BaseException:
-            # A statement failed (the server skipped the rest, COMMIT included): roll back.
+            # A statement failed and the server skipped the rest, COMMIT included. The pipeline
+            # has been left by its own exit: only the transaction remains to roll back.
             self._rollback_quietly()
             raise
         self.stored = completion is not None and completion.rowcount == 1
