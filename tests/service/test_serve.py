@@ -347,3 +347,22 @@ def test_demo_fires_a_signed_storm_at_a_running_service(
     proof = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.strip()}
     assert proof["stored"][1] == "20"
     assert proof["duplicates"][1] == "60"
+
+
+def test_a_port_in_use_is_one_clear_line(dsn: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "pgonce", "serve", "--dsn", dsn, "--port", str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert f"pgonce: error: cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "never retrieved" not in result.stderr

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,24 @@ def build_publisher(config: ServiceConfig) -> Publisher:
     return HttpPublisher(secret=outbox.secret, url=outbox.url)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one clear line, not a stack."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        listening = socket.socket(family, kind, proto)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+        listening.listen(2048)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {error.strerror or error} "
+            "(another process may hold the port; choose one with --port or [server] port)"
+        ) from None
+    listening.set_inheritable(True)
+    return listening
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: SIGTERM and SIGINT belong to the service, which
     sets ``stop`` so that the loops end together with the HTTP server."""
@@ -115,6 +134,8 @@ async def run(
     metrics = ServiceMetrics(relay_stats=lambda: [r.stats for r in relays])
     health = AsyncHealthCheck(policies, schema=schema)
     tasks: list[asyncio.Task[Any]] = []
+    # Bound before anything starts: a port in use ends the start with one clear line.
+    listening = _listen(config.host, config.port) if "http" in chosen else None
     async with AsyncConnectionPool(
         dsn, min_size=1, max_size=10, kwargs=connect, open=False, name="pgonce-service"
     ) as pool:
@@ -144,20 +165,28 @@ async def run(
                     name="sweeper",
                 )
             )
-        if "http" in chosen:
-            await _serve_http(config, pool, sources, metrics, health, stop, tasks, on_ready)
-        else:
-            log.info("running %s", ", ".join(sorted(chosen)))
-            await stop.wait()
-        stop.set()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        for task, result in zip(tasks, results, strict=True):
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                log.error("%s ended with an error: %s", task.get_name(), result)
+        try:
+            if listening is not None:
+                await _serve_http(
+                    config, listening, pool, sources, metrics, health, stop, tasks, on_ready
+                )
+            else:
+                log.info("running %s", ", ".join(sorted(chosen)))
+                await stop.wait()
+        finally:
+            # Whatever ended the run, the loops stop together and are waited for.
+            stop.set()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for task, result in zip(tasks, results, strict=True):
+                if isinstance(result, BaseException) and not isinstance(
+                    result, asyncio.CancelledError
+                ):
+                    log.error("%s ended with an error: %s", task.get_name(), result)
 
 
 async def _serve_http(
     config: ServiceConfig,
+    listening: socket.socket,
     pool: AsyncConnectionPool[Any],
     sources: list[Any],
     metrics: ServiceMetrics,
@@ -189,13 +218,13 @@ async def _serve_http(
             timeout_graceful_shutdown=30,
         )
     )
-    serving = asyncio.create_task(server.serve(), name="http")
+    serving = asyncio.create_task(server.serve(sockets=[listening]), name="http")
     while not server.started:
         if serving.done():
-            await serving  # raises what made startup fail (a port in use)
+            await serving  # raises what made startup fail
             raise ConfigError(f"the HTTP server on {config.host}:{config.port} did not start")
         await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1] if server.servers else config.port
+    port = listening.getsockname()[1]
     url = f"http://{config.host}:{port}"
     log.info("serving on %s", url)
     print(f"pgonce: serving on {url}", flush=True)
