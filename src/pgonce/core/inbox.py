@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from pgonce.core.backoff import capped_exponential
 from pgonce.errors import BadPayload, UsageError
 
 #: Longest event id, in UTF-8 bytes (the table's CHECK constraint says the same). Providers' ids are
@@ -62,12 +63,9 @@ class RetryPolicy:
 
 def backoff(policy: RetryPolicy, attempts: int, jitter: float) -> timedelta:
     """The delay after the ``attempts``-th failed run; ``jitter`` is a number in [0, 1)."""
-    if attempts < 1:
-        raise UsageError("backoff is computed after at least one failed run")
     if not 0.0 <= jitter < 1.0:
         raise UsageError("jitter must be in [0, 1)")
-    # Capping the exponent keeps 2 ** n small; the cap is reached long before.
-    delay = min(policy.cap, policy.base * (1 << min(attempts - 1, 40)))
+    delay = capped_exponential(policy.base, policy.cap, attempts)
     return delay / 2 + delay / 2 * jitter
 
 

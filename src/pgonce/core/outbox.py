@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from pgonce.core.backoff import capped_exponential
 from pgonce.errors import ConfigError, UsageError
 
 #: Refused deliveries before a row is parked. With the default backoff (1 s doubling to a 10 min
@@ -64,10 +65,7 @@ class RetryPolicy:
         ``rand`` in [0, 1) picks the point in the jitter band (0.5 is no jitter), so that tests
         decide it.
         """
-        if attempts < 1:
-            raise UsageError("attempts counts refusals and starts at 1")
-        exponent = min(attempts - 1, 40)  # 2^40 seconds is far past any cap; avoids overflow
-        raw: timedelta = min(self.base * (2**exponent), self.cap)
+        raw = capped_exponential(self.base, self.cap, attempts)
         spread = 1 + self.jitter * (2 * rand - 1)
         return raw * spread
 

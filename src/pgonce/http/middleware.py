@@ -35,7 +35,6 @@ no per-request state on the instance: everything per request lives in locals and
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import logging
@@ -57,7 +56,7 @@ from pgonce.http.keys import key_from_headers
 from pgonce.http.problem import send_problem
 from pgonce.http.replay import EXPIRES_HEADER, replay_headers, storable_headers
 from pgonce.http.transaction import STATE_KEY, IdempotentTransaction
-from pgonce.store._async.keys import AsyncKeyStore
+from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
 
 log = logging.getLogger("pgonce.http")
 
@@ -309,13 +308,13 @@ class IdempotencyMiddleware:
                         else:
                             await conn.rollback()
                     except _UNAVAILABLE as error:
-                        await _rollback_quietly(conn)
+                        await rollback_quietly(conn)
                         if captured is None:
                             raise
                         captured.unavailable = True
                         _log_unavailable(claim, error)
                     except BaseException:
-                        await _rollback_quietly(conn)
+                        await rollback_quietly(conn)
                         raise
         except KeyMismatch:
             await send_problem(
@@ -383,7 +382,7 @@ class IdempotencyMiddleware:
                 await conn.execute(b"BEGIN", prepare=False)
             claim = await self.store.claim(conn, caller, key, fingerprint, wait=self.wait)
         except BaseException:
-            await _rollback_quietly(conn)
+            await rollback_quietly(conn)
             raise
         if not isinstance(claim, Won):
             await conn.rollback()  # a duplicate wrote nothing: there is nothing to keep
@@ -487,13 +486,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if header == name:
             return str(value.decode("latin-1"))
     return None
-
-
-async def _rollback_quietly(conn: AsyncConnection[Any]) -> None:
-    # The original error is what the client's request failed with; a rollback that fails (the
-    # connection died) must not replace it. PostgreSQL rolls back a dead connection by itself.
-    with contextlib.suppress(psycopg.Error):
-        await conn.rollback()
 
 
 async def _forward(send: Send, captured: _Captured, extra: list[tuple[bytes, bytes]]) -> None:

@@ -247,25 +247,21 @@ class AsyncOperation(Generic[Row]):
         if self._conn.info.transaction_status == TransactionStatus.IDLE:
             self._pipeline = pipeline = self._conn.pipeline()
             await pipeline.__aenter__()
-            try:
-                if self._conn.autocommit:
-                    await self._conn.execute(b"BEGIN", prepare=False)
-                # fetchone() inside claim() flushes BEGIN and the claim together.
-                self._claim = await self._store.claim(
-                    self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
-                )
-            except BaseException as error:
-                await self._abort(error)
-                raise
         else:
             await self._transaction.__aenter__()
-            try:
-                self._claim = await self._store.claim(
-                    self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
-                )
-            except BaseException as error:
+        try:
+            if self._pipeline is not None and self._conn.autocommit:
+                await self._conn.execute(b"BEGIN", prepare=False)
+            # Pipelined, fetchone() inside claim() flushes BEGIN and the claim together.
+            self._claim = await self._store.claim(
+                self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
+            )
+        except BaseException as error:
+            if self._pipeline is not None:
+                await self._abort(error)
+            else:
                 await self._transaction.__aexit__(type(error), error, error.__traceback__)
-                raise
+            raise
         if isinstance(self._claim, Replay):
             self.response = self._claim.response
         return self
@@ -321,17 +317,21 @@ class AsyncOperation(Generic[Row]):
         except BaseException:
             # A statement failed and the server skipped the rest, COMMIT included. The pipeline
             # has been left by its own exit: only the transaction remains to roll back.
-            await self._rollback_quietly()
+            await rollback_quietly(self._conn)
             raise
         self.stored = completion is not None and completion.rowcount == 1
 
     async def _abort(self, error: BaseException) -> None:
         assert self._pipeline is not None
         await self._pipeline.__aexit__(type(error), error, error.__traceback__)
-        await self._rollback_quietly()
+        await rollback_quietly(self._conn)
 
-    async def _rollback_quietly(self) -> None:
-        # The original error is what the caller must see; a failing rollback (the connection
-        # died) must not replace it. PostgreSQL rolls back a dead connection's transaction.
-        with contextlib.suppress(psycopg.Error):
-            await self._conn.rollback()
+
+async def rollback_quietly(conn: AsyncConnection[Row]) -> None:
+    """Roll back after a failure without hiding it.
+
+    The original error is what the caller must see: a rollback that fails too (the connection
+    died) is dropped, and PostgreSQL rolls back a dead connection's transaction by itself.
+    """
+    with contextlib.suppress(psycopg.Error):
+        await conn.rollback()

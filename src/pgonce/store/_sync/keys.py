@@ -249,25 +249,21 @@ class Operation(Generic[Row]):
         if self._conn.info.transaction_status == TransactionStatus.IDLE:
             self._pipeline = pipeline = self._conn.pipeline()
             pipeline.__enter__()
-            try:
-                if self._conn.autocommit:
-                    self._conn.execute(b"BEGIN", prepare=False)
-                # fetchone() inside claim() flushes BEGIN and the claim together.
-                self._claim = self._store.claim(
-                    self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
-                )
-            except BaseException as error:
-                self._abort(error)
-                raise
         else:
             self._transaction.__enter__()
-            try:
-                self._claim = self._store.claim(
-                    self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
-                )
-            except BaseException as error:
+        try:
+            if self._pipeline is not None and self._conn.autocommit:
+                self._conn.execute(b"BEGIN", prepare=False)
+            # Pipelined, fetchone() inside claim() flushes BEGIN and the claim together.
+            self._claim = self._store.claim(
+                self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
+            )
+        except BaseException as error:
+            if self._pipeline is not None:
+                self._abort(error)
+            else:
                 self._transaction.__exit__(type(error), error, error.__traceback__)
-                raise
+            raise
         if isinstance(self._claim, Replay):
             self.response = self._claim.response
         return self
@@ -323,17 +319,21 @@ class Operation(Generic[Row]):
         except BaseException:
             # A statement failed and the server skipped the rest, COMMIT included. The pipeline
             # has been left by its own exit: only the transaction remains to roll back.
-            self._rollback_quietly()
+            rollback_quietly(self._conn)
             raise
         self.stored = completion is not None and completion.rowcount == 1
 
     def _abort(self, error: BaseException) -> None:
         assert self._pipeline is not None
         self._pipeline.__exit__(type(error), error, error.__traceback__)
-        self._rollback_quietly()
+        rollback_quietly(self._conn)
 
-    def _rollback_quietly(self) -> None:
-        # The original error is what the caller must see; a failing rollback (the connection
-        # died) must not replace it. PostgreSQL rolls back a dead connection's transaction.
-        with contextlib.suppress(psycopg.Error):
-            self._conn.rollback()
+
+def rollback_quietly(conn: Connection[Row]) -> None:
+    """Roll back after a failure without hiding it.
+
+    The original error is what the caller must see: a rollback that fails too (the connection
+    died) is dropped, and PostgreSQL rolls back a dead connection's transaction by itself.
+    """
+    with contextlib.suppress(psycopg.Error):
+        conn.rollback()
