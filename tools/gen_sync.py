@@ -36,6 +36,7 @@ WORDS = {
     "aclose": "close",
     "_async": "_sync",
     "asyncio": "time",
+    "async_round_trip": "round_trip",
 }
 PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync def\b"), "def"),

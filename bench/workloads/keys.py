@@ -44,8 +44,9 @@ UPDATE pgonce.keys SET completed_at = now(), response_status = 201, response_hea
 COMMIT;
 """
 
-# What `once()` sends on an idle connection: BEGIN + claim in one flush, then the business insert,
-# the completion and COMMIT in a second one.
+# What `once()` sends on an idle connection: BEGIN + claim in one flush (begin()), the block's
+# business insert as its own statement (psycopg), then the completion and COMMIT in one flush
+# (commit()).
 OWN_FRESH = f"""\\set k random(1, 9000000000000000000)
 \\startpipeline
 BEGIN;
@@ -53,8 +54,8 @@ SELECT state, fingerprint, claimed_at, completed_at,
        response_status, response_headers, response_body
   FROM pgonce.claim('bench-own', :k::text, decode('{FP_HEX}', 'hex'), 2000, NULL);
 \\endpipeline
-\\startpipeline
 INSERT INTO bench.orders (key, amount) VALUES (:k::text, 4200);
+\\startpipeline
 UPDATE pgonce.keys SET completed_at = coalesce(NULL::timestamptz, now()), response_status = 201,
   response_headers = '[["content-type","application/json"]]',
   response_body = convert_to('{BODY.decode()}', 'UTF8')

@@ -1,8 +1,9 @@
-"""once() on an idle connection runs pipelined; its failure paths are as careful as its happy one.
+"""once() on an idle connection owns its transaction; its failure paths are careful too.
 
-Whatever goes wrong inside the block -- a failing statement whose error only arrives at the final
-flush, a Python exception with statements still queued, a connection killed mid-block -- nothing
-commits, the key stays free, and the caller's connection is handed back idle and usable.
+The claim and the completion travel in batches (store/wire.py), the block's statements through
+psycopg in between. Whatever goes wrong -- a failing statement, a Python exception, a connection
+killed mid-block, prepared statements deallocated behind pgonce's back -- nothing commits, the key
+stays free, and the caller's connection is handed back idle and usable.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, KeyStore, Response, fingerprint
+from pgonce.errors import DatabaseUnavailable
 from tests.keys.test_key_store import effects
 
 FP = fingerprint("pipelined")
@@ -34,7 +36,7 @@ def test_failing_statement_surfaces_at_exit_and_rolls_everything_back(
     conn.commit()
     with pytest.raises(psycopg.errors.UniqueViolation), store.once(conn, "s", "k", FP) as op:
         conn.execute("INSERT INTO effects (key) VALUES ('k')")
-        conn.execute("INSERT INTO effects (key) VALUES ('taken')")  # fails at the flush
+        conn.execute("INSERT INTO effects (key) VALUES ('taken')")
         op.respond(Response(201, (), b"never stored"))
     assert conn.info.transaction_status == TransactionStatus.IDLE
     assert effects(dsn, "k") == 0
@@ -100,7 +102,7 @@ def test_connection_killed_mid_block_commits_nothing(
     with (
         psycopg.connect(dsn) as conn,
         psycopg.connect(dsn, autocommit=True) as killer,
-        pytest.raises(psycopg.OperationalError),
+        pytest.raises(DatabaseUnavailable),
         store.once(conn, "s", "k", FP) as op,
     ):
         conn.execute("INSERT INTO effects (key) VALUES ('k')")

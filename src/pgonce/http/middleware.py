@@ -301,10 +301,10 @@ class IdempotencyMiddleware:
                     try:
                         captured = await self._run(scope, receive, send, conn, claim, body)
                         if captured.stored:
-                            # A failed completion (e.g. the endpoint left the transaction
-                            # aborted) raises, and COMMIT never runs.
-                            await self.store.complete(conn, claim, captured.response())
-                            await conn.commit()
+                            # The completion and COMMIT in one round trip. A failed completion
+                            # (e.g. the endpoint left the transaction aborted) raises, and the
+                            # transaction is rolled back.
+                            await self.store.commit(conn, claim, captured.response())
                         else:
                             await conn.rollback()
                     except _UNAVAILABLE as error:
@@ -370,22 +370,15 @@ class IdempotencyMiddleware:
     async def _claim(
         self, conn: AsyncConnection[Any], caller: str, key: str, fingerprint: bytes
     ) -> Won | Replay | InFlight:
-        """Open the transaction and claim; a claim that did not win ends its transaction.
+        """Open the transaction and claim (one round trip); a claim that did not win ends it.
 
-        Not in pipeline mode (unlike ``AsyncKeyStore.once()``): the endpoint runs on this
-        connection, and pipeline mode would refuse its COPY and server-side cursors and report
-        its errors late. Measured, pipelining these statements saved no time here either: the
-        cost is psycopg's per-statement work in Python, not the round trips on loopback.
+        The endpoint then runs on this connection through psycopg as usual, not in pipeline
+        mode: pipeline mode would refuse its COPY and server-side cursors and report its errors
+        late. Only pgonce's own statements are batched (``AsyncKeyStore.begin`` and ``commit``).
         """
-        try:
-            if conn.autocommit:
-                await conn.execute(b"BEGIN", prepare=False)
-            claim = await self.store.claim(conn, caller, key, fingerprint, wait=self.wait)
-        except BaseException:
-            await rollback_quietly(conn)
-            raise
+        claim = await self.store.begin(conn, caller, key, fingerprint, wait=self.wait)
         if not isinstance(claim, Won):
-            await conn.rollback()  # a duplicate wrote nothing: there is nothing to keep
+            await self.store.commit(conn, claim)  # a duplicate wrote nothing: just end it
         return claim
 
     async def _run(

@@ -94,3 +94,23 @@ class Queries:
         if name.startswith("_"):
             raise AttributeError(name)
         return query(self._group, name, self._schema)
+
+
+_NAMED_PLACEHOLDER = re.compile(rb"%\((\w+)\)s")
+
+
+@cache
+def positional(statement: bytes, names: tuple[str, ...]) -> bytes:
+    """``statement`` with its ``%(name)s`` placeholders as ``$n``, numbered by ``names``.
+
+    One text serves both paths: psycopg binds the named form, libpq (the store's batches) the
+    positional one. Every placeholder must be in ``names``.
+    """
+
+    def number(match: re.Match[bytes]) -> bytes:
+        name = match[1].decode()
+        if name not in names:
+            raise KeyError(f"placeholder {name!r} is not among {names}")
+        return b"$%d" % (names.index(name) + 1)
+
+    return _NAMED_PLACEHOLDER.sub(number, statement)

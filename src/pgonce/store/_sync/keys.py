@@ -10,13 +10,14 @@ the source of ``_sync/keys.py`` (``tools/gen_sync.py``); edit this one.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from psycopg import Connection, Pipeline
+from psycopg import Connection
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
@@ -24,6 +25,7 @@ from psycopg.types.json import Jsonb
 from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA, MIN_CLAIM_WAIT
 from pgonce.core.outcomes import (
     Claim,
+    ClaimRow,
     InFlight,
     Replay,
     Response,
@@ -32,12 +34,18 @@ from pgonce.core.outcomes import (
     validate_fingerprint,
     validate_key,
 )
-from pgonce.errors import UsageError
-from pgonce.sql import Queries
+from pgonce.errors import PgonceError, UsageError
+from pgonce.sql import Queries, positional
+from pgonce.store import wire
 from pgonce.store.common import claim_row, require_transaction
 from pgonce.store.errors import translate_errors
+from pgonce.store.wire import BINARY, TEXT, Command, round_trip
 
 Row = TypeVar("Row")
+
+# The order of the parameters of the batched claim and completion ($1, $2, ...).
+_CLAIM_PARAMS = ("scope", "key", "fingerprint", "wait_ms", "now")
+_COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now")
 
 
 def _check_wait(wait: timedelta) -> None:
@@ -72,6 +80,12 @@ class KeyStore:
         self.retry_after = retry_after
         self.store_server_errors = store_server_errors
         self._sql = Queries("keys", schema)
+        self._claim_batched = wire.Statement(
+            positional(self._sql.claim, _CLAIM_PARAMS), (TEXT, TEXT, BINARY, TEXT, TEXT)
+        )
+        self._complete_batched = wire.Statement(
+            positional(self._sql.complete, _COMPLETE_PARAMS), (TEXT, TEXT, TEXT, TEXT, BINARY, TEXT)
+        )
 
     def stores(self, response: Response | None) -> bool:
         """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
@@ -100,24 +114,106 @@ class KeyStore:
         :class:`~pgonce.errors.NotInTransaction` on an autocommit connection. The transaction stays
         usable whatever the outcome.
         """
-        validate_key(scope, key)
-        validate_fingerprint(fingerprint)
+        wait_ms = self._wait_ms(scope, key, fingerprint, wait)
         require_transaction(conn)
-        if wait is not None:
-            _check_wait(wait)
-        wait_ms = int((wait or self.wait) / timedelta(milliseconds=1))
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
             cur = conn.cursor(row_factory=tuple_row)
             cur.execute(self._sql.claim, {**params, "now": now})
             row = cur.fetchone()
+        return self._decide(claim_row(row), scope, key, fingerprint)
+
+    def _wait_ms(self, scope: str, key: str, fingerprint: bytes, wait: timedelta | None) -> int:
+        validate_key(scope, key)
+        validate_fingerprint(fingerprint)
+        if wait is not None:
+            _check_wait(wait)
+        return int((wait or self.wait) / timedelta(milliseconds=1))
+
+    def _decide(self, row: ClaimRow, scope: str, key: str, fingerprint: bytes) -> Claim:
         return decide(
-            claim_row(row),
-            scope=scope,
-            key=key,
-            fingerprint=fingerprint,
-            retry_after=self.retry_after,
+            row, scope=scope, key=key, fingerprint=fingerprint, retry_after=self.retry_after
         )
+
+    def begin(
+        self,
+        conn: Connection[Row],
+        scope: str,
+        key: str,
+        fingerprint: bytes,
+        *,
+        wait: timedelta | None = None,
+        now: datetime | None = None,
+    ) -> Claim:
+        """Open a transaction on an idle connection and claim ``(scope, key)`` in it.
+
+        BEGIN and the claim travel in one round trip. The transaction stays open whatever the
+        outcome: run the work on ``conn``, then end it with :meth:`commit` (the completion and
+        COMMIT in one more round trip), or with ``conn.rollback()``. Outcomes and errors are
+        those of :meth:`claim`; after an error the transaction has been rolled back.
+        """
+        wait_ms = self._wait_ms(scope, key, fingerprint, wait)
+        if conn.info.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
+            raise UsageError(
+                "begin() opens a transaction of its own: it needs an idle connection, outside "
+                "a transaction and outside conn.pipeline(); inside one, use claim()"
+            )
+        encode = conn.info.encoding
+        params = (scope.encode(encode), key.encode(encode), fingerprint, b"%d" % wait_ms)
+        commands = [
+            Command(wire.begin_statement(conn)),
+            Command(self._claim_batched, (*params, wire.timestamp(now))),
+        ]
+        for attempt in (1, 2):
+            try:
+                with translate_errors("claiming a key"):
+                    _, result = round_trip(conn, commands)
+                break
+            except BaseException as error:
+                rollback_quietly(conn)
+                if attempt == 1 and _statement_vanished(error):
+                    continue  # DEALLOCATE ALL or DISCARD ALL ran: prepare again, once
+                raise
+        return self._decide(wire.claim_row(result, conn), scope, key, fingerprint)
+
+    def commit(
+        self,
+        conn: Connection[Row],
+        claim: Claim,
+        response: Response | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> bool:
+        """End the transaction :meth:`begin` opened; True when the response was stored.
+
+        For a won claim the completion and COMMIT travel in one round trip. A response that is
+        not stored (a 5xx, by default) rolls back the whole transaction instead, so the key is
+        free and nothing half-done commits. A claim that did not win just commits. If the
+        commit fails, the transaction is rolled back and the error raised.
+        """
+        commands: Sequence[Command]
+        if not isinstance(claim, Won):
+            commands = [Command(wire.COMMIT)]
+        elif not self.stores(response):
+            commands = [Command(wire.ROLLBACK)]
+        else:
+            status, headers, body = _stored(response)
+            params = (
+                claim.scope.encode(conn.info.encoding),
+                claim.key.encode(conn.info.encoding),
+                wire.number(status),
+                wire.json_text(headers),
+                body,
+                wire.timestamp(now),
+            )
+            commands = [Command(self._complete_batched, params), Command(wire.COMMIT)]
+        try:
+            with translate_errors("completing a key"):
+                results = round_trip(conn, commands)
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+        return len(results) == 2 and results[0].command_tuples == 1
 
     def complete(
         self,
@@ -145,13 +241,13 @@ class KeyStore:
 
     @staticmethod
     def _completion(claim: Won, response: Response | None, now: datetime | None) -> dict[str, Any]:
-        stored = response or Response()
+        status, headers, body = _stored(response)
         return {
             "scope": claim.scope,
             "key": claim.key,
-            "status": stored.status,
-            "headers": Jsonb([list(h) for h in stored.headers]),
-            "body": stored.body,
+            "status": status,
+            "headers": Jsonb(headers),
+            "body": body,
             "now": now,
         }
 
@@ -181,13 +277,13 @@ class KeyStore:
                     op.respond(Response(201, body=b"..."))
             return op.response  # the new one, or the stored one on a replay
 
-        On an idle connection the block is a transaction of its own, run in pipeline mode: BEGIN
-        and the claim travel in one round trip, and the block's statements, the completion and
-        COMMIT in one more (statements whose results the block fetches add their own round trip;
-        errors in the others surface when the block ends). Inside the caller's transaction the
-        block is a savepoint (``conn.transaction()``). Either way an exception rolls back the
-        claim with the block's writes, and so does a 5xx response that is not stored: nothing
-        half-done commits and the key stays free.
+        On an idle connection the block is a transaction of its own: :meth:`begin` on entry
+        (BEGIN and the claim in one round trip), :meth:`commit` on exit (the completion and
+        COMMIT in one more); the block's own statements run between the two as usual. Inside
+        the caller's transaction (or psycopg's pipeline) the block is a savepoint
+        (``conn.transaction()``). Either way an exception rolls back the claim with the block's
+        writes, and so does a 5xx response that is not stored: nothing half-done commits and
+        the key stays free.
         """
         return Operation(self, conn, scope, key, fingerprint, wait=wait, now=now)
 
@@ -211,10 +307,9 @@ class Operation(Generic[Row]):
         self._args = (scope, key, fingerprint)
         self._wait = wait
         self._now = now
-        # Exactly one of the two is used: a pipeline when this block owns the transaction, a
-        # transaction() (a savepoint) when it runs inside the caller's.
-        self._pipeline: AbstractContextManager[Pipeline] | None = None
-        self._transaction = conn.transaction()
+        # When the block runs inside the caller's transaction: a savepoint. None when the block
+        # owns its transaction (begin() and commit()).
+        self._savepoint: AbstractContextManager[Any] | None = None
         self._claim: Claim | None = None
         self.response: Response | None = None
         #: True once the response was stored (after the block, when this operation won).
@@ -246,24 +341,21 @@ class Operation(Generic[Row]):
 
     def __enter__(self) -> Operation[Row]:
         scope, key, fingerprint = self._args
-        if self._conn.info.transaction_status == TransactionStatus.IDLE:
-            self._pipeline = pipeline = self._conn.pipeline()
-            pipeline.__enter__()
-        else:
-            self._transaction.__enter__()
-        try:
-            if self._pipeline is not None and self._conn.autocommit:
-                self._conn.execute(b"BEGIN", prepare=False)
-            # Pipelined, fetchone() inside claim() flushes BEGIN and the claim together.
-            self._claim = self._store.claim(
-                self._conn, scope, key, fingerprint, wait=self._wait, now=self._now
+        conn = self._conn
+        if conn.info.transaction_status == TransactionStatus.IDLE and wire.usable(conn):
+            self._claim = self._store.begin(
+                conn, scope, key, fingerprint, wait=self._wait, now=self._now
             )
-        except BaseException as error:
-            if self._pipeline is not None:
-                self._abort(error)
-            else:
-                self._transaction.__exit__(type(error), error, error.__traceback__)
-            raise
+        else:
+            self._savepoint = savepoint = conn.transaction()
+            savepoint.__enter__()
+            try:
+                self._claim = self._store.claim(
+                    conn, scope, key, fingerprint, wait=self._wait, now=self._now
+                )
+            except BaseException as error:
+                savepoint.__exit__(type(error), error, error.__traceback__)
+                raise
         if isinstance(self._claim, Replay):
             self.response = self._claim.response
         return self
@@ -274,59 +366,40 @@ class Operation(Generic[Row]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        if self._pipeline is not None:
-            self._finish_pipelined(exc)
+        assert self._claim is not None
+        savepoint = self._savepoint
+        if savepoint is None:
+            if exc is not None:
+                rollback_quietly(self._conn)
+            else:
+                self.stored = self._store.commit(
+                    self._conn, self._claim, self.response, now=self._now
+                )
             return None
         if exc is None and isinstance(self._claim, Won):
             if not self._store.stores(self.response):
                 rollback = psycopg.Rollback()
-                return self._transaction.__exit__(type(rollback), rollback, None)
+                return savepoint.__exit__(type(rollback), rollback, None)
             try:
                 self.stored = self._store.complete(
                     self._conn, self._claim, self.response, now=self._now
                 )
             except BaseException as error:
-                self._transaction.__exit__(type(error), error, error.__traceback__)
+                savepoint.__exit__(type(error), error, error.__traceback__)
                 raise
-        return self._transaction.__exit__(exc_type, exc, tb)
+        return savepoint.__exit__(exc_type, exc, tb)
 
-    def _finish_pipelined(self, exc: BaseException | None) -> None:
-        assert self._pipeline is not None
-        if exc is not None:
-            self._abort(exc)
-            return
-        completion = None
-        try:
-            end = b"COMMIT"
-            if isinstance(self._claim, Won):
-                if self._store.stores(self.response):
-                    # Queued, not translated: an error raised here belongs to one of the block's
-                    # own statements, whose result arrived while this one was being sent.
-                    completion = self._conn.execute(
-                        self._store._sql.complete,
-                        self._store._completion(self._claim, self.response, self._now),
-                    )
-                else:
-                    end = b"ROLLBACK"
-            self._conn.execute(end, prepare=False)
-        except BaseException as error:
-            # The pipeline is still open: leave it (discarding what is queued), then roll back.
-            self._abort(error)
-            raise
-        try:
-            # One flush: the block's pending statements, the completion and COMMIT.
-            self._pipeline.__exit__(None, None, None)
-        except BaseException:
-            # A statement failed and the server skipped the rest, COMMIT included. The pipeline
-            # has been left by its own exit: only the transaction remains to roll back.
-            rollback_quietly(self._conn)
-            raise
-        self.stored = completion is not None and completion.rowcount == 1
 
-    def _abort(self, error: BaseException) -> None:
-        assert self._pipeline is not None
-        self._pipeline.__exit__(type(error), error, error.__traceback__)
-        rollback_quietly(self._conn)
+def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:
+    """The columns a completion writes: status, headers as [[name, value], ...], body."""
+    stored = response or Response()
+    return stored.status, [list(h) for h in stored.headers], stored.body
+
+
+def _statement_vanished(error: BaseException) -> bool:
+    """Whether a batch failed because its prepared statement was deallocated behind its back."""
+    cause = error.__cause__ if isinstance(error, PgonceError) else error
+    return isinstance(cause, psycopg.errors.InvalidSqlStatementName)
 
 
 def rollback_quietly(conn: Connection[Row]) -> None:

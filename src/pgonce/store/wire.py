@@ -1,0 +1,301 @@
+"""pgonce's own statements, several per round trip, straight through psycopg's libpq layer.
+
+Measured on the key store's hot path, psycopg's Python work per statement (cursor, query
+conversion, adapters, a wait on the event loop for each) cost more than the database did: about
+40-100 µs of client CPU for each of BEGIN, claim, completion and COMMIT. Here a round trip is a
+*batch*: its statements are queued in libpq's pipeline mode with their parameters already encoded,
+flushed once, and their results read in one wait. pgonce's statements are prepared once per
+connection (unless the connection has ``prepare_threshold = None``, as behind a transaction-mode
+pooler), under names of their own that never meet psycopg's.
+
+Only pgonce's statements travel here; the caller's statements keep going through psycopg. A batch
+runs only on a connection that psycopg is not using for anything else: it holds the connection's
+lock, and it refuses a connection in psycopg's pipeline mode (the store falls back to psycopg
+there). After a batch the connection is in the state psycopg expects: pipeline mode off, every
+result read, the transaction status whatever the statements left.
+
+One generator (:func:`exchange`) does the protocol work for both I/O styles; :func:`round_trip`
+drives it with psycopg's own waiting, :func:`async_round_trip` with the event loop's reader
+callbacks (without psycopg's per-wait timer, which cost more than the rest of the round trip).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import errors, pq
+from psycopg.abc import PQGen
+from psycopg.generators import fetch_many, send
+from psycopg.pq.abc import PGconn, PGresult
+from psycopg.waiting import Ready, Wait
+
+from pgonce.core.outcomes import ClaimRow
+
+TEXT, BINARY = 0, 1
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_INVALID_STATEMENT_NAME = "26000"
+
+Param = bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One of pgonce's statements, with ``$n`` placeholders and the format of each parameter."""
+
+    sql: bytes
+    formats: tuple[int, ...] = ()
+    name: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        digest = hashlib.sha256(self.sql).hexdigest()[:16]
+        object.__setattr__(self, "name", f"_pgonce_{digest}".encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A statement with its encoded parameters; a ``Statement`` without parameters is sent as is."""
+
+    statement: Statement
+    params: Sequence[Param] = ()
+
+
+# Which of pgonce's statements each connection has prepared. Weak: a closed connection's entry
+# goes with it. A DEALLOCATE ALL or DISCARD ALL behind pgonce's back is detected by its error
+# (26000) and answered by forgetting the connection's entry.
+_prepared: weakref.WeakKeyDictionary[PGconn, set[bytes]] = weakref.WeakKeyDictionary()
+
+
+def forget_prepared(conn: psycopg.BaseConnection[Any]) -> None:
+    """Forget what this connection prepared: the next batch prepares again."""
+    _prepared.pop(conn.pgconn, None)
+
+
+def begin_statement(conn: psycopg.BaseConnection[Any]) -> Statement:
+    """The BEGIN that psycopg would send for this connection's transaction settings."""
+    parts = [b"BEGIN"]
+    if conn.isolation_level is not None:
+        parts += [b"ISOLATION LEVEL", conn.isolation_level.name.replace("_", " ").encode()]
+    if conn.read_only is not None:
+        parts.append(b"READ ONLY" if conn.read_only else b"READ WRITE")
+    if conn.deferrable is not None:
+        parts.append(b"DEFERRABLE" if conn.deferrable else b"NOT DEFERRABLE")
+    return _simple(b" ".join(parts))
+
+
+_SIMPLE: dict[bytes, Statement] = {}
+
+
+def _simple(sql: bytes) -> Statement:
+    statement = _SIMPLE.get(sql)
+    if statement is None:
+        statement = _SIMPLE[sql] = Statement(sql)
+    return statement
+
+
+COMMIT = _simple(b"COMMIT")
+ROLLBACK = _simple(b"ROLLBACK")
+
+
+def usable(conn: psycopg.BaseConnection[Any]) -> bool:
+    """Whether a batch may run here: the connection is open and not in psycopg's pipeline."""
+    return not conn.closed and conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
+
+
+def _queue(conn: psycopg.BaseConnection[Any], commands: Iterable[Command]) -> list[bool]:
+    """Queue the commands in pipeline mode; per result to come, whether it is a command's."""
+    pgconn = conn.pgconn
+    prepare = conn.prepare_threshold is not None
+    prepared = _prepared.setdefault(pgconn, set()) if prepare else set()
+    results: list[bool] = []
+    pgconn.enter_pipeline_mode()
+    for command in commands:
+        statement = command.statement
+        if not statement.formats:
+            # No parameters (BEGIN, COMMIT): the extended protocol without a prepared name.
+            pgconn.send_query_params(statement.sql, None)
+        elif not prepare:
+            pgconn.send_query_params(
+                statement.sql,
+                command.params,
+                param_formats=statement.formats,
+                result_format=BINARY,
+            )
+        else:
+            if statement.name not in prepared:
+                pgconn.send_prepare(statement.name, statement.sql)
+                prepared.add(statement.name)
+                results.append(False)
+            pgconn.send_query_prepared(
+                statement.name,
+                command.params,
+                param_formats=statement.formats,
+                result_format=BINARY,
+            )
+        results.append(True)
+    pgconn.pipeline_sync()
+    return results
+
+
+def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
+    """Flush what is queued, read ``expected`` results and the sync, and leave pipeline mode.
+
+    Each statement answers with one result (``PIPELINE_ABORTED`` for those skipped after an
+    error), then the sync's.
+    """
+    yield from send(pgconn)
+    results: list[PGresult] = []
+    for _ in range(expected):
+        results.extend((yield from fetch_many(pgconn)))
+    (sync,) = yield from fetch_many(pgconn)
+    assert sync.status == pq.ExecStatus.PIPELINE_SYNC, sync.status
+    pgconn.exit_pipeline_mode()
+    return results
+
+
+def _check(
+    conn: psycopg.BaseConnection[Any], expected: list[bool], results: list[PGresult]
+) -> list[PGresult]:
+    """One result per command, or the first error among them, raised."""
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            error = errors.error_from_result(result, encoding=conn.info.encoding)
+            if error.sqlstate == _INVALID_STATEMENT_NAME:
+                forget_prepared(conn)
+            raise error
+    return [result for result, ours in zip(results, expected, strict=True) if ours]
+
+
+def round_trip(conn: psycopg.Connection[Any], commands: Sequence[Command]) -> list[PGresult]:
+    """Run ``commands`` in one round trip; return one result per command."""
+    with conn.lock:
+        _require_usable(conn)
+        try:
+            expected = _queue(conn, commands)
+            results = conn.wait(exchange(conn.pgconn, len(expected)))
+        except BaseException:
+            _abandon(conn)
+            raise
+    return _check(conn, expected, results)
+
+
+async def async_round_trip(
+    conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]
+) -> list[PGresult]:
+    """Run ``commands`` in one round trip; return one result per command."""
+    async with conn.lock:
+        _require_usable(conn)
+        try:
+            expected = _queue(conn, commands)
+            results = await _drive(exchange(conn.pgconn, len(expected)), conn.pgconn)
+        except BaseException:
+            _abandon(conn)
+            raise
+    return _check(conn, expected, results)
+
+
+def _require_usable(conn: psycopg.BaseConnection[Any]) -> None:
+    if conn.closed:
+        raise psycopg.OperationalError("the connection is closed")
+    if not usable(conn):
+        raise psycopg.ProgrammingError("a pgonce batch cannot run inside psycopg's pipeline")
+
+
+def _abandon(conn: psycopg.BaseConnection[Any]) -> None:
+    """A round trip interrupted halfway leaves results unread: the connection cannot go on.
+
+    Closing it is the one safe answer (the server rolls back its open transaction, and a pool
+    discards a closed connection); otherwise the next user would read this batch's results.
+    """
+    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF or conn.pgconn.is_busy():
+        conn.pgconn.finish()
+
+
+async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn) -> list[PGresult]:
+    """Run a libpq generator on the event loop: one callback per wait, no timer."""
+    loop = asyncio.get_running_loop()
+    fileno = pgconn.socket
+    try:
+        wait = next(gen)
+        while True:
+            future: asyncio.Future[Ready] = loop.create_future()
+            if wait & Wait.W:
+                loop.add_writer(fileno, _wake, future, Ready.W)
+            if wait & Wait.R:
+                loop.add_reader(fileno, _wake, future, Ready.R)
+            try:
+                ready = await future
+            finally:
+                if wait & Wait.W:
+                    loop.remove_writer(fileno)
+                if wait & Wait.R:
+                    loop.remove_reader(fileno)
+            wait = gen.send(ready)
+    except StopIteration as done:
+        result: list[PGresult] = done.value
+        return result
+    except OSError as error:
+        raise psycopg.OperationalError("connection socket closed") from error
+
+
+def _wake(future: asyncio.Future[Ready], ready: Ready) -> None:
+    if not future.done():
+        future.set_result(ready)
+
+
+# Parameter encoding: pgonce's own parameters are few and of known types.
+
+
+def number(value: int | None) -> Param:
+    return None if value is None else str(value).encode()
+
+
+def timestamp(value: datetime | None) -> Param:
+    return None if value is None else value.isoformat().encode()
+
+
+def json_text(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+# Result decoding (binary format) of the claim's row: state, fingerprint, claimed_at,
+# completed_at, response_status, response_headers (jsonb), response_body.
+
+
+def claim_row(result: PGresult, conn: psycopg.BaseConnection[Any]) -> ClaimRow:
+    assert result.ntuples == 1, "claim() returned no row"
+    value = result.get_value
+    encoding = conn.info.encoding
+    state = value(0, 0)
+    assert state is not None
+    headers = value(0, 5)
+    return ClaimRow(
+        bytes(state).decode(encoding),
+        _bytes(value(0, 1)),
+        _time(value(0, 2)),
+        _time(value(0, 3)),
+        _int(value(0, 4)),
+        None if headers is None else json.loads(bytes(headers)[1:].decode(encoding)),
+        _bytes(value(0, 6)),
+    )
+
+
+def _bytes(value: bytes | None) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def _int(value: bytes | None) -> int | None:
+    return None if value is None else int.from_bytes(value, "big", signed=True)
+
+
+def _time(value: bytes | None) -> datetime | None:
+    if value is None:
+        return None
+    return _EPOCH + timedelta(microseconds=int.from_bytes(value, "big", signed=True))

@@ -1,0 +1,237 @@
+"""begin() and commit(): pgonce's statements in batches on psycopg's libpq connection.
+
+A batch talks to libpq directly, so what psycopg normally guarantees is proven here: the
+connection comes back in the state psycopg expects, prepared statements survive (or recover from)
+DEALLOCATE ALL, transaction settings are honoured, an interrupted round trip never leaves results
+behind for the next user, and the wire is what the docstrings say (two round trips).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import pq
+from psycopg.pq import TransactionStatus
+
+from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
+from tests.keys.helpers import wait_until_blocked
+from tests.keys.test_key_store import effects
+
+FP = fingerprint("batched")
+BODY = bytes(range(256))
+
+
+def _idle_and_usable(conn: psycopg.Connection[Any]) -> None:
+    assert conn.info.transaction_status == TransactionStatus.IDLE
+    assert conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    conn.rollback()
+
+
+def test_begin_then_commit_stores_and_replays_byte_for_byte(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    claim = store.begin(conn, "s", "k", FP)
+    assert isinstance(claim, Won)
+    assert conn.info.transaction_status == TransactionStatus.INTRANS
+    conn.execute("CREATE TABLE effects (key text)")
+    conn.execute("INSERT INTO effects VALUES ('k')")
+    response = Response(201, (("content-type", "application/octet-stream"),), BODY)
+    assert store.commit(conn, claim, response) is True
+    _idle_and_usable(conn)
+    replay = store.begin(conn, "s", "k", FP)
+    assert isinstance(replay, Replay)
+    assert replay.response == response
+    assert replay.claimed_at.tzinfo is not None
+    assert store.commit(conn, replay) is False
+    assert effects(dsn, "k") == 1
+    _idle_and_usable(conn)
+
+
+def test_explicit_time_round_trips(conn: psycopg.Connection[Any], store: KeyStore) -> None:
+    at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    claim = store.begin(conn, "s", "k", FP, now=at)
+    assert isinstance(claim, Won)
+    store.commit(conn, claim, Response(200), now=at + timedelta(seconds=1))
+    replay = store.begin(conn, "s", "k", FP)
+    assert isinstance(replay, Replay)
+    assert replay.claimed_at == at
+    store.commit(conn, replay)
+
+
+def test_server_error_not_stored_rolls_back_everything(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    conn.execute("CREATE TABLE effects (key text)")
+    conn.commit()
+    claim = store.begin(conn, "s", "k", FP)
+    conn.execute("INSERT INTO effects VALUES ('k')")
+    assert store.commit(conn, claim, Response(503)) is False
+    assert effects(dsn, "k") == 0
+    assert isinstance(store.begin(conn, "s", "k", FP), Won)
+    conn.rollback()
+
+
+def test_begin_refuses_a_connection_in_a_transaction_or_pipeline(
+    conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    conn.execute("SELECT 1")
+    with pytest.raises(UsageError, match="idle connection"):
+        store.begin(conn, "s", "k", FP)
+    conn.rollback()
+    with conn.pipeline(), pytest.raises(UsageError, match="pipeline"):
+        store.begin(conn, "s", "k", FP)
+
+
+def test_deallocate_all_behind_pgonce_back_is_recovered(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    for key in ("a", "b"):
+        with store.once(conn, "s", key, FP) as op:
+            op.respond(Response(201))
+    conn.execute("DEALLOCATE ALL")  # what a pool's reset (DISCARD ALL) also does
+    conn.commit()
+    with store.once(conn, "s", "c", FP) as op:
+        assert op.won
+        op.respond(Response(201))
+    assert op.stored
+    with store.once(conn, "s", "c", FP) as again:
+        assert again.replayed
+
+
+def test_without_prepared_statements(dsn: str, store: KeyStore) -> None:
+    # prepare_threshold=None is how psycopg runs behind a transaction-mode pooler: pgonce must
+    # not leave named statements behind either.
+    with psycopg.connect(dsn, prepare_threshold=None) as conn:
+        for _ in range(3):
+            with store.once(conn, "s", "k", FP) as op:
+                if op.won:
+                    op.respond(Response(201))
+        assert op.replayed
+        row = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+        assert row == (0,)
+
+
+def test_prepared_once_per_connection(conn: psycopg.Connection[Any], store: KeyStore) -> None:
+    for key in ("a", "b", "c"):
+        with store.once(conn, "s", key, FP) as op:
+            op.respond(Response(201))
+    names = conn.execute(
+        "SELECT name FROM pg_prepared_statements WHERE name LIKE '_pgonce_%' ORDER BY name"
+    ).fetchall()
+    conn.rollback()
+    assert len(names) == 2  # the claim and the completion, each prepared once
+
+
+def test_transaction_settings_are_honoured(dsn: str, store: KeyStore) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        claim = store.begin(conn, "s", "k", FP)
+        level = conn.execute("SHOW transaction_isolation").fetchone()
+        assert level == ("serializable",)
+        store.commit(conn, claim, Response(201))
+        conn.read_only = True
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            # The claim writes: a read-only transaction refuses it, and pgonce says so.
+            try:
+                store.begin(conn, "s", "other", FP)
+            except Exception as error:
+                raise error.__cause__ or error from None
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_in_flight_leaves_lock_timeout_as_it_was(dsn: str, store: KeyStore) -> None:
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        second.execute("SET lock_timeout = '7s'")
+        second.commit()
+        assert isinstance(store.begin(first, "s", "k", FP), Won)
+        duplicate = store.begin(second, "s", "k", FP, wait=timedelta(milliseconds=100))
+        assert isinstance(duplicate, InFlight)
+        assert second.execute("SHOW lock_timeout").fetchone() == ("7s",)
+        store.commit(second, duplicate)
+        first.rollback()
+
+
+def test_killed_connection_mid_round_trip(dsn: str, store: KeyStore) -> None:
+    with (
+        psycopg.connect(dsn) as first,
+        psycopg.connect(dsn) as second,
+        psycopg.connect(dsn, autocommit=True) as killer,
+    ):
+        assert isinstance(store.begin(first, "s", "k", FP), Won)
+
+        def kill_when_blocked() -> None:
+            wait_until_blocked(killer, second.info.backend_pid)
+            killer.execute("SELECT pg_terminate_backend(%s)", (second.info.backend_pid,))
+
+        thread = threading.Thread(target=kill_when_blocked)
+        thread.start()
+        with pytest.raises(Exception, match="claiming a key failed"):
+            store.begin(second, "s", "k", FP, wait=timedelta(seconds=30))
+        thread.join()
+        assert second.closed or second.info.status == pq.ConnStatus.BAD
+        first.rollback()
+
+
+async def test_cancelled_task_mid_round_trip_closes_the_connection(
+    dsn: str, astore: AsyncKeyStore
+) -> None:
+    # A task cancelled while its batch waits for the server cannot leave the results unread for
+    # the next user of the connection: the connection is closed, and the server rolls back.
+    async with (
+        await psycopg.AsyncConnection.connect(dsn) as first,
+        await psycopg.AsyncConnection.connect(dsn) as second,
+    ):
+        assert isinstance(await astore.begin(first, "s", "k", FP), Won)
+        task = asyncio.create_task(astore.begin(second, "s", "k", FP, wait=timedelta(seconds=30)))
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
+            while True:
+                cur = await watcher.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                    (second.info.backend_pid,),
+                )
+                row = await cur.fetchone()
+                if row and row[0] == "Lock":
+                    break
+                await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert second.closed
+        await first.rollback()
+    async with (
+        await psycopg.AsyncConnection.connect(dsn) as conn,
+        astore.once(conn, "s", "k", FP) as op,
+    ):
+        assert op.won
+
+
+def test_two_round_trips_on_the_wire(dsn: str, store: KeyStore, tmp_path: Path) -> None:
+    # libpq's own protocol trace: each round trip ends with one Sync from the client. A fresh
+    # key is BEGIN + claim, then completion + COMMIT (the block's insert is its own statement).
+    trace = tmp_path / "trace"
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE effects (key text)")
+        conn.commit()
+        with store.once(conn, "s", "warm", FP) as op:
+            op.respond(Response(201))
+        with trace.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            with store.once(conn, "s", "k", FP) as op:
+                op.respond(Response(201))
+            with store.once(conn, "s", "k", FP) as replay:
+                assert replay.replayed
+            conn.pgconn.untrace()
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    syncs = [fields for fields in sent if fields[0] == "F" and fields[2] == "Sync"]
+    named = [f for f in sent if f[0] == "F" and f[2] == "Parse" and not f[3].startswith(' ""')]
+    assert op.stored
+    assert len(syncs) == 4  # fresh: 2 round trips; duplicate: 2 round trips
+    assert named == []  # pgonce's statements were prepared once, on the warm-up
