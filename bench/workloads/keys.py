@@ -44,35 +44,47 @@ UPDATE pgonce.keys SET completed_at = now(), response_status = 201, response_hea
 COMMIT;
 """
 
-# What `once()` sends on an idle connection: BEGIN + claim in one flush (begin()), the block's
-# business insert as its own statement (psycopg), then the completion and COMMIT in one flush
-# (commit()).
-OWN_FRESH = f"""\\set k random(1, 9000000000000000000)
-\\startpipeline
+
+def _claim_trip(scope: str, key: str) -> str:
+    """begin(): BEGIN and the claim, flushed together."""
+    return f"""\\startpipeline
 BEGIN;
 SELECT state, fingerprint, claimed_at, completed_at,
        response_status, response_headers, response_body
-  FROM pgonce.claim('bench-own', :k::text, decode('{FP_HEX}', 'hex'), 2000, NULL);
-\\endpipeline
-INSERT INTO bench.orders (key, amount) VALUES (:k::text, 4200);
-\\startpipeline
-UPDATE pgonce.keys SET completed_at = coalesce(NULL::timestamptz, now()), response_status = 201,
-  response_headers = '[["content-type","application/json"]]',
-  response_body = convert_to('{BODY.decode()}', 'UTF8')
-  WHERE scope = 'bench-own' AND key = :k::text AND completed_at IS NULL;
-COMMIT;
+  FROM pgonce.claim('{scope}', {key}, decode('{FP_HEX}', 'hex'), 2000, NULL);
 \\endpipeline
 """
 
-OWN_DUPLICATE = f"""\\set k random(1, {DUPLICATE_KEYS})
-\\startpipeline
-BEGIN;
-SELECT state, fingerprint, claimed_at, completed_at,
-       response_status, response_headers, response_body
-  FROM pgonce.claim('bench-dup', :k::text, decode('{FP_HEX}', 'hex'), 2000, NULL);
-\\endpipeline
-COMMIT;
+
+BUSINESS_INSERT = "INSERT INTO bench.orders (key, amount) VALUES (:k::text, 4200);\n"
+COMPLETION = f"""UPDATE pgonce.keys SET completed_at = coalesce(NULL::timestamptz, now()),
+  response_status = 201, response_headers = '[["content-type","application/json"]]',
+  response_body = convert_to('{BODY.decode()}', 'UTF8')
+  WHERE scope = 'bench-own' AND key = :k::text AND completed_at IS NULL;
 """
+FRESH_KEY = "\\set k random(1, 9000000000000000000)\n"
+
+# What `once()` sends on an idle connection: BEGIN + claim in one flush (begin()), the block's
+# business insert as its own statement (psycopg), then the completion and COMMIT in one flush
+# (commit()).
+OWN_FRESH = (
+    FRESH_KEY
+    + _claim_trip("bench-own", ":k::text")
+    + BUSINESS_INSERT
+    + f"\\startpipeline\n{COMPLETION}COMMIT;\n\\endpipeline\n"
+)
+
+# The same with the business insert queued (`op.execute()`): it travels with the completion and
+# COMMIT, so the whole transaction is two round trips.
+OWN_QUEUED = (
+    FRESH_KEY
+    + _claim_trip("bench-own", ":k::text")
+    + f"\\startpipeline\n{BUSINESS_INSERT}{COMPLETION}COMMIT;\n\\endpipeline\n"
+)
+
+OWN_DUPLICATE = (
+    f"\\set k random(1, {DUPLICATE_KEYS})\n" + _claim_trip("bench-dup", ":k::text") + "COMMIT;\n"
+)
 
 INSERT_ALONE = """\\set k random(1, 9000000000000000000)
 INSERT INTO bench.orders (key, amount) VALUES (:k::text, 4200);
@@ -102,6 +114,16 @@ def _pgonce_fresh(store: AsyncKeyStore, run: str) -> Any:
         key = f"{run}-{client}-{seq}"
         async with store.once(conn, "bench-api", key, FP) as op:
             await conn.execute("INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)", (key,))
+            op.respond(Response(201, HEADERS, BODY))
+
+    return transaction
+
+
+def _pgonce_queued(store: AsyncKeyStore, run: str) -> Any:
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        key = f"{run}-{client}-{seq}"
+        async with store.once(conn, "bench-queued", key, FP) as op:
+            op.execute("INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)", (key,))
             op.respond(Response(201, HEADERS, BODY))
 
     return transaction
@@ -162,8 +184,12 @@ def run(ctx: BenchContext) -> list[Table]:
         "Key store: fresh key (claim + business insert + completion + commit)",
         columns,
         notes=[
-            "pgonce = `AsyncKeyStore.once()` on psycopg async; client CPU is the Python process's "
-            "CPU time (pgbench: its own) divided by transactions.",
+            "pgonce = `AsyncKeyStore.once()` on psycopg async, with the business insert run by "
+            "`conn.execute()` inside the block (3 round trips: BEGIN + claim, insert, completion "
+            "+ COMMIT) or queued by `op.execute()` (2 round trips: the insert travels with the "
+            "completion and COMMIT). Each is compared with pgbench running the same statements "
+            "in the same grouping. Client CPU is the Python process's CPU time (pgbench: its "
+            "own) divided by transactions.",
         ],
     )
     duplicate = Table("Key store: duplicate (replay of a completed key)", columns)
@@ -176,18 +202,30 @@ def run(ctx: BenchContext) -> list[Table]:
         run_id = uuid.uuid4().hex[:8]
         naive = run_pgbench(ctx.dsn, NAIVE5, level, seconds)
         own = run_pgbench(ctx.dsn, OWN_FRESH, level, seconds)
+        own_queued = run_pgbench(ctx.dsn, OWN_QUEUED, level, seconds)
         raw = run_clients(ctx.dsn, level, seconds, _raw_naive5(run_id))
         api = run_clients(ctx.dsn, level, seconds, _pgonce_fresh(store, run_id))
+        queued = run_clients(ctx.dsn, level, seconds, _pgonce_queued(store, run_id))
         _row(fresh, level, "pgbench naive 5", naive)
-        _row(fresh, level, "pgbench own shape", own, (naive, "pgbench naive 5"))
+        _row(fresh, level, "pgbench own shape (3 trips)", own, (naive, "pgbench naive 5"))
+        _row(fresh, level, "pgbench own shape (2 trips)", own_queued, (naive, "pgbench naive 5"))
         _row(fresh, level, "raw psycopg naive 5", raw, (naive, "pgbench naive 5"))
         _row(
             fresh,
             level,
-            "**pgonce**",
+            "**pgonce**, insert by conn.execute",
             api,
             (naive, "pgbench naive 5"),
             (own, "pgbench own shape"),
+            (raw, "raw psycopg"),
+        )
+        _row(
+            fresh,
+            level,
+            "**pgonce**, insert queued by op.execute",
+            queued,
+            (naive, "pgbench naive 5"),
+            (own_queued, "pgbench own shape"),
             (raw, "raw psycopg"),
         )
         dup_ref = run_pgbench(ctx.dsn, OWN_DUPLICATE, level, seconds)
@@ -203,7 +241,11 @@ def run(ctx: BenchContext) -> list[Table]:
                 f"{alone.p99_ms:.2f}",
                 "reference",
             )
-            for shape, m in (("naive 5", naive), ("pgonce's own shape", own)):
+            for shape, m in (
+                ("naive 5", naive),
+                ("pgonce's own shape (3 trips)", own),
+                ("pgonce's own shape (2 trips)", own_queued),
+            ):
                 overhead.add(
                     level,
                     shape,

@@ -235,3 +235,83 @@ def test_two_round_trips_on_the_wire(dsn: str, store: KeyStore, tmp_path: Path) 
     assert op.stored
     assert len(syncs) == 4  # fresh: 2 round trips; duplicate: 2 round trips
     assert named == []  # pgonce's statements were prepared once, on the warm-up
+
+
+def test_queued_writes_commit_with_the_response_in_two_round_trips(
+    dsn: str, store: KeyStore, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace"
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE effects (key text PRIMARY KEY, amount int, at date)")
+        conn.commit()
+        with trace.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            with store.once(conn, "s", "k", FP) as op:
+                op.execute(
+                    "INSERT INTO effects (key, amount, at) VALUES (%s, %s, %s)",
+                    ("k", 42, datetime(2026, 11, 29).date()),
+                )
+                op.execute("UPDATE effects SET amount = amount + %(more)s", {"more": 1})
+                op.respond(Response(201, (), b"created"))
+            conn.pgconn.untrace()
+        assert op.stored
+        row = conn.execute("SELECT key, amount, at::text FROM effects").fetchone()
+        assert row == ("k", 43, "2026-11-29")
+        conn.rollback()
+    syncs = [line for line in trace.read_text().splitlines() if line.startswith("F\t4\tSync")]
+    assert len(syncs) == 2
+
+
+@pytest.mark.parametrize("owned", [True, False])
+def test_failing_queued_write_rolls_back_and_raises_psycopgs_error(
+    dsn: str, store: KeyStore, owned: bool
+) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE effects (key text PRIMARY KEY)")
+        conn.execute("INSERT INTO effects VALUES ('taken')")
+        conn.commit()
+        if not owned:
+            conn.execute("SELECT 1")  # the block runs inside the caller's transaction
+        with pytest.raises(psycopg.errors.UniqueViolation), store.once(conn, "s", "k", FP) as op:
+            op.execute("INSERT INTO effects VALUES (%s)", ("k",))
+            op.execute("INSERT INTO effects VALUES (%s)", ("taken",))
+            op.respond(Response(201))
+        conn.rollback()
+        _idle_and_usable(conn)
+    assert effects(dsn, "k") == 0
+    with psycopg.connect(dsn) as conn, store.once(conn, "s", "k", FP) as retry:
+        assert retry.won
+
+
+def test_queued_writes_are_discarded_with_an_unstored_response(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    conn.execute("CREATE TABLE effects (key text)")
+    conn.commit()
+    with store.once(conn, "s", "k", FP) as op:
+        op.execute("INSERT INTO effects VALUES (%s)", ("k",))
+        op.respond(Response(500))
+    assert not op.stored
+    assert effects(dsn, "k") == 0
+
+
+def test_only_the_winner_queues_writes(conn: psycopg.Connection[Any], store: KeyStore) -> None:
+    with store.once(conn, "s", "k", FP) as op:
+        op.respond(Response(201))
+    with store.once(conn, "s", "k", FP) as again, pytest.raises(UsageError, match="won"):
+        again.execute("INSERT INTO nowhere VALUES (1)")
+
+
+async def test_async_queued_writes(dsn: str, astore: AsyncKeyStore) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute("CREATE TABLE effects (key text PRIMARY KEY)")
+        await conn.commit()
+        for _ in range(2):
+            async with astore.once(conn, "s", "k", FP) as op:
+                if op.won:
+                    op.execute("INSERT INTO effects VALUES (%s)", ("k",))
+                    op.respond(Response(201, (), b"ok"))
+        assert op.replayed
+        assert op.response == Response(201, (), b"ok")
+    assert effects(dsn, "k") == 1

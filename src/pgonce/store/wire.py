@@ -32,7 +32,9 @@ from typing import Any
 
 import psycopg
 from psycopg import errors, pq
-from psycopg.abc import PQGen
+from psycopg._queries import PostgresQuery
+from psycopg.abc import Buffer, Params, PQGen, QueryNoTemplate
+from psycopg.adapt import Transformer
 from psycopg.generators import fetch_many, send
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Ready, Wait
@@ -42,8 +44,11 @@ from pgonce.core.outcomes import ClaimRow
 TEXT, BINARY = 0, 1
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _INVALID_STATEMENT_NAME = "26000"
+# At most this many statements prepared per connection (a caller's queued writes included); more
+# are sent unnamed, so that a stream of distinct queries cannot grow a session without bound.
+MAX_PREPARED = 100
 
-Param = bytes | None
+Param = Buffer | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +57,12 @@ class Statement:
 
     sql: bytes
     formats: tuple[int, ...] = ()
+    #: Parameter type OIDs; empty lets the server infer them from the statement.
+    types: tuple[int, ...] = ()
     name: bytes = field(init=False)
 
     def __post_init__(self) -> None:
-        digest = hashlib.sha256(self.sql).hexdigest()[:16]
+        digest = hashlib.sha256(self.sql + repr(self.types).encode()).hexdigest()[:16]
         object.__setattr__(self, "name", f"_pgonce_{digest}".encode())
 
 
@@ -121,16 +128,17 @@ def _queue(conn: psycopg.BaseConnection[Any], commands: Iterable[Command]) -> li
         if not statement.formats:
             # No parameters (BEGIN, COMMIT): the extended protocol without a prepared name.
             pgconn.send_query_params(statement.sql, None)
-        elif not prepare:
+        elif not prepare or (statement.name not in prepared and len(prepared) >= MAX_PREPARED):
             pgconn.send_query_params(
                 statement.sql,
                 command.params,
+                param_types=statement.types or None,
                 param_formats=statement.formats,
                 result_format=BINARY,
             )
         else:
             if statement.name not in prepared:
-                pgconn.send_prepare(statement.name, statement.sql)
+                pgconn.send_prepare(statement.name, statement.sql, statement.types or None)
                 prepared.add(statement.name)
                 results.append(False)
             pgconn.send_query_prepared(
@@ -160,21 +168,25 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
     return results
 
 
-def _check(
-    conn: psycopg.BaseConnection[Any], expected: list[bool], results: list[PGresult]
-) -> list[PGresult]:
-    """One result per command, or the first error among them, raised."""
-    for result in results:
+def failure(
+    conn: psycopg.BaseConnection[Any], results: Sequence[PGresult]
+) -> tuple[int, psycopg.Error] | None:
+    """The first failed command of a batch: its index and its error; None when all succeeded."""
+    for index, result in enumerate(results):
         if result.status == pq.ExecStatus.FATAL_ERROR:
             error = errors.error_from_result(result, encoding=conn.info.encoding)
             if error.sqlstate == _INVALID_STATEMENT_NAME:
                 forget_prepared(conn)
-            raise error
+            return index, error
+    return None
+
+
+def _ours(expected: list[bool], results: list[PGresult]) -> list[PGresult]:
     return [result for result, ours in zip(results, expected, strict=True) if ours]
 
 
 def round_trip(conn: psycopg.Connection[Any], commands: Sequence[Command]) -> list[PGresult]:
-    """Run ``commands`` in one round trip; return one result per command."""
+    """Run ``commands`` in one round trip; return one result per command (see :func:`failure`)."""
     with conn.lock:
         _require_usable(conn)
         try:
@@ -183,13 +195,13 @@ def round_trip(conn: psycopg.Connection[Any], commands: Sequence[Command]) -> li
         except BaseException:
             _abandon(conn)
             raise
-    return _check(conn, expected, results)
+    return _ours(expected, results)
 
 
 async def async_round_trip(
     conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]
 ) -> list[PGresult]:
-    """Run ``commands`` in one round trip; return one result per command."""
+    """Run ``commands`` in one round trip; return one result per command (see :func:`failure`)."""
     async with conn.lock:
         _require_usable(conn)
         try:
@@ -198,7 +210,7 @@ async def async_round_trip(
         except BaseException:
             _abandon(conn)
             raise
-    return _check(conn, expected, results)
+    return _ours(expected, results)
 
 
 def _require_usable(conn: psycopg.BaseConnection[Any]) -> None:
@@ -248,6 +260,21 @@ async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn) -> list[PGresult]:
 def _wake(future: asyncio.Future[Ready], ready: Ready) -> None:
     if not future.done():
         future.set_result(ready)
+
+
+def caller_command(
+    conn: psycopg.BaseConnection[Any], query: QueryNoTemplate, params: Params | None
+) -> Command:
+    """A caller's statement (psycopg placeholders and adapters) as a command of a batch.
+
+    psycopg's own query conversion does the work, so placeholders, adapters and types are
+    exactly what ``conn.execute()`` would send. It lives in a private module (``psycopg._queries``)
+    that has kept this interface since psycopg 3.0; tests/keys/test_batches.py exercises it.
+    """
+    converted = PostgresQuery(Transformer.from_context(conn))
+    converted.convert(query, params)
+    statement = Statement(converted.query, tuple(converted.formats or ()), converted.types)
+    return Command(statement, converted.params or ())
 
 
 # Parameter encoding: pgonce's own parameters are few and of known types.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
@@ -38,6 +38,10 @@ from pgonce.store import wire
 from pgonce.store.common import claim_row, require_transaction
 from pgonce.store.errors import translate_errors
 from pgonce.store.wire import BINARY, TEXT, Command, async_round_trip
+
+if TYPE_CHECKING:
+    from psycopg.abc import Params
+    from psycopg.abc import QueryNoTemplate as Query
 
 Row = TypeVar("Row")
 
@@ -165,14 +169,16 @@ class AsyncKeyStore:
         for attempt in (1, 2):
             try:
                 with translate_errors("claiming a key"):
-                    _, result = await async_round_trip(conn, commands)
+                    results = await async_round_trip(conn, commands)
+                    if failed := wire.failure(conn, results):
+                        raise failed[1]
                 break
             except BaseException as error:
                 await rollback_quietly(conn)
                 if attempt == 1 and _statement_vanished(error):
                     continue  # DEALLOCATE ALL or DISCARD ALL ran: prepare again, once
                 raise
-        return self._decide(wire.claim_row(result, conn), scope, key, fingerprint)
+        return self._decide(wire.claim_row(results[1], conn), scope, key, fingerprint)
 
     async def commit(
         self,
@@ -180,21 +186,25 @@ class AsyncKeyStore:
         claim: Claim,
         response: Response | None = None,
         *,
+        writes: Sequence[tuple[Query, Params | None]] = (),
         now: datetime | None = None,
     ) -> bool:
         """End the transaction :meth:`begin` opened; True when the response was stored.
 
-        For a won claim the completion and COMMIT travel in one round trip. A response that is
-        not stored (a 5xx, by default) rolls back the whole transaction instead, so the key is
-        free and nothing half-done commits. A claim that did not win just commits. If the
-        commit fails, the transaction is rolled back and the error raised.
+        For a won claim, ``writes`` (statements with their parameters, as for
+        ``conn.execute()``), the completion and COMMIT travel in one round trip. A response that
+        is not stored (a 5xx, by default) rolls back the whole transaction instead, so the key
+        is free and nothing half-done commits. A claim that did not win just commits. If
+        anything fails, the transaction is rolled back and the error raised: a write's own
+        error as psycopg raised it, the completion's as a pgonce error.
         """
-        commands: Sequence[Command]
+        commands: list[Command] = []
         if not isinstance(claim, Won):
-            commands = [Command(wire.COMMIT)]
+            commands.append(Command(wire.COMMIT))
         elif not self.stores(response):
-            commands = [Command(wire.ROLLBACK)]
+            commands.append(Command(wire.ROLLBACK))
         else:
+            commands.extend(wire.caller_command(conn, query, params) for query, params in writes)
             status, headers, body = _stored(response)
             params = (
                 claim.scope.encode(conn.info.encoding),
@@ -204,14 +214,22 @@ class AsyncKeyStore:
                 body,
                 wire.timestamp(now),
             )
-            commands = [Command(self._complete_batched, params), Command(wire.COMMIT)]
+            commands += [Command(self._complete_batched, params), Command(wire.COMMIT)]
         try:
             with translate_errors("completing a key"):
                 results = await async_round_trip(conn, commands)
+            failed = wire.failure(conn, results)
         except BaseException:
             await rollback_quietly(conn)
             raise
-        return len(results) == 2 and results[0].command_tuples == 1
+        if failed:
+            await rollback_quietly(conn)
+            index, error = failed
+            if index < len(commands) - 2:
+                raise error  # one of the caller's writes
+            with translate_errors("completing a key"):
+                raise error
+        return len(commands) > 1 and results[-2].command_tuples == 1
 
     async def complete(
         self,
@@ -309,6 +327,7 @@ class AsyncOperation(Generic[Row]):
         # owns its transaction (begin() and commit()).
         self._savepoint: AbstractAsyncContextManager[Any] | None = None
         self._claim: Claim | None = None
+        self._writes: list[tuple[Query, Params | None]] = []
         self.response: Response | None = None
         #: True once the response was stored (after the block, when this operation won).
         self.stored = False
@@ -336,6 +355,19 @@ class AsyncOperation(Generic[Row]):
         if not self.won:
             raise UsageError("only the operation that won the claim can respond")
         self.response = response
+
+    def execute(self, query: Query, params: Params | None = None) -> None:
+        """Queue a write that commits with the response, as ``conn.execute(query, params)`` would.
+
+        For writes whose result the block does not need (an INSERT, an UPDATE): they run when
+        the block ends, in order, just before the completion -- on an idle connection in the
+        same round trip as the completion and COMMIT, so a block of such writes costs two round
+        trips in all. An error in one rolls everything back and is raised as psycopg raised it.
+        Statements whose results the block reads go through ``conn`` as usual.
+        """
+        if not self.won:
+            raise UsageError("only the operation that won the claim writes")
+        self._writes.append((query, params))
 
     async def __aenter__(self) -> AsyncOperation[Row]:
         scope, key, fingerprint = self._args
@@ -371,7 +403,7 @@ class AsyncOperation(Generic[Row]):
                 await rollback_quietly(self._conn)
             else:
                 self.stored = await self._store.commit(
-                    self._conn, self._claim, self.response, now=self._now
+                    self._conn, self._claim, self.response, writes=self._writes, now=self._now
                 )
             return None
         if exc is None and isinstance(self._claim, Won):
@@ -379,6 +411,8 @@ class AsyncOperation(Generic[Row]):
                 rollback = psycopg.Rollback()
                 return await savepoint.__aexit__(type(rollback), rollback, None)
             try:
+                for query, params in self._writes:
+                    await self._conn.execute(query, params)
                 self.stored = await self._store.complete(
                     self._conn, self._claim, self.response, now=self._now
                 )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 from psycopg import Connection
@@ -40,6 +40,10 @@ from pgonce.store import wire
 from pgonce.store.common import claim_row, require_transaction
 from pgonce.store.errors import translate_errors
 from pgonce.store.wire import BINARY, TEXT, Command, round_trip
+
+if TYPE_CHECKING:
+    from psycopg.abc import Params
+    from psycopg.abc import QueryNoTemplate as Query
 
 Row = TypeVar("Row")
 
@@ -167,14 +171,16 @@ class KeyStore:
         for attempt in (1, 2):
             try:
                 with translate_errors("claiming a key"):
-                    _, result = round_trip(conn, commands)
+                    results = round_trip(conn, commands)
+                    if failed := wire.failure(conn, results):
+                        raise failed[1]
                 break
             except BaseException as error:
                 rollback_quietly(conn)
                 if attempt == 1 and _statement_vanished(error):
                     continue  # DEALLOCATE ALL or DISCARD ALL ran: prepare again, once
                 raise
-        return self._decide(wire.claim_row(result, conn), scope, key, fingerprint)
+        return self._decide(wire.claim_row(results[1], conn), scope, key, fingerprint)
 
     def commit(
         self,
@@ -182,21 +188,25 @@ class KeyStore:
         claim: Claim,
         response: Response | None = None,
         *,
+        writes: Sequence[tuple[Query, Params | None]] = (),
         now: datetime | None = None,
     ) -> bool:
         """End the transaction :meth:`begin` opened; True when the response was stored.
 
-        For a won claim the completion and COMMIT travel in one round trip. A response that is
-        not stored (a 5xx, by default) rolls back the whole transaction instead, so the key is
-        free and nothing half-done commits. A claim that did not win just commits. If the
-        commit fails, the transaction is rolled back and the error raised.
+        For a won claim, ``writes`` (statements with their parameters, as for
+        ``conn.execute()``), the completion and COMMIT travel in one round trip. A response that
+        is not stored (a 5xx, by default) rolls back the whole transaction instead, so the key
+        is free and nothing half-done commits. A claim that did not win just commits. If
+        anything fails, the transaction is rolled back and the error raised: a write's own
+        error as psycopg raised it, the completion's as a pgonce error.
         """
-        commands: Sequence[Command]
+        commands: list[Command] = []
         if not isinstance(claim, Won):
-            commands = [Command(wire.COMMIT)]
+            commands.append(Command(wire.COMMIT))
         elif not self.stores(response):
-            commands = [Command(wire.ROLLBACK)]
+            commands.append(Command(wire.ROLLBACK))
         else:
+            commands.extend(wire.caller_command(conn, query, params) for query, params in writes)
             status, headers, body = _stored(response)
             params = (
                 claim.scope.encode(conn.info.encoding),
@@ -206,14 +216,22 @@ class KeyStore:
                 body,
                 wire.timestamp(now),
             )
-            commands = [Command(self._complete_batched, params), Command(wire.COMMIT)]
+            commands += [Command(self._complete_batched, params), Command(wire.COMMIT)]
         try:
             with translate_errors("completing a key"):
                 results = round_trip(conn, commands)
+            failed = wire.failure(conn, results)
         except BaseException:
             rollback_quietly(conn)
             raise
-        return len(results) == 2 and results[0].command_tuples == 1
+        if failed:
+            rollback_quietly(conn)
+            index, error = failed
+            if index < len(commands) - 2:
+                raise error  # one of the caller's writes
+            with translate_errors("completing a key"):
+                raise error
+        return len(commands) > 1 and results[-2].command_tuples == 1
 
     def complete(
         self,
@@ -311,6 +329,7 @@ class Operation(Generic[Row]):
         # owns its transaction (begin() and commit()).
         self._savepoint: AbstractContextManager[Any] | None = None
         self._claim: Claim | None = None
+        self._writes: list[tuple[Query, Params | None]] = []
         self.response: Response | None = None
         #: True once the response was stored (after the block, when this operation won).
         self.stored = False
@@ -338,6 +357,19 @@ class Operation(Generic[Row]):
         if not self.won:
             raise UsageError("only the operation that won the claim can respond")
         self.response = response
+
+    def execute(self, query: Query, params: Params | None = None) -> None:
+        """Queue a write that commits with the response, as ``conn.execute(query, params)`` would.
+
+        For writes whose result the block does not need (an INSERT, an UPDATE): they run when
+        the block ends, in order, just before the completion -- on an idle connection in the
+        same round trip as the completion and COMMIT, so a block of such writes costs two round
+        trips in all. An error in one rolls everything back and is raised as psycopg raised it.
+        Statements whose results the block reads go through ``conn`` as usual.
+        """
+        if not self.won:
+            raise UsageError("only the operation that won the claim writes")
+        self._writes.append((query, params))
 
     def __enter__(self) -> Operation[Row]:
         scope, key, fingerprint = self._args
@@ -373,7 +405,7 @@ class Operation(Generic[Row]):
                 rollback_quietly(self._conn)
             else:
                 self.stored = self._store.commit(
-                    self._conn, self._claim, self.response, now=self._now
+                    self._conn, self._claim, self.response, writes=self._writes, now=self._now
                 )
             return None
         if exc is None and isinstance(self._claim, Won):
@@ -381,6 +413,8 @@ class Operation(Generic[Row]):
                 rollback = psycopg.Rollback()
                 return savepoint.__exit__(type(rollback), rollback, None)
             try:
+                for query, params in self._writes:
+                    self._conn.execute(query, params)
                 self.stored = self._store.complete(
                     self._conn, self._claim, self.response, now=self._now
                 )
