@@ -9,6 +9,8 @@ behind for the next user, and the wire is what the docstrings say (two round tri
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +22,7 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
+from pgonce.errors import DatabaseUnavailable
 from tests.keys.helpers import wait_until_blocked
 from tests.keys.test_key_store import effects
 
@@ -190,16 +193,7 @@ async def test_cancelled_task_mid_round_trip_closes_the_connection(
     ):
         assert isinstance(await astore.begin(first, "s", "k", FP), Won)
         task = asyncio.create_task(astore.begin(second, "s", "k", FP, wait=timedelta(seconds=30)))
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
-            while True:
-                cur = await watcher.execute(
-                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                    (second.info.backend_pid,),
-                )
-                row = await cur.fetchone()
-                if row and row[0] == "Lock":
-                    break
-                await asyncio.sleep(0.01)
+        await _until_waiting_on_a_lock(dsn, second.info.backend_pid)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -315,3 +309,36 @@ async def test_async_queued_writes(dsn: str, astore: AsyncKeyStore) -> None:
         assert op.replayed
         assert op.response == Response(201, (), b"ok")
     assert effects(dsn, "k") == 1
+
+
+async def test_connection_lost_mid_round_trip_is_a_typed_error(
+    dsn: str, astore: AsyncKeyStore
+) -> None:
+    # The socket dies while the batch waits for its answers (as when PostgreSQL restarts in
+    # immediate mode): a DatabaseUnavailable, never a stray exception from half-read results.
+    async with (
+        await psycopg.AsyncConnection.connect(dsn) as first,
+        await psycopg.AsyncConnection.connect(dsn) as second,
+    ):
+        assert isinstance(await astore.begin(first, "s", "k", FP), Won)
+        task = asyncio.create_task(astore.begin(second, "s", "k", FP, wait=timedelta(seconds=30)))
+        await _until_waiting_on_a_lock(dsn, second.info.backend_pid)
+        with socket.socket(fileno=os.dup(second.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+        with pytest.raises(DatabaseUnavailable):
+            await task
+        assert second.closed
+        await first.rollback()
+
+
+async def _until_waiting_on_a_lock(dsn: str, pid: int) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watcher:
+        for _ in range(2000):
+            cur = await watcher.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+            )
+            row = await cur.fetchone()
+            if row and row[0] == "Lock":
+                return
+            await asyncio.sleep(0.005)
+    raise AssertionError(f"backend {pid} never waited on a lock")

@@ -156,16 +156,29 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
     """Flush what is queued, read ``expected`` results and the sync, and leave pipeline mode.
 
     Each statement answers with one result (``PIPELINE_ABORTED`` for those skipped after an
-    error), then the sync's.
+    error), then the sync's. A connection lost halfway (the server restarted, the network cut)
+    answers with fewer: that is raised as :class:`psycopg.OperationalError`.
     """
     yield from send(pgconn)
     results: list[PGresult] = []
     for _ in range(expected):
-        results.extend((yield from fetch_many(pgconn)))
-    (sync,) = yield from fetch_many(pgconn)
-    assert sync.status == pq.ExecStatus.PIPELINE_SYNC, sync.status
+        got = yield from fetch_many(pgconn)
+        if not got:
+            raise _lost(pgconn, results)
+        results.extend(got)
+    sync = yield from fetch_many(pgconn)
+    if len(sync) != 1 or sync[0].status != pq.ExecStatus.PIPELINE_SYNC:
+        raise _lost(pgconn, results + sync)
     pgconn.exit_pipeline_mode()
     return results
+
+
+def _lost(pgconn: PGconn, results: list[PGresult]) -> psycopg.OperationalError:
+    """The error for a batch whose answers stopped coming: the server's last words if any."""
+    said = [r.error_message for r in results if r.status == pq.ExecStatus.FATAL_ERROR]
+    message = said[-1] if said else pgconn.error_message
+    text = message.decode("utf-8", "replace").strip() or "the connection was lost"
+    return psycopg.OperationalError(text)
 
 
 def failure(
