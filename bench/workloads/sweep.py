@@ -1,17 +1,17 @@
 """Sweeper under load: 1,000,000 expired keys swept while claims run on a small pool.
 
 Claims (``AsyncKeyStore.once``: claim + completion + commit, fresh keys) run without a break on a
-4-connection pool, while the sweeper (default batches and pause, a connection of its own) is
-switched on and off in alternating phases until every expired key is gone. Each claim's latency
-counts for the phase it started in, so "claim p99 alone" and "claim p99 while sweeping" come from
-the same run, interleaved second by second: noise from the rest of the machine hits both alike.
+4-connection pool, while the sweeper (default batches and pause, a connection and a process of its
+own) is switched on and off in alternating phases until every expired key is gone. Each claim's
+latency counts for the phase it started in, so "claim p99 alone" and "claim p99 while sweeping" come
+from the same run, interleaved second by second: noise from the rest of the machine hits both alike.
 The sweep's rate is reported against the rate at which one INSERT ... SELECT wrote the same rows.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import multiprocessing
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -63,36 +63,54 @@ def _fill(ctx: BenchContext, rows: int) -> float:
     return seconds
 
 
-class Sweep(threading.Thread):
-    """The sweeper on its own connection, running only while ``on`` is set, until drained."""
+class Sweep(multiprocessing.Process):
+    """The sweeper in a process of its own, as ``pgonce sweep`` (cron) or ``pgonce serve`` run it
+    beside an application: running only while ``on`` is set, until drained.
+
+    Not a thread of the benchmark's process: there it would share the claim loop's interpreter
+    lock, and the claims' p99 would measure lock hand-overs in Python rather than the database.
+    """
 
     def __init__(self, ctx: BenchContext) -> None:
         super().__init__(daemon=True)
         self.dsn = ctx.dsn
-        self.sweeper = Sweeper(schema=ctx.schema, limits=SweepLimits(max_batches=1_000_000))
-        self.on = threading.Event()
-        self.drained = threading.Event()
-        self.quit = threading.Event()
-        self.deleted = 0
-        self.batches = 0
+        self.schema = ctx.schema
+        self.on = multiprocessing.Event()
+        self.drained = multiprocessing.Event()
+        self.quit = multiprocessing.Event()
+        self._deleted = multiprocessing.Value("q", 0)
+        self._batches = multiprocessing.Value("q", 0)
         #: Time spent inside sweep runs (batches and pauses).
-        self.seconds = 0.0
+        self._seconds = multiprocessing.Value("d", 0.0)
+
+    @property
+    def deleted(self) -> int:
+        return int(self._deleted.value)
+
+    @property
+    def batches(self) -> int:
+        return int(self._batches.value)
+
+    @property
+    def seconds(self) -> float:
+        return float(self._seconds.value)
 
     def is_set(self) -> bool:
         # The stop signal of each run: the phase ended, or the benchmark is over.
         return not self.on.is_set() or self.quit.is_set()
 
     def on_batch(self, _target: str, deleted: int) -> None:
-        self.deleted += deleted
-        self.batches += 1
+        self._deleted.value += deleted
+        self._batches.value += 1
 
     def run(self) -> None:
+        sweeper = Sweeper(schema=self.schema, limits=SweepLimits(max_batches=1_000_000))
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self.quit.is_set():
                 if not self.on.wait(0.05):
                     continue
-                result = self.sweeper.sweep(conn, stop=self, on_batch=self.on_batch)
-                self.seconds += result.seconds
+                result = sweeper.sweep(conn, stop=self, on_batch=self.on_batch)
+                self._seconds.value += result.seconds
                 if not result.capped and all(t.ending == "drained" for t in result.targets):
                     self.drained.set()
                     return
