@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import uvloop
 from psycopg_pool import AsyncConnectionPool
 
 from bench.report import percentile
@@ -148,5 +149,10 @@ async def _run_clients(
 
 
 def run_clients(dsn: str, clients: int, seconds: float, transaction: Transaction) -> Measurement:
-    """Run ``transaction(conn, client_number, sequence)`` in a loop on ``clients`` connections."""
-    return asyncio.run(_run_clients(dsn, clients, seconds, transaction))
+    """Run ``transaction(conn, client_number, sequence)`` in a loop on ``clients`` connections.
+
+    On uvloop, the event loop uvicorn picks when it is installed (pgonce installs it): the loop
+    an async psycopg application runs on in production. Every Python client of a table (pgonce
+    and the raw psycopg references) runs on the same loop.
+    """
+    return uvloop.run(_run_clients(dsn, clients, seconds, transaction))
