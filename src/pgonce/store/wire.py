@@ -113,7 +113,8 @@ ROLLBACK = _simple(b"ROLLBACK")
 
 def usable(conn: psycopg.BaseConnection[Any]) -> bool:
     """Whether a batch may run here: the connection is open and not in psycopg's pipeline."""
-    return not conn.closed and conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
+    pgconn = conn.pgconn
+    return pgconn.status == pq.ConnStatus.OK and pgconn.pipeline_status == pq.PipelineStatus.OFF
 
 
 def _queue(conn: psycopg.BaseConnection[Any], commands: Iterable[Command]) -> list[bool]:
@@ -286,8 +287,19 @@ def caller_command(
     """
     converted = PostgresQuery(Transformer.from_context(conn))
     converted.convert(query, params)
-    statement = Statement(converted.query, tuple(converted.formats or ()), converted.types)
+    formats = tuple(converted.formats or ())
+    shape = (converted.query, formats, converted.types)
+    statement = _CALLERS.get(shape)
+    if statement is None:
+        if len(_CALLERS) >= MAX_CALLER_STATEMENTS:
+            _CALLERS.clear()
+        statement = _CALLERS[shape] = Statement(*shape)
     return Command(statement, converted.params or ())
+
+
+# The caller's statements seen so far, so that a statement's name is hashed once, not per call.
+_CALLERS: dict[tuple[bytes, tuple[int, ...], tuple[int, ...]], Statement] = {}
+MAX_CALLER_STATEMENTS = 1000
 
 
 # Parameter encoding: pgonce's own parameters are few and of known types.
@@ -301,18 +313,22 @@ def timestamp(value: datetime | None) -> Param:
     return None if value is None else value.isoformat().encode()
 
 
+# One encoder: json.dumps() with separators builds a new one per call.
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def json_text(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return _JSON.encode(value).encode()
 
 
 # Result decoding (binary format) of the claim's row: state, fingerprint, claimed_at,
 # completed_at, response_status, response_headers (jsonb), response_body.
 
 
-def claim_row(result: PGresult, conn: psycopg.BaseConnection[Any]) -> ClaimRow:
+def claim_row(result: PGresult, encoding: str) -> ClaimRow:
+    """The claim's row from a binary result; ``encoding`` is the connection's (Python name)."""
     assert result.ntuples == 1, "claim() returned no row"
     value = result.get_value
-    encoding = conn.info.encoding
     state = value(0, 0)
     assert state is not None
     headers = value(0, 5)

@@ -157,13 +157,13 @@ class KeyStore:
         those of :meth:`claim`; after an error the transaction has been rolled back.
         """
         wait_ms = self._wait_ms(scope, key, fingerprint, wait)
-        if conn.info.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
+        if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
             raise UsageError(
                 "begin() opens a transaction of its own: it needs an idle connection, outside "
                 "a transaction and outside conn.pipeline(); inside one, use claim()"
             )
-        encode = conn.info.encoding
-        params = (scope.encode(encode), key.encode(encode), fingerprint, b"%d" % wait_ms)
+        encoding = conn.info.encoding
+        params = (scope.encode(encoding), key.encode(encoding), fingerprint, b"%d" % wait_ms)
         commands = [
             Command(wire.begin_statement(conn)),
             Command(self._claim_batched, (*params, wire.timestamp(now))),
@@ -180,7 +180,7 @@ class KeyStore:
                 if attempt == 1 and _statement_vanished(error):
                     continue  # DEALLOCATE ALL or DISCARD ALL ran: prepare again, once
                 raise
-        return self._decide(wire.claim_row(results[1], conn), scope, key, fingerprint)
+        return self._decide(wire.claim_row(results[1], encoding), scope, key, fingerprint)
 
     def commit(
         self,
@@ -208,9 +208,10 @@ class KeyStore:
         else:
             commands.extend(wire.caller_command(conn, query, params) for query, params in writes)
             status, headers, body = _stored(response)
+            encoding = conn.info.encoding
             params = (
-                claim.scope.encode(conn.info.encoding),
-                claim.key.encode(conn.info.encoding),
+                claim.scope.encode(encoding),
+                claim.key.encode(encoding),
                 wire.number(status),
                 wire.json_text(headers),
                 body,
@@ -374,7 +375,7 @@ class Operation(Generic[Row]):
     def __enter__(self) -> Operation[Row]:
         scope, key, fingerprint = self._args
         conn = self._conn
-        if conn.info.transaction_status == TransactionStatus.IDLE and wire.usable(conn):
+        if conn.pgconn.transaction_status == TransactionStatus.IDLE and wire.usable(conn):
             self._claim = self._store.begin(
                 conn, scope, key, fingerprint, wait=self._wait, now=self._now
             )
