@@ -9,9 +9,11 @@ behind for the next user, and the wire is what the docstrings say (two round tri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -187,18 +189,11 @@ async def test_cancelled_task_mid_round_trip_closes_the_connection(
 ) -> None:
     # A task cancelled while its batch waits for the server cannot leave the results unread for
     # the next user of the connection: the connection is closed, and the server rolls back.
-    async with (
-        await psycopg.AsyncConnection.connect(dsn) as first,
-        await psycopg.AsyncConnection.connect(dsn) as second,
-    ):
-        assert isinstance(await astore.begin(first, "s", "k", FP), Won)
-        task = asyncio.create_task(astore.begin(second, "s", "k", FP, wait=timedelta(seconds=30)))
-        await _until_waiting_on_a_lock(dsn, second.info.backend_pid)
+    async with _duplicate_waiting(dsn, astore) as (second, task):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert second.closed
-        await first.rollback()
     async with (
         await psycopg.AsyncConnection.connect(dsn) as conn,
         astore.once(conn, "s", "k", FP) as op,
@@ -316,6 +311,19 @@ async def test_connection_lost_mid_round_trip_is_a_typed_error(
 ) -> None:
     # The socket dies while the batch waits for its answers (as when PostgreSQL restarts in
     # immediate mode): a DatabaseUnavailable, never a stray exception from half-read results.
+    async with _duplicate_waiting(dsn, astore) as (second, task):
+        with socket.socket(fileno=os.dup(second.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+        with pytest.raises(DatabaseUnavailable):
+            await task
+        assert second.closed
+
+
+@contextlib.asynccontextmanager
+async def _duplicate_waiting(
+    dsn: str, astore: AsyncKeyStore
+) -> AsyncIterator[tuple[psycopg.AsyncConnection[Any], asyncio.Task[Any]]]:
+    """A second connection's begin() of a key the first holds, blocked on the first's row lock."""
     async with (
         await psycopg.AsyncConnection.connect(dsn) as first,
         await psycopg.AsyncConnection.connect(dsn) as second,
@@ -323,11 +331,7 @@ async def test_connection_lost_mid_round_trip_is_a_typed_error(
         assert isinstance(await astore.begin(first, "s", "k", FP), Won)
         task = asyncio.create_task(astore.begin(second, "s", "k", FP, wait=timedelta(seconds=30)))
         await _until_waiting_on_a_lock(dsn, second.info.backend_pid)
-        with socket.socket(fileno=os.dup(second.pgconn.socket)) as sock:
-            sock.shutdown(socket.SHUT_RDWR)
-        with pytest.raises(DatabaseUnavailable):
-            await task
-        assert second.closed
+        yield second, task
         await first.rollback()
 
 
