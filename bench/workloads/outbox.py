@@ -15,6 +15,7 @@ starts or stops the machine's brokers.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 import uuid
@@ -115,8 +116,10 @@ async def _in_flight(messages: list[OutboxMessage], publish_batch: PublishBatch)
 
 def _messages(events: int) -> list[OutboxMessage]:
     created = datetime.now(UTC)
+    # The JSON text the relay reads from jsonb: the same separators, the same length.
+    payload = json.dumps(PAYLOAD)
     return [
-        OutboxMessage(n, "order", str(n // 4), "order.created", PAYLOAD, {}, created, 0)
+        OutboxMessage(n, "order", str(n // 4), "order.created", payload, {}, created, 0)
         for n in range(events)
     ]
 

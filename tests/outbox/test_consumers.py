@@ -157,7 +157,7 @@ async def run_example(script: str, *args: str) -> Counter[str]:
 def orders(count: int) -> list[OutboxMessage]:
     now = datetime.now(UTC)
     return [
-        OutboxMessage(100 + n, "order", str(n), "order.created", {"order_id": n}, {}, now, 0)
+        OutboxMessage(100 + n, "order", str(n), "order.created", f'{{"order_id": {n}}}', {}, now, 0)
         for n in range(count)
     ]
 

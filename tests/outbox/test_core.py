@@ -13,7 +13,7 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def msg(id: int, aggregate: str = "a", attempts: int = 0) -> OutboxMessage:
-    return OutboxMessage(id, "order", aggregate, "order.created", {}, {}, NOW, attempts)
+    return OutboxMessage(id, "order", aggregate, "order.created", "{}", {}, NOW, attempts)
 
 
 def test_backoff_doubles_from_base_up_to_the_cap() -> None:

@@ -36,7 +36,7 @@ def batch(aggregatetype: str, count: int = 5, aggregates: int = 2) -> list[Outbo
             aggregatetype=aggregatetype,
             aggregateid=str(n % aggregates),
             type="order.created",
-            payload={"n": n, "name": "Zoë"},
+            payload_json=json.dumps({"n": n, "name": "Zoë"}),
             headers={"tenant": "t1"},
             created_at=NOW,
             attempts=0,

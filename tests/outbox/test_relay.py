@@ -122,22 +122,24 @@ async def test_two_relays_never_hold_rows_of_one_aggregate_at_once(dsn: str) -> 
     # Aggregates "0" and "1", three rows each, interleaved.
     fill(dsn, 6, aggregates=2)
     store = AsyncOutboxStore()
-    first = await psycopg.AsyncConnection.connect(dsn)
-    second = await psycopg.AsyncConnection.connect(dsn)
+    first, second, third = [await psycopg.AsyncConnection.connect(dsn) for _ in range(3)]
     try:
+        # A batch takes aggregates in the order of their heads, each with its prefix: limit 3 is
+        # filled by aggregate "0" (rows 1, 3, 5), and "1" stays free.
         held = await store.claim(first, limit=3)
-        # The first relay holds aggregate "0" (its head is the oldest row) and "1"; with limit 3
-        # it took rows 1, 2, 3; the rest of both aggregates is behind its heads.
-        assert [m.aggregateid for m in held] == ["0", "1", "0"]
-        assert await store.claim(second, limit=10) == []
+        assert [m.aggregateid for m in held] == ["0", "0", "0"]
+        assert [m.id for m in held] == sorted(m.id for m in held)
+        # The second relay gets only what the first does not hold; the third finds nothing.
+        taken = await store.claim(second, limit=10)
+        assert [m.aggregateid for m in taken] == ["1", "1", "1"]
+        assert await store.claim(third, limit=10) == []
         await first.rollback()
-        # Released: the second relay now gets everything, in id order.
-        again = await store.claim(second, limit=10)
-        assert [m.id for m in again] == sorted(m.id for m in again)
-        assert len(again) == 6
+        # Released: the third relay now gets aggregate "0", in id order.
+        again = await store.claim(third, limit=10)
+        assert [m.id for m in again] == [m.id for m in held]
     finally:
-        await first.close()
-        await second.close()
+        for conn in (first, second, third):
+            await conn.close()
 
 
 async def test_a_busy_aggregate_does_not_hold_up_the_others(dsn: str) -> None:

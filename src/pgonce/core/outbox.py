@@ -14,6 +14,7 @@ would only add a duplicate), and :attr:`Settlement.out_of_order` counts those ra
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -145,7 +146,10 @@ class OutboxMessage:
     aggregatetype: str
     aggregateid: str
     type: str
-    payload: Any
+    #: The payload as the outbox stores it: JSON text (jsonb's text form), which is what the
+    #: publishers send. The relay passes it through as it is; decoding it and encoding it again
+    #: for every event cost a third of the relay's own time per event.
+    payload_json: str
     headers: Mapping[str, str]
     created_at: datetime
     #: Refusals so far (0 on the first delivery).
@@ -154,6 +158,11 @@ class OutboxMessage:
     @property
     def message_id(self) -> str:
         return str(self.id)
+
+    @property
+    def payload(self) -> Any:
+        """The payload decoded (a new object on every access)."""
+        return json.loads(self.payload_json)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ record key or a header) means writing one class with :meth:`Publisher.publish` a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -44,8 +43,8 @@ class Publisher(Protocol):
 
 
 def body(message: OutboxMessage) -> bytes:
-    """The message body: the payload as compact UTF-8 JSON."""
-    return json.dumps(message.payload, separators=(",", ":"), ensure_ascii=False).encode()
+    """The message body: the payload's JSON text as the outbox stores it, in UTF-8."""
+    return message.payload_json.encode()
 
 
 def message_headers(message: OutboxMessage) -> dict[str, str]:

@@ -5,7 +5,8 @@ SELECT {schema}.outbox_enqueue(%(aggregatetype)s, %(aggregateid)s, %(type)s, %(p
                                %(headers)s, %(now)s, %(channel)s)
 
 -- name: claim
--- A batch for one relay: up to `limit` rows in id order, at most `per_aggregate` per aggregate.
+-- A batch for one relay: up to `limit` rows, at most `per_aggregate` per aggregate, returned in id
+-- order.
 --
 -- heads: the oldest pending row of each aggregate, if it is due, locked FOR UPDATE SKIP LOCKED.
 -- Holding an aggregate's head is holding the aggregate: another relay skips the locked head, and
@@ -14,14 +15,25 @@ SELECT {schema}.outbox_enqueue(%(aggregatetype)s, %(aggregateid)s, %(type)s, %(p
 -- (a prefix of each aggregate). Every exclusion a concurrent commit can cause is on the safe side:
 -- a row is skipped this round, never taken out of order.
 --
+-- The batch takes aggregates in the order of their heads, each with its prefix, until `limit`
+-- rows: the inner LIMIT stops the join, and the join reads heads from the CTE only as it needs
+-- them, so a batch walks and locks only the heads it publishes (50 heads for 200 rows of four
+-- events each, where sorting the whole join first locked 200 and walked 800 rows: 1.4 against
+-- 4 ms). Only those 200 rows are sorted.
+--
 -- "Oldest" is a correlated min() rather than NOT EXISTS: a subplan always probes the index by
 -- aggregate, where an anti-join planned on a fresh table's missing statistics scanned it whole.
+-- It is written `o.id <= min(...)`, which means `=` here (the row is pending, so the minimum is
+-- at most its own id), because the planner estimates `= (subplan)` at one row in 200: below
+-- the LIMIT, so it read every pending row and sorted them (48 ms for a batch of 20,000 pending
+-- rows). With the inequality's estimate (a third) it walks outbox_pending in id order and stops
+-- at the LIMIT.
 WITH heads AS (
     SELECT o.id, o.aggregatetype, o.aggregateid
       FROM {schema}.outbox AS o
      WHERE o.published_at IS NULL AND o.parked_at IS NULL
        AND o.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
-       AND o.id = (
+       AND o.id <= (
            SELECT min(e.id)
              FROM {schema}.outbox AS e
             WHERE e.aggregatetype = o.aggregatetype AND e.aggregateid = o.aggregateid
@@ -30,19 +42,23 @@ WITH heads AS (
      LIMIT %(limit)s
        FOR UPDATE OF o SKIP LOCKED
 )
-SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.payload, r.headers, r.created_at,
-       r.attempts
-  FROM heads AS h
- CROSS JOIN LATERAL (
-       SELECT o.*
-         FROM {schema}.outbox AS o
-        WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
-          AND o.published_at IS NULL AND o.parked_at IS NULL
-          AND o.id >= h.id
-        ORDER BY o.id
-        LIMIT %(per_aggregate)s) AS r
- ORDER BY r.id
- LIMIT %(limit)s
+-- The payload comes as text, to go to the broker as it is; headers are NULL when empty (the
+-- common case), which spares decoding an empty object per row.
+SELECT b.id, b.aggregatetype, b.aggregateid, b.type, b.payload, b.headers, b.created_at,
+       b.attempts
+  FROM (SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.payload::text AS payload,
+               nullif(r.headers, '{{}}') AS headers, r.created_at, r.attempts
+          FROM heads AS h
+         CROSS JOIN LATERAL (
+               SELECT o.*
+                 FROM {schema}.outbox AS o
+                WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
+                  AND o.published_at IS NULL AND o.parked_at IS NULL
+                  AND o.id >= h.id
+                ORDER BY o.id
+                LIMIT %(per_aggregate)s) AS r
+         LIMIT %(limit)s) AS b
+ ORDER BY b.id
 
 -- name: mark_published
 UPDATE {schema}.outbox

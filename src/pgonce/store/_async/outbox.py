@@ -139,7 +139,7 @@ class AsyncOutboxStore:
                 aggregatetype=r[1],
                 aggregateid=r[2],
                 type=r[3],
-                payload=r[4],
+                payload_json=r[4],
                 headers=r[5] or {},
                 created_at=r[6],
                 attempts=r[7],
