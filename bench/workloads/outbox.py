@@ -36,13 +36,13 @@ from pgonce.core.outbox import OutboxMessage
 from pgonce.publishers.base import Publisher, body, message_headers
 from pgonce.publishers.nats import MSG_ID_HEADER, NatsPublisher
 from pgonce.publishers.rabbitmq import RabbitMQPublisher, amqp_message
-from pgonce.relay import DEFAULT_CONCURRENCY, Relay
+from pgonce.relay import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, Relay
 from pgonce.store._async.outbox import AsyncOutboxStore
 
 TITLE = "Outbox"
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
 NATS_URL = "nats://127.0.0.1:4222"
-BATCH = 200
+BATCH = DEFAULT_BATCH_SIZE
 #: Batches in flight, for the relay (its default concurrency) and for the raw loop alike.
 IN_FLIGHT = DEFAULT_CONCURRENCY
 #: Events per aggregate in the relay runs: orders get a few events each.

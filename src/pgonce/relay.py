@@ -55,9 +55,11 @@ from pgonce.store.errors import translate_errors
 
 log = logging.getLogger("pgonce.relay")
 
-#: Rows per batch (one transaction, one round of confirms). 200 amortizes the commit and the
-#: broker round trip well while keeping a batch's locks and a redelivery after a crash small.
-DEFAULT_BATCH_SIZE = 200
+#: Rows per batch (one transaction, one round of confirms). A batch's database work (claim, mark,
+#: commit) is shared by its rows: measured against JetStream, 200 rows reached 56 % of a raw
+#: confirmed publish loop and 500 reached 66 %, while 1,000 added little more. A redelivery after a
+#: crash stays small (the broker dedupes it by message id) and so do a batch's locks.
+DEFAULT_BATCH_SIZE = 500
 #: Most rows of one aggregate in a batch. It bounds what a claim reads per aggregate (a batch of
 #: mostly single-event aggregates still fills up to the batch size) while letting one busy
 #: aggregate move 50 events per round trip.

@@ -102,7 +102,8 @@ class NatsPublisher:
         futures: list[asyncio.Future[Any]] = []
         try:
             for message in batch:
-                headers = {**message_headers(message), MSG_ID_HEADER: message.message_id}
+                headers = message_headers(message)
+                headers[MSG_ID_HEADER] = headers["message-id"]
                 futures.append(
                     await js.publish_async(self.routing(message), body(message), headers=headers)
                 )
