@@ -160,12 +160,13 @@ def test_a_claim_reads_only_what_its_batch_needs_however_long_the_backlog(dsn: s
         conn.execute("VACUUM ANALYZE pgonce.outbox")
     query = OutboxStore()._sql.claim
     with psycopg.connect(dsn) as conn:
-        (plan,) = conn.execute(
+        explained = conn.execute(
             b"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query,
             {"limit": 200, "per_aggregate": 50, "now": None},
         ).fetchone()
         conn.rollback()
-    top = plan[0]["Plan"]
+    assert explained is not None
+    top = explained[0][0]["Plan"]
     assert top["Actual Rows"] == 200
     buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
     assert buffers < 2000, f"the claim of 200 rows touched {buffers} buffers"
