@@ -19,7 +19,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from pgonce.core.backoff import capped_exponential
 from pgonce.errors import ConfigError, UsageError
@@ -138,9 +138,12 @@ def settle(
     return Settlement(result.published, result.refused, result.unsettled, out_of_order)
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxMessage:
-    """One claimed outbox row, as a publisher sees it. ``id`` is the message id on every broker."""
+class OutboxMessage(NamedTuple):
+    """One claimed outbox row, as a publisher sees it. ``id`` is the message id on every broker.
+
+    A named tuple rather than a frozen dataclass: the relay builds one per event, and a tuple is
+    built in a third of the time.
+    """
 
     id: int
     aggregatetype: str

@@ -113,17 +113,17 @@ class NatsPublisher:
         if futures:
             await asyncio.wait(futures, timeout=self.ack_timeout.total_seconds())
         for message, future in zip(batch, futures, strict=False):
-            if not future.done():
+            if not future.done() or future.cancelled():
                 future.cancel()
                 lost = True
-            elif future.cancelled():
-                lost = True
-            elif isinstance(future.exception(), nats.js.errors.Error):
-                refused[message.id] = f"JetStream refused the message: {future.exception()}"
-            elif future.exception() is not None:
-                lost = True
-            else:
+                continue
+            error = future.exception()
+            if error is None:
                 acked.add(message.id)
+            elif isinstance(error, nats.js.errors.Error):
+                refused[message.id] = f"JetStream refused the message: {error}"
+            else:
+                lost = True
         if lost:
             await self.close()
         return PublishResult(frozenset(acked), refused)
