@@ -32,13 +32,17 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+# One encoder for names and scalars: json.dumps() with an argument builds a new one per call.
+_scalar = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def _write(value: Any, out: list[str]) -> None:
     if isinstance(value, dict):
         out.append("{")
         for index, name in enumerate(sorted(value)):
             if index:
                 out.append(",")
-            out.append(json.dumps(name, ensure_ascii=False))
+            out.append(_scalar(name))
             out.append(":")
             _write(value[name], out)
         out.append("}")
@@ -52,7 +56,7 @@ def _write(value: Any, out: list[str]) -> None:
     elif isinstance(value, _Number):
         out.append(str(value))
     else:  # str, bool, None: json.dumps spells them canonically
-        out.append(json.dumps(value, ensure_ascii=False))
+        out.append(_scalar(value))
 
 
 def canonical_json(body: bytes) -> bytes | None:

@@ -29,11 +29,11 @@ MAX_KEY_LENGTH = 255
 
 
 def _check_visible(value: str) -> None:
-    for char in value:
-        if not " " <= char <= "~":
-            raise InvalidIdempotencyKey(
-                "the Idempotency-Key must contain only visible ASCII characters and spaces"
-            )
+    # ASCII and printable is exactly space to tilde (tab, DEL and other controls are not printable).
+    if not (value.isascii() and value.isprintable()):
+        raise InvalidIdempotencyKey(
+            "the Idempotency-Key must contain only visible ASCII characters and spaces"
+        )
 
 
 def _unquote(value: str) -> str:

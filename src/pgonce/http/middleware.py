@@ -35,6 +35,7 @@ no per-request state on the instance: everything per request lives in locals and
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
@@ -471,7 +472,13 @@ class IdempotencyMiddleware:
         await _forward(send, captured, extra)
 
     def _expires(self, claimed_at: datetime) -> str:
-        return format_datetime((claimed_at + self.retention).astimezone(UTC), usegmt=True)
+        return _http_date(int((claimed_at + self.retention).timestamp()))
+
+
+@functools.lru_cache(maxsize=16)
+def _http_date(epoch_seconds: int) -> str:
+    # An HTTP-date has whole seconds, so every request of one second shares the formatted value.
+    return format_datetime(datetime.fromtimestamp(epoch_seconds, UTC), usegmt=True)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
