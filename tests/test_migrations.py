@@ -41,6 +41,14 @@ CATALOG = {
         SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid)
           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          WHERE n.nspname = %(schema)s""",
+    "domains": """
+        SELECT t.typname || '.' || coalesce(k.conname, ''),
+               format_type(t.typbasetype, t.typtypmod) || ' ' || t.typnotnull::text || ' '
+               || coalesce(pg_get_constraintdef(k.oid), '')
+          FROM pg_type t
+          JOIN pg_namespace n ON n.oid = t.typnamespace
+          LEFT JOIN pg_constraint k ON k.contypid = t.oid
+         WHERE n.nspname = %(schema)s AND t.typtype = 'd'""",
     "views": """
         SELECT viewname, definition FROM pg_views WHERE schemaname = %(schema)s""",
     "triggers": """
