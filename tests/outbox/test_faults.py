@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import pytest
 
+from faults.proxy import Proxy
 from pgonce.publishers.nats import NatsPublisher
 from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from pgonce.relay import Relay
@@ -27,7 +28,6 @@ from tests.outbox.brokers import (
 )
 from tests.outbox.conftest import NATS, RABBITMQ, fresh, wait_until
 from tests.outbox.processes import read_line, start_relay
-from tests.outbox.proxy import Proxy
 from tests.outbox.test_relay import assert_in_order_per_aggregate, fill, pending_rows
 
 
@@ -104,8 +104,13 @@ async def test_rabbitmq_taken_away_mid_run_and_back_delivers_every_row(
 ) -> None:
     name = fresh("pgonce-test-")
     ids = await asyncio.to_thread(fill, dsn, 2000, 40)
-    proxy = Proxy(*RABBITMQ)
-    await proxy.start()
+    with Proxy(tcp=RABBITMQ) as proxy:
+        await _rabbitmq_outage(dsn, rabbitmq_url, proxy, name, ids)
+
+
+async def _rabbitmq_outage(
+    dsn: str, rabbitmq_url: str, proxy: Proxy, name: str, ids: list[int]
+) -> None:
     relay = Relay(
         dsn,
         RabbitMQPublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/", routing=lambda m: name),
@@ -117,19 +122,17 @@ async def test_rabbitmq_taken_away_mid_run_and_back_delivers_every_row(
         running = asyncio.create_task(relay.run(stop))
         try:
             await wait_until(lambda: relay.stats.published >= 300, within=30)
-            await proxy.stop()
+            # The broker goes away: open connections are cut, new ones reset at once.
+            proxy.refuse(True)
             # The relay notices: batches come back unsettled or the connection is refused.
             await wait_until(lambda: relay.stats.unsettled > 0, within=30)
             published_while_down = relay.stats.published
             assert len(pending_rows(dsn)) > 0
-            accepted = proxy.accepted
-            await proxy.start()
-            await wait_until(lambda: proxy.accepted > accepted, within=30)
+            proxy.refuse(False)
             await wait_until(lambda: not pending_rows(dsn), within=60)
         finally:
             stop.set()
             await running
-            await proxy.stop()
         received = await rabbitmq_drain(queue)
     assert relay.stats.published > published_while_down
     counts = Counter(int(r.message_id) for r in received)
@@ -143,8 +146,13 @@ async def test_nats_taken_away_mid_run_and_back_stores_every_row_once(
     stream = fresh("PGONCE_TEST_")
     prefix = fresh("pgonce.test.")
     ids = await asyncio.to_thread(fill, dsn, 2000, 40)
-    proxy = Proxy(*NATS)
-    await proxy.start()
+    with Proxy(tcp=NATS) as proxy:
+        await _nats_outage(dsn, nats_url, proxy, stream, prefix, ids)
+
+
+async def _nats_outage(
+    dsn: str, nats_url: str, proxy: Proxy, stream: str, prefix: str, ids: list[int]
+) -> None:
     relay = Relay(
         dsn,
         NatsPublisher(f"nats://127.0.0.1:{proxy.port}", routing=lambda m: f"{prefix}.order"),
@@ -156,14 +164,13 @@ async def test_nats_taken_away_mid_run_and_back_stores_every_row_once(
         running = asyncio.create_task(relay.run(stop))
         try:
             await wait_until(lambda: relay.stats.published >= 300, within=30)
-            await proxy.stop()
+            proxy.refuse(True)
             await wait_until(lambda: relay.stats.unsettled > 0, within=30)
-            await proxy.start()
+            proxy.refuse(False)
             await wait_until(lambda: not pending_rows(dsn), within=60)
         finally:
             stop.set()
             await running
-            await proxy.stop()
         stored = await nats_read(js, stream)
     # JetStream dropped the republished ones by Nats-Msg-Id: exactly once on the stream.
     counts = Counter(int(r.message_id) for r in stored)
