@@ -7,7 +7,7 @@
 -- A claim is the row's INSERT; it commits in the caller's transaction together with the caller's
 -- writes and the stored response, so a rolled-back transaction frees the key by itself.
 
--- Scopes and keys are 1 to 512 bytes; a fingerprint is a SHA-256 digest. Domains rather than CHECK
+-- Scopes and keys (key_text: an opaque identifier) are 1 to 512 bytes; a fingerprint is a SHA-256 digest. Domains rather than CHECK
 -- constraints: a table's checks are planned again by every statement that writes a row (15 µs per
 -- claim and 14 µs per completion on PostgreSQL 18), a domain's once per session, and only where a
 -- value is stored into it.
@@ -115,6 +115,16 @@ SELECT scope, key, encode(fingerprint, 'hex') AS fingerprint, claimed_at, comple
 -- The columns id, aggregatetype, aggregateid, type and payload are those Debezium's outbox event
 -- router reads, so change data capture can take over from the relay without a data migration.
 
+-- Names of 1 to 255 bytes, headers a JSON object, attempts never negative: domains, for the same
+-- reason as the key store's (an enqueue with five CHECK constraints cost 33 µs in the database,
+-- with these domains 24.5).
+CREATE DOMAIN outbox_name AS text
+    CONSTRAINT outbox_name_length CHECK (octet_length(VALUE) BETWEEN 1 AND 255);
+CREATE DOMAIN outbox_headers AS jsonb
+    CONSTRAINT outbox_headers_is_object CHECK (jsonb_typeof(VALUE) = 'object');
+CREATE DOMAIN attempt_count AS integer
+    CONSTRAINT attempt_count_not_negative CHECK (VALUE >= 0);
+
 CREATE TABLE outbox (
     -- The message id on every broker (AMQP message-id, Nats-Msg-Id, the Redis stream field,
     -- webhook-id), so consumers and JetStream can drop redeliveries. Allocated by enqueue() only
@@ -122,29 +132,24 @@ CREATE TABLE outbox (
     -- aggregate's rows their commit order. The sequence must keep CACHE 1 for that to hold.
     id              bigint      GENERATED ALWAYS AS IDENTITY,
     -- What the event is about: the topic family ("order") and the instance ("42").
-    aggregatetype   text        NOT NULL,
-    aggregateid     text        NOT NULL,
+    aggregatetype   outbox_name NOT NULL,
+    aggregateid     key_text    NOT NULL,
     -- The event's name ("order.created").
-    type            text        NOT NULL,
+    type            outbox_name NOT NULL,
     payload         jsonb       NOT NULL,
     -- Extra message headers, {"name": "value"}; published with every delivery.
-    headers         jsonb       NOT NULL DEFAULT '{}',
+    headers         outbox_headers NOT NULL DEFAULT '{}',
     created_at      timestamptz NOT NULL DEFAULT now(),
     -- NULL until a broker acknowledged the row; then the sweeper's clock (retention by age).
     published_at    timestamptz,
     -- Refused deliveries so far (a broker that is down does not count: its rows just wait).
-    attempts        integer     NOT NULL DEFAULT 0,
+    attempts        attempt_count NOT NULL DEFAULT 0,
     -- The relay takes a row only from this moment on (backoff after a refusal).
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
     last_error      text,
     -- Dead letter: set after the configured attempts; replay() clears it.
     parked_at       timestamptz,
-    CONSTRAINT outbox_pkey PRIMARY KEY (id),
-    CONSTRAINT outbox_aggregatetype_valid CHECK (octet_length(aggregatetype) BETWEEN 1 AND 255),
-    CONSTRAINT outbox_aggregateid_valid CHECK (octet_length(aggregateid) BETWEEN 1 AND 512),
-    CONSTRAINT outbox_type_valid CHECK (octet_length(type) BETWEEN 1 AND 255),
-    CONSTRAINT outbox_headers_object CHECK (jsonb_typeof(headers) = 'object'),
-    CONSTRAINT outbox_attempts_valid CHECK (attempts >= 0)
+    CONSTRAINT outbox_pkey PRIMARY KEY (id)
 );
 
 -- The relay's scan: pending rows in id order.
