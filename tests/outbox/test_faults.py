@@ -105,39 +105,35 @@ async def test_rabbitmq_taken_away_mid_run_and_back_delivers_every_row(
     name = fresh("pgonce-test-")
     ids = await asyncio.to_thread(fill, dsn, 2000, 40)
     with Proxy(tcp=RABBITMQ) as proxy:
-        await _rabbitmq_outage(dsn, rabbitmq_url, proxy, name, ids)
-
-
-async def _rabbitmq_outage(
-    dsn: str, rabbitmq_url: str, proxy: Proxy, name: str, ids: list[int]
-) -> None:
-    relay = Relay(
-        dsn,
-        RabbitMQPublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/", routing=lambda m: name),
-        batch_size=50,
-        outage_backoff=(timedelta(milliseconds=20), timedelta(milliseconds=200)),
-    )
-    stop = asyncio.Event()
-    async with rabbitmq_queue(rabbitmq_url, name) as queue:
-        running = asyncio.create_task(relay.run(stop))
-        try:
-            await wait_until(lambda: relay.stats.published >= 300, within=30)
-            # The broker goes away: open connections are cut, new ones reset at once.
-            proxy.refuse(True)
-            # The relay notices: batches come back unsettled or the connection is refused.
-            await wait_until(lambda: relay.stats.unsettled > 0, within=30)
-            published_while_down = relay.stats.published
-            assert len(pending_rows(dsn)) > 0
-            proxy.refuse(False)
-            await wait_until(lambda: not pending_rows(dsn), within=60)
-        finally:
-            stop.set()
-            await running
-        received = await rabbitmq_drain(queue)
-    assert relay.stats.published > published_while_down
-    counts = Counter(int(r.message_id) for r in received)
-    assert sorted(counts) == ids
-    assert_in_order_per_aggregate(first_occurrences(received))
+        relay = Relay(
+            dsn,
+            RabbitMQPublisher(
+                f"amqp://guest:guest@127.0.0.1:{proxy.port}/", routing=lambda m: name
+            ),
+            batch_size=50,
+            outage_backoff=(timedelta(milliseconds=20), timedelta(milliseconds=200)),
+        )
+        stop = asyncio.Event()
+        async with rabbitmq_queue(rabbitmq_url, name) as queue:
+            running = asyncio.create_task(relay.run(stop))
+            try:
+                await wait_until(lambda: relay.stats.published >= 300, within=30)
+                # The broker goes away: open connections are cut, new ones reset at once.
+                proxy.refuse(True)
+                # The relay notices: batches come back unsettled or the connection is refused.
+                await wait_until(lambda: relay.stats.unsettled > 0, within=30)
+                published_while_down = relay.stats.published
+                assert len(pending_rows(dsn)) > 0
+                proxy.refuse(False)
+                await wait_until(lambda: not pending_rows(dsn), within=60)
+            finally:
+                stop.set()
+                await running
+            received = await rabbitmq_drain(queue)
+        assert relay.stats.published > published_while_down
+        counts = Counter(int(r.message_id) for r in received)
+        assert sorted(counts) == ids
+        assert_in_order_per_aggregate(first_occurrences(received))
 
 
 async def test_nats_taken_away_mid_run_and_back_stores_every_row_once(
@@ -147,33 +143,27 @@ async def test_nats_taken_away_mid_run_and_back_stores_every_row_once(
     prefix = fresh("pgonce.test.")
     ids = await asyncio.to_thread(fill, dsn, 2000, 40)
     with Proxy(tcp=NATS) as proxy:
-        await _nats_outage(dsn, nats_url, proxy, stream, prefix, ids)
-
-
-async def _nats_outage(
-    dsn: str, nats_url: str, proxy: Proxy, stream: str, prefix: str, ids: list[int]
-) -> None:
-    relay = Relay(
-        dsn,
-        NatsPublisher(f"nats://127.0.0.1:{proxy.port}", routing=lambda m: f"{prefix}.order"),
-        batch_size=50,
-        outage_backoff=(timedelta(milliseconds=20), timedelta(milliseconds=200)),
-    )
-    stop = asyncio.Event()
-    async with nats_stream(nats_url, stream, [f"{prefix}.>"]) as js:
-        running = asyncio.create_task(relay.run(stop))
-        try:
-            await wait_until(lambda: relay.stats.published >= 300, within=30)
-            proxy.refuse(True)
-            await wait_until(lambda: relay.stats.unsettled > 0, within=30)
-            proxy.refuse(False)
-            await wait_until(lambda: not pending_rows(dsn), within=60)
-        finally:
-            stop.set()
-            await running
-        stored = await nats_read(js, stream)
-    # JetStream dropped the republished ones by Nats-Msg-Id: exactly once on the stream.
-    counts = Counter(int(r.message_id) for r in stored)
-    assert sorted(counts) == ids
-    assert set(counts.values()) == {1}
-    assert_in_order_per_aggregate(stored)
+        relay = Relay(
+            dsn,
+            NatsPublisher(f"nats://127.0.0.1:{proxy.port}", routing=lambda m: f"{prefix}.order"),
+            batch_size=50,
+            outage_backoff=(timedelta(milliseconds=20), timedelta(milliseconds=200)),
+        )
+        stop = asyncio.Event()
+        async with nats_stream(nats_url, stream, [f"{prefix}.>"]) as js:
+            running = asyncio.create_task(relay.run(stop))
+            try:
+                await wait_until(lambda: relay.stats.published >= 300, within=30)
+                proxy.refuse(True)
+                await wait_until(lambda: relay.stats.unsettled > 0, within=30)
+                proxy.refuse(False)
+                await wait_until(lambda: not pending_rows(dsn), within=60)
+            finally:
+                stop.set()
+                await running
+            stored = await nats_read(js, stream)
+        # JetStream dropped the republished ones by Nats-Msg-Id: exactly once on the stream.
+        counts = Counter(int(r.message_id) for r in stored)
+        assert sorted(counts) == ids
+        assert set(counts.values()) == {1}
+        assert_in_order_per_aggregate(stored)

@@ -103,7 +103,7 @@ class NatsPublisher:
         try:
             for message in batch:
                 headers = message_headers(message)
-                headers[MSG_ID_HEADER] = headers["message-id"]
+                headers[MSG_ID_HEADER] = message.message_id
                 futures.append(
                     await js.publish_async(self.routing(message), body(message), headers=headers)
                 )
