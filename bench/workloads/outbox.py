@@ -3,9 +3,10 @@
 References, measured in the same run:
 - relay: a raw confirmed-publish loop of the same client library (aio-pika with publisher
   confirms; nats-py ``publish_async`` with PubAcks), publishing the same number of messages in
-  batches of the relay's batch size and waiting for every batch's confirms -- the broker's own
-  limit for this client, with no database at all. The relay adds the claim, the mark and the
-  commit per batch (target: at least 70 % of the raw loop);
+  batches of the relay's batch size and waiting for every batch's confirms, with no database at
+  all (target: the relay at least 70 % of it). And pgonce's own publisher publishing the same
+  batches with no database: the relay's limit, so the gap to it is what the claim, the mark and
+  the commit per batch cost;
 - enqueue: the same business insert alone, one transaction each, on the same connections.
 
 A broker that does not answer is reported as such and its rows are left out; the benchmark never
@@ -22,7 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import closing
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import aio_pika
 import nats
@@ -124,6 +125,24 @@ def _messages(events: int) -> list[OutboxMessage]:
     ]
 
 
+async def _publisher_rate(publisher: Publisher, events: int) -> float:
+    """pgonce's publisher alone: the relay's batches, without the database."""
+    messages = _messages(events)
+
+    async def publish_batch(batch: list[OutboxMessage]) -> None:
+        result = await publisher.publish(batch)
+        if len(result.acked) != len(batch):
+            raise RuntimeError(f"the broker acknowledged {len(result.acked)} of {len(batch)}")
+
+    await publisher.publish([])
+    try:
+        started = time.perf_counter()
+        await _in_flight(messages, publish_batch)
+        return events / (time.perf_counter() - started)
+    finally:
+        await publisher.close()
+
+
 async def _raw_rabbitmq_rate(queue: str, events: int) -> float:
     connection = await aio_pika.connect(RABBITMQ_URL)
     try:
@@ -200,58 +219,87 @@ async def _with_nats_stream(run: Callable[[str], Awaitable[float]]) -> float:
         await client.close()
 
 
+class _Broker(NamedTuple):
+    name: str
+    port: int
+    #: Runs a measurement against a fresh destination (queue, stream subject) and removes it.
+    fresh: Callable[[Callable[[str], Awaitable[float]]], Awaitable[float]]
+    publisher: Callable[[str], Publisher]
+    raw: Callable[[str, int], Awaitable[float]]
+
+
+BROKERS = (
+    _Broker(
+        "RabbitMQ (aio-pika, confirms)",
+        5672,
+        _with_rabbitmq_queue,
+        lambda queue: RabbitMQPublisher(RABBITMQ_URL, routing=lambda m: queue),
+        _raw_rabbitmq_rate,
+    ),
+    _Broker(
+        "NATS JetStream (nats-py, PubAck)",
+        4222,
+        _with_nats_stream,
+        lambda subject: NatsPublisher(NATS_URL, routing=lambda m: f"{subject}.order"),
+        lambda subject, events: _raw_nats_rate(f"{subject}.order", events),
+    ),
+)
+
+
 def _relay_table(ctx: BenchContext) -> Table:
     events = 2_000 if ctx.quick else 20_000
     table = Table(
         f"Outbox relay throughput ({events:,} events, one relay, batches of {BATCH}, "
         f"{IN_FLIGHT} in flight)",
-        ["broker", "relay events/s", "raw confirmed loop events/s", "relay vs raw"],
+        [
+            "broker",
+            "relay events/s",
+            "raw confirmed loop events/s",
+            "relay vs raw",
+            "publisher alone events/s",
+            "relay vs publisher alone",
+        ],
         notes=[
             "Raw loop: the same client library publishing the same messages (body, headers, "
             f"properties) in batches of {BATCH}, {IN_FLIGHT} batches in flight like the relay, "
-            "awaiting every batch's confirms (RabbitMQ publisher confirms, JetStream PubAcks), "
-            "with no database. The relay adds claim, mark and commit per batch. The raw loop runs "
-            "before and after the relay; the better of its two runs is the reference.",
-            "Both sides publish persistent messages to a durable queue / a file-backed stream.",
+            "awaiting every batch's confirms (RabbitMQ publisher confirms, JetStream "
+            "`publish_async` PubAcks), with no database. It runs before and after the relay; the "
+            "better of its two runs is the reference.",
+            "Publisher alone: pgonce's publisher sending the same batches with no database, the "
+            "relay's own limit. The relay adds claim, mark and commit per batch.",
+            "Every run publishes persistent messages to a fresh durable queue or file-backed "
+            "stream.",
         ],
     )
 
-    async def rabbitmq() -> tuple[float, float]:
-        async def relay_run(queue: str) -> float:
-            return await _relay_rate(
-                ctx.dsn, RabbitMQPublisher(RABBITMQ_URL, routing=lambda m: queue), events
-            )
+    async def measure(broker: _Broker) -> tuple[float, float, float]:
+        async def relay_run(destination: str) -> float:
+            return await _relay_rate(ctx.dsn, broker.publisher(destination), events)
 
-        async def raw_run(queue: str) -> float:
-            return await _raw_rabbitmq_rate(queue, events)
+        async def raw_run(destination: str) -> float:
+            return await broker.raw(destination, events)
 
-        raw = await _with_rabbitmq_queue(raw_run)
-        relay = await _with_rabbitmq_queue(relay_run)
-        return relay, max(raw, await _with_rabbitmq_queue(raw_run))
+        async def alone_run(destination: str) -> float:
+            return await _publisher_rate(broker.publisher(destination), events)
 
-    async def jetstream() -> tuple[float, float]:
-        async def relay_run(subject: str) -> float:
-            return await _relay_rate(
-                ctx.dsn, NatsPublisher(NATS_URL, routing=lambda m: f"{subject}.order"), events
-            )
+        raw = await broker.fresh(raw_run)
+        alone = await broker.fresh(alone_run)
+        relay = await broker.fresh(relay_run)
+        raw = max(raw, await broker.fresh(raw_run))
+        return relay, raw, max(alone, await broker.fresh(alone_run))
 
-        async def raw_run(subject: str) -> float:
-            return await _raw_nats_rate(f"{subject}.order", events)
-
-        raw = await _with_nats_stream(raw_run)
-        relay = await _with_nats_stream(relay_run)
-        return relay, max(raw, await _with_nats_stream(raw_run))
-
-    for name, port, measure in (
-        ("RabbitMQ (aio-pika, confirms)", 5672, rabbitmq),
-        ("NATS JetStream (nats-py, PubAck)", 4222, jetstream),
-    ):
-        if not _answers(port):
-            table.add(name, "not answering on port", port, "-")
+    for broker in BROKERS:
+        if not _answers(broker.port):
+            table.add(broker.name, "not answering on port", broker.port, "-", "-", "-")
             continue
-        relay_rate, raw_rate = asyncio.run(measure())
+        relay_rate, raw_rate, alone_rate = asyncio.run(measure(broker))
         table.add(
-            name, f"{relay_rate:,.0f}", f"{raw_rate:,.0f}", ratio(relay_rate, raw_rate, "raw")
+            broker.name,
+            f"{relay_rate:,.0f}",
+            f"{raw_rate:,.0f}",
+            ratio(relay_rate, raw_rate, "raw"),
+            f"{alone_rate:,.0f}",
+            ratio(relay_rate, alone_rate, "publisher alone"),
         )
     _reset(ctx.dsn)
     return table

@@ -14,7 +14,7 @@ from typing import Any
 
 import aio_pika
 import nats
-from nats.js.api import StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from redis.asyncio import Redis
 
 
@@ -71,12 +71,24 @@ async def rabbitmq_drain(queue: aio_pika.abc.AbstractQueue) -> list[Received]:
 
 
 @contextlib.asynccontextmanager
-async def nats_stream(url: str, name: str, subjects: list[str]) -> AsyncIterator[Any]:
-    """A fresh JetStream stream in memory, deleted afterwards; yields the JetStream context."""
+async def nats_stream(
+    url: str, name: str, subjects: list[str], *, max_msgs: int = -1
+) -> AsyncIterator[Any]:
+    """A fresh JetStream stream in memory, deleted afterwards; yields the JetStream context.
+
+    With ``max_msgs``, the stream refuses messages beyond that many (discard policy "new")."""
     client = await nats.connect(url)
     try:
         js = client.jetstream()
-        await js.add_stream(StreamConfig(name=name, subjects=subjects, storage=StorageType.MEMORY))
+        await js.add_stream(
+            StreamConfig(
+                name=name,
+                subjects=subjects,
+                storage=StorageType.MEMORY,
+                max_msgs=max_msgs,
+                discard=DiscardPolicy.NEW,
+            )
+        )
         try:
             yield js
         finally:

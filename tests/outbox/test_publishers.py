@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 
@@ -105,6 +106,51 @@ async def test_nats_refuses_a_subject_no_stream_covers(nats_url: str) -> None:
         await publisher.close()
     assert result.acked == frozenset()
     assert set(result.refused) == {1000, 1001}
+
+
+async def test_nats_refuses_what_a_full_stream_rejects_and_acks_the_rest(nats_url: str) -> None:
+    stream = fresh("PGONCE_TEST_")
+    prefix = fresh("pgonce.test.")
+    async with nats_stream(nats_url, stream, [f"{prefix}.>"], max_msgs=3):
+        publisher = NatsPublisher(nats_url, routing=lambda m: f"{prefix}.{m.aggregatetype}")
+        try:
+            result = await publisher.publish(batch("order"))
+        finally:
+            await publisher.close()
+    assert result.acked == {1000, 1001, 1002}
+    assert set(result.refused) == {1003, 1004}
+    assert all("maximum messages exceeded" in reason for reason in result.refused.values())
+
+
+async def test_nats_acks_into_a_stream_whose_name_is_error(nats_url: str) -> None:
+    # A PubAck names its stream; a stream called "error" must not read as an error answer.
+    prefix = fresh("pgonce.test.")
+    async with nats_stream(nats_url, "error", [f"{prefix}.>"]):
+        publisher = NatsPublisher(nats_url, routing=lambda m: f"{prefix}.{m.aggregatetype}")
+        try:
+            result = await publisher.publish(batch("order"))
+        finally:
+            await publisher.close()
+    assert result.acked == {m.id for m in batch("order")}
+    assert result.refused == {}
+
+
+async def test_nats_batches_in_flight_at_once_each_get_their_own_acks(nats_url: str) -> None:
+    stream = fresh("PGONCE_TEST_")
+    prefix = fresh("pgonce.test.")
+    async with nats_stream(nats_url, stream, [f"{prefix}.>"]) as js:
+        publisher = NatsPublisher(nats_url, routing=lambda m: f"{prefix}.{m.aggregatetype}")
+        batches = [
+            [m._replace(id=m.id + 100 * n) for m in batch("order", count=50)] for n in range(4)
+        ]
+        try:
+            results = await asyncio.gather(*(publisher.publish(b) for b in batches))
+        finally:
+            await publisher.close()
+        stored = await nats_read(js, stream)
+    for sent, result in zip(batches, results, strict=True):
+        assert result.acked == {m.id for m in sent}
+    assert len(stored) == 200
 
 
 async def test_nats_that_does_not_answer_is_unavailable() -> None:
