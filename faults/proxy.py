@@ -5,6 +5,7 @@ new ones for a while.
 It runs its own event loop in a thread of its own, so that it keeps forwarding while the suite's
 loop is busy (sending load, restarting a server). Cutting aborts both sockets (a TCP reset to the
 client side), which is what a crashed load balancer or a network partition looks like to pgonce.
+It can also hold back what the target sends (a stalled network: requests arrive, answers do not).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class Proxy:
         self.accepted = 0
         self.cut_connections = 0
         self._refusing = False
+        # Set while answers flow; cleared by hold(True), which makes target-to-client pipes wait.
+        self._flowing: asyncio.Event | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
@@ -59,6 +62,8 @@ class Proxy:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
 
     async def _listen(self) -> None:
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self._server = await asyncio.start_server(
             self._handle, "127.0.0.1", self.port, reuse_address=True
         )
@@ -77,6 +82,18 @@ class Proxy:
         self._refusing = refusing
         if refusing:
             self.cut()
+
+    def hold(self, holding: bool) -> None:
+        """While holding, what the target sends is kept back (the client's requests still go)."""
+
+        def switch() -> None:
+            assert self._flowing is not None
+            if holding:
+                self._flowing.clear()
+            else:
+                self._flowing.set()
+
+        self._loop.call_soon_threadsafe(switch)
 
     async def _cut(self) -> int:
         writers = list(self._writers)
@@ -104,12 +121,18 @@ class Proxy:
             return
         self._writers.update((writer, up_writer))
         await asyncio.gather(
-            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+            self._pipe(reader, up_writer),
+            self._pipe(up_reader, writer, answers=True),
+            return_exceptions=True,
         )
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, answers: bool = False
+    ) -> None:
         try:
             while data := await reader.read(65536):
+                if answers and self._flowing is not None:
+                    await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
         finally:

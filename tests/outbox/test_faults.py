@@ -5,15 +5,19 @@ acknowledgement was lost, and then with the same message id."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 from collections import Counter
-from datetime import timedelta
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from faults.proxy import Proxy
+from pgonce.core.outbox import OutboxMessage
 from pgonce.publishers.nats import NatsPublisher
 from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from pgonce.relay import Relay
@@ -167,3 +171,70 @@ async def test_nats_taken_away_mid_run_and_back_stores_every_row_once(
         assert sorted(counts) == ids
         assert set(counts.values()) == {1}
         assert_in_order_per_aggregate(stored)
+
+
+@contextlib.asynccontextmanager
+async def nats_behind_proxy(
+    nats_url: str, ack_timeout: timedelta
+) -> AsyncIterator[tuple[Proxy, NatsPublisher, Any, str]]:
+    """A fresh stream, and a connected publisher that reaches NATS through a proxy."""
+    stream = fresh("PGONCE_TEST_")
+    prefix = fresh("pgonce.test.")
+    with Proxy(tcp=NATS) as proxy:
+        publisher = NatsPublisher(
+            f"nats://127.0.0.1:{proxy.port}",
+            routing=lambda m: f"{prefix}.order",
+            ack_timeout=ack_timeout,
+        )
+        async with nats_stream(nats_url, stream, [f"{prefix}.>"]) as js:
+            try:
+                await publisher.publish([])  # connected while answers still flow
+                yield proxy, publisher, js, stream
+            finally:
+                proxy.hold(False)
+                await publisher.close()
+
+
+async def test_nats_pubacks_that_never_come_leave_the_batch_unsettled(nats_url: str) -> None:
+    messages = batch_of(5)
+    async with nats_behind_proxy(nats_url, timedelta(milliseconds=300)) as (
+        proxy,
+        publisher,
+        js,
+        stream,
+    ):
+        proxy.hold(True)
+        result = await publisher.publish(messages)
+        proxy.hold(False)
+        # The stream has them, the relay does not know: unsettled, and the next batch goes out
+        # on a new connection with the same Nats-Msg-Id.
+        assert (result.acked, result.refused) == (frozenset(), {})
+        again = await publisher.publish(messages)
+        stored = await nats_read(js, stream)
+    assert again.acked == {m.id for m in messages}
+    assert [int(r.message_id) for r in stored] == [m.id for m in messages]
+
+
+async def test_nats_connection_lost_while_awaiting_pubacks_releases_the_batch_at_once(
+    nats_url: str,
+) -> None:
+    async with nats_behind_proxy(nats_url, timedelta(minutes=5)) as (proxy, publisher, js, stream):
+        proxy.hold(True)
+        waiting = asyncio.create_task(publisher.publish(batch_of(5)))
+
+        async def stored_all() -> bool:
+            return bool((await js.stream_info(stream)).state.messages == 5)
+
+        await wait_until(stored_all)
+        proxy.cut()
+        # Not the five minutes of the ack timeout: the closed connection ends the wait.
+        result = await asyncio.wait_for(waiting, timeout=30)
+    assert (result.acked, result.refused) == (frozenset(), {})
+
+
+def batch_of(count: int) -> list[OutboxMessage]:
+    now = datetime.now(UTC)
+    return [
+        OutboxMessage(7000 + n, "order", str(n % 2), "order.created", "{}", {}, now, 0)
+        for n in range(count)
+    ]
