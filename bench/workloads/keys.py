@@ -46,12 +46,19 @@ COMMIT;
 
 
 def _claim_trip(scope: str, key: str) -> str:
-    """begin(): BEGIN and the claim, flushed together."""
+    """begin(): BEGIN and the claim's three statements (queries/keys.sql), flushed together."""
     return f"""\\startpipeline
 BEGIN;
-SELECT state, fingerprint, claimed_at, completed_at,
-       response_status, response_headers, response_body
-  FROM pgonce.claim('{scope}', {key}, decode('{FP_HEX}', 'hex'), 2000, NULL);
+SELECT set_config('pgonce.lock_timeout', current_setting('lock_timeout'), true),
+       set_config('lock_timeout', '2000', true);
+INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at)
+  VALUES ('{scope}', {key}, decode('{FP_HEX}', 'hex'), coalesce(NULL::timestamptz, now()))
+  ON CONFLICT (scope, key) DO NOTHING RETURNING claimed_at;
+SELECT set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true) AS restored,
+       k.fingerprint::bytea, k.claimed_at, k.completed_at, k.response_status,
+       k.response_headers, k.response_body
+  FROM (VALUES (1)) AS one
+  LEFT JOIN pgonce.keys AS k ON k.scope = '{scope}' AND k.key = {key};
 \\endpipeline
 """
 

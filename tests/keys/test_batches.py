@@ -131,7 +131,7 @@ def test_prepared_once_per_connection(conn: psycopg.Connection[Any], store: KeyS
         "SELECT name FROM pg_prepared_statements WHERE name LIKE '_pgonce_%' ORDER BY name"
     ).fetchall()
     conn.rollback()
-    assert len(names) == 2  # the claim and the completion, each prepared once
+    assert len(names) == 4  # the claim's three statements and the completion, each once
 
 
 def test_transaction_settings_are_honoured(dsn: str, store: KeyStore) -> None:
@@ -161,6 +161,40 @@ def test_in_flight_leaves_lock_timeout_as_it_was(dsn: str, store: KeyStore) -> N
         assert second.execute("SHOW lock_timeout").fetchone() == ("7s",)
         store.commit(second, duplicate)
         first.rollback()
+
+
+def test_won_claim_gives_the_transaction_back_its_own_lock_timeout(
+    dsn: str, store: KeyStore
+) -> None:
+    # The claim bounds its own wait with lock_timeout; the caller's statements after it, in the
+    # same transaction, run with the caller's value.
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET lock_timeout = '7s'")
+        conn.commit()
+        claim = store.begin(conn, "s", "k", FP, wait=timedelta(milliseconds=100))
+        assert isinstance(claim, Won)
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
+        store.commit(conn, claim, Response(201))
+
+
+def test_claim_whose_wait_ran_out_leaves_the_connection_ready_to_claim_again(
+    dsn: str, store: KeyStore
+) -> None:
+    # The wait's timeout aborts the claim's batch halfway: statements after the INSERT were
+    # neither run nor prepared, and the next claim on this connection must not count on them.
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        original = store.begin(first, "s", "k", FP)
+        assert isinstance(original, Won)
+        duplicate = store.begin(second, "s", "k", FP, wait=timedelta(milliseconds=100))
+        assert duplicate == InFlight(retry_after=store.retry_after, reason="locked")
+        assert second.info.transaction_status == TransactionStatus.IDLE
+        assert store.commit(second, duplicate) is False
+        store.commit(first, original, Response(201, body=b"done"))
+        replay = store.begin(second, "s", "k", FP)
+        assert isinstance(replay, Replay)
+        assert replay.response.body == b"done"
+        store.commit(second, replay)
+        _idle_and_usable(second)
 
 
 def test_killed_connection_mid_round_trip(dsn: str, store: KeyStore) -> None:

@@ -117,19 +117,27 @@ def usable(conn: psycopg.BaseConnection[Any]) -> bool:
     return pgconn.status == pq.ConnStatus.OK and pgconn.pipeline_status == pq.PipelineStatus.OFF
 
 
-def _queue(conn: psycopg.BaseConnection[Any], commands: Iterable[Command]) -> list[bool]:
-    """Queue the commands in pipeline mode; per result to come, whether it is a command's."""
+def _queue(conn: psycopg.BaseConnection[Any], commands: Iterable[Command]) -> list[bytes | None]:
+    """Queue the commands in pipeline mode; per result to come, None for a command's, the name
+    for a statement's preparation (recorded as prepared only once it succeeded: an earlier
+    failure in the batch makes the server skip it)."""
     pgconn = conn.pgconn
     prepare = conn.prepare_threshold is not None
     prepared = _prepared.setdefault(pgconn, set()) if prepare else set()
-    results: list[bool] = []
+    preparing: set[bytes] = set()
+    results: list[bytes | None] = []
     pgconn.enter_pipeline_mode()
     for command in commands:
         statement = command.statement
+        name = statement.name
         if not statement.formats:
             # No parameters (BEGIN, COMMIT): the extended protocol without a prepared name.
             pgconn.send_query_params(statement.sql, None)
-        elif not prepare or (statement.name not in prepared and len(prepared) >= MAX_PREPARED):
+        elif not prepare or (
+            name not in prepared
+            and name not in preparing
+            and len(prepared) + len(preparing) >= MAX_PREPARED
+        ):
             pgconn.send_query_params(
                 statement.sql,
                 command.params,
@@ -138,19 +146,32 @@ def _queue(conn: psycopg.BaseConnection[Any], commands: Iterable[Command]) -> li
                 result_format=BINARY,
             )
         else:
-            if statement.name not in prepared:
-                pgconn.send_prepare(statement.name, statement.sql, statement.types or None)
-                prepared.add(statement.name)
-                results.append(False)
+            if name not in prepared and name not in preparing:
+                pgconn.send_prepare(name, statement.sql, statement.types or None)
+                preparing.add(name)
+                results.append(name)
             pgconn.send_query_prepared(
-                statement.name,
+                name,
                 command.params,
                 param_formats=statement.formats,
                 result_format=BINARY,
             )
-        results.append(True)
+        results.append(None)
     pgconn.pipeline_sync()
     return results
+
+
+def _settle(
+    conn: psycopg.BaseConnection[Any], expected: list[bytes | None], results: list[PGresult]
+) -> list[PGresult]:
+    """Record the preparations that succeeded; return one result per command."""
+    ours = []
+    for result, name in zip(results, expected, strict=True):
+        if name is None:
+            ours.append(result)
+        elif result.status == pq.ExecStatus.COMMAND_OK:
+            _prepared.setdefault(conn.pgconn, set()).add(name)
+    return ours
 
 
 def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
@@ -195,10 +216,6 @@ def failure(
     return None
 
 
-def _ours(expected: list[bool], results: list[PGresult]) -> list[PGresult]:
-    return [result for result, ours in zip(results, expected, strict=True) if ours]
-
-
 def round_trip(conn: psycopg.Connection[Any], commands: Sequence[Command]) -> list[PGresult]:
     """Run ``commands`` in one round trip; return one result per command (see :func:`failure`)."""
     with conn.lock:
@@ -209,7 +226,7 @@ def round_trip(conn: psycopg.Connection[Any], commands: Sequence[Command]) -> li
         except BaseException:
             _abandon(conn)
             raise
-    return _ours(expected, results)
+    return _settle(conn, expected, results)
 
 
 async def async_round_trip(
@@ -224,7 +241,7 @@ async def async_round_trip(
         except BaseException:
             _abandon(conn)
             raise
-    return _ours(expected, results)
+    return _settle(conn, expected, results)
 
 
 def _require_usable(conn: psycopg.BaseConnection[Any]) -> None:
@@ -321,20 +338,25 @@ def json_text(value: Any) -> bytes:
     return _JSON.encode(value).encode()
 
 
-# Result decoding (binary format) of the claim's row: state, fingerprint, claimed_at,
-# completed_at, response_status, response_headers (jsonb), response_body.
+# Result decoding (binary format) of begin()'s claim: claim_insert's row (claimed_at) when it
+# won, else claim_read's: restored, fingerprint, claimed_at, completed_at, response_status,
+# response_headers (jsonb), response_body.
 
 
-def claim_row(result: PGresult, encoding: str) -> ClaimRow:
-    """The claim's row from a binary result; ``encoding`` is the connection's (Python name)."""
-    assert result.ntuples == 1, "claim() returned no row"
-    value = result.get_value
-    state = value(0, 0)
-    assert state is not None
+def claim_row(inserted: PGresult, stored: PGresult, encoding: str) -> ClaimRow:
+    """The claim's facts from its INSERT and its read; ``encoding`` is the connection's."""
+    if inserted.ntuples == 1:
+        return ClaimRow("won", None, _time(inserted.get_value(0, 0)), None, None, None, None)
+    assert stored.ntuples == 1, "claim_read returned no row"
+    value = stored.get_value
+    fingerprint = value(0, 1)
+    if fingerprint is None:
+        # The row the INSERT conflicted with went before the read (the sweeper, or by hand).
+        return ClaimRow("gone", None, None, None, None, None, None)
     headers = value(0, 5)
     return ClaimRow(
-        bytes(state).decode(encoding),
-        _bytes(value(0, 1)),
+        "existing",
+        bytes(fingerprint),
         _time(value(0, 2)),
         _time(value(0, 3)),
         _int(value(0, 4)),

@@ -47,8 +47,10 @@ if TYPE_CHECKING:
 
 Row = TypeVar("Row")
 
-# The order of the parameters of the batched claim and completion ($1, $2, ...).
-_CLAIM_PARAMS = ("scope", "key", "fingerprint", "wait_ms", "now")
+# The order of the parameters of the batched statements ($1, $2, ...).
+_WAIT_PARAMS = ("wait_ms",)
+_INSERT_PARAMS = ("scope", "key", "fingerprint", "now")
+_READ_PARAMS = ("scope", "key")
 _COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now")
 
 
@@ -84,8 +86,12 @@ class KeyStore:
         self.retry_after = retry_after
         self.store_server_errors = store_server_errors
         self._sql = Queries("keys", schema)
-        self._claim_batched = wire.Statement(
-            positional(self._sql.claim, _CLAIM_PARAMS), (TEXT, TEXT, BINARY, TEXT, TEXT)
+        self._claim_wait = wire.Statement(positional(self._sql.claim_wait, _WAIT_PARAMS), (TEXT,))
+        self._claim_insert = wire.Statement(
+            positional(self._sql.claim_insert, _INSERT_PARAMS), (TEXT, TEXT, BINARY, TEXT)
+        )
+        self._claim_read = wire.Statement(
+            positional(self._sql.claim_read, _READ_PARAMS), (TEXT, TEXT)
         )
         self._complete_batched = wire.Statement(
             positional(self._sql.complete, _COMPLETE_PARAMS), (TEXT, TEXT, TEXT, TEXT, BINARY, TEXT)
@@ -153,8 +159,11 @@ class KeyStore:
 
         BEGIN and the claim travel in one round trip. The transaction stays open whatever the
         outcome: run the work on ``conn``, then end it with :meth:`commit` (the completion and
-        COMMIT in one more round trip), or with ``conn.rollback()``. Outcomes and errors are
-        those of :meth:`claim`; after an error the transaction has been rolled back.
+        COMMIT in one more round trip), or with ``conn.rollback()``. One exception: an
+        :class:`InFlight` answered because the wait for a concurrent claim ran out leaves the
+        connection idle (that wait aborted the transaction, and it was rolled back);
+        :meth:`commit` knows. Outcomes and errors are those of :meth:`claim`; after an error the
+        transaction has been rolled back.
         """
         wait_ms = self._wait_ms(scope, key, fingerprint, wait)
         if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
@@ -163,10 +172,12 @@ class KeyStore:
                 "a transaction and outside conn.pipeline(); inside one, use claim()"
             )
         encoding = conn.info.encoding
-        params = (scope.encode(encoding), key.encode(encoding), fingerprint, b"%d" % wait_ms)
+        scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         commands = [
             Command(wire.begin_statement(conn)),
-            Command(self._claim_batched, (*params, wire.timestamp(now))),
+            Command(self._claim_wait, (b"%d" % wait_ms,)),
+            Command(self._claim_insert, (scope_param, key_param, fingerprint, wire.timestamp(now))),
+            Command(self._claim_read, (scope_param, key_param)),
         ]
         for attempt in (1, 2):
             try:
@@ -179,8 +190,11 @@ class KeyStore:
                 rollback_quietly(conn)
                 if attempt == 1 and _statement_vanished(error):
                     continue  # DEALLOCATE ALL or DISCARD ALL ran: prepare again, once
+                if (reason := _waited_out(error)) is not None:
+                    return InFlight(retry_after=self.retry_after, reason=reason)
                 raise
-        return self._decide(wire.claim_row(results[1], encoding), scope, key, fingerprint)
+        row = wire.claim_row(results[2], results[3], encoding)
+        return self._decide(row, scope, key, fingerprint)
 
     def commit(
         self,
@@ -202,6 +216,8 @@ class KeyStore:
         """
         commands: list[Command] = []
         if not isinstance(claim, Won):
+            if conn.pgconn.transaction_status == TransactionStatus.IDLE:
+                return False  # begin() already rolled back (the claim's wait ran out)
             commands.append(Command(wire.COMMIT))
         elif not self.stores(response):
             commands.append(Command(wire.ROLLBACK))
@@ -429,6 +445,21 @@ def _stored(response: Response | None) -> tuple[int | None, list[list[str]], byt
     """The columns a completion writes: status, headers as [[name, value], ...], body."""
     stored = response or Response()
     return stored.status, [list(h) for h in stored.headers], stored.body
+
+
+def _waited_out(error: BaseException) -> str | None:
+    """``InFlight``'s reason when a claim's INSERT failed on the concurrent claim it waited for.
+
+    ``locked``: the wait ran out (lock_timeout); ``invisible``: the concurrent claim committed
+    after this transaction's snapshot was taken (REPEATABLE READ or SERIALIZABLE). None for any
+    other failure.
+    """
+    cause = error.__cause__ if isinstance(error, PgonceError) else error
+    if isinstance(cause, psycopg.errors.LockNotAvailable):
+        return "locked"
+    if isinstance(cause, psycopg.errors.SerializationFailure):
+        return "invisible"
+    return None
 
 
 def _statement_vanished(error: BaseException) -> bool:
