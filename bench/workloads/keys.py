@@ -63,6 +63,18 @@ SELECT set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true) 
 """
 
 
+def _claim_function_trip(scope: str, key: str) -> str:
+    """The same round trip with the claim as one call of the claim() function (what claim() sends
+    inside a caller's transaction, and what begin() sent before it had statements of its own)."""
+    return f"""\\startpipeline
+BEGIN;
+SELECT state, fingerprint, claimed_at, completed_at,
+       response_status, response_headers, response_body
+  FROM pgonce.claim('{scope}', {key}, decode('{FP_HEX}', 'hex'), 2000, NULL);
+\\endpipeline
+"""
+
+
 BUSINESS_INSERT = "INSERT INTO bench.orders (key, amount) VALUES (:k::text, 4200);\n"
 COMPLETION = f"""UPDATE pgonce.keys SET completed_at = coalesce(NULL::timestamptz, now()),
   response_status = 201, response_headers = '[["content-type","application/json"]]',
@@ -91,6 +103,18 @@ OWN_QUEUED = (
 
 OWN_DUPLICATE = (
     f"\\set k random(1, {DUPLICATE_KEYS})\n" + _claim_trip("bench-dup", ":k::text") + "COMMIT;\n"
+)
+
+# The claim's two forms side by side, in the two-round-trip shape and on the duplicate path.
+FUNCTION_QUEUED = (
+    FRESH_KEY
+    + _claim_function_trip("bench-own", ":k::text")
+    + f"\\startpipeline\n{BUSINESS_INSERT}{COMPLETION}COMMIT;\n\\endpipeline\n"
+)
+FUNCTION_DUPLICATE = (
+    f"\\set k random(1, {DUPLICATE_KEYS})\n"
+    + _claim_function_trip("bench-dup", ":k::text")
+    + "COMMIT;\n"
 )
 
 INSERT_ALONE = """\\set k random(1, 9000000000000000000)
@@ -280,7 +304,42 @@ def run(ctx: BenchContext) -> list[Table]:
                     _times(m, alone, "insert alone"),
                     _times(m, business, "business transaction"),
                 )
-    return [fresh, duplicate, overhead]
+    return [fresh, duplicate, overhead, _claim_forms(ctx, seconds)]
+
+
+def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
+    """pgbench: the claim() function against begin()'s three statements, alternated."""
+    table = Table(
+        "Key store: the claim's two forms (pgbench, 16 connections)",
+        ["path", "claim() function tx/s", "begin()'s statements tx/s", "statements vs function"],
+        notes=[
+            "The same round trips, the claim either as one call of the PL/pgSQL claim() function "
+            "(claim() inside a caller's transaction) or as begin()'s three statements (set the "
+            "wait, INSERT ... ON CONFLICT DO NOTHING, read the stored row). Two alternating "
+            "rounds of each, the better one reported.",
+        ],
+    )
+    conns = 4 if ctx.quick else 16
+    for path, function, statements in (
+        ("fresh key, 2 round trips", FUNCTION_QUEUED, OWN_QUEUED),
+        ("duplicate", FUNCTION_DUPLICATE, OWN_DUPLICATE),
+    ):
+        rounds = [
+            (
+                run_pgbench(ctx.dsn, function, conns, seconds / 2),
+                run_pgbench(ctx.dsn, statements, conns, seconds / 2),
+            )
+            for _ in range(2)
+        ]
+        best_function = max(r[0].tps for r in rounds)
+        best_statements = max(r[1].tps for r in rounds)
+        table.add(
+            path,
+            f"{best_function:,.0f}",
+            f"{best_statements:,.0f}",
+            ratio(best_statements, best_function, "the function"),
+        )
+    return table
 
 
 def _times(m: Measurement, reference: Measurement, name: str) -> str:
