@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 @contextlib.contextmanager
 def serve(factory: str, env: Mapping[str, str], log: Path, *, ready: float = 30) -> Iterator[int]:
     """Run ``factory`` (an ASGI app factory) under uvicorn; yield the port it listens on."""
+    with serve_process(factory, env, log, ready=ready) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def serve_process(
+    factory: str, env: Mapping[str, str], log: Path, *, ready: float = 30
+) -> Iterator[tuple[int, int]]:
+    """:func:`serve`, yielding the server's process id too (to read its CPU time)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -54,7 +63,7 @@ def serve(factory: str, env: Mapping[str, str], log: Path, *, ready: float = 30)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the server for {factory} never listened; see {log}")
             time.sleep(0.05)
-        yield port
+        yield port, process.pid
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -62,6 +71,19 @@ def serve(factory: str, env: Mapping[str, str], log: Path, *, ready: float = 30)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU time of the live processes among ``pids`` (Linux ``/proc``)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ from pydantic import BaseModel
 
 from bench.context import BenchContext
 from bench.report import Table, percentile, ratio
-from bench.servers import serve
+from bench.servers import cpu_seconds, serve_process
 from pgonce.http import IdempotencyMiddleware, IdempotentTransaction, idempotent_transaction
 
 TITLE = "Idempotency-Key middleware over HTTP"
@@ -161,12 +161,20 @@ class Result:
     latencies: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
+    #: CPU seconds spent meanwhile by the server process and by PostgreSQL's processes.
+    server_cpu: float = 0.0
+    database_cpu: float = 0.0
 
     def add(self, other: Result) -> None:
         self.latencies.extend(other.latencies)
         for status, n in other.statuses.items():
             self.statuses[status] = self.statuses.get(status, 0) + n
         self.seconds += other.seconds
+        self.server_cpu += other.server_cpu
+        self.database_cpu += other.database_cpu
+
+    def per_request_us(self, cpu: float) -> str:
+        return f"{cpu / len(self.latencies) * 1e6:.0f}" if self.latencies else "-"
 
     @property
     def rps(self) -> float:
@@ -279,6 +287,14 @@ def cleanup(ctx: BenchContext) -> None:
         conn.execute(f"TRUNCATE {TABLE}, {IDEMKIT_TABLE}".encode())
 
 
+def _database_pids(dsn: str) -> list[int]:
+    """PostgreSQL's processes that serve the load: the pools' backends and the background
+    processes (WAL writer, checkpointer...); the server's own connections are open by now."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()")
+        return [int(pid) for (pid,) in rows.fetchall()]
+
+
 def redis_up() -> bool:
     try:
         with socket.create_connection(("127.0.0.1", 6379), 1):
@@ -303,9 +319,14 @@ def run(ctx: BenchContext) -> list[Table]:
         for variant in variants:
             try:
                 env = {"BENCH_HTTP_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
-                with serve(FACTORY, env, log) as port:
+                with serve_process(FACTORY, env, log) as (port, pid):
                     asyncio.run(load(port, min(1.0, seconds)))  # warm-up: pools, caches, JIT-less
-                    results[variant].add(asyncio.run(load(port, seconds)))
+                    database = _database_pids(ctx.dsn)
+                    server_before, database_before = cpu_seconds([pid]), cpu_seconds(database)
+                    result = asyncio.run(load(port, seconds))
+                    result.server_cpu = cpu_seconds([pid]) - server_before
+                    result.database_cpu = cpu_seconds(database) - database_before
+                    results[variant].add(result)
                     if variant not in probes:
                         probes[variant] = asyncio.run(probe(port))
             except (RuntimeError, OSError) as error:
@@ -315,7 +336,18 @@ def run(ctx: BenchContext) -> list[Table]:
     reference = results["none"]
     table = Table(
         TITLE,
-        ["variant", "requests/s", "p50 ms", "p99 ms", "throughput", "p99", "answers", "retry"],
+        [
+            "variant",
+            "requests/s",
+            "p50 ms",
+            "p99 ms",
+            "throughput",
+            "p99",
+            "server CPU µs/req",
+            "PostgreSQL CPU µs/req",
+            "answers",
+            "retry",
+        ],
     )
     for variant in variants:
         if variant in skipped:
@@ -329,6 +361,8 @@ def run(ctx: BenchContext) -> list[Table]:
             f"{p99 * 1000:.1f}",
             ratio(result.rps, reference.rps, "no middleware"),
             ratio(p99, percentile(reference.latencies, 99), "no middleware"),
+            result.per_request_us(result.server_cpu),
+            result.per_request_us(result.database_cpu),
             ", ".join(f"{n}x{s}" for s, n in sorted(result.statuses.items())),
             probes.get(variant, "?"),
         )
@@ -336,6 +370,12 @@ def run(ctx: BenchContext) -> list[Table]:
         f"One uvicorn process per variant, {CONCURRENCY} keep-alive connections, a new "
         f"Idempotency-Key on every request, {rounds} interleaved round(s) of {seconds:g} s each; "
         f"pools of {POOL_SIZE} connections. 'retry' is what a second identical request got."
+    )
+    table.notes.append(
+        "CPU per request, over the timed rounds: the uvicorn process (the app, the middleware, "
+        "the drivers), and PostgreSQL's processes (the pools' backends and the background "
+        "writers). Less sensitive to the neighbours' noise than requests/s, so it shows where a "
+        "variant's overhead goes; the load generator runs in the benchmark's own process."
     )
     table.notes.append(
         "pgonce's figure includes what the others do not do: the claim, the payment row and the "
