@@ -156,3 +156,17 @@ def run_clients(dsn: str, clients: int, seconds: float, transaction: Transaction
     and the raw psycopg references) runs on the same loop.
     """
     return uvloop.run(_run_clients(dsn, clients, seconds, transaction))
+
+
+def best_alternated(
+    first: Callable[[], Measurement], second: Callable[[], Measurement], rounds: int = 2
+) -> tuple[Measurement, Measurement]:
+    """Run ``first`` and ``second`` alternately ``rounds`` times; the better run of each.
+
+    The machine is shared: drift between two long runs would show up as (or hide) a difference.
+    """
+    runs = [(first(), second()) for _ in range(rounds)]
+    return (
+        max((r[0] for r in runs), key=lambda m: m.tps),
+        max((r[1] for r in runs), key=lambda m: m.tps),
+    )

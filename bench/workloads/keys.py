@@ -11,11 +11,12 @@ References, measured in the same run at the same concurrency:
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Any
 
 import psycopg
 
-from bench.clients import Measurement, run_clients, run_pgbench
+from bench.clients import Measurement, best_alternated, run_clients, run_pgbench
 from bench.context import BenchContext
 from bench.report import Table, ratio
 from pgonce import AsyncKeyStore, Response, fingerprint
@@ -324,20 +325,15 @@ def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
         ("fresh key, 2 round trips", FUNCTION_QUEUED, OWN_QUEUED),
         ("duplicate", FUNCTION_DUPLICATE, OWN_DUPLICATE),
     ):
-        rounds = [
-            (
-                run_pgbench(ctx.dsn, function, conns, seconds / 2),
-                run_pgbench(ctx.dsn, statements, conns, seconds / 2),
-            )
-            for _ in range(2)
-        ]
-        best_function = max(r[0].tps for r in rounds)
-        best_statements = max(r[1].tps for r in rounds)
+        by_function, by_statements = best_alternated(
+            partial(run_pgbench, ctx.dsn, function, conns, seconds / 2),
+            partial(run_pgbench, ctx.dsn, statements, conns, seconds / 2),
+        )
         table.add(
             path,
-            f"{best_function:,.0f}",
-            f"{best_statements:,.0f}",
-            ratio(best_statements, best_function, "the function"),
+            f"{by_function.tps:,.0f}",
+            f"{by_statements.tps:,.0f}",
+            ratio(by_statements.tps, by_function.tps, "the function"),
         )
     return table
 

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import closing
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, NamedTuple
 
 import aio_pika
@@ -30,7 +31,7 @@ import nats
 import psycopg
 from nats.js.api import StorageType, StreamConfig
 
-from bench.clients import run_clients
+from bench.clients import best_alternated, run_clients
 from bench.context import BenchContext
 from bench.report import Table, ratio
 from pgonce.core.outbox import OutboxMessage
@@ -345,17 +346,10 @@ def _enqueue_table(ctx: BenchContext) -> Table:
     )
     _reset(ctx.dsn)
     for clients in (1, 8):
-        # Alternated, best of two each: the machine is shared, and drift between two long runs
-        # would show up as (or hide) overhead.
-        rounds = [
-            (
-                run_clients(ctx.dsn, clients, seconds / 2, _insert_alone),
-                run_clients(ctx.dsn, clients, seconds / 2, _insert_and_enqueue),
-            )
-            for _ in range(2)
-        ]
-        alone = max((r[0] for r in rounds), key=lambda m: m.tps)
-        both = max((r[1] for r in rounds), key=lambda m: m.tps)
+        alone, both = best_alternated(
+            partial(run_clients, ctx.dsn, clients, seconds / 2, _insert_alone),
+            partial(run_clients, ctx.dsn, clients, seconds / 2, _insert_and_enqueue),
+        )
         table.add(
             clients,
             f"{alone.tps:,.0f}",

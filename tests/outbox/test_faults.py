@@ -11,13 +11,12 @@ import os
 import signal
 from collections import Counter
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from faults.proxy import Proxy
-from pgonce.core.outbox import OutboxMessage
 from pgonce.publishers.nats import NatsPublisher
 from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from pgonce.relay import Relay
@@ -32,6 +31,7 @@ from tests.outbox.brokers import (
 )
 from tests.outbox.conftest import NATS, RABBITMQ, fresh, wait_until
 from tests.outbox.processes import read_line, start_relay
+from tests.outbox.test_publishers import batch
 from tests.outbox.test_relay import assert_in_order_per_aggregate, fill, pending_rows
 
 
@@ -196,7 +196,7 @@ async def nats_behind_proxy(
 
 
 async def test_nats_pubacks_that_never_come_leave_the_batch_unsettled(nats_url: str) -> None:
-    messages = batch_of(5)
+    messages = batch("order")
     async with nats_behind_proxy(nats_url, timedelta(milliseconds=300)) as (
         proxy,
         publisher,
@@ -220,7 +220,7 @@ async def test_nats_connection_lost_while_awaiting_pubacks_releases_the_batch_at
 ) -> None:
     async with nats_behind_proxy(nats_url, timedelta(minutes=5)) as (proxy, publisher, js, stream):
         proxy.hold(True)
-        waiting = asyncio.create_task(publisher.publish(batch_of(5)))
+        waiting = asyncio.create_task(publisher.publish(batch("order")))
 
         async def stored_all() -> bool:
             return bool((await js.stream_info(stream)).state.messages == 5)
@@ -230,11 +230,3 @@ async def test_nats_connection_lost_while_awaiting_pubacks_releases_the_batch_at
         # Not the five minutes of the ack timeout: the closed connection ends the wait.
         result = await asyncio.wait_for(waiting, timeout=30)
     assert (result.acked, result.refused) == (frozenset(), {})
-
-
-def batch_of(count: int) -> list[OutboxMessage]:
-    now = datetime.now(UTC)
-    return [
-        OutboxMessage(7000 + n, "order", str(n % 2), "order.created", "{}", {}, now, 0)
-        for n in range(count)
-    ]

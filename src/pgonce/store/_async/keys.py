@@ -452,7 +452,7 @@ def _waited_out(error: BaseException) -> str | None:
     after this transaction's snapshot was taken (REPEATABLE READ or SERIALIZABLE). None for any
     other failure.
     """
-    cause = error.__cause__ if isinstance(error, PgonceError) else error
+    cause = _psycopg_error(error)
     if isinstance(cause, psycopg.errors.LockNotAvailable):
         return "locked"
     if isinstance(cause, psycopg.errors.SerializationFailure):
@@ -462,8 +462,12 @@ def _waited_out(error: BaseException) -> str | None:
 
 def _statement_vanished(error: BaseException) -> bool:
     """Whether a batch failed because its prepared statement was deallocated behind its back."""
-    cause = error.__cause__ if isinstance(error, PgonceError) else error
-    return isinstance(cause, psycopg.errors.InvalidSqlStatementName)
+    return isinstance(_psycopg_error(error), psycopg.errors.InvalidSqlStatementName)
+
+
+def _psycopg_error(error: BaseException) -> BaseException | None:
+    """The psycopg error behind ``error`` (pgonce's translation keeps it as the cause)."""
+    return error.__cause__ if isinstance(error, PgonceError) else error
 
 
 async def rollback_quietly(conn: AsyncConnection[Row]) -> None:
