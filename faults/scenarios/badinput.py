@@ -270,7 +270,11 @@ def middleware_cases(kind: str, stored_key: str, stored_body: bytes) -> st.Searc
         elif kind == "oversize key":
             key = b'"' + b"k" * draw(st.integers(256, 20_000)) + b'"'
         elif kind == "control characters in key":
-            key = ('"' + draw(control_text) + "k" + '"').encode("latin-1")
+            # A line break followed by a space or tab is obs-fold, which HTTP/1.1 lets the server
+            # read as one space (RFC 9112, section 5.2; h11 does): '"\n\tk"' arrives as the
+            # valid key " k". Line breaks are the header-injection kind's business.
+            control = draw(control_text.filter(lambda text: not ({"\r", "\n"} & set(text))))
+            key = ('"' + control + "k" + '"').encode("latin-1")
             expected = PARSER
         elif kind == "non-ASCII key":
             high = st.characters(min_codepoint=0x80, max_codepoint=0xFF)
