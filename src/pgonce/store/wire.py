@@ -16,26 +16,29 @@ result read, the transaction status whatever the statements left.
 
 One generator (:func:`exchange`) does the protocol work for both I/O styles; :func:`round_trip`
 drives it with psycopg's own waiting, :func:`async_round_trip` with the event loop's reader
-callbacks (without psycopg's per-wait timer, which cost more than the rest of the round trip).
+callbacks: without psycopg's per-wait timer, which cost more than the rest of the round trip, and
+through a registration kept per connection (:class:`_Watch`), because making and removing one for
+every wait cost a third of the client's work for a fresh key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import os
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import errors, pq
 from psycopg._queries import PostgresQuery
 from psycopg.abc import Buffer, Params, PQGen, QueryNoTemplate
 from psycopg.adapt import Transformer
-from psycopg.generators import fetch_many, send
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Ready, Wait
 
@@ -66,23 +69,47 @@ class Statement:
         object.__setattr__(self, "name", f"_pgonce_{digest}".encode())
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
-    """A statement with its encoded parameters; a ``Statement`` without parameters is sent as is."""
+class Command(NamedTuple):
+    """A statement with its encoded parameters; a ``Statement`` without parameters is sent as is.
+
+    A tuple, not a frozen dataclass: a batch builds several per round trip, and a frozen
+    dataclass's ``__init__`` costs a microsecond per field.
+    """
 
     statement: Statement
     params: Sequence[Param] = ()
 
 
-# Which of pgonce's statements each connection has prepared. Weak: a closed connection's entry
-# goes with it. A DEALLOCATE ALL or DISCARD ALL behind pgonce's back is detected by its error
-# (26000) and answered by forgetting the connection's entry.
-_prepared: weakref.WeakKeyDictionary[PGconn, set[bytes]] = weakref.WeakKeyDictionary()
+class _Session:
+    """What pgonce keeps per connection: the statements it prepared there, and its watch.
+
+    Weakly keyed by the connection's ``PGconn``: a closed connection's entry goes with it. A
+    DEALLOCATE ALL or DISCARD ALL behind pgonce's back is detected by its error (26000) and
+    answered by forgetting the prepared names.
+    """
+
+    __slots__ = ("prepared", "watch")
+
+    def __init__(self) -> None:
+        self.prepared: set[bytes] = set()
+        self.watch: _Watch | None = None
+
+
+_sessions: weakref.WeakKeyDictionary[PGconn, _Session] = weakref.WeakKeyDictionary()
+
+
+def _session(pgconn: PGconn) -> _Session:
+    session = _sessions.get(pgconn)
+    if session is None:
+        session = _sessions[pgconn] = _Session()
+    return session
 
 
 def forget_prepared(conn: psycopg.BaseConnection[Any]) -> None:
     """Forget what this connection prepared: the next batch prepares again."""
-    _prepared.pop(conn.pgconn, None)
+    session = _sessions.get(conn.pgconn)
+    if session is not None:
+        session.prepared.clear()
 
 
 def begin_statement(conn: psycopg.BaseConnection[Any]) -> Statement:
@@ -117,82 +144,106 @@ def usable(conn: psycopg.BaseConnection[Any]) -> bool:
     return pgconn.status == pq.ConnStatus.OK and pgconn.pipeline_status == pq.PipelineStatus.OFF
 
 
-def _queue(conn: psycopg.BaseConnection[Any], commands: Iterable[Command]) -> list[bytes | None]:
-    """Queue the commands in pipeline mode; per result to come, None for a command's, the name
-    for a statement's preparation (recorded as prepared only once it succeeded: an earlier
-    failure in the batch makes the server skip it)."""
+def _queue(
+    conn: psycopg.BaseConnection[Any], session: _Session, commands: Iterable[Command]
+) -> tuple[int, list[tuple[int, bytes]]]:
+    """Queue the commands in pipeline mode and send them with a sync.
+
+    Returns how many results will come, and which of them answer a statement's preparation
+    (their position and the name). A preparation is recorded only once it succeeded
+    (:func:`_settle`): an earlier failure in the batch makes the server skip it.
+    """
     pgconn = conn.pgconn
-    prepare = conn.prepare_threshold is not None
-    prepared = _prepared.setdefault(pgconn, set()) if prepare else set()
-    preparing: set[bytes] = set()
-    results: list[bytes | None] = []
+    prepared = session.prepared if conn.prepare_threshold is not None else None
+    preparing: list[tuple[int, bytes]] = []
+    count = 0
     pgconn.enter_pipeline_mode()
-    for command in commands:
-        statement = command.statement
+    for statement, params in commands:
         name = statement.name
         if not statement.formats:
             # No parameters (BEGIN, COMMIT): the extended protocol without a prepared name.
             pgconn.send_query_params(statement.sql, None)
-        elif not prepare or (
+        elif prepared is None or (
             name not in prepared
-            and name not in preparing
+            and all(name != other for _, other in preparing)
             and len(prepared) + len(preparing) >= MAX_PREPARED
         ):
             pgconn.send_query_params(
                 statement.sql,
-                command.params,
+                params,
                 param_types=statement.types or None,
                 param_formats=statement.formats,
                 result_format=BINARY,
             )
         else:
-            if name not in prepared and name not in preparing:
+            if name not in prepared and all(name != other for _, other in preparing):
                 pgconn.send_prepare(name, statement.sql, statement.types or None)
-                preparing.add(name)
-                results.append(name)
+                preparing.append((count, name))
+                count += 1
             pgconn.send_query_prepared(
-                name,
-                command.params,
-                param_formats=statement.formats,
-                result_format=BINARY,
+                name, params, param_formats=statement.formats, result_format=BINARY
             )
-        results.append(None)
+        count += 1
     pgconn.pipeline_sync()
-    return results
+    return count, preparing
 
 
 def _settle(
-    conn: psycopg.BaseConnection[Any], expected: list[bytes | None], results: list[PGresult]
+    session: _Session, preparing: list[tuple[int, bytes]], results: list[PGresult]
 ) -> list[PGresult]:
     """Record the preparations that succeeded; return one result per command."""
-    ours = []
-    for result, name in zip(results, expected, strict=True):
-        if name is None:
-            ours.append(result)
-        elif result.status == pq.ExecStatus.COMMAND_OK:
-            _prepared.setdefault(conn.pgconn, set()).add(name)
-    return ours
+    if not preparing:
+        return results
+    for index, name in preparing:
+        if results[index].status == pq.ExecStatus.COMMAND_OK:
+            session.prepared.add(name)
+    skip = {index for index, _ in preparing}
+    return [result for index, result in enumerate(results) if index not in skip]
 
 
 def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
     """Flush what is queued, read ``expected`` results and the sync, and leave pipeline mode.
 
     Each statement answers with one result (``PIPELINE_ABORTED`` for those skipped after an
-    error), then the sync's. A connection lost halfway (the server restarted, the network cut)
-    answers with fewer: that is raised as :class:`psycopg.OperationalError`.
+    error) followed by libpq's end-of-statement marker (``None``), then the sync's result. A
+    connection lost halfway (the server restarted, the network cut) answers with fewer: that is
+    raised as :class:`psycopg.OperationalError`. Notifications that arrive meanwhile go to the
+    connection's handlers, as psycopg's own fetch would pass them on.
+
+    libpq is asked for input only after a wait said the socket is readable: a read attempted
+    before the answer came would be a system call for nothing.
     """
-    yield from send(pgconn)
+    while pgconn.flush():
+        ready = yield Wait.RW
+        if ready & Ready.R:
+            pgconn.consume_input()
     results: list[PGresult] = []
-    for _ in range(expected):
-        got = yield from fetch_many(pgconn)
-        if not got:
-            raise _lost(pgconn, results)
-        results.extend(got)
-    sync = yield from fetch_many(pgconn)
-    if len(sync) != 1 or sync[0].status != pq.ExecStatus.PIPELINE_SYNC:
-        raise _lost(pgconn, results + sync)
-    pgconn.exit_pipeline_mode()
-    return results
+    ended = 0  # statements whose result and end marker were read
+    last: PGresult | None = None
+    while True:
+        while pgconn.is_busy():
+            yield Wait.R
+            try:
+                pgconn.consume_input()
+            except psycopg.OperationalError:
+                raise _lost(pgconn, results) from None
+            while notify := pgconn.notifies():
+                if pgconn.notify_handler:
+                    pgconn.notify_handler(notify)
+        result = pgconn.get_result()
+        if result is None:
+            if last is None:
+                raise _lost(pgconn, results)  # nothing more will come
+            ended += 1
+            last = None
+        elif result.status == pq.ExecStatus.PIPELINE_SYNC:
+            if ended != expected:
+                raise _lost(pgconn, results)
+            pgconn.exit_pipeline_mode()
+            return results
+        else:
+            results.append(result)
+            last = result
 
 
 def _lost(pgconn: PGconn, results: list[PGresult]) -> psycopg.OperationalError:
@@ -219,14 +270,14 @@ def failure(
 def round_trip(conn: psycopg.Connection[Any], commands: Sequence[Command]) -> list[PGresult]:
     """Run ``commands`` in one round trip; return one result per command (see :func:`failure`)."""
     with conn.lock:
-        _require_usable(conn)
+        session = _begin_batch(conn)
         try:
-            expected = _queue(conn, commands)
-            results = conn.wait(exchange(conn.pgconn, len(expected)))
+            count, preparing = _queue(conn, session, commands)
+            results = conn.wait(exchange(conn.pgconn, count))
         except BaseException:
-            _abandon(conn)
+            _abandon(conn, session)
             raise
-    return _settle(conn, expected, results)
+    return _settle(session, preparing, results)
 
 
 async def async_round_trip(
@@ -234,52 +285,69 @@ async def async_round_trip(
 ) -> list[PGresult]:
     """Run ``commands`` in one round trip; return one result per command (see :func:`failure`)."""
     async with conn.lock:
-        _require_usable(conn)
+        session = _begin_batch(conn)
         try:
-            expected = _queue(conn, commands)
-            results = await _drive(exchange(conn.pgconn, len(expected)), conn.pgconn)
+            count, preparing = _queue(conn, session, commands)
+            results = await _drive(exchange(conn.pgconn, count), conn.pgconn, session)
         except BaseException:
-            _abandon(conn)
+            _abandon(conn, session)
             raise
-    return _settle(conn, expected, results)
+    return _settle(session, preparing, results)
 
 
-def _require_usable(conn: psycopg.BaseConnection[Any]) -> None:
-    if conn.closed:
+def _begin_batch(conn: psycopg.BaseConnection[Any]) -> _Session:
+    """The connection's session, once it is known to be able to run a batch."""
+    pgconn = conn.pgconn
+    if pgconn.status != pq.ConnStatus.OK:
         raise psycopg.OperationalError("the connection is closed")
-    if not usable(conn):
+    if pgconn.pipeline_status != pq.PipelineStatus.OFF:
         raise psycopg.ProgrammingError("a pgonce batch cannot run inside psycopg's pipeline")
+    return _session(pgconn)
 
 
-def _abandon(conn: psycopg.BaseConnection[Any]) -> None:
+def _abandon(conn: psycopg.BaseConnection[Any], session: _Session) -> None:
     """A round trip interrupted halfway leaves results unread: the connection cannot go on.
 
     Closing it is the one safe answer (the server rolls back its open transaction, and a pool
     discards a closed connection); otherwise the next user would read this batch's results.
     """
     if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF or conn.pgconn.is_busy():
+        if session.watch is not None:
+            session.watch.close()
+            session.watch = None
         conn.pgconn.finish()
 
 
-async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn) -> list[PGresult]:
-    """Run a libpq generator on the event loop: one callback per wait, no timer."""
+async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn, session: _Session) -> list[PGresult]:
+    """Run a libpq generator on the event loop: one callback per wait, no timer.
+
+    A wait for the answers (the common one) goes through the connection's :class:`_Watch`; a
+    wait to send (a batch larger than the socket's buffer) registers for that wait alone.
+    """
     loop = asyncio.get_running_loop()
-    fileno = pgconn.socket
     try:
         wait = next(gen)
         while True:
             future: asyncio.Future[Ready] = loop.create_future()
-            if wait & Wait.W:
-                loop.add_writer(fileno, _wake, future, Ready.W)
-            if wait & Wait.R:
-                loop.add_reader(fileno, _wake, future, Ready.R)
-            try:
-                ready = await future
-            finally:
+            if wait == Wait.R and (watch := _watch(pgconn, session, loop)) is not None:
+                watch.wait(future)
+                try:
+                    ready = await future
+                finally:
+                    watch.waiter = None
+            else:
+                fileno = pgconn.socket
                 if wait & Wait.W:
-                    loop.remove_writer(fileno)
+                    loop.add_writer(fileno, _wake, future, Ready.W)
                 if wait & Wait.R:
-                    loop.remove_reader(fileno)
+                    loop.add_reader(fileno, _wake, future, Ready.R)
+                try:
+                    ready = await future
+                finally:
+                    if wait & Wait.W:
+                        loop.remove_writer(fileno)
+                    if wait & Wait.R:
+                        loop.remove_reader(fileno)
             wait = gen.send(ready)
     except StopIteration as done:
         result: list[PGresult] = done.value
@@ -291,6 +359,88 @@ async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn) -> list[PGresult]:
 def _wake(future: asyncio.Future[Ready], ready: Ready) -> None:
     if not future.done():
         future.set_result(ready)
+
+
+class _Watch:
+    """The event loop's interest in a connection's answers, kept between round trips.
+
+    Registering a descriptor with the event loop for one wait and removing it afterwards costs
+    two ``epoll_ctl`` calls and, on uvloop, a poll handle made and closed: measured at 16
+    connections, that was a third of the client's cost of a fresh key's round trips. So a batch
+    waits for its answers through a registration that stays, on a duplicate of the connection's
+    descriptor (``dup``), so that psycopg, which registers and removes the original descriptor
+    for its own waits, never disturbs it.
+
+    Each wait registers again, which costs nothing while the registration stands (the loop only
+    swaps the callback) and renews it where the loop dropped it: uvloop closes a registration
+    whose socket reports an error, after calling the reader one last time. The watch never
+    reads. When the socket turns readable while no batch waits (psycopg is reading this
+    connection for the caller's statements, or the server sent something to an idle
+    connection), it steps aside until the next batch: a connection nobody reads never keeps the
+    loop busy.
+    """
+
+    __slots__ = ("fd", "loop", "source", "waiter")
+
+    def __init__(self, source: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.source = source
+        self.fd = os.dup(source)
+        self.loop = loop
+        self.waiter: asyncio.Future[Ready] | None = None
+
+    def wait(self, future: asyncio.Future[Ready]) -> None:
+        self.waiter = future
+        try:
+            self.loop.add_reader(self.fd, self._readable)
+        except RuntimeError:
+            # uvloop: the registration was closed after a socket error; make a new one.
+            self.loop.remove_reader(self.fd)
+            self.loop.add_reader(self.fd, self._readable)
+
+    def _readable(self) -> None:
+        waiter = self.waiter
+        if waiter is None:
+            self.loop.remove_reader(self.fd)
+        elif not waiter.done():
+            waiter.set_result(Ready.R)
+
+    def close(self) -> None:
+        """Unregister and close the duplicate (in the loop's thread, or after the loop closed)."""
+        if self.fd < 0:
+            return
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self.fd)
+        os.close(self.fd)
+        self.fd = -1
+
+
+def _watch(pgconn: PGconn, session: _Session, loop: asyncio.AbstractEventLoop) -> _Watch | None:
+    """The connection's watch on ``loop``; None where there can be none (another loop has it,
+    or the descriptor cannot be duplicated): the wait then registers for itself."""
+    watch = session.watch
+    source = pgconn.socket
+    if watch is not None and watch.source == source:
+        return watch if watch.loop is loop else None
+    if watch is not None:  # libpq reconnected on a new socket
+        session.watch = None
+        watch.close()
+    try:
+        watch = _Watch(source, loop)
+    except OSError:
+        return None
+    session.watch = watch
+    # Closed with the connection: the finalizer holds the watch, never the connection.
+    weakref.finalize(pgconn, _close_watch, watch)
+    return watch
+
+
+def _close_watch(watch: _Watch) -> None:
+    """The finalizer: a dropped connection's watch is closed in its loop's thread."""
+    if not watch.loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            watch.loop.call_soon_threadsafe(watch.close)
+            return
+    watch.close()
 
 
 def caller_command(

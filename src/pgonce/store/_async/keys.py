@@ -94,6 +94,7 @@ class AsyncKeyStore:
         self._complete_batched = wire.Statement(
             positional(self._sql.complete, _COMPLETE_PARAMS), (TEXT, TEXT, TEXT, TEXT, BINARY, TEXT)
         )
+        self._wait_param = b"%d" % _milliseconds(wait)
 
     def stores(self, response: Response | None) -> bool:
         """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
@@ -136,7 +137,7 @@ class AsyncKeyStore:
         validate_fingerprint(fingerprint)
         if wait is not None:
             _check_wait(wait)
-        return int((wait or self.wait) / timedelta(milliseconds=1))
+        return _milliseconds(wait or self.wait)
 
     def _decide(self, row: ClaimRow, scope: str, key: str, fingerprint: bytes) -> Claim:
         return decide(
@@ -163,7 +164,13 @@ class AsyncKeyStore:
         :meth:`commit` knows. Outcomes and errors are those of :meth:`claim`; after an error the
         transaction has been rolled back.
         """
-        wait_ms = self._wait_ms(scope, key, fingerprint, wait)
+        validate_key(scope, key)
+        validate_fingerprint(fingerprint)
+        if wait is None:
+            wait_param = self._wait_param
+        else:
+            _check_wait(wait)
+            wait_param = b"%d" % _milliseconds(wait)
         if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
             raise UsageError(
                 "begin() opens a transaction of its own: it needs an idle connection, outside "
@@ -173,7 +180,7 @@ class AsyncKeyStore:
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         commands = [
             Command(wire.begin_statement(conn)),
-            Command(self._claim_wait, (b"%d" % wait_ms,)),
+            Command(self._claim_wait, (wait_param,)),
             Command(self._claim_insert, (scope_param, key_param, fingerprint, wire.timestamp(now))),
             Command(self._claim_read, (scope_param, key_param)),
         ]
@@ -437,6 +444,13 @@ class AsyncOperation(Generic[Row]):
                 await savepoint.__aexit__(type(error), error, error.__traceback__)
                 raise
         return await savepoint.__aexit__(exc_type, exc, tb)
+
+
+def _milliseconds(wait: timedelta) -> int:
+    return wait // _MILLISECOND
+
+
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:

@@ -96,6 +96,7 @@ class KeyStore:
         self._complete_batched = wire.Statement(
             positional(self._sql.complete, _COMPLETE_PARAMS), (TEXT, TEXT, TEXT, TEXT, BINARY, TEXT)
         )
+        self._wait_param = b"%d" % _milliseconds(wait)
 
     def stores(self, response: Response | None) -> bool:
         """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
@@ -138,7 +139,7 @@ class KeyStore:
         validate_fingerprint(fingerprint)
         if wait is not None:
             _check_wait(wait)
-        return int((wait or self.wait) / timedelta(milliseconds=1))
+        return _milliseconds(wait or self.wait)
 
     def _decide(self, row: ClaimRow, scope: str, key: str, fingerprint: bytes) -> Claim:
         return decide(
@@ -165,7 +166,13 @@ class KeyStore:
         :meth:`commit` knows. Outcomes and errors are those of :meth:`claim`; after an error the
         transaction has been rolled back.
         """
-        wait_ms = self._wait_ms(scope, key, fingerprint, wait)
+        validate_key(scope, key)
+        validate_fingerprint(fingerprint)
+        if wait is None:
+            wait_param = self._wait_param
+        else:
+            _check_wait(wait)
+            wait_param = b"%d" % _milliseconds(wait)
         if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
             raise UsageError(
                 "begin() opens a transaction of its own: it needs an idle connection, outside "
@@ -175,7 +182,7 @@ class KeyStore:
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         commands = [
             Command(wire.begin_statement(conn)),
-            Command(self._claim_wait, (b"%d" % wait_ms,)),
+            Command(self._claim_wait, (wait_param,)),
             Command(self._claim_insert, (scope_param, key_param, fingerprint, wire.timestamp(now))),
             Command(self._claim_read, (scope_param, key_param)),
         ]
@@ -439,6 +446,13 @@ class Operation(Generic[Row]):
                 savepoint.__exit__(type(error), error, error.__traceback__)
                 raise
         return savepoint.__exit__(exc_type, exc, tb)
+
+
+def _milliseconds(wait: timedelta) -> int:
+    return wait // _MILLISECOND
+
+
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:
