@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from psycopg import errors, pq
@@ -47,6 +47,7 @@ from pgonce.core.outcomes import ClaimRow
 TEXT, BINARY = 0, 1
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _INVALID_STATEMENT_NAME = "26000"
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 # At most this many statements prepared per connection (a caller's queued writes included); more
 # are sent unnamed, so that a stream of distinct queries cannot grow a session without bound.
 MAX_PREPARED = 100
@@ -69,15 +70,11 @@ class Statement:
         object.__setattr__(self, "name", f"_pgonce_{digest}".encode())
 
 
-class Command(NamedTuple):
-    """A statement with its encoded parameters; a ``Statement`` without parameters is sent as is.
-
-    A tuple, not a frozen dataclass: a batch builds several per round trip, and a frozen
-    dataclass's ``__init__`` costs a microsecond per field.
-    """
-
-    statement: Statement
-    params: Sequence[Param] = ()
+#: A statement with its encoded parameters (``()`` for one without, such as BEGIN and COMMIT).
+#: A plain tuple: a batch builds several per round trip, and a frozen dataclass's ``__init__``
+#: costs a microsecond per field.
+Command = tuple[Statement, Sequence[Param]]
+NO_PARAMS: Sequence[Param] = ()
 
 
 class _Session:
@@ -259,7 +256,7 @@ def failure(
 ) -> tuple[int, psycopg.Error] | None:
     """The first failed command of a batch: its index and its error; None when all succeeded."""
     for index, result in enumerate(results):
-        if result.status == pq.ExecStatus.FATAL_ERROR:
+        if result.status == _FATAL_ERROR:
             error = errors.error_from_result(result, encoding=conn.info.encoding)
             if error.sqlstate == _INVALID_STATEMENT_NAME:
                 forget_prepared(conn)
@@ -374,22 +371,25 @@ class _Watch:
     Each wait registers again, which costs nothing while the registration stands (the loop only
     swaps the callback) and renews it where the loop dropped it: uvloop closes a registration
     whose socket reports an error, after calling the reader one last time. The watch never
-    reads. When the socket turns readable while no batch waits (psycopg is reading this
-    connection for the caller's statements, or the server sent something to an idle
-    connection), it steps aside until the next batch: a connection nobody reads never keeps the
-    loop busy.
+    reads. The socket turns readable while no batch waits when psycopg reads this connection
+    for the caller's statements (the HTTP endpoint's, between the claim and the completion):
+    once is tolerated, as psycopg reads that answer before the loop looks again. Twice in a
+    row means nobody reads (the server closed an idle connection): the watch steps aside until
+    the next batch, so a connection nobody reads never keeps the loop busy.
     """
 
-    __slots__ = ("fd", "loop", "source", "waiter")
+    __slots__ = ("fd", "loop", "source", "strikes", "waiter")
 
     def __init__(self, source: int, loop: asyncio.AbstractEventLoop) -> None:
         self.source = source
         self.fd = os.dup(source)
         self.loop = loop
+        self.strikes = 0
         self.waiter: asyncio.Future[Ready] | None = None
 
     def wait(self, future: asyncio.Future[Ready]) -> None:
         self.waiter = future
+        self.strikes = 0
         try:
             self.loop.add_reader(self.fd, self._readable)
         except RuntimeError:
@@ -399,10 +399,13 @@ class _Watch:
 
     def _readable(self) -> None:
         waiter = self.waiter
-        if waiter is None:
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(Ready.R)
+        elif self.strikes:
             self.loop.remove_reader(self.fd)
-        elif not waiter.done():
-            waiter.set_result(Ready.R)
+        else:
+            self.strikes = 1
 
     def close(self) -> None:
         """Unregister and close the duplicate (in the loop's thread, or after the loop closed)."""
@@ -461,7 +464,7 @@ def caller_command(
         if len(_CALLERS) >= MAX_CALLER_STATEMENTS:
             _CALLERS.clear()
         statement = _CALLERS[shape] = Statement(*shape)
-    return Command(statement, converted.params or ())
+    return statement, converted.params or ()
 
 
 # The caller's statements seen so far, so that a statement's name is hashed once, not per call.

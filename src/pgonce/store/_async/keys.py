@@ -179,10 +179,10 @@ class AsyncKeyStore:
         encoding = conn.info.encoding
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         commands = [
-            Command(wire.begin_statement(conn)),
-            Command(self._claim_wait, (wait_param,)),
-            Command(self._claim_insert, (scope_param, key_param, fingerprint, wire.timestamp(now))),
-            Command(self._claim_read, (scope_param, key_param)),
+            (wire.begin_statement(conn), wire.NO_PARAMS),
+            (self._claim_wait, (wait_param,)),
+            (self._claim_insert, (scope_param, key_param, fingerprint, wire.timestamp(now))),
+            (self._claim_read, (scope_param, key_param)),
         ]
         for attempt in (1, 2):
             try:
@@ -223,9 +223,9 @@ class AsyncKeyStore:
         if not isinstance(claim, Won):
             if conn.pgconn.transaction_status == TransactionStatus.IDLE:
                 return False  # begin() already rolled back (the claim's wait ran out)
-            commands.append(Command(wire.COMMIT))
+            commands.append((wire.COMMIT, wire.NO_PARAMS))
         elif not self.stores(response):
-            commands.append(Command(wire.ROLLBACK))
+            commands.append((wire.ROLLBACK, wire.NO_PARAMS))
         else:
             commands.extend(wire.caller_command(conn, query, params) for query, params in writes)
             status, headers, body = _stored(response)
@@ -238,7 +238,7 @@ class AsyncKeyStore:
                 body,
                 wire.timestamp(now),
             )
-            commands += [Command(self._complete_batched, params), Command(wire.COMMIT)]
+            commands += [(self._complete_batched, params), (wire.COMMIT, wire.NO_PARAMS)]
         try:
             with translate_errors("completing a key"):
                 results = await async_round_trip(conn, commands)

@@ -181,10 +181,10 @@ class KeyStore:
         encoding = conn.info.encoding
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         commands = [
-            Command(wire.begin_statement(conn)),
-            Command(self._claim_wait, (wait_param,)),
-            Command(self._claim_insert, (scope_param, key_param, fingerprint, wire.timestamp(now))),
-            Command(self._claim_read, (scope_param, key_param)),
+            (wire.begin_statement(conn), wire.NO_PARAMS),
+            (self._claim_wait, (wait_param,)),
+            (self._claim_insert, (scope_param, key_param, fingerprint, wire.timestamp(now))),
+            (self._claim_read, (scope_param, key_param)),
         ]
         for attempt in (1, 2):
             try:
@@ -225,9 +225,9 @@ class KeyStore:
         if not isinstance(claim, Won):
             if conn.pgconn.transaction_status == TransactionStatus.IDLE:
                 return False  # begin() already rolled back (the claim's wait ran out)
-            commands.append(Command(wire.COMMIT))
+            commands.append((wire.COMMIT, wire.NO_PARAMS))
         elif not self.stores(response):
-            commands.append(Command(wire.ROLLBACK))
+            commands.append((wire.ROLLBACK, wire.NO_PARAMS))
         else:
             commands.extend(wire.caller_command(conn, query, params) for query, params in writes)
             status, headers, body = _stored(response)
@@ -240,7 +240,7 @@ class KeyStore:
                 body,
                 wire.timestamp(now),
             )
-            commands += [Command(self._complete_batched, params), Command(wire.COMMIT)]
+            commands += [(self._complete_batched, params), (wire.COMMIT, wire.NO_PARAMS)]
         try:
             with translate_errors("completing a key"):
                 results = round_trip(conn, commands)
