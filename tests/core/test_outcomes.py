@@ -17,6 +17,7 @@ from pgonce.core.outcomes import (
     validate_fingerprint,
     validate_key,
 )
+from pgonce.core.requests import request_fingerprint
 from pgonce.errors import KeyMismatch, UsageError
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -95,3 +96,18 @@ def test_bad_keys_are_refused(scope: str, key: str, message: str) -> None:
 def test_a_fingerprint_is_32_bytes() -> None:
     with pytest.raises(UsageError, match="32 bytes"):
         validate_fingerprint(b"short")
+
+
+def test_fingerprints_never_change_across_versions() -> None:
+    # Stored keys carry fingerprints: a pgonce that computed them differently would answer 422
+    # to every retry of a request stored by the previous version. These digests are pinned.
+    assert fingerprint("POST", "/orders", b"", b"raw", b"{}").hex() == (
+        "e1685f1d93c44efb14ed28b9d68035077951b49e01493dfae0c2942edd85e0be"
+    )
+    body = b'{"currency": "EUR", "amount": 10}'
+    assert (
+        request_fingerprint(
+            "POST", "/payments", b"a=1", body, content_type="application/json"
+        ).hex()
+        == "47a949f9b085fe6d347025e99a6ce48bd9bbf3765248ca14ed7d71a4d760b678"
+    )
