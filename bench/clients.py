@@ -159,14 +159,13 @@ def run_clients(dsn: str, clients: int, seconds: float, transaction: Transaction
 
 
 def best_alternated(
-    first: Callable[[], Measurement], second: Callable[[], Measurement], rounds: int = 2
-) -> tuple[Measurement, Measurement]:
-    """Run ``first`` and ``second`` alternately ``rounds`` times; the better run of each.
+    *variants: Callable[[], Measurement], rounds: int = 2
+) -> tuple[Measurement, ...]:
+    """Run the variants in turn, ``rounds`` times over; the best run of each, in their order.
 
-    The machine is shared: drift between two long runs would show up as (or hide) a difference.
+    The machine is shared: drift between long runs would show up as (or hide) a difference.
     """
-    runs = [(first(), second()) for _ in range(rounds)]
-    return (
-        max((r[0] for r in runs), key=lambda m: m.tps),
-        max((r[1] for r in runs), key=lambda m: m.tps),
+    runs = [[variant() for variant in variants] for _ in range(rounds)]
+    return tuple(
+        max((r[index] for r in runs), key=lambda m: m.tps) for index in range(len(variants))
     )

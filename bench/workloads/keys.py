@@ -11,6 +11,7 @@ References, measured in the same run at the same concurrency:
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -20,6 +21,7 @@ from bench.clients import Measurement, best_alternated, run_clients, run_pgbench
 from bench.context import BenchContext
 from bench.report import Table, ratio
 from pgonce import AsyncKeyStore, Response, fingerprint
+from pgonce.store import wire
 
 TITLE = "Key store"
 LEVELS = (1, 4, 16, 64)
@@ -305,13 +307,14 @@ def run(ctx: BenchContext) -> list[Table]:
                     _times(m, alone, "insert alone"),
                     _times(m, business, "business transaction"),
                 )
-    return [fresh, duplicate, overhead, _claim_forms(ctx, seconds)]
+    return [fresh, duplicate, overhead, _claim_forms(ctx, seconds), _layers(ctx, store, seconds)]
 
 
 def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
     """pgbench: the claim() function against begin()'s three statements, alternated."""
+    conns = 4 if ctx.quick else 16
     table = Table(
-        "Key store: the claim's two forms (pgbench, 16 connections)",
+        f"Key store: the claim's two forms (pgbench, {conns} connections)",
         ["path", "claim() function tx/s", "begin()'s statements tx/s", "statements vs function"],
         notes=[
             "The same round trips, the claim either as one call of the PL/pgSQL claim() function "
@@ -320,7 +323,6 @@ def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
             "rounds of each, the better one reported.",
         ],
     )
-    conns = 4 if ctx.quick else 16
     for path, function, statements in (
         ("fresh key, 2 round trips", FUNCTION_QUEUED, OWN_QUEUED),
         ("duplicate", FUNCTION_DUPLICATE, OWN_DUPLICATE),
@@ -336,6 +338,99 @@ def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
             ratio(by_statements.tps, by_function.tps, "the function"),
         )
     return table
+
+
+def _batches_alone(store: AsyncKeyStore) -> Any:
+    """The statements once() sends for a fresh key with a queued insert, as prebuilt batches.
+
+    No API around them: the floor of pgonce's own Python path on psycopg's libpq layer.
+    """
+    insert = wire.Statement(b"INSERT INTO bench.orders (key, amount) VALUES ($1, 4200)", (0,))
+    headers = wire.json_text([list(h) for h in HEADERS])
+    wait = b"%d" % (store.wait // timedelta(milliseconds=1))
+    run = uuid.uuid4().hex[:8]
+
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        key = f"{run}-{client}-{seq}".encode()
+        scope = b"bench-layers"
+        await wire.async_round_trip(
+            conn,
+            [
+                (wire.begin_statement(conn), wire.NO_PARAMS),
+                (store._claim_wait, (wait,)),
+                (store._claim_insert, (scope, key, FP, None)),
+                (store._claim_read, (scope, key)),
+            ],
+        )
+        await wire.async_round_trip(
+            conn,
+            [
+                (insert, (key,)),
+                (store._complete_batched, (scope, key, b"201", headers, BODY, None)),
+                (wire.COMMIT, wire.NO_PARAMS),
+            ],
+        )
+
+    return transaction
+
+
+def _begin_commit(store: AsyncKeyStore) -> Any:
+    response = Response(201, HEADERS, BODY)
+    run = uuid.uuid4().hex[:8]
+
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        key = f"{run}-{client}-{seq}"
+        claim = await store.begin(conn, "bench-layers", key, FP)
+        await store.commit(
+            conn,
+            claim,
+            response,
+            writes=[("INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)", (key,))],
+        )
+
+    return transaction
+
+
+def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> Table:
+    """Where the client's CPU goes: the same statements through thinner and thinner layers."""
+    conns = 4 if ctx.quick else 16
+    table = Table(
+        f"Key store: the client's layers (fresh key, insert queued, {conns} connections)",
+        ["layer", "tx/s", "client CPU µs/tx", "CPU vs the batches alone"],
+        notes=[
+            "The same statements in the same two round trips, sent by `once()` with "
+            "`op.execute()`, by `begin()` + `commit(writes=...)`, and as prebuilt batches "
+            "through pgonce's libpq layer with no API around them (what any Python client of "
+            "psycopg's libpq layer pays). Three alternating rounds, the best of each. The "
+            "difference between the rows is the key store's own Python: checks, encoding, "
+            "deciding the outcome, the stored response's encoding.",
+        ],
+    )
+    rows = (
+        ("batches alone (wire.async_round_trip)", _batches_alone),
+        ("begin() + commit(writes=...)", _begin_commit),
+        ("once() + op.execute()", lambda s: _pgonce_queued(s, uuid.uuid4().hex[:8])),
+    )
+    measured = best_alternated(
+        *(partial(_fresh_run, ctx.dsn, conns, seconds, make, store) for _, make in rows),
+        rounds=3,
+    )
+    floor = measured[0]
+    for (name, _), m in zip(rows, measured, strict=True):
+        table.add(
+            name,
+            f"{m.tps:,.0f}",
+            f"{m.cpu_us_per_tx:.0f}",
+            "reference" if m is floor else f"{m.cpu_us_per_tx / floor.cpu_us_per_tx:.2f} ×",
+        )
+    return table
+
+
+def _fresh_run(
+    dsn: str, conns: int, seconds: float, make: Any, store: AsyncKeyStore
+) -> Measurement:
+    # A new transaction function (new keys) for every round.
+    return run_clients(dsn, conns, seconds, make(store))
 
 
 def _times(m: Measurement, reference: Measurement, name: str) -> str:
