@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,7 @@ async def test_closed_connections_leave_no_descriptor_behind(
             await psycopg.AsyncConnection.connect(dsn) as conn,
             astore.once(conn, "fd", f"k{number}", FP) as op,
         ):
+            op.execute("SELECT %s::int", (number,))  # adapted by psycopg, batched by pgonce
             op.respond(Response(201))
 
     async def collected() -> int:
@@ -123,3 +125,17 @@ async def test_closed_connections_leave_no_descriptor_behind(
     for number in range(1, 11):
         await use_one(number)
     assert await collected() == before
+
+
+async def test_pgonce_keeps_no_connection_alive(dsn: str, astore: AsyncKeyStore) -> None:
+    # What pgonce keeps per connection (prepared names, the watch) is weakly keyed by it: nothing
+    # in it may refer back to the connection, or neither would ever be collected.
+    conn = await psycopg.AsyncConnection.connect(dsn)
+    async with astore.once(conn, "s", "k", FP) as op:
+        op.execute("SELECT %s::int", (1,))
+        op.respond(Response(201))
+    gone = weakref.ref(conn)
+    await conn.close()
+    del conn, op
+    gc.collect()
+    assert gone() is None

@@ -89,6 +89,16 @@ Claim = Won | Replay | InFlight
 
 def validate_key(scope: str, key: str) -> None:
     """Raise :class:`UsageError` for a scope or key PostgreSQL cannot store or pgonce refuses."""
+    if (
+        type(scope) is str
+        and type(key) is str
+        # At most 4 UTF-8 bytes a character: up to a quarter of the limit needs no encoding.
+        and 0 < len(scope) <= MAX_KEY_BYTES // 4
+        and 0 < len(key) <= MAX_KEY_BYTES // 4
+        and "\x00" not in scope
+        and "\x00" not in key
+    ):
+        return
     for what, value in (("scope", scope), ("key", key)):
         if not isinstance(value, str):
             raise UsageError(f"the {what} must be a str, not {type(value).__name__}")

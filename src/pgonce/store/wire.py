@@ -36,6 +36,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors, pq
+from psycopg._encodings import conn_encoding
 from psycopg._queries import PostgresQuery
 from psycopg.abc import Buffer, Params, PQGen, QueryNoTemplate
 from psycopg.adapt import Transformer
@@ -111,14 +112,28 @@ def forget_prepared(conn: psycopg.BaseConnection[Any]) -> None:
 
 def begin_statement(conn: psycopg.BaseConnection[Any]) -> Statement:
     """The BEGIN that psycopg would send for this connection's transaction settings."""
-    parts = [b"BEGIN"]
-    if conn.isolation_level is not None:
-        parts += [b"ISOLATION LEVEL", conn.isolation_level.name.replace("_", " ").encode()]
-    if conn.read_only is not None:
-        parts.append(b"READ ONLY" if conn.read_only else b"READ WRITE")
-    if conn.deferrable is not None:
-        parts.append(b"DEFERRABLE" if conn.deferrable else b"NOT DEFERRABLE")
-    return _simple(b" ".join(parts))
+    settings = (conn.isolation_level, conn.read_only, conn.deferrable)
+    statement = _BEGINS.get(settings)
+    if statement is None:
+        isolation, read_only, deferrable = settings
+        parts = [b"BEGIN"]
+        if isolation is not None:
+            parts += [b"ISOLATION LEVEL", isolation.name.replace("_", " ").encode()]
+        if read_only is not None:
+            parts.append(b"READ ONLY" if read_only else b"READ WRITE")
+        if deferrable is not None:
+            parts.append(b"DEFERRABLE" if deferrable else b"NOT DEFERRABLE")
+        statement = _BEGINS[settings] = _simple(b" ".join(parts))
+    return statement
+
+
+# BEGIN by (isolation level, read only, deferrable): at most 5 x 3 x 3 entries.
+_BEGINS: dict[tuple[Any, bool | None, bool | None], Statement] = {}
+
+
+def encoding(conn: psycopg.BaseConnection[Any]) -> str:
+    """The connection's Python encoding, as psycopg keeps it (``conn.info`` builds an object)."""
+    return conn_encoding(conn)
 
 
 _SIMPLE: dict[bytes, Statement] = {}
@@ -455,6 +470,8 @@ def caller_command(
     exactly what ``conn.execute()`` would send. It lives in a private module (``psycopg._queries``)
     that has kept this interface since psycopg 3.0; tests/keys/test_batches.py exercises it.
     """
+    # A new Transformer each time: one kept per connection would hold the connection (it
+    # references it), and keep it and its session from ever being collected.
     converted = PostgresQuery(Transformer.from_context(conn))
     converted.convert(query, params)
     formats = tuple(converted.formats or ())
@@ -491,15 +508,38 @@ def json_text(value: Any) -> bytes:
     return _JSON.encode(value).encode()
 
 
+def headers_json(headers: Iterable[tuple[str, str]]) -> bytes:
+    """Response headers as the stored JSON array of ``[name, value]`` pairs.
+
+    What ``json.dumps`` writes (compact, ASCII), built from its own string quoting: the
+    encoder's general path costs more than the few pairs of a response.
+    """
+    try:
+        pairs = ",".join([f"[{_quote(name)},{_quote(value)}]" for name, value in headers])
+    except TypeError:  # not str pairs: let the encoder say what it makes of them
+        return json_text([list(pair) for pair in headers])
+    return f"[{pairs}]".encode()
+
+
+_quote = json.encoder.encode_basestring_ascii
+
+
 # Result decoding (binary format) of begin()'s claim: claim_insert's row (claimed_at) when it
 # won, else claim_read's: restored, fingerprint, claimed_at, completed_at, response_status,
 # response_headers (jsonb), response_body.
 
 
+def claimed_at(inserted: PGresult) -> datetime:
+    """The claim time a won claim's INSERT returned."""
+    value = _time(inserted.get_value(0, 0))
+    assert value is not None
+    return value
+
+
 def claim_row(inserted: PGresult, stored: PGresult, encoding: str) -> ClaimRow:
     """The claim's facts from its INSERT and its read; ``encoding`` is the connection's."""
     if inserted.ntuples == 1:
-        return ClaimRow("won", None, _time(inserted.get_value(0, 0)), None, None, None, None)
+        return ClaimRow("won", None, claimed_at(inserted), None, None, None, None)
     assert stored.ntuples == 1, "claim_read returned no row"
     value = stored.get_value
     fingerprint = value(0, 1)

@@ -178,7 +178,7 @@ class KeyStore:
                 "begin() opens a transaction of its own: it needs an idle connection, outside "
                 "a transaction and outside conn.pipeline(); inside one, use claim()"
             )
-        encoding = conn.info.encoding
+        encoding = wire.encoding(conn)
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         commands = [
             (wire.begin_statement(conn), wire.NO_PARAMS),
@@ -188,10 +188,9 @@ class KeyStore:
         ]
         for attempt in (1, 2):
             try:
-                with translate_errors("claiming a key"):
-                    results = round_trip(conn, commands)
-                    if failed := wire.failure(conn, results):
-                        raise failed[1]
+                results = round_trip(conn, commands)
+                if failed := wire.failure(conn, results):
+                    raise failed[1]
                 break
             except BaseException as error:
                 rollback_quietly(conn)
@@ -199,8 +198,12 @@ class KeyStore:
                     continue  # DEALLOCATE ALL or DISCARD ALL ran: prepare again, once
                 if (reason := _waited_out(error)) is not None:
                     return InFlight(retry_after=self.retry_after, reason=reason)
-                raise
-        row = wire.claim_row(results[2], results[3], encoding)
+                with translate_errors("claiming a key"):
+                    raise
+        inserted = results[2]
+        if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
+            return Won(scope, key, fingerprint, wire.claimed_at(inserted))
+        row = wire.claim_row(inserted, results[3], encoding)
         return self._decide(row, scope, key, fingerprint)
 
     def commit(
@@ -229,25 +232,26 @@ class KeyStore:
         elif not self.stores(response):
             commands.append((wire.ROLLBACK, wire.NO_PARAMS))
         else:
-            commands.extend(wire.caller_command(conn, query, params) for query, params in writes)
-            status, headers, body = _stored(response)
-            encoding = conn.info.encoding
-            params = (
+            for query, params in writes:
+                commands.append(wire.caller_command(conn, query, params))
+            stored = response or _NO_RESPONSE
+            encoding = wire.encoding(conn)
+            completion = (
                 claim.scope.encode(encoding),
                 claim.key.encode(encoding),
-                wire.number(status),
-                wire.json_text(headers),
-                body,
+                wire.number(stored.status),
+                wire.headers_json(stored.headers),
+                stored.body,
                 wire.timestamp(now),
             )
-            commands += [(self._complete_batched, params), (wire.COMMIT, wire.NO_PARAMS)]
+            commands += [(self._complete_batched, completion), (wire.COMMIT, wire.NO_PARAMS)]
         try:
-            with translate_errors("completing a key"):
-                results = round_trip(conn, commands)
+            results = round_trip(conn, commands)
             failed = wire.failure(conn, results)
         except BaseException:
             rollback_quietly(conn)
-            raise
+            with translate_errors("completing a key"):
+                raise
         if failed:
             rollback_quietly(conn)
             index, error = failed
@@ -453,6 +457,9 @@ def _milliseconds(wait: timedelta) -> int:
 
 
 _MILLISECOND = timedelta(milliseconds=1)
+
+
+_NO_RESPONSE = Response()
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:
