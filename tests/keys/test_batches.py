@@ -131,7 +131,7 @@ def test_prepared_once_per_connection(conn: psycopg.Connection[Any], store: KeyS
         "SELECT name FROM pg_prepared_statements WHERE name LIKE '_pgonce_%' ORDER BY name"
     ).fetchall()
     conn.rollback()
-    assert len(names) == 4  # the claim's three statements and the completion, each once
+    assert len(names) == 3  # the claim's two statements and the completion, each once
 
 
 def test_transaction_settings_are_honoured(dsn: str, store: KeyStore) -> None:

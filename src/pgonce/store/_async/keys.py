@@ -46,8 +46,7 @@ if TYPE_CHECKING:
 Row = TypeVar("Row")
 
 # The order of the parameters of the batched statements ($1, $2, ...).
-_WAIT_PARAMS = ("wait_ms",)
-_INSERT_PARAMS = ("scope", "key", "fingerprint", "now")
+_INSERT_PARAMS = ("scope", "key", "fingerprint", "now", "wait_ms")
 _READ_PARAMS = ("scope", "key")
 _COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now")
 
@@ -84,9 +83,8 @@ class AsyncKeyStore:
         self.retry_after = retry_after
         self.store_server_errors = store_server_errors
         self._sql = Queries("keys", schema)
-        self._claim_wait = wire.Statement(positional(self._sql.claim_wait, _WAIT_PARAMS), (TEXT,))
         self._claim_insert = wire.Statement(
-            positional(self._sql.claim_insert, _INSERT_PARAMS), (TEXT, TEXT, BINARY, TEXT)
+            positional(self._sql.claim_insert, _INSERT_PARAMS), (TEXT, TEXT, BINARY, TEXT, TEXT)
         )
         self._claim_read = wire.Statement(
             positional(self._sql.claim_read, _READ_PARAMS), (TEXT, TEXT)
@@ -180,8 +178,10 @@ class AsyncKeyStore:
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         commands = [
             (wire.begin_statement(conn), wire.NO_PARAMS),
-            (self._claim_wait, (wait_param,)),
-            (self._claim_insert, (scope_param, key_param, fingerprint, wire.timestamp(now))),
+            (
+                self._claim_insert,
+                (scope_param, key_param, fingerprint, wire.timestamp(now), wait_param),
+            ),
             (self._claim_read, (scope_param, key_param)),
         ]
         for attempt in (1, 2):
@@ -198,10 +198,10 @@ class AsyncKeyStore:
                     return InFlight(retry_after=self.retry_after, reason=reason)
                 with translate_errors("claiming a key"):
                     raise
-        inserted = results[2]
+        inserted = results[1]
         if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
             return Won(scope, key, fingerprint, wire.claimed_at(inserted))
-        row = wire.claim_row(inserted, results[3], encoding)
+        row = wire.claim_row(inserted, results[2], encoding)
         return self._decide(row, scope, key, fingerprint)
 
     async def commit(
