@@ -312,7 +312,7 @@ def run(ctx: BenchContext) -> list[Table]:
 
 def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
     """pgbench: the claim() function against begin()'s two statements, alternated."""
-    conns = 4 if ctx.quick else 16
+    conns = _conns(ctx)
     table = Table(
         f"Key store: the claim's two forms (pgbench, {conns} connections)",
         ["path", "claim() function tx/s", "begin()'s statements tx/s", "statements vs function"],
@@ -346,7 +346,7 @@ def _batches_alone(store: AsyncKeyStore) -> Any:
     No API around them: the floor of pgonce's own Python path on psycopg's libpq layer.
     """
     insert = wire.Statement(b"INSERT INTO bench.orders (key, amount) VALUES ($1, 4200)", (0,))
-    headers = wire.json_text([list(h) for h in HEADERS])
+    headers = wire.headers_json(HEADERS)
     wait = b"%d" % (store.wait // timedelta(milliseconds=1))
     run = uuid.uuid4().hex[:8]
 
@@ -392,7 +392,7 @@ def _begin_commit(store: AsyncKeyStore) -> Any:
 
 def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> Table:
     """Where the client's CPU goes: the same statements through thinner and thinner layers."""
-    conns = 4 if ctx.quick else 16
+    conns = _conns(ctx)
     table = Table(
         f"Key store: the client's layers (fresh key, insert queued, {conns} connections)",
         ["layer", "tx/s", "client CPU µs/tx", "CPU vs the batches alone"],
@@ -430,6 +430,11 @@ def _fresh_run(
 ) -> Measurement:
     # A new transaction function (new keys) for every round.
     return run_clients(dsn, conns, seconds, make(store))
+
+
+def _conns(ctx: BenchContext) -> int:
+    """Connections of the single-level tables: 16, or 4 for a quick run."""
+    return 4 if ctx.quick else 16
 
 
 def _times(m: Measurement, reference: Measurement, name: str) -> str:

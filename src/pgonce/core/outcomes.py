@@ -8,7 +8,6 @@ fourth, a mismatch (same key, another request), is an error: :class:`~pgonce.err
 from __future__ import annotations
 
 import hmac
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,9 +33,6 @@ class Response:
     status: int | None = None
     headers: tuple[Header, ...] = ()
     body: bytes = b""
-
-    def headers_json(self) -> str:
-        return json.dumps([list(h) for h in self.headers], separators=(",", ":"))
 
     @classmethod
     def from_stored(

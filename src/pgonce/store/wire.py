@@ -172,14 +172,16 @@ def _queue(
     pgconn.enter_pipeline_mode()
     for statement, params in commands:
         name = statement.name
+        # Not prepared on this connection yet, nor earlier in this batch.
+        new = (
+            prepared is not None
+            and name not in prepared
+            and all(name != other for _, other in preparing)
+        )
         if not statement.formats:
             # No parameters (BEGIN, COMMIT): the extended protocol without a prepared name.
             pgconn.send_query_params(statement.sql, None)
-        elif prepared is None or (
-            name not in prepared
-            and all(name != other for _, other in preparing)
-            and len(prepared) + len(preparing) >= MAX_PREPARED
-        ):
+        elif prepared is None or (new and len(prepared) + len(preparing) >= MAX_PREPARED):
             pgconn.send_query_params(
                 statement.sql,
                 params,
@@ -188,7 +190,7 @@ def _queue(
                 result_format=BINARY,
             )
         else:
-            if name not in prepared and all(name != other for _, other in preparing):
+            if new:
                 pgconn.send_prepare(name, statement.sql, statement.types or None)
                 preparing.append((count, name))
                 count += 1
@@ -536,10 +538,11 @@ def claimed_at(inserted: PGresult) -> datetime:
     return value
 
 
-def claim_row(inserted: PGresult, stored: PGresult, encoding: str) -> ClaimRow:
-    """The claim's facts from its INSERT and its read; ``encoding`` is the connection's."""
-    if inserted.ntuples == 1:
-        return ClaimRow("won", None, claimed_at(inserted), None, None, None, None)
+def stored_row(stored: PGresult, encoding: str) -> ClaimRow:
+    """The facts of a claim whose INSERT did nothing, from its read of the stored row.
+
+    ``encoding`` is the connection's.
+    """
     assert stored.ntuples == 1, "claim_read returned no row"
     value = stored.get_value
     fingerprint = value(0, 1)

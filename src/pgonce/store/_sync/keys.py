@@ -94,7 +94,7 @@ class KeyStore:
         self._complete_batched = wire.Statement(
             positional(self._sql.complete, _COMPLETE_PARAMS), (TEXT, TEXT, TEXT, TEXT, BINARY, TEXT)
         )
-        self._wait_param = b"%d" % _milliseconds(wait)
+        self._wait_ms = _milliseconds(wait)
 
     def stores(self, response: Response | None) -> bool:
         """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
@@ -123,7 +123,7 @@ class KeyStore:
         :class:`~pgonce.errors.NotInTransaction` on an autocommit connection. The transaction stays
         usable whatever the outcome.
         """
-        wait_ms = self._wait_ms(scope, key, fingerprint, wait)
+        wait_ms = self._checked_wait_ms(scope, key, fingerprint, wait)
         require_transaction(conn)
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
@@ -132,12 +132,16 @@ class KeyStore:
             row = cur.fetchone()
         return self._decide(claim_row(row), scope, key, fingerprint)
 
-    def _wait_ms(self, scope: str, key: str, fingerprint: bytes, wait: timedelta | None) -> int:
+    def _checked_wait_ms(
+        self, scope: str, key: str, fingerprint: bytes, wait: timedelta | None
+    ) -> int:
+        """Refuse a bad scope, key, fingerprint or wait; the claim's wait in milliseconds."""
         validate_key(scope, key)
         validate_fingerprint(fingerprint)
-        if wait is not None:
-            _check_wait(wait)
-        return _milliseconds(wait or self.wait)
+        if wait is None:
+            return self._wait_ms
+        _check_wait(wait)
+        return _milliseconds(wait)
 
     def _decide(self, row: ClaimRow, scope: str, key: str, fingerprint: bytes) -> Claim:
         return decide(
@@ -164,13 +168,7 @@ class KeyStore:
         :meth:`commit` knows. Outcomes and errors are those of :meth:`claim`; after an error the
         transaction has been rolled back.
         """
-        validate_key(scope, key)
-        validate_fingerprint(fingerprint)
-        if wait is None:
-            wait_param = self._wait_param
-        else:
-            _check_wait(wait)
-            wait_param = b"%d" % _milliseconds(wait)
+        wait_ms = self._checked_wait_ms(scope, key, fingerprint, wait)
         if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
             raise UsageError(
                 "begin() opens a transaction of its own: it needs an idle connection, outside "
@@ -182,7 +180,7 @@ class KeyStore:
             (wire.begin_statement(conn), wire.NO_PARAMS),
             (
                 self._claim_insert,
-                (scope_param, key_param, fingerprint, wire.timestamp(now), wait_param),
+                (scope_param, key_param, fingerprint, wire.timestamp(now), b"%d" % wait_ms),
             ),
             (self._claim_read, (scope_param, key_param)),
         ]
@@ -203,8 +201,7 @@ class KeyStore:
         inserted = results[1]
         if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
             return Won(scope, key, fingerprint, wire.claimed_at(inserted))
-        row = wire.claim_row(inserted, results[2], encoding)
-        return self._decide(row, scope, key, fingerprint)
+        return self._decide(wire.stored_row(results[2], encoding), scope, key, fingerprint)
 
     def commit(
         self,
@@ -464,7 +461,7 @@ _NO_RESPONSE = Response()
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:
     """The columns a completion writes: status, headers as [[name, value], ...], body."""
-    stored = response or Response()
+    stored = response or _NO_RESPONSE
     return stored.status, [list(h) for h in stored.headers], stored.body
 
 
