@@ -32,10 +32,17 @@ class Measurement:
     p50_ms: float
     p99_ms: float
     cpu_us_per_tx: float
+    #: WAL the server wrote during the run (pg_current_wal_insert_lsn() before and after; any
+    #: other writer's share included), when asked for.
+    wal_bytes: int = 0
 
     @property
     def tps(self) -> float:
         return self.tx / self.seconds if self.seconds else 0.0
+
+    @property
+    def wal_bytes_per_tx(self) -> float:
+        return self.wal_bytes / self.tx if self.tx else 0.0
 
 
 def pgbench_binary() -> str:
@@ -54,8 +61,21 @@ def pgbench_binary() -> str:
     return found
 
 
-def run_pgbench(dsn: str, script: str, clients: int, seconds: float) -> Measurement:
-    """Run ``script`` with pgbench -M prepared; latency percentiles from its per-transaction log."""
+def _wal_position(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def run_pgbench(
+    dsn: str, script: str, clients: int, seconds: float, *, wal: bool = False
+) -> Measurement:
+    """Run ``script`` with pgbench -M prepared; latency percentiles from its per-transaction log.
+
+    ``wal``: also measure the WAL written meanwhile (:attr:`Measurement.wal_bytes`).
+    """
+    wal_before = _wal_position(dsn) if wal else 0
     with tempfile.TemporaryDirectory() as tmp:
         script_file = Path(tmp) / "script.sql"
         script_file.write_text(script)
@@ -99,6 +119,7 @@ def run_pgbench(dsn: str, script: str, clients: int, seconds: float) -> Measurem
         p50_ms=percentile(latencies, 50),
         p99_ms=percentile(latencies, 99),
         cpu_us_per_tx=cpu / tx * 1e6 if tx else 0.0,
+        wal_bytes=_wal_position(dsn) - wal_before if wal else 0,
     )
 
 

@@ -49,19 +49,28 @@ COMMIT;
 
 
 def _claim_trip(scope: str, key: str) -> str:
-    """begin(): BEGIN and the claim's two statements (queries/keys.sql), flushed together."""
+    """begin(): BEGIN and the claim's INSERT (queries/keys.sql), flushed together."""
     return f"""\\startpipeline
 BEGIN;
-INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at)
-  SELECT '{scope}', {key}, decode('{FP_HEX}', 'hex'), coalesce(NULL::timestamptz, now())
-    FROM (SELECT set_config('pgonce.lock_timeout', current_setting('lock_timeout'), true),
+INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at)
+  SELECT '{scope}', {key}, decode('{FP_HEX}', 'hex'), wait.at, wait.at
+    FROM (SELECT coalesce(NULL::timestamptz, now()) AS at,
+                 set_config('pgonce.lock_timeout', current_setting('lock_timeout'), true),
                  set_config('lock_timeout', '2000', true)) AS wait
-  ON CONFLICT (scope, key) DO NOTHING RETURNING claimed_at;
-SELECT set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true) AS restored,
-       k.fingerprint::bytea, k.claimed_at, k.completed_at, k.response_status,
+  ON CONFLICT (scope, key) DO NOTHING
+  RETURNING claimed_at, set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true);
+\\endpipeline
+"""
+
+
+def _read_trip(scope: str, key: str) -> str:
+    """begin() after an INSERT that did nothing: the stored row and COMMIT, flushed together."""
+    return f"""\\startpipeline
+SELECT k.fingerprint::bytea, k.claimed_at, k.completed_at, k.response_status,
        k.response_headers, k.response_body
   FROM (VALUES (1)) AS one
   LEFT JOIN pgonce.keys AS k ON k.scope = '{scope}' AND k.key = {key};
+COMMIT;
 \\endpipeline
 """
 
@@ -79,10 +88,11 @@ SELECT state, fingerprint, claimed_at, completed_at,
 
 
 BUSINESS_INSERT = "INSERT INTO bench.orders (key, amount) VALUES (:k::text, 4200);\n"
-COMPLETION = f"""UPDATE pgonce.keys SET completed_at = coalesce(NULL::timestamptz, now()),
+COMPLETION = f"""UPDATE pgonce.keys
+  SET completed_at = coalesce(NULL::timestamptz, completed_at, now()),
   response_status = 201, response_headers = '[["content-type","application/json"]]',
   response_body = convert_to('{BODY.decode()}', 'UTF8')
-  WHERE scope = 'bench-own' AND key = :k::text AND completed_at IS NULL;
+  WHERE scope = 'bench-own' AND key = :k::text AND response_headers IS NULL;
 """
 FRESH_KEY = "\\set k random(1, 9000000000000000000)\n"
 
@@ -105,7 +115,9 @@ OWN_QUEUED = (
 )
 
 OWN_DUPLICATE = (
-    f"\\set k random(1, {DUPLICATE_KEYS})\n" + _claim_trip("bench-dup", ":k::text") + "COMMIT;\n"
+    f"\\set k random(1, {DUPLICATE_KEYS})\n"
+    + _claim_trip("bench-dup", ":k::text")
+    + _read_trip("bench-dup", ":k::text")
 )
 
 # The claim's two forms side by side, in the two-round-trip shape and on the duplicate path.
@@ -242,22 +254,33 @@ def run(ctx: BenchContext) -> list[Table]:
     duplicate = Table("Key store: duplicate (replay of a completed key)", columns)
     overhead = Table(
         "Key store: database-level overhead (pgbench only)",
-        ["conns", "shape", "tx/s", "p99 ms", "vs insert alone", "vs business transaction"],
+        [
+            "conns",
+            "shape",
+            "tx/s",
+            "p99 ms",
+            "WAL bytes/tx",
+            "vs insert alone",
+            "vs business transaction",
+        ],
         notes=[
             "The fresh-key transaction against the business insert alone (one autocommitted "
             "statement) and against the business transaction without a key store (BEGIN; insert; "
             "COMMIT, a round trip each, as psycopg sends it), all run by pgbench. "
             "The last row is the two-round-trip grouping with the key store taken out (the "
             "insert twice): what the round trips alone cost. The gap between it and pgonce's own "
-            "shape is the key store's work in the database: the claim row, the completion (not "
-            "a HOT update: the partial indexes on completed_at see it) and their index entries.",
+            "shape is the key store's work in the database: the claim row with its index "
+            "entries (the random key's primary-key page among them) and the completion (a HOT "
+            "update), each in the WAL that COMMIT waits to flush. WAL bytes/tx: the server's WAL "
+            "position before and after the run, over its transactions (page images written "
+            "after a checkpoint included).",
         ],
     )
     for level in levels:
         run_id = uuid.uuid4().hex[:8]
-        naive = run_pgbench(ctx.dsn, NAIVE5, level, seconds)
-        own = run_pgbench(ctx.dsn, OWN_FRESH, level, seconds)
-        own_queued = run_pgbench(ctx.dsn, OWN_QUEUED, level, seconds)
+        naive = run_pgbench(ctx.dsn, NAIVE5, level, seconds, wal=True)
+        own = run_pgbench(ctx.dsn, OWN_FRESH, level, seconds, wal=True)
+        own_queued = run_pgbench(ctx.dsn, OWN_QUEUED, level, seconds, wal=True)
         raw = run_clients(ctx.dsn, level, seconds, _raw_naive5(run_id))
         api = run_clients(ctx.dsn, level, seconds, _pgonce_fresh(store, run_id))
         queued = run_clients(ctx.dsn, level, seconds, _pgonce_queued(store, run_id))
@@ -288,9 +311,9 @@ def run(ctx: BenchContext) -> list[Table]:
         _row(duplicate, level, "pgbench own shape", dup_ref)
         _row(duplicate, level, "**pgonce**", dup, (dup_ref, "pgbench own shape"))
         if level == 16 or (ctx.quick and level == levels[-1]):
-            alone = run_pgbench(ctx.dsn, INSERT_ALONE, level, seconds)
-            business = run_pgbench(ctx.dsn, BUSINESS_TX, level, seconds)
-            two_trips = run_pgbench(ctx.dsn, TWO_TRIPS_NO_KEYS, level, seconds)
+            alone = run_pgbench(ctx.dsn, INSERT_ALONE, level, seconds, wal=True)
+            business = run_pgbench(ctx.dsn, BUSINESS_TX, level, seconds, wal=True)
+            two_trips = run_pgbench(ctx.dsn, TWO_TRIPS_NO_KEYS, level, seconds, wal=True)
             for shape, m in (
                 ("business insert alone", alone),
                 ("business transaction (BEGIN; insert; COMMIT)", business),
@@ -304,6 +327,7 @@ def run(ctx: BenchContext) -> list[Table]:
                     shape,
                     f"{m.tps:,.0f}",
                     f"{m.p99_ms:.2f}",
+                    f"{m.wal_bytes_per_tx:,.0f}",
                     _times(m, alone, "insert alone"),
                     _times(m, business, "business transaction"),
                 )
@@ -311,16 +335,17 @@ def run(ctx: BenchContext) -> list[Table]:
 
 
 def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
-    """pgbench: the claim() function against begin()'s two statements, alternated."""
+    """pgbench: the claim() function against begin()'s statements, alternated."""
     conns = _conns(ctx)
     table = Table(
         f"Key store: the claim's two forms (pgbench, {conns} connections)",
         ["path", "claim() function tx/s", "begin()'s statements tx/s", "statements vs function"],
         notes=[
             "The same round trips, the claim either as one call of the PL/pgSQL claim() function "
-            "(claim() inside a caller's transaction) or as begin()'s two statements (INSERT ... "
-            "ON CONFLICT DO NOTHING, whose row source sets the wait; read the stored row). Two "
-            "alternating rounds of each, the better one reported.",
+            "(claim() inside a caller's transaction) or as begin()'s statements (INSERT ... ON "
+            "CONFLICT DO NOTHING, whose row source sets the wait; for a duplicate, the read of "
+            "the stored row, sent with COMMIT). Two alternating rounds of each, the better one "
+            "reported.",
         ],
     )
     for path, function, statements in (
@@ -358,7 +383,6 @@ def _batches_alone(store: AsyncKeyStore) -> Any:
             [
                 (wire.begin_statement(conn), wire.NO_PARAMS),
                 (store._claim_insert, (scope, key, FP, None, wait)),
-                (store._claim_read, (scope, key)),
             ],
         )
         await wire.async_round_trip(

@@ -73,6 +73,13 @@ def test_committed_without_response_is_in_flight() -> None:
     assert outcome == InFlight(retry_after=2, reason="incomplete")
 
 
+def test_a_begin_claim_without_response_is_in_flight_though_born_with_completed_at() -> None:
+    # begin() sets completed_at with the claim; only the stored headers say a response is there.
+    born = ClaimRow("existing", FP, T0, T0, None, None, None)
+    outcome = decide(born, scope="s", key="k", fingerprint=FP, retry_after=2)
+    assert outcome == InFlight(retry_after=2, reason="incomplete")
+
+
 def test_fingerprint_parts_are_length_prefixed() -> None:
     assert fingerprint("ab", "c") != fingerprint("a", "bc")
     assert fingerprint(b"x") == fingerprint("x")

@@ -54,6 +54,8 @@ def test_begin_then_commit_stores_and_replays_byte_for_byte(
     assert isinstance(replay, Replay)
     assert replay.response == response
     assert replay.claimed_at.tzinfo is not None
+    # A duplicate wrote nothing: begin() ended its transaction with the read of the stored row.
+    assert conn.pgconn.transaction_status == TransactionStatus.IDLE
     assert store.commit(conn, replay) is False
     assert effects(dsn, "k") == 1
     _idle_and_usable(conn)
@@ -81,6 +83,39 @@ def test_server_error_not_stored_rolls_back_everything(
     assert effects(dsn, "k") == 0
     assert isinstance(store.begin(conn, "s", "k", FP), Won)
     conn.rollback()
+
+
+def test_the_completion_is_a_hot_update(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    # A begin() claim is born with completed_at, so its completion changes no column an index
+    # reads: PostgreSQL updates the row in place (HOT), without new index entries.
+    for n in range(10):
+        claim = store.begin(conn, "s", f"k{n}", FP)
+        store.commit(conn, claim, Response(201, (("content-type", "text/plain"),), b"done"))
+    conn.execute("SELECT pg_stat_force_next_flush()")  # this backend's counts, now
+    conn.commit()
+    with psycopg.connect(dsn) as other:
+        counts = other.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+            " WHERE relid = 'pgonce.keys'::regclass"
+        ).fetchone()
+    assert counts == (10, 10)
+
+
+def test_a_begin_claim_committed_by_hand_stays_in_flight(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    # A misuse: the caller commits begin()'s transaction itself, without the response. The row
+    # has its completed_at, but no response: retries are told to wait, never replayed nothing.
+    assert isinstance(store.begin(conn, "s", "k", FP), Won)
+    conn.commit()
+    retry = store.begin(conn, "s", "k", FP)
+    assert retry == InFlight(retry_after=store.retry_after, reason="incomplete")
+    store.commit(conn, retry)
+    with psycopg.connect(dsn) as other:
+        inside = store.claim(other, "s", "k", FP)
+    assert inside == InFlight(retry_after=store.retry_after, reason="incomplete")
 
 
 def test_begin_refuses_a_connection_in_a_transaction_or_pipeline(
@@ -124,14 +159,15 @@ def test_without_prepared_statements(dsn: str, store: KeyStore) -> None:
 
 
 def test_prepared_once_per_connection(conn: psycopg.Connection[Any], store: KeyStore) -> None:
-    for key in ("a", "b", "c"):
+    for key in ("a", "b", "c", "a", "b"):
         with store.once(conn, "s", key, FP) as op:
-            op.respond(Response(201))
+            if op.won:
+                op.respond(Response(201))
     names = conn.execute(
         "SELECT name FROM pg_prepared_statements WHERE name LIKE '_pgonce_%' ORDER BY name"
     ).fetchall()
     conn.rollback()
-    assert len(names) == 3  # the claim's two statements and the completion, each once
+    assert len(names) == 3  # the claim's INSERT, the read of a duplicate and the completion
 
 
 def test_transaction_settings_are_honoured(dsn: str, store: KeyStore) -> None:
@@ -237,13 +273,16 @@ async def test_cancelled_task_mid_round_trip_closes_the_connection(
 
 def test_two_round_trips_on_the_wire(dsn: str, store: KeyStore, tmp_path: Path) -> None:
     # libpq's own protocol trace: each round trip ends with one Sync from the client. A fresh
-    # key is BEGIN + claim, then completion + COMMIT (the block's insert is its own statement).
+    # key is BEGIN + claim, then completion + COMMIT (the block's insert is its own statement);
+    # a duplicate is BEGIN + claim, then the stored row + COMMIT.
     trace = tmp_path / "trace"
     with psycopg.connect(dsn) as conn:
         conn.execute("CREATE TABLE effects (key text)")
         conn.commit()
-        with store.once(conn, "s", "warm", FP) as op:
-            op.respond(Response(201))
+        for _ in range(2):  # a fresh key, then its duplicate: every statement prepared once
+            with store.once(conn, "s", "warm", FP) as op:
+                if op.won:
+                    op.respond(Response(201))
         with trace.open("w") as out:
             conn.pgconn.trace(out.fileno())
             conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)

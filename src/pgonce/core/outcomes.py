@@ -143,7 +143,9 @@ def decide(row: ClaimRow, *, scope: str, key: str, fingerprint: bytes, retry_aft
         assert row.claimed_at is not None
         if not hmac.compare_digest(bytes(row.fingerprint), fingerprint):
             raise KeyMismatch(scope, key)
-        if row.completed_at is None:
+        if row.completed_at is None or row.headers is None:
+            # No response stored: a claim() committed before its completion, or a begin() claim
+            # (born with completed_at) whose transaction was committed by hand before commit().
             return InFlight(retry_after=retry_after, reason="incomplete")
         return Replay(
             response=Response.from_stored(row.status, row.headers, row.body),

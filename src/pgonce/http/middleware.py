@@ -371,16 +371,13 @@ class IdempotencyMiddleware:
     async def _claim(
         self, conn: AsyncConnection[Any], caller: str, key: str, fingerprint: bytes
     ) -> Won | Replay | InFlight:
-        """Open the transaction and claim (one round trip); a claim that did not win ends it.
+        """Open the transaction and claim (one round trip); a claim that did not win has ended it.
 
         The endpoint then runs on this connection through psycopg as usual, not in pipeline
         mode: pipeline mode would refuse its COPY and server-side cursors and report its errors
         late. Only pgonce's own statements are batched (``AsyncKeyStore.begin`` and ``commit``).
         """
-        claim = await self.store.begin(conn, caller, key, fingerprint, wait=self.wait)
-        if not isinstance(claim, Won):
-            await self.store.commit(conn, claim)  # a duplicate wrote nothing: just end it
-        return claim
+        return await self.store.begin(conn, caller, key, fingerprint, wait=self.wait)
 
     async def _run(
         self,

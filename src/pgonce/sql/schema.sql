@@ -24,10 +24,13 @@ CREATE TABLE keys (
     -- SHA-256 of the request. The same key with another fingerprint is a mismatch, never a replay.
     fingerprint      sha256_digest NOT NULL,
     claimed_at       timestamptz NOT NULL,
-    -- NULL while the claim is in flight; set in the same transaction as the response.
+    -- Set in the same transaction as the response. A claim of claim() has it NULL until then; a
+    -- claim of begin() is born with it (its transaction stores the response or rolls back), so
+    -- that its completion changes nothing an index reads and is a HOT update.
     completed_at     timestamptz,
     response_status  integer,
-    -- [[name, value], ...]: a JSON array keeps order and repeated names.
+    -- [[name, value], ...]: a JSON array keeps order and repeated names. NULL exactly while no
+    -- response is stored: the completion always writes an array, if only [].
     response_headers jsonb,
     -- The body exactly as sent: bytea, not jsonb, because jsonb rewrites whitespace and key order
     -- and a replay must be byte-identical. The keys_readable view shows JSON bodies as jsonb.
@@ -38,7 +41,10 @@ CREATE TABLE keys (
 -- The sweeper deletes by age; rows arrive in claimed_at order, so a BRIN index is tiny and enough.
 CREATE INDEX keys_claimed_at_brin ON keys USING brin (claimed_at);
 
--- Claims that never completed: the health check's stuck-claims query reads only these.
+-- Claims that never completed: the health check's stuck-claims query reads only these. A claim
+-- of begin() is never one (it commits with its response), unless its transaction was committed by
+-- hand between begin() and commit(): a retry then reads it as in flight (no response stored), and
+-- the sweeper removes it by age like a completed key.
 CREATE INDEX keys_incomplete ON keys (claimed_at) WHERE completed_at IS NULL;
 
 -- claim(): the one statement of a claim.
@@ -360,8 +366,9 @@ SELECT source, event_id, status, attempts, received_at, next_attempt_at, process
 -- however large the table and however few rows are due; "the oldest completed key" of the health
 -- check is one index probe. The BRIN index cannot do either for long: its ranges only ever widen,
 -- and space freed by the sweeper is reused by new keys, so old and new rows share every range.
--- Partial, so a claim's INSERT (completed_at still NULL) does not touch it; the completion's
--- UPDATE adds one entry (it is never a HOT update: keys_incomplete's predicate reads completed_at).
+-- Partial: a claim()'s INSERT (completed_at still NULL) does not touch it, its completion adds the
+-- entry (not a HOT update: completed_at changes); a begin() claim's INSERT adds it, and its
+-- completion, which leaves completed_at alone, is a HOT update.
 CREATE INDEX keys_completed_by_age ON keys (claimed_at) WHERE completed_at IS NOT NULL;
 
 -- ## Sweeper paths through the inbox and the outbox (0005)

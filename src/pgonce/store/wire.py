@@ -526,8 +526,8 @@ def headers_json(headers: Iterable[tuple[str, str]]) -> bytes:
 _quote = json.encoder.encode_basestring_ascii
 
 
-# Result decoding (binary format) of begin()'s claim: claim_insert's row (claimed_at) when it
-# won, else claim_read's: restored, fingerprint, claimed_at, completed_at, response_status,
+# Result decoding (binary format) of begin()'s claim: claim_insert's row (claimed_at, restored)
+# when it won, else claim_read's: fingerprint, claimed_at, completed_at, response_status,
 # response_headers (jsonb), response_body.
 
 
@@ -545,19 +545,19 @@ def stored_row(stored: PGresult, encoding: str) -> ClaimRow:
     """
     assert stored.ntuples == 1, "claim_read returned no row"
     value = stored.get_value
-    fingerprint = value(0, 1)
+    fingerprint = value(0, 0)
     if fingerprint is None:
         # The row the INSERT conflicted with went before the read (the sweeper, or by hand).
         return ClaimRow("gone", None, None, None, None, None, None)
-    headers = value(0, 5)
+    headers = value(0, 4)
     return ClaimRow(
         "existing",
         bytes(fingerprint),
+        _time(value(0, 1)),
         _time(value(0, 2)),
-        _time(value(0, 3)),
-        _int(value(0, 4)),
+        _int(value(0, 3)),
         None if headers is None else json.loads(bytes(headers)[1:].decode(encoding)),
-        _bytes(value(0, 6)),
+        _bytes(value(0, 5)),
     )
 
 

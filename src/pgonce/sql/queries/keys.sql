@@ -5,47 +5,57 @@ SELECT state, fingerprint, claimed_at, completed_at, response_status, response_h
   FROM {schema}.claim(%(scope)s, %(key)s, %(fingerprint)s, %(wait_ms)s, %(now)s)
 
 -- name: claim_insert
--- begin()'s claim: two statements in the round trip that opens the transaction. The claim()
--- function above does the same in one statement, but a PL/pgSQL call costs the server more than
--- the INSERT itself (16 connections, pgbench: a replay 12 to 30 per cent faster through plain
+-- begin()'s claim: the INSERT travels with BEGIN in the round trip that opens the transaction. The
+-- claim() function above does the same in one statement, but a PL/pgSQL call costs the server more
+-- than the INSERT itself (16 connections, pgbench: a replay 12 to 30 per cent faster through plain
 -- statements, a fresh key 3 to 17; the keys benchmark measures both). claim() keeps the function:
 -- inside the caller's transaction a lock timeout must not abort it, and only the function's
 -- exception block can catch one. begin() owns its transaction, so it lets the timeout abort it,
 -- rolls back and answers in flight.
 --
 -- The INSERT's own row source sets the bound of its wait for a concurrent claim of the same key
--- (lock_timeout is read when a wait begins, after the row was made) and keeps the caller's value
--- for claim_read to put back, so that the caller's own statements run with their own. One
+-- (lock_timeout is read when a wait begins, after the row was made) and keeps the caller's value;
+-- RETURNING, computed only for a row this INSERT made, puts it back, so that the winner's own
+-- statements run with their own value. A duplicate gets no row back, and begin() then reads the
+-- stored row (claim_read) together with COMMIT: its transaction wrote nothing and ends there. One
 -- statement rather than a SELECT of its own before the INSERT: 16 per cent more fresh keys a
 -- second through pgbench at 16 connections (median of six alternated pairs).
-INSERT INTO {schema}.keys (scope, key, fingerprint, claimed_at)
-SELECT %(scope)s, %(key)s, %(fingerprint)s, coalesce(%(now)s::timestamptz, now())
-  FROM (SELECT set_config('pgonce.lock_timeout', current_setting('lock_timeout'), true),
+--
+-- The row is born with completed_at set: begin()'s transaction either stores the response
+-- (commit()) or rolls back, so nobody ever reads the row without it, and the completion then
+-- changes no column that an index reads (keys_incomplete and keys_completed_by_age filter on
+-- completed_at): a HOT update, which writes no index entry and a smaller WAL record. Whether a
+-- response was stored is response_headers IS NULL or not (see the keys table).
+INSERT INTO {schema}.keys (scope, key, fingerprint, claimed_at, completed_at)
+SELECT %(scope)s, %(key)s, %(fingerprint)s, wait.at, wait.at
+  FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS at,
+               set_config('pgonce.lock_timeout', current_setting('lock_timeout'), true),
                set_config('lock_timeout', %(wait_ms)s, true)) AS wait
 ON CONFLICT (scope, key) DO NOTHING
-RETURNING claimed_at
+RETURNING claimed_at, set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true)
 
 -- name: claim_read
--- The stored row, for when the INSERT did nothing. A statement of its own has a snapshot of its
--- own: it sees the row of a concurrent claim that committed while the INSERT waited for it.
--- After a won INSERT it reads the new row (ignored). Always one row: its columns are NULL when
--- there is no stored row (the claim it conflicted with is gone again).
-SELECT set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true) AS restored,
-       k.fingerprint::bytea, k.claimed_at, k.completed_at, k.response_status,
+-- The stored row, after begin()'s INSERT did nothing; sent with COMMIT. A statement of its own has
+-- a snapshot of its own: it sees the row of a concurrent claim that committed while the INSERT
+-- waited for it. Always one row: its columns are NULL when there is no stored row (the claim the
+-- INSERT conflicted with is gone again).
+SELECT k.fingerprint::bytea, k.claimed_at, k.completed_at, k.response_status,
        k.response_headers, k.response_body
   FROM (VALUES (1)) AS one
   LEFT JOIN {schema}.keys AS k ON k.scope = %(scope)s AND k.key = %(key)s
 
 -- name: complete
--- Only a claim still in flight is completed: a second completion changes nothing.
+-- Only a claim without a response is completed: a second completion changes nothing. A claim of
+-- begin() keeps the completed_at it was born with (unless a time is given), so that nothing an
+-- index reads changes and the update is HOT; a claim of claim() gets its completion time here.
 UPDATE {schema}.keys
-   SET completed_at = coalesce(%(now)s::timestamptz, now()),
+   SET completed_at = coalesce(%(now)s::timestamptz, completed_at, now()),
        response_status = %(status)s,
        response_headers = %(headers)s,
        response_body = %(body)s
- WHERE scope = %(scope)s AND key = %(key)s AND completed_at IS NULL
+ WHERE scope = %(scope)s AND key = %(key)s AND response_headers IS NULL
 
 -- name: release
 -- Frees a claim in the current transaction (a 5xx that is not stored): the next retry runs anew.
 DELETE FROM {schema}.keys
- WHERE scope = %(scope)s AND key = %(key)s AND completed_at IS NULL
+ WHERE scope = %(scope)s AND key = %(key)s AND response_headers IS NULL

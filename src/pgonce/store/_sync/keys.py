@@ -160,13 +160,14 @@ class KeyStore:
     ) -> Claim:
         """Open a transaction on an idle connection and claim ``(scope, key)`` in it.
 
-        BEGIN and the claim travel in one round trip. The transaction stays open whatever the
-        outcome: run the work on ``conn``, then end it with :meth:`commit` (the completion and
-        COMMIT in one more round trip), or with ``conn.rollback()``. One exception: an
-        :class:`InFlight` answered because the wait for a concurrent claim ran out leaves the
-        connection idle (that wait aborted the transaction, and it was rolled back);
-        :meth:`commit` knows. Outcomes and errors are those of :meth:`claim`; after an error the
-        transaction has been rolled back.
+        BEGIN and the claim's INSERT travel in one round trip. A won claim leaves the transaction
+        open: run the work on ``conn``, then end it with :meth:`commit` (the completion and COMMIT
+        in one more round trip), or with ``conn.rollback()``. A claim that did not win reads the
+        stored row and ends the transaction in a second round trip (it wrote nothing); so does an
+        :class:`InFlight` answered because the wait for a concurrent claim ran out (that wait
+        aborted the transaction, and it was rolled back). Either way the connection is idle
+        again, and :meth:`commit` knows. Outcomes and errors are those of :meth:`claim`; after
+        an error the transaction has been rolled back.
         """
         wait_ms = self._checked_wait_ms(scope, key, fingerprint, wait)
         if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
@@ -176,17 +177,24 @@ class KeyStore:
             )
         encoding = wire.encoding(conn)
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
-        commands = [
+        claim: list[Command] = [
             (wire.begin_statement(conn), wire.NO_PARAMS),
             (
                 self._claim_insert,
                 (scope_param, key_param, fingerprint, wire.timestamp(now), b"%d" % wait_ms),
             ),
-            (self._claim_read, (scope_param, key_param)),
         ]
         for attempt in (1, 2):
             try:
-                results = round_trip(conn, commands)
+                results = round_trip(conn, claim)
+                if failed := wire.failure(conn, results):
+                    raise failed[1]
+                inserted = results[1]
+                if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
+                    return Won(scope, key, fingerprint, wire.claimed_at(inserted))
+                # Another claim has the key: read it and end this transaction, which wrote
+                # nothing, in one round trip.
+                results = round_trip(conn, [(self._claim_read, (scope_param, key_param)), _COMMIT])
                 if failed := wire.failure(conn, results):
                     raise failed[1]
                 break
@@ -198,10 +206,7 @@ class KeyStore:
                     return InFlight(retry_after=self.retry_after, reason=reason)
                 with translate_errors("claiming a key"):
                     raise
-        inserted = results[1]
-        if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
-            return Won(scope, key, fingerprint, wire.claimed_at(inserted))
-        return self._decide(wire.stored_row(results[2], encoding), scope, key, fingerprint)
+        return self._decide(wire.stored_row(results[0], encoding), scope, key, fingerprint)
 
     def commit(
         self,
@@ -224,8 +229,8 @@ class KeyStore:
         commands: list[Command] = []
         if not isinstance(claim, Won):
             if conn.pgconn.transaction_status == TransactionStatus.IDLE:
-                return False  # begin() already rolled back (the claim's wait ran out)
-            commands.append((wire.COMMIT, wire.NO_PARAMS))
+                return False  # begin() already ended it
+            commands.append(_COMMIT)
         elif not self.stores(response):
             commands.append((wire.ROLLBACK, wire.NO_PARAMS))
         else:
@@ -241,7 +246,7 @@ class KeyStore:
                 stored.body,
                 wire.timestamp(now),
             )
-            commands += [(self._complete_batched, completion), (wire.COMMIT, wire.NO_PARAMS)]
+            commands += [(self._complete_batched, completion), _COMMIT]
         try:
             results = round_trip(conn, commands)
             failed = wire.failure(conn, results)
@@ -457,6 +462,8 @@ _MILLISECOND = timedelta(milliseconds=1)
 
 
 _NO_RESPONSE = Response()
+
+_COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:
