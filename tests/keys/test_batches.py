@@ -167,7 +167,8 @@ def test_prepared_once_per_connection(conn: psycopg.Connection[Any], store: KeyS
         "SELECT name FROM pg_prepared_statements WHERE name LIKE '_pgonce_%' ORDER BY name"
     ).fetchall()
     conn.rollback()
-    assert len(names) == 3  # the claim's INSERT, the read of a duplicate and the completion
+    # BEGIN, the claim's INSERT, the read of a duplicate, the completion and COMMIT
+    assert len(names) == 5
 
 
 def test_transaction_settings_are_honoured(dsn: str, store: KeyStore) -> None:
