@@ -24,7 +24,7 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
-from pgonce.errors import DatabaseUnavailable
+from pgonce.errors import DatabaseError, DatabaseUnavailable
 from tests.keys.helpers import wait_until_blocked
 from tests.keys.test_key_store import effects
 
@@ -116,6 +116,25 @@ def test_a_begin_claim_committed_by_hand_stays_in_flight(
     with psycopg.connect(dsn) as other:
         inside = store.claim(other, "s", "k", FP)
     assert inside == InFlight(retry_after=store.retry_after, reason="incomplete")
+
+
+@pytest.mark.parametrize("taken", ["claim_insert", "claim_read"])
+def test_a_statement_whose_preparation_fails_reports_that_failure(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore, taken: str
+) -> None:
+    # The fault suite found it under 2 ms statement timeouts: the preparation failed, the
+    # statement was skipped, and its empty result was read as "did not win" (then as a missing
+    # row). A name taken behind pgonce's back fails the preparation the same way, every time.
+    with psycopg.connect(dsn) as other:
+        won = store.begin(other, "s", "done", FP)
+        store.commit(other, won, Response(201))
+    name = getattr(store, f"_{taken}").name.decode()
+    conn.execute(f'PREPARE "{name}" AS SELECT 1')
+    conn.commit()
+    with pytest.raises(DatabaseError, match="already exists"):
+        store.begin(conn, "s", "new" if taken == "claim_insert" else "done", FP)
+    _idle_and_usable(conn)
+    assert conn.execute("SELECT count(*) FROM pgonce.keys WHERE key = 'new'").fetchone() == (0,)
 
 
 def test_begin_refuses_a_connection_in_a_transaction_or_pipeline(

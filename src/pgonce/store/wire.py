@@ -51,6 +51,7 @@ TEXT, BINARY = 0, 1
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _INVALID_STATEMENT_NAME = "26000"
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+_PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 # At most this many statements prepared per connection (a caller's queued writes included); more
 # are sent unnamed, so that a stream of distinct queries cannot grow a session without bound.
 MAX_PREPARED = 100
@@ -204,14 +205,22 @@ def _queue(
 def _settle(
     session: _Session, preparing: list[tuple[int, bytes]], results: list[PGresult]
 ) -> list[PGresult]:
-    """Record the preparations that succeeded; return one result per command."""
+    """Record the preparations that succeeded; return one result per command.
+
+    A preparation that failed (a statement timeout, a name taken behind pgonce's back) answers
+    for its command: the command itself was skipped (``PIPELINE_ABORTED``, no rows), and read as
+    an answer it would say "no row" -- for the claim, "did not win".
+    """
     if not preparing:
         return results
+    settled = list(results)
     for index, name in preparing:
         if results[index].status == pq.ExecStatus.COMMAND_OK:
             session.prepared.add(name)
+        else:
+            settled[index + 1] = results[index]
     skip = {index for index, _ in preparing}
-    return [result for index, result in enumerate(results) if index not in skip]
+    return [result for index, result in enumerate(settled) if index not in skip]
 
 
 def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
@@ -270,13 +279,20 @@ def _lost(pgconn: PGconn, results: list[PGresult]) -> psycopg.OperationalError:
 def failure(
     conn: psycopg.BaseConnection[Any], results: Sequence[PGresult]
 ) -> tuple[int, psycopg.Error] | None:
-    """The first failed command of a batch: its index and its error; None when all succeeded."""
+    """The first failed command of a batch: its index and its error; None when all succeeded.
+
+    A command the server skipped (``PIPELINE_ABORTED``) without an error before it is a failure
+    too: its result has no rows, which must never be read as an answer.
+    """
     for index, result in enumerate(results):
         if result.status == _FATAL_ERROR:
             error = errors.error_from_result(result, encoding=conn.info.encoding)
             if error.sqlstate == _INVALID_STATEMENT_NAME:
                 forget_prepared(conn)
             return index, error
+    for index, result in enumerate(results):
+        if result.status == _PIPELINE_ABORTED:
+            return index, errors.PipelineAborted("the server skipped a statement of the batch")
     return None
 
 
