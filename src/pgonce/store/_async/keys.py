@@ -327,7 +327,9 @@ class AsyncKeyStore:
 
         On an idle connection the block is a transaction of its own: :meth:`begin` on entry
         (BEGIN and the claim in one round trip), :meth:`commit` on exit (the completion and
-        COMMIT in one more); the block's own statements run between the two as usual. Inside
+        COMMIT in one more); the block's own statements run between the two as usual. A
+        duplicate's transaction is over before the block runs: it read the stored response
+        with COMMIT, having written nothing. Inside
         the caller's transaction (or psycopg's pipeline) the block is a savepoint
         (``conn.transaction()``). Either way an exception rolls back the claim with the block's
         writes, and so does a 5xx response that is not stored: nothing half-done commits and
