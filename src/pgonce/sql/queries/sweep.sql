@@ -42,7 +42,9 @@ SELECT set_config('statement_timeout', %(timeout_ms)s, true)
 SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
 
 -- name: delete_keys
--- Completed keys only: a claim in flight (completed_at IS NULL) is never deleted, however old.
+-- Completed keys only: a claim in flight is never deleted, however old (a claim() committed
+-- without its response has completed_at NULL; a begin() claim is invisible until it commits
+-- with its response).
 -- claimed_at ages a key: a provider's retry horizon runs from its first delivery. Oldest first,
 -- through keys_completed_by_age: a batch reads the rows it deletes, not the table.
 WITH doomed AS MATERIALIZED (
