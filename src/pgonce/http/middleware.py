@@ -297,7 +297,11 @@ class IdempotencyMiddleware:
         captured: _Captured | None = None
         try:
             async with self.pool.connection() as conn:
-                claim = await self._claim(conn, caller, key, fingerprint)
+                # BEGIN and the claim in one round trip; a claim that did not win has ended
+                # the transaction. The endpoint then runs on this connection through psycopg
+                # as usual, not in pipeline mode (which would refuse its COPY and server-side
+                # cursors and report its errors late): only pgonce's statements are batched.
+                claim = await self.store.begin(conn, caller, key, fingerprint, wait=self.wait)
                 if isinstance(claim, Won):
                     try:
                         captured = await self._run(scope, receive, send, conn, claim, body)
@@ -367,17 +371,6 @@ class IdempotencyMiddleware:
             "Idempotency-Key",
             headers=[("retry-after", str(self.store.retry_after))],
         )
-
-    async def _claim(
-        self, conn: AsyncConnection[Any], caller: str, key: str, fingerprint: bytes
-    ) -> Won | Replay | InFlight:
-        """Open the transaction and claim (one round trip); a claim that did not win has ended it.
-
-        The endpoint then runs on this connection through psycopg as usual, not in pipeline
-        mode: pipeline mode would refuse its COPY and server-side cursors and report its errors
-        late. Only pgonce's own statements are batched (``AsyncKeyStore.begin`` and ``commit``).
-        """
-        return await self.store.begin(conn, caller, key, fingerprint, wait=self.wait)
 
     async def _run(
         self,
