@@ -91,6 +91,19 @@ def test_canonical_json_ignores_key_order_and_whitespace() -> None:
 
 
 @pytest.mark.parametrize(
+    "body",
+    [
+        '{"b": 1, "a": "é"}'.encode("utf-16"),  # with its byte order mark
+        '{"b": 1, "a": "é"}'.encode("utf-32-le"),
+        '{"b": 1, "a": "é"}'.encode("utf-8-sig"),
+    ],
+)
+def test_canonical_json_reads_every_encoding_json_allows(body: bytes) -> None:
+    """RFC 8259 bodies in UTF-16 or UTF-32, or behind a UTF-8 BOM: read as json.loads reads them."""
+    assert canonical_json(body) == '{"a":"é","b":1}'.encode()
+
+
+@pytest.mark.parametrize(
     ("left", "right"),
     [
         (b'{"a": 1}', b'{"a": 1.0}'),  # numbers as written: never a rounding collision
@@ -104,7 +117,9 @@ def test_canonical_json_keeps_every_difference_in_value(left: bytes, right: byte
     assert canonical_json(left) != canonical_json(right)
 
 
-@pytest.mark.parametrize("body", [b"not json", b'{"a": 1, "a": 2}', b'{"a": NaN}', b"", b"{"])
+@pytest.mark.parametrize(
+    "body", [b"not json", b'{"a": 1, "a": 2}', b'{"a": NaN}', b"", b"{", b'{"a": "\xff"}']
+)
 def test_bodies_that_are_not_canonical_json(body: bytes) -> None:
     assert canonical_json(body) is None
 

@@ -62,13 +62,9 @@ def _write(value: Any, out: list[str]) -> None:
 def canonical_json(body: bytes) -> bytes | None:
     """``body`` as canonical JSON (sorted keys, no whitespace), or ``None`` if it is not JSON."""
     try:
-        value = json.loads(
-            body,
-            object_pairs_hook=_object,
-            parse_int=_Number,
-            parse_float=_Number,
-            parse_constant=_reject_constant,
-        )
+        # What json.loads() does with bytes (UTF-8, -16 or -32, told apart by the first bytes),
+        # with one decoder for every call: json.loads() with hooks builds a new one each time.
+        value = _decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except (ValueError, RecursionError):
         return None
     out: list[str] = []
@@ -78,6 +74,14 @@ def canonical_json(body: bytes) -> bytes | None:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+_decoder = json.JSONDecoder(
+    object_pairs_hook=_object,
+    parse_int=_Number,
+    parse_float=_Number,
+    parse_constant=_reject_constant,
+)
 
 
 def is_json(content_type: str | None) -> bool:
