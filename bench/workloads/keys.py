@@ -190,11 +190,15 @@ def _pgonce_queued(store: AsyncKeyStore, run: str) -> Any:
 
 def _pgonce_duplicate(store: AsyncKeyStore) -> Any:
     async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
-        key = str(1 + (client * 7919 + seq) % DUPLICATE_KEYS)
-        async with store.once(conn, "bench-dup", key, FP) as op:
+        async with store.once(conn, "bench-dup", _duplicate_key(client, seq), FP) as op:
             assert op.replayed
 
     return transaction
+
+
+def _duplicate_key(client: int, seq: int) -> str:
+    """One of the completed keys _setup() made, spread over the clients."""
+    return str(1 + (client * 7919 + seq) % DUPLICATE_KEYS)
 
 
 def _raw_naive5(run: str) -> Any:
@@ -331,7 +335,7 @@ def run(ctx: BenchContext) -> list[Table]:
                     _times(m, alone, "insert alone"),
                     _times(m, business, "business transaction"),
                 )
-    return [fresh, duplicate, overhead, _claim_forms(ctx, seconds), _layers(ctx, store, seconds)]
+    return [fresh, duplicate, overhead, _claim_forms(ctx, seconds), *_layers(ctx, store, seconds)]
 
 
 def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
@@ -414,32 +418,90 @@ def _begin_commit(store: AsyncKeyStore) -> Any:
     return transaction
 
 
-def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> Table:
+def _duplicate_batches_alone(store: AsyncKeyStore) -> Any:
+    """The statements once() sends for a replay, as prebuilt batches, the answers left unread.
+
+    The floor of a replay's Python path on psycopg's libpq layer: two round trips and nothing else.
+    """
+    wait = b"%d" % (store.wait // timedelta(milliseconds=1))
+
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        key = _duplicate_key(client, seq).encode()
+        await wire.async_round_trip(
+            conn,
+            [
+                (wire.begin_statement(conn), wire.NO_PARAMS),
+                (store._claim_insert, (b"bench-dup", key, FP, None, wait)),
+            ],
+        )
+        await wire.async_round_trip(
+            conn, [(store._claim_read, (b"bench-dup", key)), (wire.COMMIT, wire.NO_PARAMS)]
+        )
+
+    return transaction
+
+
+def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> list[Table]:
     """Where the client's CPU goes: the same statements through thinner and thinner layers."""
     conns = _conns(ctx)
-    table = Table(
+    fresh = _layer_table(
+        ctx,
+        store,
+        seconds,
         f"Key store: the client's layers (fresh key, insert queued, {conns} connections)",
-        ["layer", "tx/s", "client CPU µs/tx", "CPU vs the batches alone"],
-        notes=[
-            "The same statements in the same two round trips, sent by `once()` with "
-            "`op.execute()`, by `begin()` + `commit(writes=...)`, and as prebuilt batches "
-            "through pgonce's libpq layer with no API around them (what any Python client of "
-            "psycopg's libpq layer pays). Three alternating rounds, the best of each. The "
-            "difference between the rows is the key store's own Python: checks, encoding, "
-            "deciding the outcome, the stored response's encoding.",
-        ],
+        "The same statements in the same two round trips, sent by `once()` with "
+        "`op.execute()`, by `begin()` + `commit(writes=...)`, and as prebuilt batches "
+        "through pgonce's libpq layer with no API around them (what any Python client of "
+        "psycopg's libpq layer pays). Three alternating rounds, the best of each. The "
+        "difference between the rows is the key store's own Python: checks, encoding, "
+        "deciding the outcome, the stored response's encoding.",
+        (
+            ("batches alone (wire.async_round_trip)", _batches_alone),
+            ("begin() + commit(writes=...)", _begin_commit),
+            ("once() + op.execute()", lambda s: _pgonce_queued(s, uuid.uuid4().hex[:8])),
+        ),
+        OWN_QUEUED,
     )
-    rows = (
-        ("batches alone (wire.async_round_trip)", _batches_alone),
-        ("begin() + commit(writes=...)", _begin_commit),
-        ("once() + op.execute()", lambda s: _pgonce_queued(s, uuid.uuid4().hex[:8])),
+    duplicate = _layer_table(
+        ctx,
+        store,
+        seconds,
+        f"Key store: the client's layers (duplicate, {conns} connections)",
+        "A replay's two round trips (BEGIN and the claim's INSERT; the stored row's read and "
+        "COMMIT) sent by `once()`, and as prebuilt batches whose answers are not even read: "
+        "the least any Python client of psycopg's libpq layer pays for them. pgbench, running "
+        "the same statements, is the row of the same name. Three alternating rounds, the best "
+        "of each.",
+        (
+            ("batches alone (wire.async_round_trip)", _duplicate_batches_alone),
+            ("once(), a replay", _pgonce_duplicate),
+        ),
+        OWN_DUPLICATE,
     )
-    measured = best_alternated(
-        *(partial(_fresh_run, ctx.dsn, conns, seconds, make, store) for _, make in rows),
-        rounds=3,
+    return [fresh, duplicate]
+
+
+def _layer_table(
+    ctx: BenchContext,
+    store: AsyncKeyStore,
+    seconds: float,
+    title: str,
+    note: str,
+    rows: tuple[tuple[str, Any], ...],
+    script: str,
+) -> Table:
+    conns = _conns(ctx)
+    table = Table(
+        title, ["layer", "tx/s", "client CPU µs/tx", "CPU vs the batches alone"], notes=[note]
+    )
+    runs = [partial(_client_run, ctx.dsn, conns, seconds, make, store) for _, make in rows]
+    *measured, own = best_alternated(
+        *runs, partial(run_pgbench, ctx.dsn, script, conns, seconds), rounds=3
     )
     floor = measured[0]
-    for (name, _), m in zip(rows, measured, strict=True):
+    for name, m in [("pgbench, the same statements", own)] + [
+        (name, m) for (name, _), m in zip(rows, measured, strict=True)
+    ]:
         table.add(
             name,
             f"{m.tps:,.0f}",
@@ -449,10 +511,10 @@ def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> Table:
     return table
 
 
-def _fresh_run(
+def _client_run(
     dsn: str, conns: int, seconds: float, make: Any, store: AsyncKeyStore
 ) -> Measurement:
-    # A new transaction function (new keys) for every round.
+    # A new transaction function for every round (a fresh key's: new keys).
     return run_clients(dsn, conns, seconds, make(store))
 
 
