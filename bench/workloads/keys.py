@@ -252,7 +252,9 @@ def run(ctx: BenchContext) -> list[Table]:
             "+ COMMIT) or queued by `op.execute()` (2 round trips: the insert travels with the "
             "completion and COMMIT). Each is compared with pgbench running the same statements "
             "in the same grouping. Client CPU is the Python process's CPU time (pgbench: its "
-            "own) divided by transactions.",
+            "own) divided by transactions. Each row is the better of two runs, every client of a "
+            "level taking its turn before the next round (the machine is shared; drift between "
+            "runs would otherwise show as a difference).",
         ],
     )
     duplicate = Table("Key store: duplicate (replay of a completed key)", columns)
@@ -280,14 +282,17 @@ def run(ctx: BenchContext) -> list[Table]:
             "after a checkpoint included).",
         ],
     )
+    rounds = 1 if ctx.quick else 2
     for level in levels:
-        run_id = uuid.uuid4().hex[:8]
-        naive = run_pgbench(ctx.dsn, NAIVE5, level, seconds, wal=True)
-        own = run_pgbench(ctx.dsn, OWN_FRESH, level, seconds, wal=True)
-        own_queued = run_pgbench(ctx.dsn, OWN_QUEUED, level, seconds, wal=True)
-        raw = run_clients(ctx.dsn, level, seconds, _raw_naive5(run_id))
-        api = run_clients(ctx.dsn, level, seconds, _pgonce_fresh(store, run_id))
-        queued = run_clients(ctx.dsn, level, seconds, _pgonce_queued(store, run_id))
+        naive, own, own_queued, raw, api, queued = best_alternated(
+            partial(run_pgbench, ctx.dsn, NAIVE5, level, seconds, wal=True),
+            partial(run_pgbench, ctx.dsn, OWN_FRESH, level, seconds, wal=True),
+            partial(run_pgbench, ctx.dsn, OWN_QUEUED, level, seconds, wal=True),
+            partial(_client_run, ctx.dsn, level, seconds, lambda _: _raw_naive5(_run_id()), store),
+            partial(_client_run, ctx.dsn, level, seconds, _fresh_keys(_pgonce_fresh), store),
+            partial(_client_run, ctx.dsn, level, seconds, _fresh_keys(_pgonce_queued), store),
+            rounds=rounds,
+        )
         _row(fresh, level, "pgbench naive 5", naive)
         _row(fresh, level, "pgbench own shape (3 trips)", own, (naive, "pgbench naive 5"))
         _row(fresh, level, "pgbench own shape (2 trips)", own_queued, (naive, "pgbench naive 5"))
@@ -310,8 +315,11 @@ def run(ctx: BenchContext) -> list[Table]:
             (own_queued, "pgbench own shape"),
             (raw, "raw psycopg"),
         )
-        dup_ref = run_pgbench(ctx.dsn, OWN_DUPLICATE, level, seconds)
-        dup = run_clients(ctx.dsn, level, seconds, _pgonce_duplicate(store))
+        dup_ref, dup = best_alternated(
+            partial(run_pgbench, ctx.dsn, OWN_DUPLICATE, level, seconds),
+            partial(_client_run, ctx.dsn, level, seconds, _pgonce_duplicate, store),
+            rounds=rounds,
+        )
         _row(duplicate, level, "pgbench own shape", dup_ref)
         _row(duplicate, level, "**pgonce**", dup, (dup_ref, "pgbench own shape"))
         if level == 16 or (ctx.quick and level == levels[-1]):
@@ -377,7 +385,7 @@ def _batches_alone(store: AsyncKeyStore) -> Any:
     insert = wire.Statement(b"INSERT INTO bench.orders (key, amount) VALUES ($1, 4200)", (0,))
     headers = wire.headers_json(HEADERS)
     wait = b"%d" % (store.wait // timedelta(milliseconds=1))
-    run = uuid.uuid4().hex[:8]
+    run = _run_id()
 
     async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
         key = f"{run}-{client}-{seq}".encode()
@@ -403,7 +411,7 @@ def _batches_alone(store: AsyncKeyStore) -> Any:
 
 def _begin_commit(store: AsyncKeyStore) -> Any:
     response = Response(201, HEADERS, BODY)
-    run = uuid.uuid4().hex[:8]
+    run = _run_id()
 
     async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
         key = f"{run}-{client}-{seq}"
@@ -458,7 +466,7 @@ def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> list[Tab
         (
             ("batches alone (wire.async_round_trip)", _batches_alone),
             ("begin() + commit(writes=...)", _begin_commit),
-            ("once() + op.execute()", lambda s: _pgonce_queued(s, uuid.uuid4().hex[:8])),
+            ("once() + op.execute()", _fresh_keys(_pgonce_queued)),
         ),
         OWN_QUEUED,
     )
@@ -509,6 +517,16 @@ def _layer_table(
             "reference" if m is floor else f"{m.cpu_us_per_tx / floor.cpu_us_per_tx:.2f} ×",
         )
     return table
+
+
+def _run_id() -> str:
+    """A prefix for one run's keys, so that no run meets another's."""
+    return uuid.uuid4().hex[:8]
+
+
+def _fresh_keys(make: Any) -> Any:
+    """``make(store, run_id)`` as a ``make(store)`` that takes new keys on every call."""
+    return lambda store: make(store, _run_id())
 
 
 def _client_run(
