@@ -460,9 +460,9 @@ def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> list[Tab
         "The same statements in the same two round trips, sent by `once()` with "
         "`op.execute()`, by `begin()` + `commit(writes=...)`, and as prebuilt batches "
         "through pgonce's libpq layer with no API around them (what any Python client of "
-        "psycopg's libpq layer pays). Three alternating rounds, the best of each. The "
-        "difference between the rows is the key store's own Python: checks, encoding, "
-        "deciding the outcome, the stored response's encoding.",
+        "psycopg's libpq layer pays); pgbench runs them too. Three alternating rounds, the best "
+        "of each. The difference between the Python rows is the key store's own Python: "
+        "checks, encoding, deciding the outcome, the stored response's encoding.",
         (
             ("batches alone (wire.async_round_trip)", _batches_alone),
             ("begin() + commit(writes=...)", _begin_commit),
