@@ -13,14 +13,18 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from fastapi import FastAPI
+from fastapi import Request as FastAPIRequest
+from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel
 from starlette.requests import Request
 
 from examples.payments import app as payments
 from pgonce.core.outcomes import Response
 from pgonce.core.requests import canonical_json, is_json, request_fingerprint
 from pgonce.errors import InvalidIdempotencyKey, UsageError
-from pgonce.http import IdempotencyMiddleware, header_scope, transaction_of
+from pgonce.http import IdempotencyMiddleware, connection, header_scope, transaction_of
 from pgonce.http.keys import MAX_KEY_LENGTH, key_from_headers, parse_key
 from pgonce.http.replay import replay_headers, storable_headers
 
@@ -297,10 +301,7 @@ async def test_the_middleware_keeps_no_per_request_state(dsn: str) -> None:
 
 async def test_starlette_helper_on_an_autocommit_pool_with_an_async_key_scope(dsn: str) -> None:
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
     from starlette.routing import Route
-
-    from pgonce.http import connection
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE notes (id serial PRIMARY KEY, text text)")
@@ -342,3 +343,52 @@ async def test_starlette_helper_on_an_autocommit_pool_with_an_async_key_scope(ds
         assert conn.execute("SELECT count(*) FROM notes").fetchone() == (2,)
         scopes = conn.execute("SELECT scope FROM pgonce.keys ORDER BY scope").fetchall()
         assert scopes == [("t1",), ("t2",)]
+
+
+# --- FastAPI without a dependency: connection(request) ------------------------------------------
+
+
+class _Note(BaseModel):
+    text: str
+
+
+def _notes_app(pool: AsyncConnectionPool[Any]) -> FastAPI:
+    """An endpoint that takes the transaction through the request, not FastAPI's dependency."""
+    app = FastAPI()
+    app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=lambda scope: "t1")
+
+    @app.post("/notes", status_code=201)
+    async def create(note: _Note, request: FastAPIRequest) -> JSONResponse:
+        cur = await connection(request).execute(
+            "INSERT INTO notes (text) VALUES (%s) RETURNING id", (note.text,)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return JSONResponse({"id": row[0]}, status_code=201)
+
+    return app
+
+
+async def test_fastapi_endpoint_taking_the_connection_from_the_request(dsn: str) -> None:
+    """The claim, the row and the response commit together; a validation error (produced before
+    the endpoint began) is not stored, so the corrected retry with the same key runs."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE notes (id serial PRIMARY KEY, text text)")
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, open=False, min_size=1, max_size=2)
+    await pool.open()
+    try:
+        transport = httpx.ASGITransport(app=_notes_app(pool))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            headers = {"Idempotency-Key": "n1"}
+            invalid = await client.post("/notes", json={"txt": "hello"}, headers=headers)
+            fixed = await client.post("/notes", json={"text": "hello"}, headers=headers)
+            again = await client.post("/notes", json={"text": "hello"}, headers=headers)
+    finally:
+        await pool.close()
+    assert invalid.status_code == 422  # FastAPI's own, before the endpoint began
+    assert "idempotent-replayed" not in invalid.headers
+    assert fixed.status_code == again.status_code == 201, fixed.text
+    assert again.content == fixed.content
+    assert again.headers["idempotent-replayed"] == "true"
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM notes").fetchone() == (1,)

@@ -22,6 +22,10 @@ hands out the transaction and the endpoint takes the connection itself)::
     @app.post("/payments")
     async def create(body: Payment, tx: IdempotentTransaction = Depends(idempotent_transaction)):
         await tx.connection.execute("INSERT ...")
+
+or, without the cost of FastAPI's dependency resolution (tens of microseconds a request), with the
+Starlette helper: ``async def create(body: Payment, request: Request)`` and
+``connection(request)`` inside.
 """
 
 from __future__ import annotations
