@@ -23,9 +23,8 @@ hands out the transaction and the endpoint takes the connection itself)::
     async def create(body: Payment, tx: IdempotentTransaction = Depends(idempotent_transaction)):
         await tx.connection.execute("INSERT ...")
 
-or, without the cost of FastAPI's dependency resolution (tens of microseconds a request), with the
-Starlette helper: ``async def create(body: Payment, request: Request)`` and
-``connection(request)`` inside.
+or, with no dependency for FastAPI to resolve, through the Starlette helper:
+``async def create(body: Payment, request: Request)`` and ``connection(request)`` inside.
 """
 
 from __future__ import annotations
