@@ -14,7 +14,6 @@ import httpx
 import psycopg
 import pytest
 from fastapi import FastAPI
-from fastapi import Request as FastAPIRequest
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
@@ -358,7 +357,7 @@ def _notes_app(pool: AsyncConnectionPool[Any]) -> FastAPI:
     app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=lambda scope: "t1")
 
     @app.post("/notes", status_code=201)
-    async def create(note: _Note, request: FastAPIRequest) -> JSONResponse:
+    async def create(note: _Note, request: Request) -> JSONResponse:
         cur = await connection(request).execute(
             "INSERT INTO notes (text) VALUES (%s) RETURNING id", (note.text,)
         )
