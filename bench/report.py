@@ -28,6 +28,43 @@ class Table:
         return "\n".join(lines) + "\n"
 
 
+class Targets:
+    """An issue's speed targets against one run's figures: each row says whether it was met.
+
+    So every run reports the status itself, next to the figures it comes from, instead of
+    leaving the reader to find the rows and do the arithmetic.
+    """
+
+    def __init__(self, title: str, note: str) -> None:
+        self.table = Table(title, ["figure", "target", "measured", "met"], notes=[note])
+
+    def at_least(self, figure: str, measured: float, target: float, unit: str = "%") -> None:
+        self._add(figure, measured, target, unit, measured >= target, "≥")
+
+    def at_most(self, figure: str, measured: float, target: float, unit: str = "%") -> None:
+        self._add(figure, measured, target, unit, measured <= target, "≤")
+
+    def _add(
+        self, figure: str, measured: float, target: float, unit: str, met: bool, sign: str
+    ) -> None:
+        # One more digit where rounding would show a missed target as reached.
+        digits = 1 if _spell(measured, unit) == _spell(target, unit) else 0
+        self.table.add(
+            figure,
+            f"{sign} {_spell(target, unit)}",
+            _spell(measured, unit, digits),
+            "yes" if met else "no",
+        )
+
+
+def _spell(value: float, unit: str, digits: int = 0) -> str:
+    if unit == "%":
+        return f"{100 * value:.{digits}f} %"
+    if unit == "×":
+        return f"{value:.{2 + digits}f} ×"
+    return f"{value:.{digits}f} {unit}"
+
+
 def ratio(value: float, reference: float, name: str) -> str:
     """``NN % of <name>``: the one way figures are compared in this project."""
     if reference <= 0:

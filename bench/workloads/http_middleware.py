@@ -43,7 +43,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
 from bench.context import BenchContext
-from bench.report import Table, percentile, ratio
+from bench.report import Table, Targets, percentile, ratio
 from bench.servers import cpu_seconds, serve_process
 from pgonce.http import (
     IdempotencyMiddleware,
@@ -406,4 +406,23 @@ def run(ctx: BenchContext) -> list[Table]:
     )
     for variant, reason in skipped.items():
         table.notes.append(f"{LABELS[variant]} skipped: {reason}.")
-    return [table]
+    return [table, _targets(results)]
+
+
+def _targets(results: dict[str, Result]) -> Table:
+    """The issue's targets: overhead at most 15 % against no middleware, ahead of every peer."""
+    targets = Targets(
+        "Idempotency-Key middleware: the issue's targets",
+        "From the table above (each variant's best round). The peer figure is the fastest peer "
+        "that ran.",
+    )
+    none = results["none"].rps
+    peers = [r.rps for v, r in results.items() if not v.startswith("pgonce") and v != "none"]
+    fastest_peer = max(peers, default=0.0)
+    for variant in ("pgonce", "pgonce-request"):
+        if variant in results and none:
+            rps = results[variant].rps
+            targets.at_least(f"{LABELS[variant]} vs no middleware", rps / none, 0.85)
+            if fastest_peer:
+                targets.at_least(f"{LABELS[variant]} vs the fastest peer", rps / fastest_peer, 1.0)
+    return targets.table

@@ -19,7 +19,7 @@ import psycopg
 
 from bench.clients import Measurement, best_alternated, run_clients, run_pgbench
 from bench.context import BenchContext
-from bench.report import Table, ratio
+from bench.report import Table, Targets, ratio
 from pgonce import AsyncKeyStore, Response, fingerprint
 from pgonce.store import wire
 
@@ -283,6 +283,13 @@ def run(ctx: BenchContext) -> list[Table]:
         ],
     )
     rounds = 1 if ctx.quick else 2
+    targets = Targets(
+        "Key store: the issue's targets (16 connections, async)",
+        "From the tables above: `once()` with the insert queued (the two-round-trip shape), its "
+        "replay, and pgbench running pgonce's two-round-trip shape against the business "
+        "transaction alone. The targets were calibrated on PostgreSQL 15: "
+        "`PGONCE_BENCH_DSN=postgresql://postgres@127.0.0.1:5432/postgres` runs there.",
+    )
     for level in levels:
         naive, own, own_queued, raw, api, queued = best_alternated(
             partial(run_pgbench, ctx.dsn, NAIVE5, level, seconds, wal=True),
@@ -322,6 +329,15 @@ def run(ctx: BenchContext) -> list[Table]:
         )
         _row(duplicate, level, "pgbench own shape", dup_ref)
         _row(duplicate, level, "**pgonce**", dup, (dup_ref, "pgbench own shape"))
+        if level == 16:
+            targets.at_least(
+                "fresh key vs pgbench's naive five statements", _over(queued, naive), 1.10
+            )
+            targets.at_least(
+                "fresh key vs pgbench on pgonce's own statements", _over(queued, own_queued), 0.85
+            )
+            targets.at_most("client CPU per fresh key", queued.cpu_us_per_tx, 120, "µs")
+            targets.at_least("replay vs pgbench on its own statements", _over(dup, dup_ref), 0.85)
         if level == 16 or (ctx.quick and level == levels[-1]):
             alone = run_pgbench(ctx.dsn, INSERT_ALONE, level, seconds, wal=True)
             business = run_pgbench(ctx.dsn, BUSINESS_TX, level, seconds, wal=True)
@@ -343,7 +359,25 @@ def run(ctx: BenchContext) -> list[Table]:
                     _times(m, alone, "insert alone"),
                     _times(m, business, "business transaction"),
                 )
-    return [fresh, duplicate, overhead, _claim_forms(ctx, seconds), *_layers(ctx, store, seconds)]
+            if level == 16:
+                targets.at_least(
+                    "pgonce's shape vs the business transaction (pgbench)",
+                    _over(own_queued, business),
+                    0.95,
+                    "×",
+                )
+    return [
+        fresh,
+        duplicate,
+        overhead,
+        targets.table,
+        _claim_forms(ctx, seconds),
+        *_layers(ctx, store, seconds),
+    ]
+
+
+def _over(m: Measurement, reference: Measurement) -> float:
+    return m.tps / reference.tps if reference.tps else 0.0
 
 
 def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
