@@ -25,6 +25,7 @@ from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
 from pgonce.errors import DatabaseError, DatabaseUnavailable
+from pgonce.store import wire
 from tests.keys.helpers import wait_until_blocked
 from tests.keys.test_key_store import effects
 
@@ -188,6 +189,53 @@ def test_prepared_once_per_connection(conn: psycopg.Connection[Any], store: KeyS
     conn.rollback()
     # BEGIN, the claim's INSERT, the read of a duplicate, the completion and COMMIT
     assert len(names) == 5
+
+
+def _prepared_statements(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute(
+        "SELECT statement FROM pg_prepared_statements WHERE name LIKE '_pgonce_%'"
+    ).fetchall()
+    conn.rollback()
+    return [statement for (statement,) in rows]
+
+
+def test_a_statement_twice_in_one_batch_is_prepared_once(
+    conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    conn.execute("CREATE TABLE effects (key text, n int)")
+    conn.commit()
+    with store.once(conn, "s", "k", FP) as op:
+        for n in (1, 2, 3):
+            op.execute("INSERT INTO effects (key, n) VALUES (%s, %s)", ("k", n))
+        op.respond(Response(201))
+    assert op.stored
+    assert conn.execute("SELECT n FROM effects ORDER BY n").fetchall() == [(1,), (2,), (3,)]
+    conn.rollback()
+    inserts = [s for s in _prepared_statements(conn) if s.startswith("INSERT INTO effects")]
+    assert len(inserts) == 1
+
+
+def test_past_the_cap_statements_run_unnamed(
+    conn: psycopg.Connection[Any], store: KeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn.execute("CREATE TABLE effects (key text, n int)")
+    conn.commit()
+    with store.once(conn, "s", "first", FP) as op:
+        op.respond(Response(201))
+    held = len(_prepared_statements(conn))
+    # Room for one more: the first new statement is prepared, the next ones are sent unnamed.
+    monkeypatch.setattr(wire, "MAX_PREPARED", held + 1)
+    with store.once(conn, "s", "second", FP) as op:
+        op.execute("INSERT INTO effects (key, n) VALUES (%s, 1)", ("a",))
+        op.execute("INSERT INTO effects (key, n) VALUES (%s, 2)", ("b",))
+        op.execute("INSERT INTO effects (key, n) VALUES (%s, 3)", ("c",))
+        op.execute("INSERT INTO effects (key, n) VALUES (%s, 1)", ("d",))
+        op.respond(Response(201))
+    assert op.stored
+    rows = conn.execute("SELECT key, n FROM effects ORDER BY key").fetchall()
+    conn.rollback()
+    assert rows == [("a", 1), ("b", 2), ("c", 3), ("d", 1)]
+    assert len(_prepared_statements(conn)) == held + 1
 
 
 def test_transaction_settings_are_honoured(dsn: str, store: KeyStore) -> None:

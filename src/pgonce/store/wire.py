@@ -52,6 +52,7 @@ _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _INVALID_STATEMENT_NAME = "26000"
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
+_PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
 # At most this many statements prepared per connection (a caller's queued writes included); more
 # are sent unnamed, so that a stream of distinct queries cannot grow a session without bound.
 MAX_PREPARED = 100
@@ -174,14 +175,19 @@ def _queue(
     count = 0
     pgconn.enter_pipeline_mode()
     for statement, params in commands:
-        name = statement.name
-        # Not prepared on this connection yet, nor earlier in this batch.
-        new = (
-            prepared is not None
-            and name not in prepared
-            and all(name != other for _, other in preparing)
-        )
-        if prepared is None or (new and len(prepared) + len(preparing) >= MAX_PREPARED):
+        name: bytes | None = None
+        if prepared is not None:
+            name = statement.name
+            # Not prepared on this connection yet, nor earlier in this batch: prepare it now,
+            # or send it unnamed once the connection holds as many as it may.
+            if name not in prepared and all(n != name for _, n in preparing):
+                if len(prepared) + len(preparing) < MAX_PREPARED:
+                    pgconn.send_prepare(name, statement.sql, statement.types or None)
+                    preparing.append((count, name))
+                    count += 1
+                else:
+                    name = None
+        if name is None:
             pgconn.send_query_params(
                 statement.sql,
                 params,
@@ -190,10 +196,6 @@ def _queue(
                 result_format=BINARY,
             )
         else:
-            if new:
-                pgconn.send_prepare(name, statement.sql, statement.types or None)
-                preparing.append((count, name))
-                count += 1
             pgconn.send_query_prepared(
                 name, params, param_formats=statement.formats, result_format=BINARY
             )
@@ -258,7 +260,7 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
                 raise _lost(pgconn, results)  # nothing more will come
             ended += 1
             last = None
-        elif result.status == pq.ExecStatus.PIPELINE_SYNC:
+        elif result.status == _PIPELINE_SYNC:
             if ended != expected:
                 raise _lost(pgconn, results)
             pgconn.exit_pipeline_mode()
@@ -284,15 +286,18 @@ def failure(
     A command the server skipped (``PIPELINE_ABORTED``) without an error before it is a failure
     too: its result has no rows, which must never be read as an answer.
     """
+    aborted = -1
     for index, result in enumerate(results):
-        if result.status == _FATAL_ERROR:
+        status = result.status
+        if status == _FATAL_ERROR:
             error = errors.error_from_result(result, encoding=conn.info.encoding)
             if error.sqlstate == _INVALID_STATEMENT_NAME:
                 forget_prepared(conn)
             return index, error
-    for index, result in enumerate(results):
-        if result.status == _PIPELINE_ABORTED:
-            return index, errors.PipelineAborted("the server skipped a statement of the batch")
+        if status == _PIPELINE_ABORTED and aborted < 0:
+            aborted = index
+    if aborted >= 0:
+        return aborted, errors.PipelineAborted("the server skipped a statement of the batch")
     return None
 
 
