@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
 from pgonce.errors import DatabaseError, DatabaseUnavailable
+from pgonce.sql import Queries
 from pgonce.store import wire
 from tests.keys.helpers import wait_until_blocked
 from tests.keys.test_key_store import effects
@@ -102,6 +104,62 @@ def test_the_completion_is_a_hot_update(
             " WHERE relid = 'pgonce.keys'::regclass"
         ).fetchone()
     assert counts == (10, 10)
+
+
+def test_the_completion_reaches_the_row_by_the_address_its_insert_returned(
+    conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    # commit() updates begin()'s row by its ctid (claim.row), with the scope and key as a guard.
+    others = []
+    for n in range(3):
+        other = store.begin(conn, "s", f"n{n}", FP)
+        assert isinstance(other, Won)
+        assert other.row is not None
+        store.commit(conn, other, Response(201, body=f"n{n}".encode()))
+        others.append(other)
+    claim = store.begin(conn, "s", "k", FP)
+    assert isinstance(claim, Won)
+    assert claim.row is not None
+    # The plan every later execution of the prepared statement reuses: one heap fetch by the
+    # address, no index descent.
+    conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    block, line = int.from_bytes(claim.row[:4], "big"), int.from_bytes(claim.row[4:], "big")
+    params = {"scope": "s", "key": "k", "status": 201, "headers": None, "body": None}
+    plan = conn.execute(
+        b"EXPLAIN " + Queries("keys", "pgonce").complete_claimed,
+        {**params, "now": None, "row": f"({block},{line})"},
+    ).fetchall()
+    assert "Tid Scan" in plan[1][0], plan
+    # Pointed at another key's row, the completion changes nothing: the guard holds.
+    wrong = replace(claim, row=others[0].row)
+    assert store.commit(conn, wrong, Response(201, body=b"k")) is False
+    replay = store.begin(conn, "s", "n0", FP)
+    assert isinstance(replay, Replay)
+    assert replay.response.body == b"n0"
+    assert isinstance(store.begin(conn, "s", "k", FP), InFlight)  # committed with no response
+
+
+@pytest.mark.parametrize("first", ["complete", "release"])
+def test_commit_after_the_row_changed_in_the_transaction_changes_nothing(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore, first: str
+) -> None:
+    # The address begin() returned names a version this transaction has since replaced or
+    # deleted: commit()'s completion finds nothing, like a second completion by key.
+    claim = store.begin(conn, "s", "k", FP)
+    assert isinstance(claim, Won)
+    if first == "complete":
+        assert store.complete(conn, claim, Response(201, body=b"first")) is True
+    else:
+        store.release(conn, claim)
+    assert store.commit(conn, claim, Response(201, body=b"second")) is False
+    _idle_and_usable(conn)
+    again = store.begin(conn, "s", "k", FP)
+    if first == "complete":
+        assert isinstance(again, Replay)
+        assert again.response.body == b"first"
+    else:
+        assert isinstance(again, Won)  # released: the key is free
+        conn.rollback()
 
 
 def test_a_begin_claim_committed_by_hand_stays_in_flight(

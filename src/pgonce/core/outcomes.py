@@ -47,13 +47,18 @@ class Response:
 
 @dataclass(frozen=True, slots=True)
 class Won:
-    """This caller holds the claim: do the work, then complete with the response."""
+    """This caller holds the claim: do the work, then complete with the response.
+
+    ``row`` is where a claim of ``begin()`` put its row (the ctid, valid in that transaction
+    only), by which ``commit()`` completes it; not part of the value, and None from ``claim()``.
+    """
 
     scope: str
     key: str
     fingerprint: bytes
     claimed_at: datetime
     kind: Literal["won"] = field(default="won", init=False)
+    row: bytes | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

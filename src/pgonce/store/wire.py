@@ -558,6 +558,11 @@ def claimed_at(inserted: PGresult) -> datetime:
     return value
 
 
+def row(inserted: PGresult) -> bytes | None:
+    """Where a won claim's INSERT put its row (its ctid, as PostgreSQL sends it in binary)."""
+    return inserted.get_value(0, 2)
+
+
 def stored_row(stored: PGresult, encoding: str) -> ClaimRow:
     """The facts of a claim whose INSERT did nothing, from its read of the stored row.
 

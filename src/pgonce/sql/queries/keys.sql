@@ -26,13 +26,16 @@ SELECT state, fingerprint, claimed_at, completed_at, response_status, response_h
 -- changes no column that an index reads (keys_incomplete and keys_completed_by_age filter on
 -- completed_at): a HOT update, which writes no index entry and a smaller WAL record. Whether a
 -- response was stored is response_headers IS NULL or not (see the keys table).
+--
+-- RETURNING also gives the row's ctid: commit() completes the row by it (complete_claimed).
 INSERT INTO {schema}.keys (scope, key, fingerprint, claimed_at, completed_at)
 SELECT %(scope)s, %(key)s, %(fingerprint)s, wait.at, wait.at
   FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS at,
                set_config('pgonce.lock_timeout', current_setting('lock_timeout'), true),
                set_config('lock_timeout', %(wait_ms)s, true)) AS wait
 ON CONFLICT (scope, key) DO NOTHING
-RETURNING claimed_at, set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true)
+RETURNING claimed_at, set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true),
+          ctid
 
 -- name: claim_read
 -- The stored row, after begin()'s INSERT did nothing; sent with COMMIT. A statement of its own has
@@ -54,6 +57,22 @@ UPDATE {schema}.keys
        response_headers = %(headers)s,
        response_body = %(body)s
  WHERE scope = %(scope)s AND key = %(key)s AND response_headers IS NULL
+
+-- name: complete_claimed
+-- commit()'s completion of a begin() claim: the same update, reaching the row by the ctid its
+-- INSERT returned (a TID scan) instead of descending the primary key. The row cannot have moved:
+-- it is this transaction's own, so no other transaction can update it, and pruning keeps a live
+-- row's line pointer. Should this transaction have updated or deleted it meanwhile (complete(),
+-- release()), that ctid names a version this statement no longer sees, and the completion
+-- changes nothing, as a second completion by key does. The scope and key are checked all the
+-- same. callgrind, PostgreSQL 15, one connection: the server's backend runs 17,000 fewer
+-- instructions of the 289,000 that BEGIN, the claim, the completion and COMMIT cost it.
+UPDATE {schema}.keys
+   SET completed_at = coalesce(%(now)s::timestamptz, completed_at, now()),
+       response_status = %(status)s,
+       response_headers = %(headers)s,
+       response_body = %(body)s
+ WHERE ctid = %(row)s::tid AND scope = %(scope)s AND key = %(key)s AND response_headers IS NULL
 
 -- name: release
 -- Frees a claim in the current transaction (a 5xx that is not stored): the next retry runs anew.

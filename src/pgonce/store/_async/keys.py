@@ -48,7 +48,7 @@ Row = TypeVar("Row")
 # The order of the parameters of the batched statements ($1, $2, ...).
 _INSERT_PARAMS = ("scope", "key", "fingerprint", "now", "wait_ms")
 _READ_PARAMS = ("scope", "key")
-_COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now")
+_COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now", "row")
 
 
 def _check_wait(wait: timedelta) -> None:
@@ -89,8 +89,12 @@ class AsyncKeyStore:
         self._claim_read = wire.Statement(
             positional(self._sql.claim_read, _READ_PARAMS), (TEXT, TEXT)
         )
+        formats = (TEXT, TEXT, TEXT, TEXT, BINARY, TEXT)
         self._complete_batched = wire.Statement(
-            positional(self._sql.complete, _COMPLETE_PARAMS), (TEXT, TEXT, TEXT, TEXT, BINARY, TEXT)
+            positional(self._sql.complete, _COMPLETE_PARAMS[:-1]), formats
+        )
+        self._complete_claimed = wire.Statement(
+            positional(self._sql.complete_claimed, _COMPLETE_PARAMS), (*formats, BINARY)
         )
         self._wait_ms = _milliseconds(wait)
 
@@ -189,7 +193,9 @@ class AsyncKeyStore:
                     raise failed[1]
                 inserted = results[1]
                 if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
-                    return Won(scope, key, fingerprint, wire.claimed_at(inserted))
+                    return Won(
+                        scope, key, fingerprint, wire.claimed_at(inserted), row=wire.row(inserted)
+                    )
                 # Another claim has the key: read it and end this transaction, which wrote
                 # nothing, in one round trip.
                 results = await async_round_trip(
@@ -246,7 +252,11 @@ class AsyncKeyStore:
                 stored.body,
                 wire.timestamp(now),
             )
-            commands += [(self._complete_batched, completion), _COMMIT]
+            if claim.row is None:  # a claim() of this transaction, not begin()'s
+                commands.append((self._complete_batched, completion))
+            else:
+                commands.append((self._complete_claimed, (*completion, claim.row)))
+            commands.append(_COMMIT)
         try:
             results = await async_round_trip(conn, commands)
             failed = wire.failure(conn, results)

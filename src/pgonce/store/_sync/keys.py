@@ -50,7 +50,7 @@ Row = TypeVar("Row")
 # The order of the parameters of the batched statements ($1, $2, ...).
 _INSERT_PARAMS = ("scope", "key", "fingerprint", "now", "wait_ms")
 _READ_PARAMS = ("scope", "key")
-_COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now")
+_COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now", "row")
 
 
 def _check_wait(wait: timedelta) -> None:
@@ -91,8 +91,12 @@ class KeyStore:
         self._claim_read = wire.Statement(
             positional(self._sql.claim_read, _READ_PARAMS), (TEXT, TEXT)
         )
+        formats = (TEXT, TEXT, TEXT, TEXT, BINARY, TEXT)
         self._complete_batched = wire.Statement(
-            positional(self._sql.complete, _COMPLETE_PARAMS), (TEXT, TEXT, TEXT, TEXT, BINARY, TEXT)
+            positional(self._sql.complete, _COMPLETE_PARAMS[:-1]), formats
+        )
+        self._complete_claimed = wire.Statement(
+            positional(self._sql.complete_claimed, _COMPLETE_PARAMS), (*formats, BINARY)
         )
         self._wait_ms = _milliseconds(wait)
 
@@ -191,7 +195,9 @@ class KeyStore:
                     raise failed[1]
                 inserted = results[1]
                 if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
-                    return Won(scope, key, fingerprint, wire.claimed_at(inserted))
+                    return Won(
+                        scope, key, fingerprint, wire.claimed_at(inserted), row=wire.row(inserted)
+                    )
                 # Another claim has the key: read it and end this transaction, which wrote
                 # nothing, in one round trip.
                 results = round_trip(conn, [(self._claim_read, (scope_param, key_param)), _COMMIT])
@@ -246,7 +252,11 @@ class KeyStore:
                 stored.body,
                 wire.timestamp(now),
             )
-            commands += [(self._complete_batched, completion), _COMMIT]
+            if claim.row is None:  # a claim() of this transaction, not begin()'s
+                commands.append((self._complete_batched, completion))
+            else:
+                commands.append((self._complete_claimed, (*completion, claim.row)))
+            commands.append(_COMMIT)
         try:
             results = round_trip(conn, commands)
             failed = wire.failure(conn, results)
