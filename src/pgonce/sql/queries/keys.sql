@@ -66,7 +66,8 @@ UPDATE {schema}.keys
 -- release()), that ctid names a version this statement no longer sees, and the completion
 -- changes nothing, as a second completion by key does. The scope and key are checked all the
 -- same. callgrind, PostgreSQL 15, one connection: the server's backend runs 17,000 fewer
--- instructions of the 289,000 that BEGIN, the claim, the completion and COMMIT cost it.
+-- instructions of the 289,000 that BEGIN, the claim, the completion and COMMIT cost it; the TID
+-- scan adds one system call (an lseek for the table's length, 1 to 2 us in strace).
 UPDATE {schema}.keys
    SET completed_at = coalesce(%(now)s::timestamptz, completed_at, now()),
        response_status = %(status)s,
