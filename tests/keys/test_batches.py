@@ -141,7 +141,7 @@ def test_the_completion_reaches_the_row_by_the_address_its_insert_returned(
 
 @pytest.mark.parametrize("first", ["complete", "release"])
 def test_commit_after_the_row_changed_in_the_transaction_changes_nothing(
-    dsn: str, conn: psycopg.Connection[Any], store: KeyStore, first: str
+    conn: psycopg.Connection[Any], store: KeyStore, first: str
 ) -> None:
     # The address begin() returned names a version this transaction has since replaced or
     # deleted: commit()'s completion finds nothing, like a second completion by key.
