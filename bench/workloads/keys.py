@@ -53,19 +53,20 @@ COMMIT;
 
 
 def _claim_trip(scope: str, key: str) -> str:
-    """begin(): BEGIN and the claim's INSERT (queries/keys.sql), flushed together."""
-    return f"""\\startpipeline
-BEGIN;
-INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at)
+    """begin(): BEGIN and the claim's INSERT, flushed together."""
+    return f"\\startpipeline\nBEGIN;\n{claim_insert(scope, key)};\n\\endpipeline\n"
+
+
+def claim_insert(scope: str, key: str) -> str:
+    """begin()'s claim INSERT (queries/keys.sql) in pgbench's syntax, without its semicolon."""
+    return f"""INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at)
   SELECT '{scope}', {key}, decode('{FP_HEX}', 'hex'), wait.at, wait.at
     FROM (SELECT coalesce(NULL::timestamptz, now()) AS at,
                  set_config('pgonce.lock_timeout', current_setting('lock_timeout'), true),
                  set_config('lock_timeout', '2000', true)) AS wait
   ON CONFLICT (scope, key) DO NOTHING
   RETURNING claimed_at, set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true),
-            ctid;
-\\endpipeline
-"""
+            ctid"""
 
 
 def _read_trip(scope: str, key: str) -> str:

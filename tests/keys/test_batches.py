@@ -26,8 +26,8 @@ from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
 from pgonce.errors import DatabaseError, DatabaseUnavailable
-from pgonce.sql import Queries
 from pgonce.store import wire
+from pgonce.store.common import complete_claimed
 from tests.keys.helpers import wait_until_blocked
 from tests.keys.test_key_store import effects
 
@@ -126,7 +126,7 @@ def test_the_completion_reaches_the_row_by_the_address_its_insert_returned(
     block, line = int.from_bytes(claim.row[:4], "big"), int.from_bytes(claim.row[4:], "big")
     params = {"scope": "s", "key": "k", "status": 201, "headers": None, "body": None}
     plan = conn.execute(
-        b"EXPLAIN " + Queries("keys", "pgonce").complete_claimed,
+        b"EXPLAIN " + complete_claimed("pgonce"),
         {**params, "now": None, "row": f"({block},{line})"},
     ).fetchall()
     assert "Tid Scan" in plan[1][0], plan

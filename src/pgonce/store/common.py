@@ -1,4 +1,4 @@
-"""What the async and sync store code share that does no I/O: checks and row conversion."""
+"""What the async and sync store code share that does no I/O: checks, row conversion, statements."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from psycopg.pq import TransactionStatus
 
 from pgonce.core.outcomes import ClaimRow
 from pgonce.errors import NotInTransaction
+from pgonce.sql import Queries
 
 
 class _HasTransactionState(Protocol):
@@ -28,3 +29,8 @@ def claim_row(row: tuple[Any, ...] | None) -> ClaimRow:
     assert row is not None, "claim() returned no row"
     state, fingerprint, claimed_at, completed_at, status, headers, body = row
     return ClaimRow(state, fingerprint, claimed_at, completed_at, status, headers, body)
+
+
+def complete_claimed(schema: str) -> bytes:
+    """commit()'s completion of a claim of begin(): the completion, narrowed to the row's ctid."""
+    return Queries("keys", schema).complete + b" AND ctid = %(row)s::tid"

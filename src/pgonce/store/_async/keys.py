@@ -35,7 +35,7 @@ from pgonce.core.outcomes import (
 from pgonce.errors import PgonceError, UsageError
 from pgonce.sql import Queries, positional
 from pgonce.store import wire
-from pgonce.store.common import claim_row, require_transaction
+from pgonce.store.common import claim_row, complete_claimed, require_transaction
 from pgonce.store.errors import translate_errors
 from pgonce.store.wire import BINARY, TEXT, Command, async_round_trip
 
@@ -94,7 +94,7 @@ class AsyncKeyStore:
             positional(self._sql.complete, _COMPLETE_PARAMS[:-1]), formats
         )
         self._complete_claimed = wire.Statement(
-            positional(self._sql.complete_claimed, _COMPLETE_PARAMS), (*formats, BINARY)
+            positional(complete_claimed(schema), _COMPLETE_PARAMS), (*formats, BINARY)
         )
         self._wait_ms = _milliseconds(wait)
 
