@@ -9,20 +9,24 @@ from __future__ import annotations
 import asyncio
 import re
 import resource
+import select
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import uvloop
+from psycopg import pq
+from psycopg.pq.abc import PGconn, PGresult
 from psycopg_pool import AsyncConnectionPool
 
 from bench.report import percentile
+from pgonce.store import wire
 
 
 @dataclass(frozen=True)
@@ -190,3 +194,138 @@ def best_alternated(
     return tuple(
         max((r[index] for r in runs), key=lambda m: m.tps) for index in range(len(variants))
     )
+
+
+#: One transaction as its round trips: a generator that yields each round trip's commands and is
+#: sent that round trip's results (one per command), so that a later trip can use an earlier
+#: answer (the claim's row). :func:`drive_async` runs it through pgonce's batches,
+#: :func:`run_libpq_floor` through the thinnest loop Python has.
+Trips = Callable[[int, int], Generator[Sequence[wire.Command], list[PGresult], None]]
+
+
+def drive_async(trips: Trips) -> Transaction:
+    """``trips`` as prebuilt batches through pgonce's libpq layer on the event loop."""
+
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        steps = trips(client, seq)
+        commands = next(steps)
+        try:
+            while True:
+                commands = steps.send(await wire.async_round_trip(conn, commands))
+        except StopIteration:
+            pass
+
+    return transaction
+
+
+def run_libpq_floor(dsn: str, clients: int, seconds: float, trips: Trips) -> Measurement:
+    """The least any Python client pays for ``trips``: psycopg's libpq layer on one epoll.
+
+    No asyncio, no API, no decoding: each connection's round trip is queued in pipeline mode on
+    statements prepared once, flushed, and its results read when epoll says the socket is
+    readable -- what pgbench does, in Python. A Python client of psycopg (pgonce included) cannot
+    go below this loop's CPU per transaction; pgbench running the same statements shows how far
+    a C client goes below it.
+    """
+    conns = [_floor_connect(dsn) for _ in range(clients)]
+    prepared: list[set[bytes]] = [set() for _ in conns]
+    skipped: list[set[int]] = [set() for _ in conns]
+    steps: list[Generator[Sequence[wire.Command], list[PGresult], None] | None] = [None] * clients
+    started = [0.0] * clients
+    sequence = 0
+    latencies: list[float] = []
+    warm_up = clients * 6  # transactions before the clock starts: statements prepared, caches
+    poller = select.epoll()
+    by_fd = {conn.socket: index for index, conn in enumerate(conns)}
+
+    def send(index: int, commands: Sequence[wire.Command]) -> None:
+        pgconn, names = conns[index], prepared[index]
+        pgconn.enter_pipeline_mode()
+        position = 0
+        skipped[index] = set()
+        for statement, params in commands:
+            if statement.name not in names:
+                pgconn.send_prepare(statement.name, statement.sql, statement.types or None)
+                names.add(statement.name)
+                skipped[index].add(position)
+                position += 1
+            pgconn.send_query_prepared(
+                statement.name, params, param_formats=statement.formats, result_format=1
+            )
+            position += 1
+        pgconn.pipeline_sync()
+        while pgconn.flush():  # a few hundred bytes: the socket's buffer takes them at once
+            pass
+
+    def start(index: int) -> None:
+        nonlocal sequence
+        sequence += 1
+        steps[index] = trips(index, sequence)
+        started[index] = time.perf_counter()
+        send(index, next(steps[index]))  # type: ignore[arg-type]
+
+    for index, conn in enumerate(conns):
+        poller.register(conn.socket, select.EPOLLIN)
+        start(index)
+    results: list[list[PGresult]] = [[] for _ in conns]
+    measuring = False
+    cpu_before = time.process_time()
+    cpu_after: float | None = None
+    clock = deadline = time.perf_counter()
+    while any(step is not None for step in steps):
+        for fd, _ in poller.poll():
+            index = by_fd[fd]
+            pgconn = conns[index]
+            pgconn.consume_input()
+            while not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:
+                    continue
+                status = result.status
+                if status == pq.ExecStatus.FATAL_ERROR:
+                    raise RuntimeError(result.error_message.decode(errors="replace"))
+                if status != pq.ExecStatus.PIPELINE_SYNC:
+                    results[index].append(result)
+                    continue
+                pgconn.exit_pipeline_mode()
+                answers = [r for n, r in enumerate(results[index]) if n not in skipped[index]]
+                results[index] = []
+                step = steps[index]
+                assert step is not None
+                try:
+                    send(index, step.send(answers))
+                except StopIteration:
+                    now = time.perf_counter()
+                    if measuring and now <= deadline:
+                        latencies.append((now - started[index]) * 1000)
+                    elif measuring and cpu_after is None:  # the first one past the deadline
+                        cpu_after = time.process_time()
+                    elif not measuring and sequence >= warm_up:
+                        measuring = True
+                        cpu_before = time.process_time()
+                        clock = now
+                        deadline = now + seconds
+                    steps[index] = None
+                    if not measuring or now < deadline:
+                        start(index)
+                break
+    cpu = (cpu_after or time.process_time()) - cpu_before
+    for conn in conns:
+        conn.finish()
+    poller.close()
+    tx = len(latencies)
+    return Measurement(
+        tx=tx,
+        seconds=deadline - clock,
+        p50_ms=percentile(latencies, 50),
+        p99_ms=percentile(latencies, 99),
+        cpu_us_per_tx=cpu / tx * 1e6 if tx else 0.0,
+    )
+
+
+def _floor_connect(dsn: str) -> PGconn:
+    conn = pq.PGconn.connect(psycopg.conninfo.make_conninfo(dsn).encode())
+    if conn.status != pq.ConnStatus.OK:
+        raise RuntimeError(conn.error_message.decode(errors="replace"))
+    conn.nonblocking = 1
+    return conn

@@ -15,13 +15,24 @@ References, measured in the same run at the same concurrency:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Generator, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 import psycopg
+from psycopg.pq.abc import PGresult
 
-from bench.clients import Measurement, best_alternated, run_clients, run_pgbench
+from bench.clients import (
+    Measurement,
+    Transaction,
+    Trips,
+    best_alternated,
+    drive_async,
+    run_clients,
+    run_libpq_floor,
+    run_pgbench,
+)
 from bench.context import BenchContext
 from bench.report import Table, Targets, ratio
 from pgonce import AsyncKeyStore, Response, fingerprint
@@ -421,37 +432,45 @@ def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
     return table
 
 
-def _batches_alone(store: AsyncKeyStore) -> Any:
-    """The statements once() sends for a fresh key with a queued insert, as prebuilt batches.
-
-    No API around them: the floor of pgonce's own Python path on psycopg's libpq layer.
-    """
+def _fresh_trips(store: AsyncKeyStore) -> Trips:
+    """The statements once() sends for a fresh key with a queued insert, in its two round trips."""
     insert = wire.Statement(b"INSERT INTO bench.orders (key, amount) VALUES ($1, 4200)", (0,))
     headers = wire.headers_json(HEADERS)
     wait = b"%d" % (store.wait // timedelta(milliseconds=1))
     run = _run_id()
+    scope = b"bench-layers"
 
-    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+    def trips(client: int, seq: int) -> Generator[Sequence[wire.Command], list[PGresult], None]:
         key = f"{run}-{client}-{seq}".encode()
-        scope = b"bench-layers"
-        claimed = await wire.async_round_trip(
-            conn,
-            [
-                (wire.begin_statement(conn), wire.NO_PARAMS),
-                (store._claim_insert, (scope, key, FP, None, wait)),
-            ],
-        )
+        claimed = yield [
+            (_BEGIN, wire.NO_PARAMS),
+            (store._claim_insert, (scope, key, FP, None, wait)),
+        ]
         row = wire.row(claimed[1])
-        await wire.async_round_trip(
-            conn,
-            [
-                (insert, (key,)),
-                (store._complete_claimed, (scope, key, b"201", headers, BODY, None, row)),
-                (wire.COMMIT, wire.NO_PARAMS),
-            ],
-        )
+        yield [
+            (insert, (key,)),
+            (store._complete_claimed, (scope, key, b"201", headers, BODY, None, row)),
+            (wire.COMMIT, wire.NO_PARAMS),
+        ]
 
-    return transaction
+    return trips
+
+
+def _duplicate_trips(store: AsyncKeyStore) -> Trips:
+    """The statements once() sends for a replay: BEGIN and the claim's INSERT; the stored row's
+    read and COMMIT."""
+    wait = b"%d" % (store.wait // timedelta(milliseconds=1))
+
+    def trips(client: int, seq: int) -> Generator[Sequence[wire.Command], list[PGresult], None]:
+        key = _duplicate_key(client, seq).encode()
+        yield [(_BEGIN, wire.NO_PARAMS), (store._claim_insert, (b"bench-dup", key, FP, None, wait))]
+        yield [(store._claim_read, (b"bench-dup", key)), (wire.COMMIT, wire.NO_PARAMS)]
+
+    return trips
+
+
+# What wire.begin_statement() gives a connection with psycopg's default transaction settings.
+_BEGIN = wire.Statement(b"BEGIN")
 
 
 def _begin_commit(store: AsyncKeyStore) -> Any:
@@ -471,63 +490,61 @@ def _begin_commit(store: AsyncKeyStore) -> Any:
     return transaction
 
 
-def _duplicate_batches_alone(store: AsyncKeyStore) -> Any:
-    """The statements once() sends for a replay, as prebuilt batches, the answers left unread.
-
-    The floor of a replay's Python path on psycopg's libpq layer: two round trips and nothing else.
-    """
-    wait = b"%d" % (store.wait // timedelta(milliseconds=1))
-
-    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
-        key = _duplicate_key(client, seq).encode()
-        await wire.async_round_trip(
-            conn,
-            [
-                (wire.begin_statement(conn), wire.NO_PARAMS),
-                (store._claim_insert, (b"bench-dup", key, FP, None, wait)),
-            ],
-        )
-        await wire.async_round_trip(
-            conn, [(store._claim_read, (b"bench-dup", key)), (wire.COMMIT, wire.NO_PARAMS)]
-        )
-
-    return transaction
+#: A row of the layer tables: its name, and what measures it.
+Row = tuple[str, Callable[[], Measurement]]
 
 
 def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> list[Table]:
     """Where the client's CPU goes: the same statements through thinner and thinner layers."""
     conns = _conns(ctx)
+
+    def thinnest(trips: Callable[[AsyncKeyStore], Trips]) -> tuple[Row, Row]:
+        """The two rows without an API: the Python floor, and the batches on the event loop."""
+        return (
+            (
+                "Python floor (psycopg.pq on one epoll, no asyncio)",
+                lambda: run_libpq_floor(ctx.dsn, conns, seconds, trips(store)),
+            ),
+            (
+                "batches alone (wire.async_round_trip)",
+                lambda: run_clients(ctx.dsn, conns, seconds, drive_async(trips(store))),
+            ),
+        )
+
+    def client(make: Callable[[AsyncKeyStore], Transaction]) -> Callable[[], Measurement]:
+        # A new transaction function for every round (a fresh key's: new keys).
+        return lambda: run_clients(ctx.dsn, conns, seconds, make(store))
+
     fresh = _layer_table(
         ctx,
-        store,
         seconds,
         f"Key store: the client's layers (fresh key, insert queued, {conns} connections)",
         "The same statements in the same two round trips, sent by `once()` with "
-        "`op.execute()`, by `begin()` + `commit(writes=...)`, and as prebuilt batches "
-        "through pgonce's libpq layer with no API around them (what any Python client of "
-        "psycopg's libpq layer pays); pgbench runs them too. Three alternating rounds, the best "
-        "of each. The difference between the Python rows is the key store's own Python: "
-        "checks, encoding, deciding the outcome, the stored response's encoding.",
+        "`op.execute()`, by `begin()` + `commit(writes=...)`, as prebuilt batches through "
+        "pgonce's libpq layer on the event loop with no API around them, and by the Python "
+        "floor: prebuilt batches on psycopg's libpq layer driven by one epoll loop, no "
+        "asyncio (bench/clients.py, run_libpq_floor), the least any Python client of psycopg "
+        "pays for them. pgbench runs them too. Three alternating rounds, the best of each. "
+        "Between the floor and the batches: the event loop; between the batches and once(): "
+        "the key store's own Python (checks, encoding, deciding the outcome, the response).",
         (
-            ("batches alone (wire.async_round_trip)", _batches_alone),
-            ("begin() + commit(writes=...)", _begin_commit),
-            ("once() + op.execute()", _fresh_keys(_pgonce_queued)),
+            *thinnest(_fresh_trips),
+            ("begin() + commit(writes=...)", client(_begin_commit)),
+            ("once() + op.execute()", client(_fresh_keys(_pgonce_queued))),
         ),
         OWN_QUEUED,
     )
     duplicate = _layer_table(
         ctx,
-        store,
         seconds,
         f"Key store: the client's layers (duplicate, {conns} connections)",
         "A replay's two round trips (BEGIN and the claim's INSERT; the stored row's read and "
-        "COMMIT) sent by `once()`, and as prebuilt batches whose answers are not even read: "
-        "the least any Python client of psycopg's libpq layer pays for them. pgbench, running "
-        "the same statements, is the row of the same name. Three alternating rounds, the best "
-        "of each.",
+        "COMMIT) sent by `once()`, as prebuilt batches on the event loop whose answers are not "
+        "even read, and by the Python floor (as above). pgbench, running the same statements, "
+        "is the row of the same name. Three alternating rounds, the best of each.",
         (
-            ("batches alone (wire.async_round_trip)", _duplicate_batches_alone),
-            ("once(), a replay", _pgonce_duplicate),
+            *thinnest(_duplicate_trips),
+            ("once(), a replay", client(_pgonce_duplicate)),
         ),
         OWN_DUPLICATE,
     )
@@ -536,20 +553,22 @@ def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> list[Tab
 
 def _layer_table(
     ctx: BenchContext,
-    store: AsyncKeyStore,
     seconds: float,
     title: str,
     note: str,
-    rows: tuple[tuple[str, Any], ...],
+    rows: tuple[Row, ...],
     script: str,
 ) -> Table:
     conns = _conns(ctx)
     table = Table(
-        title, ["layer", "tx/s", "client CPU µs/tx", "CPU vs the batches alone"], notes=[note]
+        title,
+        ["layer", "tx/s", "throughput", "client CPU µs/tx", "CPU vs the Python floor"],
+        notes=[note],
     )
-    runs = [partial(_client_run, ctx.dsn, conns, seconds, make, store) for _, make in rows]
     *measured, own = best_alternated(
-        *runs, partial(run_pgbench, ctx.dsn, script, conns, seconds), rounds=3
+        *(run for _, run in rows),
+        partial(run_pgbench, ctx.dsn, script, conns, seconds),
+        rounds=3,
     )
     floor = measured[0]
     for name, m in [("pgbench, the same statements", own)] + [
@@ -558,6 +577,7 @@ def _layer_table(
         table.add(
             name,
             f"{m.tps:,.0f}",
+            "reference" if m is own else ratio(m.tps, own.tps, "pgbench"),
             f"{m.cpu_us_per_tx:.0f}",
             "reference" if m is floor else f"{m.cpu_us_per_tx / floor.cpu_us_per_tx:.2f} ×",
         )
