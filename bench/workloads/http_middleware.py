@@ -9,6 +9,9 @@ the same concurrency, each request with a new key (the path every real request t
   claim, the row and the stored response commit in one transaction. Twice: the endpoint takes the
   transaction through FastAPI's dependency (``Depends(idempotent_transaction)``), or through the
   request (``connection(request)``), which skips FastAPI's dependency resolution;
+- ``the key store's statements alone``: the floor of that design, a middleware with no logic of
+  its own around the key store's two batches (:class:`_StatementsAlone`): what the claim and the
+  stored response cost in the database, without the middleware's Python;
 - the peers a user would pick instead, wired as their documentation says:
   ``fastapi-idempotency`` (it ships only an in-process memory store), ``asgi-idempotency-header``
   (its Redis backend, Redis on 6379) and ``idemkit`` (its PostgreSQL backend, asyncpg). None of
@@ -45,12 +48,15 @@ from pydantic import BaseModel
 from bench.context import BenchContext
 from bench.report import Table, Targets, percentile, ratio
 from bench.servers import cpu_seconds, serve_process
+from pgonce import AsyncKeyStore, Replay, Response, Won, fingerprint
 from pgonce.http import (
     IdempotencyMiddleware,
     IdempotentTransaction,
     connection,
     idempotent_transaction,
 )
+from pgonce.http.replay import replay_headers
+from pgonce.http.transaction import STATE_KEY
 
 TITLE = "Idempotency-Key middleware over HTTP"
 
@@ -59,6 +65,7 @@ VARIANTS = (
     "none",
     "pgonce",
     "pgonce-request",
+    "pgonce-floor",
     "fastapi-idempotency",
     "asgi-idempotency-header",
     "idemkit",
@@ -67,6 +74,7 @@ LABELS = {
     "none": "no middleware",
     "pgonce": "pgonce, FastAPI dependency",
     "pgonce-request": "pgonce, connection(request)",
+    "pgonce-floor": "the key store's statements alone (no middleware logic)",
     "fastapi-idempotency": "fastapi-idempotency 0.1 (memory store)",
     "asgi-idempotency-header": "asgi-idempotency-header 0.2 (Redis)",
     "idemkit": "idemkit 1.0 (PostgreSQL, asyncpg)",
@@ -116,7 +124,10 @@ def create_app() -> FastAPI:
         def key_scope(scope: Any) -> str:
             return SCOPE_PREFIX + "bench"
 
-        app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=key_scope)
+        if variant == "pgonce-floor":
+            app.add_middleware(_StatementsAlone, pool=pool)
+        else:
+            app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=key_scope)
 
         if variant == "pgonce":
 
@@ -175,6 +186,58 @@ def create_app() -> FastAPI:
     elif variant != "none":
         raise ValueError(f"unknown variant {variant!r}")
     return app
+
+
+class _StatementsAlone:
+    """The least a middleware that commits the key with the endpoint's writes does.
+
+    The key store's two batches around the endpoint: begin() with a fixed fingerprint, the
+    endpoint on the claim's connection, its response buffered, stored by commit() and sent after
+    it; a replay sends the stored response. No key validation, scope, fingerprint of the request,
+    size limits, problem answers or expiry header. What separates it from IdempotencyMiddleware
+    is the middleware's own Python; what separates it from no middleware is the database work
+    that the one-transaction design needs (the claim and the stored response).
+    """
+
+    def __init__(self, app: Any, pool: AsyncConnectionPool[Any]) -> None:
+        self.app = app
+        self.pool = pool
+        self.store = AsyncKeyStore()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        key = dict(scope["headers"])[b"idempotency-key"].decode()
+        messages: list[dict[str, Any]] = []
+
+        async def keep(message: dict[str, Any]) -> None:
+            messages.append(message)
+
+        async with self.pool.connection() as conn:
+            claim = await self.store.begin(conn, SCOPE_PREFIX + "floor", key, _FLOOR_FP)
+            if isinstance(claim, Won):
+                tx = IdempotentTransaction(conn, claim.scope, key)
+                scope["state"] = {**(scope.get("state") or {}), STATE_KEY: tx}
+                await self.app(scope, receive, keep)
+                start, body = messages[0], b"".join(m.get("body", b"") for m in messages[1:])
+                headers = tuple((k.decode(), v.decode()) for k, v in start["headers"])
+                await self.store.commit(conn, claim, Response(start["status"], headers, body))
+        if isinstance(claim, Replay):
+            stored = claim.response
+            messages = [
+                {
+                    "type": "http.response.start",
+                    "status": stored.status,
+                    "headers": replay_headers(stored),
+                },
+                {"type": "http.response.body", "body": stored.body},
+            ]
+        for message in messages:
+            await send(message)
+
+
+_FLOOR_FP = fingerprint("POST", "/payments", b"")
 
 
 # --- the load generator -------------------------------------------------------------------------
@@ -327,7 +390,7 @@ def run(ctx: BenchContext) -> list[Table]:
     if not redis_up():
         skipped["asgi-idempotency-header"] = "Redis is not reachable on 127.0.0.1:6379"
     variants = [v for v in VARIANTS if v not in skipped]
-    rounds = 1 if ctx.quick else 3
+    rounds = 1 if ctx.quick else 5
     seconds = ctx.seconds(5)
     runs: dict[str, list[Result]] = {v: [] for v in variants}
     probes: dict[str, str] = {}
@@ -403,6 +466,13 @@ def run(ctx: BenchContext) -> list[Table]:
         "Its two rows differ only in how the endpoint takes that transaction: FastAPI's "
         "dependency, or `connection(request)`, which FastAPI hands over without resolving "
         "a dependency."
+    )
+    table.notes.append(
+        "The key store's statements alone: a middleware with no logic of its own (no key "
+        "checks, request fingerprint, size limits or expiry header) that runs the endpoint "
+        "between begin() and commit(), the floor of the one-transaction design. Between it and "
+        "no middleware: the claim and the stored response in the database; between it and "
+        "pgonce: the middleware's own Python."
     )
     for variant, reason in skipped.items():
         table.notes.append(f"{LABELS[variant]} skipped: {reason}.")
