@@ -129,6 +129,25 @@ def test_json_key_order_and_whitespace_do_not_make_another_request(
     assert payments(db) == 1
 
 
+def test_a_json_body_with_a_lone_surrogate_is_fingerprinted_not_a_500(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    # JSON may escape a lone surrogate (\ud800), which no UTF-8 text can carry: the canonical
+    # form of the body is hashed, never sent, so it keeps the surrogate rather than failing.
+    key = new_key()
+    headers = {**ALICE, "Idempotency-Key": key, "Content-Type": "application/json"}
+    body = b'{"amount": 5, "currency": "EUR", "note": "\\ud800"}'
+    first = httpx.post(server.url + "/payments", content=body, headers=headers)
+    second = httpx.post(server.url + "/payments", content=body, headers=headers)
+    other = httpx.post(
+        server.url + "/payments", content=body.replace(b"d800", b"d801"), headers=headers
+    )
+    assert first.status_code == second.status_code == 201
+    assert second.headers["idempotent-replayed"] == "true"
+    assert other.status_code == 422  # another surrogate, another request
+    assert payments(db) == 1
+
+
 def test_the_same_key_from_two_callers_never_meets(
     server: Server, db: psycopg.Connection[Any]
 ) -> None:

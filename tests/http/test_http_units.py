@@ -7,6 +7,7 @@ per-request state on its instance.
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from typing import Any
 
@@ -14,6 +15,8 @@ import httpx
 import psycopg
 import pytest
 from fastapi import FastAPI
+from hypothesis import given
+from hypothesis import strategies as st
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
@@ -114,10 +117,43 @@ def test_canonical_json_reads_every_encoding_json_allows(body: bytes) -> None:
         (b"[1, 2]", b"[2, 1]"),  # array order matters
         (b'{"a": 10000000000000000001}', b'{"a": 10000000000000000000}'),
         (b'{"a": null}', b"{}"),
+        (b'{"a": "\\ud800"}', b'{"a": "\\ud801"}'),  # lone surrogates: hashed, never sent
     ],
 )
 def test_canonical_json_keeps_every_difference_in_value(left: bytes, right: bytes) -> None:
     assert canonical_json(left) != canonical_json(right)
+
+
+# Any text, lone surrogates included (JSON escapes them; json.dumps writes them as \\udXXX).
+_SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, exclude_categories=())
+# Joined by hand: st.text() leaves surrogates out whatever its alphabet allows.
+_TEXT = st.lists(st.characters(exclude_categories=()) | _SURROGATES, max_size=8).map("".join)
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(_JSON_VALUES)
+def test_canonical_json_reads_any_json_and_ignores_its_layout(value: Any) -> None:
+    """Any JSON document (lone surrogates included) has a canonical form, whatever its layout."""
+    spread = json.dumps(value, indent=1).encode()  # ASCII: every surrogate escaped
+    canonical = canonical_json(spread)
+    assert canonical is not None
+    assert canonical == canonical_json(json.dumps(value, separators=(",", ":")).encode())
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    if not any("\ud800" <= char <= "\udfff" for char in text):  # else not UTF-8
+        assert canonical == canonical_json(text.encode())
+
+
+def test_canonical_json_keeps_minus_zero_apart_from_zero() -> None:
+    assert canonical_json(b"[-0]") == b"[-0]"
+    assert canonical_json(b"[0]") == b"[0]"
 
 
 @pytest.mark.parametrize(

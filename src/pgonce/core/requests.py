@@ -60,7 +60,11 @@ def _write(value: Any, out: list[str]) -> None:
 
 
 def canonical_json(body: bytes) -> bytes | None:
-    """``body`` as canonical JSON (sorted keys, no whitespace), or ``None`` if it is not JSON."""
+    """``body`` as canonical JSON (sorted keys, no whitespace), or ``None`` if it is not JSON.
+
+    The canonical form is hashed, never sent: a lone surrogate, which JSON may escape (``\\ud800``)
+    but UTF-8 cannot carry, is kept as its code point's bytes ("surrogatepass").
+    """
     try:
         # What json.loads() does with bytes (UTF-8, -16 or -32, told apart by the first bytes),
         # with one decoder for every call: json.loads() with hooks builds a new one each time.
@@ -69,7 +73,7 @@ def canonical_json(body: bytes) -> bytes | None:
         return None
     out: list[str] = []
     _write(value, out)
-    return "".join(out).encode()
+    return "".join(out).encode("utf-8", "surrogatepass")
 
 
 def _reject_constant(name: str) -> Any:
