@@ -308,6 +308,14 @@ def run(ctx: BenchContext) -> list[Table]:
         "transaction alone. The targets were calibrated on PostgreSQL 15: "
         "`PGONCE_BENCH_DSN=postgresql://postgres@127.0.0.1:5432/postgres` runs there.",
     )
+    layers, floors = _layers(ctx, store, seconds)
+    targets.table.notes.append(
+        "The least any Python client of psycopg reaches on the same statements (the Python "
+        "floor of the layer tables below: psycopg's libpq layer on one epoll loop, no asyncio, "
+        f"no API, measured in this run): a fresh key {floors[0]:.0%}, a replay {floors[1]:.0%} "
+        "of pgbench's rate; the same batches on the event loop, still without an API, "
+        f"{floors[2]:.0%} and {floors[3]:.0%}."
+    )
     for level in levels:
         naive, own, own_queued, raw, api, queued = best_alternated(
             partial(run_pgbench, ctx.dsn, NAIVE5, level, seconds, wal=True),
@@ -393,7 +401,7 @@ def run(ctx: BenchContext) -> list[Table]:
         overhead,
         targets.table,
         _claim_forms(ctx, seconds),
-        *_layers(ctx, store, seconds),
+        *layers,
     ]
 
 
@@ -494,8 +502,14 @@ def _begin_commit(store: AsyncKeyStore) -> Any:
 Row = tuple[str, Callable[[], Measurement]]
 
 
-def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> list[Table]:
-    """Where the client's CPU goes: the same statements through thinner and thinner layers."""
+def _layers(
+    ctx: BenchContext, store: AsyncKeyStore, seconds: float
+) -> tuple[list[Table], tuple[float, float, float, float]]:
+    """Where the client's CPU goes: the same statements through thinner and thinner layers.
+
+    Also the fractions of pgbench's rate that the Python floor and the batches on the event loop
+    reached: (floor fresh, floor replay, batches fresh, batches replay).
+    """
     conns = _conns(ctx)
 
     def thinnest(trips: Callable[[AsyncKeyStore], Trips]) -> tuple[Row, Row]:
@@ -515,7 +529,7 @@ def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> list[Tab
         # A new transaction function for every round (a fresh key's: new keys).
         return lambda: run_clients(ctx.dsn, conns, seconds, make(store))
 
-    fresh = _layer_table(
+    fresh, fresh_ratios = _layer_table(
         ctx,
         seconds,
         f"Key store: the client's layers (fresh key, insert queued, {conns} connections)",
@@ -534,7 +548,7 @@ def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> list[Tab
         ),
         OWN_QUEUED,
     )
-    duplicate = _layer_table(
+    duplicate, duplicate_ratios = _layer_table(
         ctx,
         seconds,
         f"Key store: the client's layers (duplicate, {conns} connections)",
@@ -548,7 +562,8 @@ def _layers(ctx: BenchContext, store: AsyncKeyStore, seconds: float) -> list[Tab
         ),
         OWN_DUPLICATE,
     )
-    return [fresh, duplicate]
+    floors = (fresh_ratios[0], duplicate_ratios[0], fresh_ratios[1], duplicate_ratios[1])
+    return [fresh, duplicate], floors
 
 
 def _layer_table(
@@ -558,7 +573,8 @@ def _layer_table(
     note: str,
     rows: tuple[Row, ...],
     script: str,
-) -> Table:
+) -> tuple[Table, list[float]]:
+    """The table, and each row's fraction of pgbench's rate (in the rows' order)."""
     conns = _conns(ctx)
     table = Table(
         title,
@@ -581,7 +597,7 @@ def _layer_table(
             f"{m.cpu_us_per_tx:.0f}",
             "reference" if m is floor else f"{m.cpu_us_per_tx / floor.cpu_us_per_tx:.2f} ×",
         )
-    return table
+    return table, [_over(m, own) for m in measured]
 
 
 def _run_id() -> str:
