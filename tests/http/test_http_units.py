@@ -15,9 +15,9 @@ import httpx
 import psycopg
 import pytest
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from hypothesis import given
 from hypothesis import strategies as st
-from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 from starlette.requests import Request
