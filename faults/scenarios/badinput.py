@@ -96,15 +96,20 @@ def send_raw(port: int, case: Case, timeout: float = 30) -> tuple[int, bytes, by
 
 # -- strategies -----------------------------------------------------------------------------------
 
+#: Any text, lone surrogates included: JSON escapes them (\\ud800), UTF-8 cannot carry them (a
+#: middleware that hashed them strictly answered 500). Joined by hand: st.text() leaves them out.
+any_text = st.lists(
+    st.characters(exclude_categories=())
+    | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, exclude_categories=()),
+    max_size=30,
+).map("".join)
 json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=30),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
-    ),
+    | any_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(any_text, inner, max_size=4),
     max_leaves=12,
 )
 #: C0 controls and DEL: what a header value may not carry (RFC 9110), and no key or event id.

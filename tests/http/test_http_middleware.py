@@ -593,6 +593,21 @@ def test_unserializable_numbers_get_a_problem_not_a_500(
     assert keys(db) == 0
 
 
+def test_a_lone_surrogate_in_a_field_the_model_reads_is_a_problem_not_a_500(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    # Three characters, one a lone surrogate that no UTF-8 text (and so no INSERT) can carry:
+    # the model refuses it before the endpoint begins, and nothing is stored.
+    response = httpx.post(
+        server.url + "/payments",
+        content=b'{"amount": 5, "currency": "\\ud800AB"}',
+        headers={**ALICE, "Idempotency-Key": new_key(), "Content-Type": "application/json"},
+    )
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    assert keys(db) == 0
+
+
 def test_database_lost_mid_request_is_503_and_the_retry_pays_once(
     server: Server, db: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
