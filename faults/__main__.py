@@ -99,7 +99,12 @@ async def run_all(ctx: Context, chosen: list[tuple[str, Scenario]]) -> list[Resu
         try:
             result = await scenario(ctx)
         except Exception as error:
-            result = Result(name, "-", "-", error=f"{type(error).__name__}: {error}")
+            # Where it was raised, in the report itself: stderr is often not kept.
+            frames = traceback.extract_tb(error.__traceback__)[-4:]
+            where = " < ".join(
+                f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames)
+            )
+            result = Result(name, "-", "-", error=f"{type(error).__name__}: {error} (at {where})")
             traceback.print_exc()
         result.seconds = time.monotonic() - began
         print(
