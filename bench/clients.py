@@ -260,59 +260,61 @@ def run_libpq_floor(dsn: str, clients: int, seconds: float, trips: Trips) -> Mea
     def start(index: int) -> None:
         nonlocal sequence
         sequence += 1
-        steps[index] = trips(index, sequence)
+        step = steps[index] = trips(index, sequence)
         started[index] = time.perf_counter()
-        send(index, next(steps[index]))  # type: ignore[arg-type]
+        send(index, next(step))
 
-    for index, conn in enumerate(conns):
-        poller.register(conn.socket, select.EPOLLIN)
-        start(index)
-    results: list[list[PGresult]] = [[] for _ in conns]
-    measuring = False
-    cpu_before = time.process_time()
-    cpu_after: float | None = None
-    clock = deadline = time.perf_counter()
-    while any(step is not None for step in steps):
-        for fd, _ in poller.poll():
-            index = by_fd[fd]
-            pgconn = conns[index]
-            pgconn.consume_input()
-            while not pgconn.is_busy():
-                result = pgconn.get_result()
-                if result is None:
-                    continue
-                status = result.status
-                if status == pq.ExecStatus.FATAL_ERROR:
-                    raise RuntimeError(result.error_message.decode(errors="replace"))
-                if status != pq.ExecStatus.PIPELINE_SYNC:
-                    results[index].append(result)
-                    continue
-                pgconn.exit_pipeline_mode()
-                answers = [r for n, r in enumerate(results[index]) if n not in skipped[index]]
-                results[index] = []
-                step = steps[index]
-                assert step is not None
-                try:
-                    send(index, step.send(answers))
-                except StopIteration:
-                    now = time.perf_counter()
-                    if measuring and now <= deadline:
-                        latencies.append((now - started[index]) * 1000)
-                    elif measuring and cpu_after is None:  # the first one past the deadline
-                        cpu_after = time.process_time()
-                    elif not measuring and sequence >= warm_up:
-                        measuring = True
-                        cpu_before = time.process_time()
-                        clock = now
-                        deadline = now + seconds
-                    steps[index] = None
-                    if not measuring or now < deadline:
-                        start(index)
-                break
+    try:
+        for index, conn in enumerate(conns):
+            poller.register(conn.socket, select.EPOLLIN)
+            start(index)
+        results: list[list[PGresult]] = [[] for _ in conns]
+        measuring = False
+        cpu_before = time.process_time()
+        cpu_after: float | None = None
+        clock = deadline = time.perf_counter()
+        while any(step is not None for step in steps):
+            for fd, _ in poller.poll():
+                index = by_fd[fd]
+                pgconn = conns[index]
+                pgconn.consume_input()
+                while not pgconn.is_busy():
+                    result = pgconn.get_result()
+                    if result is None:
+                        continue
+                    status = result.status
+                    if status == pq.ExecStatus.FATAL_ERROR:
+                        raise RuntimeError(result.error_message.decode(errors="replace"))
+                    if status != pq.ExecStatus.PIPELINE_SYNC:
+                        results[index].append(result)
+                        continue
+                    pgconn.exit_pipeline_mode()
+                    answers = [r for n, r in enumerate(results[index]) if n not in skipped[index]]
+                    results[index] = []
+                    step = steps[index]
+                    assert step is not None
+                    try:
+                        send(index, step.send(answers))
+                    except StopIteration:
+                        now = time.perf_counter()
+                        if measuring and now <= deadline:
+                            latencies.append((now - started[index]) * 1000)
+                        elif measuring and cpu_after is None:  # the first one past the deadline
+                            cpu_after = time.process_time()
+                        elif not measuring and sequence >= warm_up:
+                            measuring = True
+                            cpu_before = time.process_time()
+                            clock = now
+                            deadline = now + seconds
+                        steps[index] = None
+                        if not measuring or now < deadline:
+                            start(index)
+                    break
+    finally:
+        for conn in conns:
+            conn.finish()
+        poller.close()
     cpu = (cpu_after or time.process_time()) - cpu_before
-    for conn in conns:
-        conn.finish()
-    poller.close()
     tx = len(latencies)
     return Measurement(
         tx=tx,
