@@ -312,9 +312,9 @@ def run(ctx: BenchContext) -> list[Table]:
     targets.table.notes.append(
         "The least any Python client of psycopg reaches on the same statements (the Python "
         "floor of the layer tables below: psycopg's libpq layer on one epoll loop, no asyncio, "
-        f"no API, measured in this run): a fresh key {floors[0]:.0%}, a replay {floors[1]:.0%} "
-        "of pgbench's rate; the same batches on the event loop, still without an API, "
-        f"{floors[2]:.0%} and {floors[3]:.0%}."
+        f"no API, measured in this run): a fresh key {100 * floors[0]:.0f} %, a replay "
+        f"{100 * floors[1]:.0f} % of pgbench's rate; the same batches on the event loop, still "
+        f"without an API, {100 * floors[2]:.0f} and {100 * floors[3]:.0f} %."
     )
     for level in levels:
         naive, own, own_queued, raw, api, queued = best_alternated(
