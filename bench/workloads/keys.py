@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Generator, Sequence
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -444,7 +443,7 @@ def _fresh_trips(store: AsyncKeyStore) -> Trips:
     """The statements once() sends for a fresh key with a queued insert, in its two round trips."""
     insert = wire.Statement(b"INSERT INTO bench.orders (key, amount) VALUES ($1, 4200)", (0,))
     headers = wire.headers_json(HEADERS)
-    wait = b"%d" % (store.wait // timedelta(milliseconds=1))
+    wait = _wait(store)
     run = _run_id()
     scope = b"bench-layers"
 
@@ -467,7 +466,7 @@ def _fresh_trips(store: AsyncKeyStore) -> Trips:
 def _duplicate_trips(store: AsyncKeyStore) -> Trips:
     """The statements once() sends for a replay: BEGIN and the claim's INSERT; the stored row's
     read and COMMIT."""
-    wait = b"%d" % (store.wait // timedelta(milliseconds=1))
+    wait = _wait(store)
 
     def trips(client: int, seq: int) -> Generator[Sequence[wire.Command], list[PGresult], None]:
         key = _duplicate_key(client, seq).encode()
@@ -475,6 +474,11 @@ def _duplicate_trips(store: AsyncKeyStore) -> Trips:
         yield [(store._claim_read, (b"bench-dup", key)), (wire.COMMIT, wire.NO_PARAMS)]
 
     return trips
+
+
+def _wait(store: AsyncKeyStore) -> bytes:
+    """The claim's wait parameter, as begin() sends it for the store's default wait."""
+    return b"%d" % store._wait_ms
 
 
 # What wire.begin_statement() gives a connection with psycopg's default transaction settings.
@@ -519,15 +523,11 @@ def _layers(
                 "Python floor (psycopg.pq on one epoll, no asyncio)",
                 lambda: run_libpq_floor(ctx.dsn, conns, seconds, trips(store)),
             ),
-            (
-                "batches alone (wire.async_round_trip)",
-                lambda: run_clients(ctx.dsn, conns, seconds, drive_async(trips(store))),
-            ),
+            ("batches alone (wire.async_round_trip)", client(lambda s: drive_async(trips(s)))),
         )
 
     def client(make: Callable[[AsyncKeyStore], Transaction]) -> Callable[[], Measurement]:
-        # A new transaction function for every round (a fresh key's: new keys).
-        return lambda: run_clients(ctx.dsn, conns, seconds, make(store))
+        return partial(_client_run, ctx.dsn, conns, seconds, make, store)
 
     fresh, fresh_ratios = _layer_table(
         ctx,
