@@ -163,6 +163,13 @@ def test_bodies_that_are_not_canonical_json(body: bytes) -> None:
     assert canonical_json(body) is None
 
 
+@pytest.mark.parametrize(("open_", "close"), [(b"[", b"]"), (b'{"a":', b"}"), (b'[{"a":', b"}]")])
+def test_a_document_nested_beyond_the_stack_is_hashed_as_bytes(open_: bytes, close: bytes) -> None:
+    body = open_ * 100_000 + b"1" + close * 100_000
+    assert canonical_json(body) is None
+    assert fp(body=body) == fp(body=body, content_type="text/plain")
+
+
 def test_is_json() -> None:
     assert is_json("application/json")
     assert is_json("Application/JSON; charset=utf-8")

@@ -11,81 +11,96 @@ one: each form carries its own tag into the hash.
 from __future__ import annotations
 
 import json
+import operator
+from json.scanner import make_scanner
 from typing import Any
 
 from pgonce.core.fingerprint import fingerprint
 
 
-class _Number(str):
-    """A JSON number kept exactly as the client wrote it (no float rounding, no collisions)."""
+class _Canonical(str):
+    """JSON text already in canonical form: a number as the client wrote it (no float rounding,
+    no collisions), or an object whose members were made canonical while it was parsed."""
 
 
 class _DuplicateKey(ValueError):
     pass
 
 
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        # {"a": 1, "a": 2} and {"a": 2} must not be the same request.
-        raise _DuplicateKey
-    return result
+_quote = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=False) does to a str
+_CONSTANTS = {True: "true", False: "false", None: "null"}
+_name = operator.itemgetter(0)
 
 
-# One encoder for names and scalars: json.dumps() with an argument builds a new one per call.
-_scalar = json.JSONEncoder(ensure_ascii=False).encode
+def _canonical(value: Any) -> str:
+    kind = type(value)
+    if kind is _Canonical:
+        return value  # type: ignore[no-any-return]
+    if kind is str:
+        return _quote(value)
+    if kind is list:
+        return "[" + ",".join([_canonical(item) for item in value]) + "]"
+    return _CONSTANTS[value]  # true, false, null
 
 
-def _write(value: Any, out: list[str]) -> None:
-    if isinstance(value, dict):
-        out.append("{")
-        for index, name in enumerate(sorted(value)):
-            if index:
-                out.append(",")
-            out.append(_scalar(name))
-            out.append(":")
-            _write(value[name], out)
-        out.append("}")
-    elif isinstance(value, list):
-        out.append("[")
-        for index, item in enumerate(value):
-            if index:
-                out.append(",")
-            _write(item, out)
-        out.append("]")
-    elif isinstance(value, _Number):
-        out.append(str(value))
-    else:  # str, bool, None: json.dumps spells them canonically
-        out.append(_scalar(value))
-
-
-def canonical_json(body: bytes) -> bytes | None:
-    """``body`` as canonical JSON (sorted keys, no whitespace), or ``None`` if it is not JSON.
-
-    The canonical form is hashed, never sent: a lone surrogate, which JSON may escape (``\\ud800``)
-    but UTF-8 cannot carry, is kept as its code point's bytes ("surrogatepass").
-    """
-    try:
-        # What json.loads() does with bytes (UTF-8, -16 or -32, told apart by the first bytes),
-        # with one decoder for every call: json.loads() with hooks builds a new one each time.
-        value = _decoder.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
-    except (ValueError, RecursionError):
-        return None
-    out: list[str] = []
-    _write(value, out)
-    return "".join(out).encode("utf-8", "surrogatepass")
+def _object(pairs: list[tuple[str, Any]]) -> _Canonical:
+    # The parser calls this for every object, innermost first, with its members in the order
+    # written: each object becomes canonical text as soon as it is read, with no second pass.
+    pairs.sort(key=_name)
+    members = []
+    previous = None
+    for name, value in pairs:
+        if name == previous:
+            # {"a": 1, "a": 2} and {"a": 2} must not be the same request.
+            raise _DuplicateKey
+        previous = name
+        members.append(_quote(name) + ":" + _canonical(value))
+    return _Canonical("{" + ",".join(members) + "}")
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_decoder = json.JSONDecoder(
-    object_pairs_hook=_object,
-    parse_int=_Number,
-    parse_float=_Number,
-    parse_constant=_reject_constant,
+# One scanner for every call (json.loads() with hooks builds a new decoder each time), called
+# directly: what JSONDecoder.decode() does, without its two Python calls around it. The scanner
+# reads its hooks from the decoder (typeshed types that context as the scanner itself).
+_scan = make_scanner(
+    json.JSONDecoder(  # type: ignore[arg-type]
+        object_pairs_hook=_object,
+        parse_int=_Canonical,
+        parse_float=_Canonical,
+        parse_constant=_reject_constant,
+    )
 )
+_WHITESPACE = " \t\n\r"  # JSON's insignificant whitespace (RFC 8259)
+
+
+def _encoding(body: bytes) -> str:
+    """json.detect_encoding(), answered at once for the usual body: no BOM, no NUL in its first
+    two bytes (UTF-16 and -32 have one there) -- UTF-8."""
+    if len(body) >= 2 and 0 < body[0] < 0x80 and body[1]:
+        return "utf-8"
+    return json.detect_encoding(body)
+
+
+def canonical_json(body: bytes) -> bytes | None:
+    """``body`` as canonical JSON (sorted keys, no whitespace), or ``None`` if it is not JSON.
+
+    The canonical form is hashed, never sent: a lone surrogate, which JSON may escape (``\\ud800``)
+    but UTF-8 cannot carry, is kept as its code point's bytes ("surrogatepass"). A document
+    nested too deep for the interpreter's stack is "not JSON" here (its bytes are hashed as
+    they are), never an error.
+    """
+    try:
+        # What json.loads() does with bytes (UTF-8, -16 or -32, told apart by the first bytes).
+        text = body.decode(_encoding(body), "surrogatepass")
+        value, end = _scan(text, len(text) - len(text.lstrip(_WHITESPACE)))
+        if text[end:].strip(_WHITESPACE):
+            return None  # text after the document
+        return _canonical(value).encode("utf-8", "surrogatepass")
+    except (ValueError, RecursionError, StopIteration):
+        return None
 
 
 def is_json(content_type: str | None) -> bool:
