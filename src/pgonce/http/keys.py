@@ -16,7 +16,7 @@ the same key: ``"abc"`` equals ``abc``. Everything else is refused with
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pgonce.errors import InvalidIdempotencyKey
 
@@ -75,7 +75,11 @@ def parse_key(value: str) -> str:
 
 def key_from_headers(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     """The key of an ASGI request's headers; ``None`` when there is no Idempotency-Key header."""
-    values = [value for name, value in headers if name.lower() == HEADER]
+    return key_of([value for name, value in headers if name.lower() == HEADER])
+
+
+def key_of(values: Sequence[bytes]) -> str | None:
+    """The key carried by a request's Idempotency-Key field values (none: ``None``)."""
     if not values:
         return None
     if len(values) > 1:

@@ -37,9 +37,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -53,7 +52,8 @@ from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.outcomes import InFlight, Replay, Response, Won
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import DatabaseUnavailable, InvalidIdempotencyKey, KeyMismatch, UsageError
-from pgonce.http.keys import key_from_headers
+from pgonce.http.keys import HEADER as KEY_HEADER
+from pgonce.http.keys import key_of
 from pgonce.http.problem import send_problem
 from pgonce.http.replay import EXPIRES_HEADER, replay_headers, storable_headers
 from pgonce.http.transaction import STATE_KEY, IdempotentTransaction
@@ -208,9 +208,12 @@ class IdempotencyMiddleware:
         self.max_request_bytes = max_request_bytes
         self.max_response_bytes = max_response_bytes
         self.retention = retention
+        self._retention_seconds = retention.total_seconds()
 
     def methods_for(self, path: str) -> frozenset[str]:
         """The methods that need idempotency on ``path``."""
+        if not self.routes:
+            return self.methods
         for prefix, methods in self.routes:
             if path == prefix or path.startswith(prefix + "/") or not prefix:
                 return methods
@@ -220,8 +223,9 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"] not in self.methods_for(scope["path"]):
             await self.app(scope, receive, send)
             return
+        keys, content_type, content_length = _request_headers(scope["headers"])
         try:
-            key = key_from_headers(scope["headers"])
+            key = key_of(keys)
         except InvalidIdempotencyKey as error:
             await send_problem(send, error.status, error.title, str(error))
             return
@@ -237,12 +241,12 @@ class IdempotencyMiddleware:
                 await self.app(scope, receive, send)
             return
         caller = self.key_scope(scope)
-        if inspect.isawaitable(caller):
-            caller = await caller
+        if caller is not None and not isinstance(caller, str):
+            caller = await caller  # an async key scope
         if caller is None:
             await self.app(scope, receive, send)
             return
-        body = await self._read_body(scope, receive, send)
+        body = await self._read_body(receive, send, content_length)
         if body is None:
             return
         fingerprint = request_fingerprint(
@@ -250,14 +254,15 @@ class IdempotencyMiddleware:
             scope["path"],
             scope.get("query_string", b""),
             body,
-            content_type=_header(scope, b"content-type"),
+            content_type=content_type,
             canonicalize_json=self.canonicalize_json,
         )
         await self._handle(scope, receive, send, caller, key, fingerprint, body)
 
-    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+    async def _read_body(
+        self, receive: Receive, send: Send, declared: bytes | None
+    ) -> bytes | None:
         """The whole request body; ``None`` once a 413 was sent or the client went away."""
-        declared = _header(scope, b"content-length")
         if declared and declared.isdigit() and int(declared) > self.max_request_bytes:
             await self._too_large(send)
             return None
@@ -272,9 +277,10 @@ class IdempotencyMiddleware:
             if size > self.max_request_bytes:
                 await self._too_large(send)
                 return None
-            chunks.append(chunk)
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                # Most bodies arrive in one message: no copy then.
+                return b"".join((*chunks, chunk)) if chunks else chunk
+            chunks.append(chunk)
 
     async def _too_large(self, send: Send) -> None:
         await send_problem(
@@ -437,7 +443,7 @@ class IdempotencyMiddleware:
         # authentication failures never do), answered completely within the size limit, and the
         # key store keeps the status (a 5xx is not kept unless configured).
         captured.stored = (
-            tx.began and captured.answered and self.store.stores(Response(captured.status))
+            tx.began and captured.answered and self.store.stores_status(captured.status)
         )
         return captured
 
@@ -458,11 +464,17 @@ class IdempotencyMiddleware:
             return
         extra: list[tuple[bytes, bytes]] = []
         if captured.stored and isinstance(claim, Won):
-            extra.append((EXPIRES_HEADER.encode(), self._expires(claim.claimed_at).encode()))
+            extra.append((_EXPIRES, _http_date(self._expiry_epoch(claim.claimed_at)).encode()))
         await _forward(send, captured, extra)
 
     def _expires(self, claimed_at: datetime) -> str:
-        return _http_date(int((claimed_at + self.retention).timestamp()))
+        return _http_date(self._expiry_epoch(claimed_at))
+
+    def _expiry_epoch(self, claimed_at: datetime) -> int:
+        return int(claimed_at.timestamp() + self._retention_seconds)
+
+
+_EXPIRES = EXPIRES_HEADER.encode()
 
 
 @functools.lru_cache(maxsize=16)
@@ -471,11 +483,22 @@ def _http_date(epoch_seconds: int) -> str:
     return format_datetime(datetime.fromtimestamp(epoch_seconds, UTC), usegmt=True)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for header, value in scope["headers"]:
-        if header == name:
-            return str(value.decode("latin-1"))
-    return None
+def _request_headers(
+    headers: Iterable[tuple[bytes, bytes]],
+) -> tuple[list[bytes], str | None, bytes | None]:
+    """One pass over the request headers: Idempotency-Key values, Content-Type, Content-Length."""
+    keys: list[bytes] = []
+    content_type: str | None = None
+    content_length: bytes | None = None
+    for name, value in headers:
+        name = name.lower()
+        if name == KEY_HEADER:
+            keys.append(value)
+        elif name == b"content-type":
+            content_type = value.decode("latin-1")
+        elif name == b"content-length":
+            content_length = value
+    return keys, content_type, content_length
 
 
 async def _forward(send: Send, captured: _Captured, extra: list[tuple[bytes, bytes]]) -> None:
