@@ -191,7 +191,6 @@ class IdempotencyMiddleware:
         self.app = app
         self.pool = pool
         self.key_scope = key_scope
-        self.store = store or AsyncKeyStore(schema=schema)
         self.methods = frozenset(m.upper() for m in methods)
         # Longest prefix first, so that the most specific route decides.
         self.routes = sorted(
@@ -204,6 +203,9 @@ class IdempotencyMiddleware:
         )
         self.require_key = require_key
         self.wait = wait if wait is not None else NO_WAIT
+        self.store = store or AsyncKeyStore(schema=schema, wait=self.wait)
+        # None: the store's own wait, which it checked once, not at every claim.
+        self._claim_wait = None if self.wait == self.store.wait else self.wait
         self.canonicalize_json = canonicalize_json
         self.max_request_bytes = max_request_bytes
         self.max_response_bytes = max_response_bytes
@@ -307,7 +309,9 @@ class IdempotencyMiddleware:
                 # the transaction. The endpoint then runs on this connection through psycopg
                 # as usual, not in pipeline mode (which would refuse its COPY and server-side
                 # cursors and report its errors late): only pgonce's statements are batched.
-                claim = await self.store.begin(conn, caller, key, fingerprint, wait=self.wait)
+                claim = await self.store.begin(
+                    conn, caller, key, fingerprint, wait=self._claim_wait
+                )
                 if isinstance(claim, Won):
                     try:
                         captured = await self._run(scope, receive, send, conn, claim, body)
