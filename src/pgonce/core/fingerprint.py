@@ -6,17 +6,22 @@ Parts are length-prefixed before hashing, so that ("ab", "c") and ("a", "bc") ne
 from __future__ import annotations
 
 import hashlib
+import struct
 
 #: Bytes in a fingerprint (SHA-256).
 FINGERPRINT_SIZE = 32
 
 
+#: A part's length as it prefixes the part: 8 bytes, big-endian.
+length = struct.Struct(">Q").pack
+
+
 def fingerprint(*parts: bytes | str) -> bytes:
-    """SHA-256 of ``parts``, each prefixed with its length; ``str`` parts are hashed as UTF-8."""
+    """SHA-256 of ``parts``, each prefixed with its :data:`length`; ``str`` parts as UTF-8."""
     chunks: list[bytes] = []
     for part in parts:
         data = part.encode() if isinstance(part, str) else part
-        chunks.append(len(data).to_bytes(8, "big"))
+        chunks.append(length(len(data)))
         chunks.append(data)
     # One update of the joined parts: a hash call per part cost more than the copy.
     return hashlib.sha256(b"".join(chunks)).digest()

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import operator
+from hashlib import sha256
 from json.scanner import make_scanner
 from typing import Any
 
-from pgonce.core.fingerprint import fingerprint
+from pgonce.core.fingerprint import length
 
 
 class _Canonical(str):
@@ -122,9 +123,23 @@ def request_fingerprint(
     content_type: str | None = None,
     canonicalize_json: bool = True,
 ) -> bytes:
-    """SHA-256 over method, path, query string and body (canonical when it is JSON and asked)."""
+    """SHA-256 over method, path, query string and body (canonical when it is JSON and asked).
+
+    The digest is ``fingerprint(method.upper(), path, query, b"json" or b"raw", body)``, written
+    out: the generic loop over five parts cost a third of the hashing (the tests hold the two
+    equal).
+    """
+    tag = _RAW
     if canonicalize_json and is_json(content_type):
         canonical = canonical_json(body)
         if canonical is not None:
-            return fingerprint(method.upper(), path, query, b"json", canonical)
-    return fingerprint(method.upper(), path, query, b"raw", body)
+            tag, body = _JSON, canonical
+    verb, where = method.upper().encode(), path.encode()
+    parts = (length(len(verb)), verb, length(len(where)), where, length(len(query)), query)
+    return sha256(b"".join((*parts, tag, length(len(body)), body))).digest()
+
+
+# The two forms' tags, each with its length as a part: a canonical body never collides with raw
+# bytes that spell the same text.
+_JSON = length(4) + b"json"
+_RAW = length(3) + b"raw"
