@@ -415,7 +415,7 @@ def run(ctx: BenchContext) -> list[Table]:
     if not redis_up():
         skipped["asgi-idempotency-header"] = "Redis is not reachable on 127.0.0.1:6379"
     variants = [v for v in VARIANTS if v not in skipped]
-    rounds = 1 if ctx.quick else 5
+    rounds = 1 if ctx.quick else 7
     seconds = ctx.seconds(5)
     runs: dict[str, list[Result]] = {v: [] for v in variants}
     probes: dict[str, str] = {}
