@@ -29,6 +29,7 @@ from pgonce.core.requests import canonical_json, is_json, request_fingerprint
 from pgonce.errors import InvalidIdempotencyKey, UsageError
 from pgonce.http import IdempotencyMiddleware, connection, header_scope, transaction_of
 from pgonce.http.keys import MAX_KEY_LENGTH, key_from_headers, parse_key
+from pgonce.http.middleware import _request_headers
 from pgonce.http.replay import replay_headers, storable_headers
 
 # --- keys -----------------------------------------------------------------------------------------
@@ -85,6 +86,19 @@ def test_key_from_headers() -> None:
     assert key_from_headers([(b"idempotency-key", b'"k1"')]) == "k1"
     with pytest.raises(InvalidIdempotencyKey):
         key_from_headers([(b"idempotency-key", b"a"), (b"idempotency-key", b"a")])
+
+
+def test_one_pass_over_the_request_headers_keeps_the_first_of_a_repeated_header() -> None:
+    headers = [
+        (b"Content-Type", b"application/json"),
+        (b"idempotency-key", b"k1"),
+        (b"content-type", b"text/plain"),
+        (b"Content-Length", b"12"),
+        (b"content-length", b"99"),
+        (b"Idempotency-Key", b"k2"),
+    ]
+    assert _request_headers(headers) == ([b"k1", b"k2"], "application/json", b"12")
+    assert _request_headers([]) == ([], None, None)
 
 
 # --- fingerprints ---------------------------------------------------------------------------------

@@ -490,7 +490,11 @@ def _http_date(epoch_seconds: int) -> str:
 def _request_headers(
     headers: Iterable[tuple[bytes, bytes]],
 ) -> tuple[list[bytes], str | None, bytes | None]:
-    """One pass over the request headers: Idempotency-Key values, Content-Type, Content-Length."""
+    """One pass over the request headers: Idempotency-Key values, Content-Type, Content-Length.
+
+    Of a header sent twice, the first counts (Content-Type and Content-Length; the key may not
+    be sent twice at all).
+    """
     keys: list[bytes] = []
     content_type: str | None = None
     content_length: bytes | None = None
@@ -498,9 +502,9 @@ def _request_headers(
         name = name.lower()
         if name == KEY_HEADER:
             keys.append(value)
-        elif name == b"content-type":
+        elif name == b"content-type" and content_type is None:
             content_type = value.decode("latin-1")
-        elif name == b"content-length":
+        elif name == b"content-length" and content_length is None:
             content_length = value
     return keys, content_type, content_length
 
