@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,15 +34,25 @@ def serve(factory: str, env: Mapping[str, str], log: Path, *, ready: float = 30)
 
 @contextlib.contextmanager
 def serve_process(
-    factory: str, env: Mapping[str, str], log: Path, *, ready: float = 30
+    factory: str,
+    env: Mapping[str, str],
+    log: Path,
+    *,
+    ready: float = 30,
+    wrapper: Sequence[str] = (),
+    stop: float = 10,
 ) -> Iterator[tuple[int, int]]:
-    """:func:`serve`, yielding the server's process id too (to read its CPU time)."""
+    """:func:`serve`, yielding the server's process id too (to read its CPU time).
+
+    ``wrapper`` prefixes the server's command (a profiler, e.g. valgrind); ``stop`` is how long
+    the server may take to exit after SIGTERM before it is killed.
+    """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     port = int(sock.getsockname()[1])
-    command = [sys.executable, "-m", "bench.servers", str(sock.fileno()), factory]
+    command = [*wrapper, sys.executable, "-m", "bench.servers", str(sock.fileno()), factory]
     with log.open("ab") as out:
         process = subprocess.Popen(
             command,
@@ -67,7 +77,7 @@ def serve_process(
     finally:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=stop)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import socket
 import tempfile
@@ -321,15 +322,20 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, 
     return status, headers, await reader.readexactly(length)
 
 
-async def load(port: int, seconds: float, concurrency: int = CONCURRENCY) -> Result:
-    """``concurrency`` keep-alive connections, each sending new-key POSTs back to back."""
+async def load(
+    port: int, seconds: float, concurrency: int = CONCURRENCY, *, count: float = math.inf
+) -> Result:
+    """``concurrency`` keep-alive connections, each sending new-key POSTs back to back, for
+    ``seconds`` or until ``count`` requests were sent."""
     result = Result()
     stop_at = time.perf_counter() + seconds
+    budget = [count]
 
     async def client() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            while time.perf_counter() < stop_at:
+            while time.perf_counter() < stop_at and budget[0] > 0:
+                budget[0] -= 1
                 payload = request_bytes(port, uuid.uuid4().hex, 1000)
                 started = time.perf_counter()
                 writer.write(payload)
