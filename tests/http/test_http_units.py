@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -316,6 +317,16 @@ def test_key_scope_is_required() -> None:
         IdempotencyMiddleware(_app, pool=pool)  # type: ignore[call-arg]
     with pytest.raises(UsageError):
         IdempotencyMiddleware(_app, pool=pool, key_scope="tenant")  # type: ignore[arg-type]
+
+
+def test_a_wait_shorter_than_a_claim_may_take_is_refused_when_built() -> None:
+    pool = AsyncConnectionPool("", open=False)
+    with pytest.raises(UsageError, match="at least 100 ms"):
+        IdempotencyMiddleware(
+            _app, pool=pool, key_scope=lambda scope: "s", wait=timedelta(milliseconds=5)
+        )
+    built = IdempotencyMiddleware(_app, pool=pool, key_scope=lambda scope: "s", wait=None)
+    assert built.store.wait == timedelta(milliseconds=100)  # what "no wait" means for a claim
 
 
 def test_header_scope_hashes_the_credential() -> None:
