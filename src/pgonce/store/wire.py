@@ -405,44 +405,56 @@ class _Watch:
     descriptor (``dup``), so that psycopg, which registers and removes the original descriptor
     for its own waits, never disturbs it.
 
-    Each wait registers again, which costs nothing while the registration stands (the loop only
-    swaps the callback) and renews it where the loop dropped it: uvloop closes a registration
-    whose socket reports an error, after calling the reader one last time. The watch never
-    reads. The socket turns readable while no batch waits when psycopg reads this connection
-    for the caller's statements (the HTTP endpoint's, between the claim and the completion):
-    once is tolerated, as psycopg reads that answer before the loop looks again. Twice in a
-    row means nobody reads (the server closed an idle connection): the watch steps aside until
-    the next batch, so a connection nobody reads never keeps the loop busy.
+    On asyncio's own selector loop, which keeps a registration until it is removed, the watch
+    registers once and later waits only name their future: registering again there is no system
+    call but still a handle made and an old one cancelled, about a tenth of a tight loop of
+    fresh keys (py-spy). On any other loop each wait registers again, which renews the
+    registration where the loop dropped it: uvloop closes a registration whose socket reports an
+    error, after calling the reader one last time. The watch never reads. The socket turns
+    readable while no batch waits when psycopg reads this connection for the caller's statements
+    (the HTTP endpoint's, between the claim and the completion): twice in a row is tolerated
+    (asyncio's loop reports it once more in the iteration in which psycopg reads the answer; with
+    one, the watch stepped aside at every such statement and registered again at the next
+    batch). A third time means nobody reads (the server closed an idle connection): the watch
+    steps aside until the next batch, so a connection nobody reads never keeps the loop busy.
     """
 
-    __slots__ = ("fd", "loop", "source", "strikes", "waiter")
+    __slots__ = ("fd", "kept", "loop", "registered", "source", "strikes", "waiter")
 
     def __init__(self, source: int, loop: asyncio.AbstractEventLoop) -> None:
         self.source = source
         self.fd = os.dup(source)
         self.loop = loop
+        #: The loop keeps a registration until it is removed (asyncio's own selector loop).
+        self.kept = isinstance(loop, asyncio.SelectorEventLoop)
+        #: Registered, and known to stay so: a wait need not register again.
+        self.registered = False
         self.strikes = 0
         self.waiter: asyncio.Future[Ready] | None = None
 
     def wait(self, future: asyncio.Future[Ready]) -> None:
         self.waiter = future
         self.strikes = 0
+        if self.registered:
+            return
         try:
             self.loop.add_reader(self.fd, self._readable)
         except RuntimeError:
             # uvloop: the registration was closed after a socket error; make a new one.
             self.loop.remove_reader(self.fd)
             self.loop.add_reader(self.fd, self._readable)
+        self.registered = self.kept
 
     def _readable(self) -> None:
         waiter = self.waiter
         if waiter is not None:
             if not waiter.done():
                 waiter.set_result(Ready.R)
-        elif self.strikes:
-            self.loop.remove_reader(self.fd)
+        elif self.strikes < _TOLERATED:
+            self.strikes += 1
         else:
-            self.strikes = 1
+            self.loop.remove_reader(self.fd)
+            self.registered = False
 
     def close(self) -> None:
         """Unregister and close the duplicate (in the loop's thread, or after the loop closed)."""
@@ -450,8 +462,13 @@ class _Watch:
             return
         if not self.loop.is_closed():
             self.loop.remove_reader(self.fd)
+        self.registered = False
         os.close(self.fd)
         self.fd = -1
+
+
+#: Readiness reports in a row, with no batch waiting, that a watch lets pass (see _Watch).
+_TOLERATED = 2
 
 
 def _watch(pgconn: PGconn, session: _Session, loop: asyncio.AbstractEventLoop) -> _Watch | None:
