@@ -166,7 +166,7 @@ class IdempotencyMiddleware:
     ``require_key`` answers 400 to such a request without a key (else it passes, unprotected).
     ``wait`` lets a duplicate wait that long for the original, then replay; ``None`` answers 409
     at once (see :data:`NO_WAIT`). ``store`` defaults to an :class:`AsyncKeyStore` on
-    ``schema``; its ``store_server_errors`` decides whether 5xx responses are kept.
+    ``schema`` with that wait; its ``store_server_errors`` decides whether 5xx responses are kept.
     """
 
     def __init__(
@@ -468,14 +468,11 @@ class IdempotencyMiddleware:
             return
         extra: list[tuple[bytes, bytes]] = []
         if captured.stored and isinstance(claim, Won):
-            extra.append((_EXPIRES, _http_date(self._expiry_epoch(claim.claimed_at)).encode()))
+            extra.append((_EXPIRES, self._expires(claim.claimed_at).encode()))
         await _forward(send, captured, extra)
 
     def _expires(self, claimed_at: datetime) -> str:
-        return _http_date(self._expiry_epoch(claimed_at))
-
-    def _expiry_epoch(self, claimed_at: datetime) -> int:
-        return int(claimed_at.timestamp() + self._retention_seconds)
+        return _http_date(int(claimed_at.timestamp() + self._retention_seconds))
 
 
 _EXPIRES = EXPIRES_HEADER.encode()
