@@ -20,6 +20,7 @@ CATALOG = {
     "columns": """
         SELECT c.relname || '.' || a.attname, format_type(a.atttypid, a.atttypmod) || ' '
                || a.attnotnull::text || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+               || ' ' || coalesce(a.attcollation::regcollation::text, '')
           FROM pg_attribute a
           JOIN pg_class c ON c.oid = a.attrelid
           JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -44,7 +45,8 @@ CATALOG = {
     "domains": """
         SELECT t.typname || '.' || coalesce(k.conname, ''),
                format_type(t.typbasetype, t.typtypmod) || ' ' || t.typnotnull::text || ' '
-               || coalesce(pg_get_constraintdef(k.oid), '')
+               || coalesce(pg_get_constraintdef(k.oid), '') || ' '
+               || coalesce(t.typcollation::regcollation::text, '')
           FROM pg_type t
           JOIN pg_namespace n ON n.oid = t.typnamespace
           LEFT JOIN pg_constraint k ON k.contypid = t.oid

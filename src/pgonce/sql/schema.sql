@@ -19,8 +19,10 @@ CREATE DOMAIN sha256_digest AS bytea
 CREATE TABLE keys (
     -- The caller, tenant or webhook source. It leads the primary key: it is the distribution column
     -- on Citus, and keys of two scopes never meet.
-    scope            key_text    NOT NULL,
-    key              key_text    NOT NULL,
+    -- Both compare as bytes ("C"): opaque identifiers need equality only, memcmp() is cheaper than
+    -- the database's collation, and the index never depends on the C library's collation tables.
+    scope            key_text    COLLATE "C" NOT NULL,
+    key              key_text    COLLATE "C" NOT NULL,
     -- SHA-256 of the request. The same key with another fingerprint is a mismatch, never a replay.
     fingerprint      sha256_digest NOT NULL,
     claimed_at       timestamptz NOT NULL,
@@ -37,9 +39,6 @@ CREATE TABLE keys (
     response_body    bytea,
     CONSTRAINT keys_pkey PRIMARY KEY (scope, key)
 );
-
--- The sweeper deletes by age; rows arrive in claimed_at order, so a BRIN index is tiny and enough.
-CREATE INDEX keys_claimed_at_brin ON keys USING brin (claimed_at);
 
 -- Claims that never completed: the health check's stuck-claims query reads only these. A claim
 -- of begin() is never one (it commits with its response), unless its transaction was committed by
@@ -279,9 +278,6 @@ CREATE INDEX inbox_pending ON inbox (source, next_attempt_at) WHERE status = 'pe
 CREATE INDEX inbox_ordering ON inbox (source, ordering_key, received_at, seq)
     WHERE ordering_key IS NOT NULL AND status IN ('pending', 'dead');
 
--- The sweeper deletes by age; rows arrive in received_at order, so a BRIN index is enough.
-CREATE INDEX inbox_received_at_brin ON inbox USING brin (received_at);
-
 -- The last applied version per (source, ordering key), for the out-of-order policy 'drop'. It is
 -- advanced in the handler's transaction: a handler that fails leaves it where it was.
 CREATE TABLE inbox_watermarks (
@@ -364,8 +360,9 @@ SELECT source, event_id, status, attempts, received_at, next_attempt_at, process
 
 -- Completed keys by claimed_at: each sweep batch reads exactly the rows it deletes, oldest first,
 -- however large the table and however few rows are due; "the oldest completed key" of the health
--- check is one index probe. The BRIN index cannot do either for long: its ranges only ever widen,
--- and space freed by the sweeper is reused by new keys, so old and new rows share every range.
+-- check is one index probe. A BRIN index (0001's, dropped by 0008) cannot do either for long: its
+-- ranges only ever widen, and space freed by the sweeper is reused by new keys, so old and new rows
+-- share every range.
 -- Partial: a claim()'s INSERT (completed_at still NULL) does not touch it, its completion adds the
 -- entry (not a HOT update: completed_at changes); a begin() claim's INSERT adds it, and its
 -- completion, which leaves completed_at alone, is a HOT update.
