@@ -144,3 +144,35 @@ def test_named_queries_parse() -> None:
     assert parsed == {"a": "SELECT 1", "b": "-- why\nSELECT 2"}
     with pytest.raises(RuntimeError, match="twice"):
         pgsql.parse_named("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
+
+
+def test_0008_keeps_every_stored_key_reachable(empty_dsn: str) -> None:
+    # 0008 rebuilds the keys' primary key under the "C" collation. Keys stored before it must
+    # replay after it, and keys that differ only in bytes (NFC and NFD, case) stay distinct.
+    from pgonce import KeyStore, Response, fingerprint
+    from pgonce.store.migrate import _apply_one
+
+    fp = fingerprint("POST", "/orders", b"{}")
+    keys = ["\u00e9t\u00e9", "e\u0301te\u0301", "ETE", "ete", "\U0001f511-1", "z", "a"]
+    store = KeyStore()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for m in pgsql.migrations():
+            if m.version < 8:
+                _apply_one(conn, "pgonce", m.text, m.version, m.name)
+        conn.autocommit = False
+        for key in keys:
+            with store.once(conn, "tenant", key, fp) as op:
+                op.respond(Response(201, body=key.encode()))
+        conn.commit()
+        conn.autocommit = True
+        assert migrate(conn, "pgonce") == [8]
+        conn.autocommit = False
+        for key in reversed(keys):
+            with store.once(conn, "tenant", key, fp) as op:
+                assert op.replayed, key
+                assert op.response is not None
+                assert op.response.body == key.encode()
+        row = conn.execute(
+            "SELECT count(*), count(DISTINCT key) FROM pgonce.keys WHERE scope = 'tenant'"
+        ).fetchone()
+        assert row == (len(keys), len(keys))
