@@ -1,0 +1,117 @@
+"""Every index on the key store's and the inbox's tables is read by the statement it exists for,
+and no other index exists there.
+
+Each index costs every write an entry (or at least a look at its predicate): one that no statement
+reads is a cost with no benefit, as the BRIN indexes on keys.claimed_at and inbox.received_at were
+from 0004 and 0005 until 0008 dropped them. Plans are read with sequential scans priced out, so
+that a small table shows which index a statement can use; one that can use none still scans.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgonce import sql as pgsql
+
+DAY = timedelta(days=1)
+SWEEP = {
+    "now": None,
+    "scopes": ["webhooks"],
+    "keeps": [7 * DAY],
+    "min_keep": DAY,
+    "default_keep": DAY,
+    "batch_size": 500,
+}
+
+FILL = {
+    "keys": """
+        INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at)
+        SELECT 's', g::text, sha256(g::text::bytea), now() - g * interval '1 minute',
+               CASE WHEN g % 100 = 0 THEN NULL ELSE now() END
+          FROM generate_series(1, 5000) AS g""",
+    "inbox": """
+        INSERT INTO pgonce.inbox (source, event_id, body, headers, digest, received_at, status,
+                                  next_attempt_at, ordering_key, processed_at)
+        SELECT 'github', g::text, '{}', '{}', sha256(g::text::bytea),
+               now() - g * interval '1 minute', s.status, now(),
+               CASE WHEN g % 3 = 0 THEN (g % 50)::text END,
+               CASE WHEN s.status = 'pending' THEN NULL ELSE now() END
+          FROM generate_series(1, 5000) AS g,
+               LATERAL (SELECT CASE WHEN g % 10 = 0 THEN 'pending' ELSE 'done' END) AS s(status)""",
+}
+
+# table -> index -> (queries file, statement, parameters): the statement each index exists for.
+READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
+    "keys": {
+        "keys_pkey": ("keys", "claim_read", {"scope": "s", "key": "k"}),
+        "keys_completed_by_age": ("sweep", "delete_keys", SWEEP),
+        "keys_incomplete": (
+            "health",
+            "stuck_keys",
+            {"now": None, "stuck_after": timedelta(minutes=5)},
+        ),
+    },
+    "inbox": {
+        "inbox_pkey": ("inbox", "get", {"source": "github", "event_id": "7"}),
+        "inbox_pending": (
+            "inbox",
+            "claim",
+            {"now": None, "source": "github", "blocking": True, "limit": 10},
+        ),
+        "inbox_ordering": (
+            "inbox",
+            "claim",
+            {"now": None, "source": "github", "blocking": True, "limit": 10},
+        ),
+        "inbox_finished_by_age": ("sweep", "delete_inbox", SWEEP),
+    },
+}
+
+
+def _indexes_read(
+    conn: psycopg.Connection[Any], statement: bytes, params: dict[str, Any]
+) -> set[str]:
+    plan = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
+    assert plan is not None
+    found: set[str] = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        if "Index Name" in node:
+            found.add(node["Index Name"])
+        for child in node.get("Plans", ()):
+            walk(child)
+
+    walk(plan[0][0]["Plan"])
+    return found
+
+
+@pytest.mark.parametrize("table", sorted(READERS))
+def test_each_index_has_its_reader_and_there_is_no_other(dsn: str, table: str) -> None:
+    readers = READERS[table]
+    with psycopg.connect(dsn) as conn:
+        conn.execute(FILL[table].encode())
+        conn.execute(f"ANALYZE pgonce.{table}".encode())
+        conn.execute("SET LOCAL enable_seqscan = off")
+        existing = {
+            row[0]
+            for row in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = 'pgonce' AND tablename = %s",
+                (table,),
+            )
+        }
+        assert existing == set(readers), "an index without a reader here, or a reader without one"
+        for index, (group, name, params) in readers.items():
+            statement = getattr(pgsql.Queries(group, "pgonce"), name)
+            assert index in _indexes_read(conn, statement, params), f"{group}.{name}"
+
+
+@pytest.mark.parametrize("name", ["delete_keys", "delete_keys_by_ctid"])
+def test_both_sweep_paths_read_completed_keys_by_age(dsn: str, name: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET LOCAL enable_seqscan = off")
+        statement = getattr(pgsql.Queries("sweep", "pgonce"), name)
+        assert "keys_completed_by_age" in _indexes_read(conn, statement, SWEEP)
