@@ -146,33 +146,56 @@ def test_named_queries_parse() -> None:
         pgsql.parse_named("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
 
 
-def test_0008_keeps_every_stored_key_reachable(empty_dsn: str) -> None:
-    # 0008 rebuilds the keys' primary key under the "C" collation. Keys stored before it must
-    # replay after it, and keys that differ only in bytes (NFC and NFD, case) stay distinct.
+def test_identifiers_stored_before_the_bytewise_migrations_are_found_after_them(
+    empty_dsn: str,
+) -> None:
+    # 0008 and 0009 rebuild the primary keys of keys, inbox and outbox_aggregates under the "C"
+    # collation. What was stored before must be found after: a key replays its own response, a
+    # redelivered event is a duplicate, an aggregate's next event counts on its existing row; and
+    # identifiers that differ only in bytes (NFC and NFD, case) stay apart.
+    from hashlib import sha256
+
     from pgonce import KeyStore, Response, fingerprint
+    from pgonce.core.inbox import Delivery
+    from pgonce.store._sync.inbox import InboxStore
+    from pgonce.store._sync.outbox import enqueue
     from pgonce.store.migrate import _apply_one
 
     fp = fingerprint("POST", "/orders", b"{}")
-    keys = ["\u00e9t\u00e9", "e\u0301te\u0301", "ETE", "ete", "\U0001f511-1", "z", "a"]
-    store = KeyStore()
+    names = ["\u00e9t\u00e9", "e\u0301te\u0301", "ETE", "ete", "\U0001f511-1", "z", "a"]
+    store, inbox = KeyStore(), InboxStore()
+
+    def delivery(name: str) -> Delivery:
+        return Delivery(name, name, name.encode(), {}, sha256(name.encode()).digest())
+
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         for m in pgsql.migrations():
             if m.version < 8:
                 _apply_one(conn, "pgonce", m.text, m.version, m.name)
         conn.autocommit = False
-        for key in keys:
-            with store.once(conn, "tenant", key, fp) as op:
-                op.respond(Response(201, body=key.encode()))
+        for name in names:
+            with store.once(conn, "tenant", name, fp) as op:
+                op.respond(Response(201, body=name.encode()))
+        assert inbox.store(conn, [delivery(n) for n in names]) == ["stored"] * len(names)
+        for name in names:
+            enqueue(conn, name, name, "created", {})
         conn.commit()
         conn.autocommit = True
-        assert migrate(conn, "pgonce") == [8]
+        assert migrate(conn, "pgonce") == [8, 9]
         conn.autocommit = False
-        for key in reversed(keys):
-            with store.once(conn, "tenant", key, fp) as op:
-                assert op.replayed, key
+        for name in reversed(names):
+            with store.once(conn, "tenant", name, fp) as op:
+                assert op.replayed, name
                 assert op.response is not None
-                assert op.response.body == key.encode()
-        row = conn.execute(
-            "SELECT count(*), count(DISTINCT key) FROM pgonce.keys WHERE scope = 'tenant'"
+                assert op.response.body == name.encode()
+        assert inbox.store(conn, [delivery(n) for n in names]) == ["duplicate"] * len(names)
+        for name in names:
+            enqueue(conn, name, name, "updated", {})
+        conn.commit()
+        counts = conn.execute(
+            """SELECT (SELECT count(DISTINCT key) FROM pgonce.keys),
+                      (SELECT count(DISTINCT event_id) FROM pgonce.inbox),
+                      (SELECT array_agg(DISTINCT events) FROM pgonce.outbox_aggregates),
+                      (SELECT count(*) FROM pgonce.outbox_aggregates)"""
         ).fetchone()
-        assert row == (len(keys), len(keys))
+        assert counts == (len(names), len(names), [2], len(names))

@@ -136,9 +136,10 @@ CREATE TABLE outbox (
     -- after it holds the aggregate's lock (outbox_aggregates), which makes the id order of one
     -- aggregate's rows their commit order. The sequence must keep CACHE 1 for that to hold.
     id              bigint      GENERATED ALWAYS AS IDENTITY,
-    -- What the event is about: the topic family ("order") and the instance ("42").
-    aggregatetype   outbox_name NOT NULL,
-    aggregateid     key_text    NOT NULL,
+    -- What the event is about: the topic family ("order") and the instance ("42"). Opaque, so
+    -- they compare as bytes, as in outbox_aggregates (see keys.scope).
+    aggregatetype   outbox_name COLLATE "C" NOT NULL,
+    aggregateid     key_text    COLLATE "C" NOT NULL,
     -- The event's name ("order.created").
     type            outbox_name NOT NULL,
     payload         jsonb       NOT NULL,
@@ -178,8 +179,8 @@ CREATE INDEX outbox_parked_at ON outbox (parked_at)
 -- allocates its outbox id only after the earlier one committed or rolled back. The contents are
 -- for people; the sweeper may delete a row at any time (the next enqueue recreates it).
 CREATE TABLE outbox_aggregates (
-    aggregatetype    text        NOT NULL,
-    aggregateid      text        NOT NULL,
+    aggregatetype    text        COLLATE "C" NOT NULL,
+    aggregateid      text        COLLATE "C" NOT NULL,
     events           bigint      NOT NULL,
     last_enqueued_at timestamptz NOT NULL,
     CONSTRAINT outbox_aggregates_pkey PRIMARY KEY (aggregatetype, aggregateid)
@@ -237,10 +238,11 @@ $enqueue$;
 
 CREATE TABLE inbox (
     -- The configured source name. It leads the primary key: it is the distribution column on
-    -- Citus, and events of two sources never meet.
-    source           text        NOT NULL,
+    -- Citus, and events of two sources never meet. Source, event id and ordering key compare as
+    -- bytes, as in inbox_watermarks (see keys.scope): inbox_pkey is the dedupe.
+    source           text        COLLATE "C" NOT NULL,
     -- The provider's event id (or a hash of retry-stable fields when the provider sends none).
-    event_id         text        NOT NULL,
+    event_id         text        COLLATE "C" NOT NULL,
     -- Arrival order among events of one ordering key (ties of received_at inside one commit).
     seq              bigint      GENERATED ALWAYS AS IDENTITY,
     -- The body exactly as received: the signature was computed over these bytes.
@@ -257,7 +259,7 @@ CREATE TABLE inbox (
     -- "<exception type>: <message>", truncated; the handler's last failure.
     last_error       text,
     -- Events with the same ordering key are processed one at a time, in arrival order.
-    ordering_key     text,
+    ordering_key     text        COLLATE "C",
     -- The object's version (or timestamp) for the out-of-order policy 'drop'.
     version          bigint,
     processed_at     timestamptz,
@@ -281,8 +283,8 @@ CREATE INDEX inbox_ordering ON inbox (source, ordering_key, received_at, seq)
 -- The last applied version per (source, ordering key), for the out-of-order policy 'drop'. It is
 -- advanced in the handler's transaction: a handler that fails leaves it where it was.
 CREATE TABLE inbox_watermarks (
-    source       text        NOT NULL,
-    ordering_key text        NOT NULL,
+    source       text        COLLATE "C" NOT NULL,
+    ordering_key text        COLLATE "C" NOT NULL,
     version      bigint      NOT NULL,
     event_id     text        NOT NULL,
     updated_at   timestamptz NOT NULL,
