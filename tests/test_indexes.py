@@ -1,5 +1,4 @@
-"""Every index on the key store's and the inbox's tables is read by the statement it exists for,
-and no other index exists there.
+"""Every index on pgonce's tables is read by the statement it exists for, and no other exists.
 
 Each index costs every write an entry (or at least a look at its predicate): one that no statement
 reads is a cost with no benefit, as the BRIN indexes on keys.claimed_at and inbox.received_at were
@@ -42,7 +41,23 @@ FILL = {
                CASE WHEN s.status = 'pending' THEN NULL ELSE now() END
           FROM generate_series(1, 5000) AS g,
                LATERAL (SELECT CASE WHEN g % 10 = 0 THEN 'pending' ELSE 'done' END) AS s(status)""",
+    "outbox": """
+        INSERT INTO pgonce.outbox (aggregatetype, aggregateid, type, payload, created_at,
+                                   published_at, parked_at, next_attempt_at)
+        SELECT 'order', (g % 500)::text, 'order.created', '{}', now(),
+               CASE WHEN g % 10 > 1 THEN now() - g * interval '1 minute' END,
+               CASE WHEN g % 10 = 1 THEN now() END, now()
+          FROM generate_series(1, 5000) AS g""",
+    "outbox_aggregates": """
+        INSERT INTO pgonce.outbox_aggregates (aggregatetype, aggregateid, events, last_enqueued_at)
+        SELECT 'order', g::text, 1, now() - g * interval '1 minute'
+          FROM generate_series(1, 5000) AS g""",
+    "outbox_waiting_relays": """
+        INSERT INTO pgonce.outbox_waiting_relays (relay, since)
+        SELECT g::text, now() FROM generate_series(1, 100) AS g""",
 }
+
+RELAY_CLAIM = {"now": None, "limit": 100, "per_aggregate": 10}
 
 # table -> index -> (queries file, statement, parameters): the statement each index exists for.
 READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
@@ -68,6 +83,24 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
             {"now": None, "source": "github", "blocking": True, "limit": 10},
         ),
         "inbox_finished_by_age": ("sweep", "delete_inbox", SWEEP),
+    },
+    "outbox": {
+        "outbox_pkey": ("outbox", "mark_published", {"now": None, "ids": [1, 2]}),
+        "outbox_pending": ("outbox", "claim", RELAY_CLAIM),
+        "outbox_pending_aggregate": ("outbox", "claim", RELAY_CLAIM),
+        "outbox_published_at": ("sweep", "delete_outbox", SWEEP),
+        "outbox_parked_at": (
+            "outbox",
+            "replay",
+            {"now": None, "ids": None, "aggregatetype": None},
+        ),
+    },
+    "outbox_aggregates": {
+        "outbox_aggregates_pkey": ("sweep", "delete_outbox_aggregates", SWEEP),
+        "outbox_aggregates_by_age": ("sweep", "delete_outbox_aggregates", SWEEP),
+    },
+    "outbox_waiting_relays": {
+        "outbox_waiting_relays_pkey": ("outbox", "unregister_waiting", {"relay": "r"}),
     },
 }
 
