@@ -52,6 +52,9 @@ FILL = {
         INSERT INTO pgonce.outbox_aggregates (aggregatetype, aggregateid, events, last_enqueued_at)
         SELECT 'order', g::text, 1, now() - g * interval '1 minute'
           FROM generate_series(1, 5000) AS g""",
+    "inbox_watermarks": """
+        INSERT INTO pgonce.inbox_watermarks (source, ordering_key, version, event_id, updated_at)
+        SELECT 's', g::text, 1, g::text, now() FROM generate_series(1, 100) AS g""",
     "outbox_waiting_relays": """
         INSERT INTO pgonce.outbox_waiting_relays (relay, since)
         SELECT g::text, now() FROM generate_series(1, 100) AS g""",
@@ -84,6 +87,13 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
         ),
         "inbox_finished_by_age": ("sweep", "delete_inbox", SWEEP),
     },
+    "inbox_watermarks": {
+        "inbox_watermarks_pkey": (
+            "inbox",
+            "advance_watermark",
+            {"source": "s", "ordering_key": "k", "version": 2, "event_id": "e", "now": None},
+        ),
+    },
     "outbox": {
         "outbox_pkey": ("outbox", "mark_published", {"now": None, "ids": [1, 2]}),
         "outbox_pending": ("outbox", "claim", RELAY_CLAIM),
@@ -115,6 +125,7 @@ def _indexes_read(
     def walk(node: dict[str, Any]) -> None:
         if "Index Name" in node:
             found.add(node["Index Name"])
+        found.update(node.get("Conflict Arbiter Indexes", ()))  # an upsert's conflict check
         for child in node.get("Plans", ()):
             walk(child)
 
@@ -148,3 +159,13 @@ def test_both_sweep_paths_read_completed_keys_by_age(dsn: str, name: str) -> Non
         conn.execute("SET LOCAL enable_seqscan = off")
         statement = getattr(pgsql.Queries("sweep", "pgonce"), name)
         assert "keys_completed_by_age" in _indexes_read(conn, statement, SWEEP)
+
+
+def test_every_table_of_the_schema_is_covered(dsn: str) -> None:
+    # schema_migrations' primary key is the ledger's one-row-per-version rule, read by migrate.
+    with psycopg.connect(dsn) as conn:
+        tables = {
+            row[0]
+            for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'pgonce'")
+        }
+    assert tables - {"schema_migrations"} == set(READERS)
