@@ -99,11 +99,7 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
         "outbox_pending": ("outbox", "claim", RELAY_CLAIM),
         "outbox_pending_aggregate": ("outbox", "claim", RELAY_CLAIM),
         "outbox_published_at": ("sweep", "delete_outbox", SWEEP),
-        "outbox_parked_at": (
-            "outbox",
-            "replay",
-            {"now": None, "ids": None, "aggregatetype": None},
-        ),
+        "outbox_parked": ("outbox", "replay", {"now": None, "ids": None, "aggregatetype": None}),
     },
     "outbox_aggregates": {
         "outbox_aggregates_pkey": ("sweep", "delete_outbox_aggregates", SWEEP),
@@ -169,3 +165,26 @@ def test_every_table_of_the_schema_is_covered(dsn: str) -> None:
             for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'pgonce'")
         }
     assert tables - {"schema_migrations"} == set(READERS)
+
+
+def test_the_idle_aggregates_sweep_probes_the_outbox_and_never_scans_it(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute(FILL["outbox"].encode())
+        conn.execute(FILL["outbox_aggregates"].encode())
+        conn.execute("ANALYZE pgonce.outbox")
+        conn.execute("ANALYZE pgonce.outbox_aggregates")
+        statement = pgsql.Queries("sweep", "pgonce").delete_outbox_aggregates
+        plan = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, SWEEP).fetchone()
+        assert plan is not None
+        scans: list[tuple[str, str]] = []
+
+        def walk(node: dict[str, Any]) -> None:
+            if node.get("Relation Name") == "outbox":
+                scans.append((node["Node Type"], node.get("Index Name", "")))
+            for child in node.get("Plans", ()):
+                walk(child)
+
+        walk(plan[0][0]["Plan"])
+        # No "SET enable_seqscan = off" here: the planner's own choice on a realistic outbox.
+        assert {index for _, index in scans} == {"outbox_pending_aggregate", "outbox_parked"}
+        assert all(kind != "Seq Scan" for kind, _ in scans), scans

@@ -170,9 +170,10 @@ CREATE INDEX outbox_pending_aggregate ON outbox (aggregatetype, aggregateid, id)
 CREATE INDEX outbox_published_at ON outbox (published_at)
     WHERE published_at IS NOT NULL;
 
--- The dead letters, for health checks and replay.
-CREATE INDEX outbox_parked_at ON outbox (parked_at)
-    WHERE parked_at IS NOT NULL;
+-- The dead letters by aggregate (0010): replay() reads them all or one aggregate type's; the
+-- sweeper probes an idle aggregate for them before it deletes its lock row.
+CREATE INDEX outbox_parked ON outbox (aggregatetype, aggregateid)
+    WHERE parked_at IS NOT NULL AND published_at IS NULL;
 
 -- One row per aggregate that ever had an event. enqueue() upserts it first: the row lock, held to
 -- commit, serializes the transactions that write events of one aggregate, so a later transaction
