@@ -5,8 +5,9 @@
 -- of its batches read the whole outbox, the published rows of the whole retention included (19 ms
 -- a batch at 200,000 rows, growing with the outbox). Asked as two, pending rows are a probe of
 -- outbox_pending_aggregate, and parked ones a probe of this index. replay() reads it as it read
--- the old one (all dead letters, or one aggregate type's). Only parked rows are in it: it costs
--- a write when a row is parked or replayed, and nothing else.
+-- the old one (all dead letters, or one aggregate type's). Only dead letters are in it: like the old
+-- one, it takes an entry when a row is parked, loses it at replay, and otherwise costs each write
+-- a look at its predicate.
 
 DROP INDEX outbox_parked_at;
 
