@@ -8,6 +8,7 @@ that a small table shows which index a statement can use; one that can use none 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -111,21 +112,27 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
 }
 
 
+def _plan_nodes(
+    conn: psycopg.Connection[Any], statement: bytes, params: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """Every node of the statement's plan, subplans included."""
+    plan = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
+    assert plan is not None
+    pending = [plan[0][0]["Plan"]]
+    while pending:
+        node = pending.pop()
+        yield node
+        pending.extend(node.get("Plans", ()))
+
+
 def _indexes_read(
     conn: psycopg.Connection[Any], statement: bytes, params: dict[str, Any]
 ) -> set[str]:
-    plan = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
-    assert plan is not None
     found: set[str] = set()
-
-    def walk(node: dict[str, Any]) -> None:
+    for node in _plan_nodes(conn, statement, params):
         if "Index Name" in node:
             found.add(node["Index Name"])
         found.update(node.get("Conflict Arbiter Indexes", ()))  # an upsert's conflict check
-        for child in node.get("Plans", ()):
-            walk(child)
-
-    walk(plan[0][0]["Plan"])
     return found
 
 
@@ -174,17 +181,11 @@ def test_the_idle_aggregates_sweep_probes_the_outbox_and_never_scans_it(dsn: str
         conn.execute("ANALYZE pgonce.outbox")
         conn.execute("ANALYZE pgonce.outbox_aggregates")
         statement = pgsql.Queries("sweep", "pgonce").delete_outbox_aggregates
-        plan = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, SWEEP).fetchone()
-        assert plan is not None
-        scans: list[tuple[str, str]] = []
-
-        def walk(node: dict[str, Any]) -> None:
-            if node.get("Relation Name") == "outbox":
-                scans.append((node["Node Type"], node.get("Index Name", "")))
-            for child in node.get("Plans", ()):
-                walk(child)
-
-        walk(plan[0][0]["Plan"])
+        scans = [
+            (node["Node Type"], node.get("Index Name", ""))
+            for node in _plan_nodes(conn, statement, SWEEP)
+            if node.get("Relation Name") == "outbox"
+        ]
         # No "SET enable_seqscan = off" here: the planner's own choice on a realistic outbox.
         assert {index for _, index in scans} == {"outbox_pending_aggregate", "outbox_parked"}
         assert all(kind != "Seq Scan" for kind, _ in scans), scans
