@@ -87,6 +87,7 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
             {"now": None, "source": "github", "blocking": True, "limit": 10},
         ),
         "inbox_finished_by_age": ("sweep", "delete_inbox", SWEEP),
+        "inbox_dead": ("inbox", "replay", {"now": None, "source": "github", "event_ids": None}),
     },
     "inbox_watermarks": {
         "inbox_watermarks_pkey": (
@@ -189,3 +190,46 @@ def test_the_idle_aggregates_sweep_probes_the_outbox_and_never_scans_it(dsn: str
         # No "SET enable_seqscan = off" here: the planner's own choice on a realistic outbox.
         assert {index for _, index in scans} == {"outbox_pending_aggregate", "outbox_parked"}
         assert all(kind != "Seq Scan" for kind, _ in scans), scans
+
+
+# A retention's worth of handled rows and a small backlog: 100,000 rows, 0.3 % pending, 0.1 % dead.
+RETAINED = {
+    "inbox": """
+        INSERT INTO pgonce.inbox (source, event_id, body, headers, digest, received_at, status,
+                                  next_attempt_at, processed_at)
+        SELECT 'github', g::text, '{}', '{}', sha256(g::text::bytea),
+               now() - g * interval '1 second', s.status, now(),
+               CASE WHEN s.status = 'pending' THEN NULL ELSE now() END
+          FROM generate_series(1, 100000) AS g,
+               LATERAL (SELECT CASE WHEN g % 1000 < 3 THEN 'pending'
+                                    WHEN g % 1000 = 3 THEN 'dead' ELSE 'done' END) AS s(status)""",
+    "outbox": """
+        INSERT INTO pgonce.outbox (aggregatetype, aggregateid, type, payload, created_at,
+                                   published_at, parked_at, next_attempt_at)
+        SELECT 'order', (g % 5000)::text, 'order.created', '{}', now(),
+               CASE WHEN g % 1000 > 3 THEN now() END,
+               CASE WHEN g % 1000 = 3 THEN now() END, now()
+          FROM generate_series(1, 100000) AS g""",
+}
+
+
+@pytest.mark.parametrize(
+    ("table", "group", "name", "indexes"),
+    [
+        ("inbox", "inspect", "inbox_backlog", {"inbox_pending", "inbox_dead"}),
+        ("outbox", "outbox", "backlog", {"outbox_pending", "outbox_parked"}),
+    ],
+)
+def test_the_metrics_read_the_backlog_and_never_the_retained_rows(
+    dsn: str, table: str, group: str, name: str, indexes: set[str]
+) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute(RETAINED[table].encode())
+        conn.execute(f"ANALYZE pgonce.{table}".encode())
+        statement = getattr(pgsql.Queries(group, "pgonce"), name)
+        nodes = list(_plan_nodes(conn, statement, {"now": None}))
+        # The planner's own choice (sequential scans not priced out): every scrape runs this.
+        assert {node["Index Name"] for node in nodes if "Index Name" in node} == indexes
+        scans = [node["Node Type"] for node in nodes if node.get("Relation Name") == table]
+        assert scans, "the statement reads no table"
+        assert "Seq Scan" not in scans, scans

@@ -169,13 +169,21 @@ class OutboxMessage(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class OutboxCounts:
+class OutboxBacklog:
+    """What the relays have yet to do: counted from the partial indexes, cheap at any size."""
+
     pending: int
     #: Pending rows waiting for their backoff to pass.
     waiting: int
     parked: int
-    published: int
     oldest_pending: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxCounts(OutboxBacklog):
+    """The backlog and the published rows of the retention (a count of the whole outbox)."""
+
+    published: int
 
 
 def validate_event(aggregatetype: str, aggregateid: str, type: str) -> None:

@@ -132,8 +132,9 @@ class ServiceApp:
         now = datetime.now(UTC)
         try:
             async with self.pool.connection(timeout=5) as conn:
-                self.metrics.set_inbox(await self.inspector.inbox_overview(conn), now)
-                self.metrics.set_outbox(await self.outbox.counts(conn), now)
+                self.metrics.set_inbox(await self.inspector.inbox_backlog(conn), now)
+                self.metrics.set_outbox(await self.outbox.backlog(conn), now)
+                self.metrics.set_tables(await self.inspector.table_estimates(conn))
                 await conn.rollback()
                 self.metrics.set_health(await self.health.check(conn))
             self.metrics.up.set(1)

@@ -2,8 +2,10 @@
 
 Two kinds: counters the service increments as things happen (deliveries by outcome, handler runs,
 rows swept, relay totals), and gauges read from the database at scrape time (queue depth, oldest
-pending age, dead letters, outbox lag, and the health figures: stuck claims, the retention horizon
-from both ends). A scrape costs a few aggregate queries; scrape every 15 s or more.
+pending age, dead letters, outbox lag, the tables' estimated sizes, and the health figures: stuck
+claims, the retention horizon from both ends). A scrape reads only partial indexes (the backlogs)
+and PostgreSQL's statistics (the sizes), never the retained rows themselves, so its cost does not
+grow with the retention; scrape every 15 s or more.
 Metric and label names use the project's words: inbox, outbox, relay, sweeper, keys.
 """
 
@@ -23,7 +25,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pgonce.core.outbox import OutboxCounts
+from pgonce.core.outbox import OutboxBacklog
 from pgonce.core.retention import HealthReport, SweepResult
 from pgonce.relay import RelayStats
 from pgonce.store._async.inspect import SourceStatus
@@ -96,7 +98,7 @@ class ServiceMetrics:
         )
         self.inbox_events = Gauge(
             "pgonce_inbox_events",
-            "Inbox events by source and status",
+            "Inbox events not handled yet, by source and status (pending, dead)",
             ["source", "status"],
             registry=r,
         )
@@ -113,7 +115,17 @@ class ServiceMetrics:
             registry=r,
         )
         self.outbox_rows = Gauge(
-            "pgonce_outbox_rows", "Outbox rows by state", ["state"], registry=r
+            "pgonce_outbox_rows",
+            "Outbox rows not published yet, by state (pending; waiting: pending in a backoff; "
+            "parked)",
+            ["state"],
+            registry=r,
+        )
+        self.table_rows = Gauge(
+            "pgonce_table_rows",
+            "Rows in pgonce's tables (keys, inbox, outbox): PostgreSQL's estimate, not a count",
+            ["table"],
+            registry=r,
         )
         self.outbox_lag = Gauge(
             "pgonce_outbox_lag_seconds",
@@ -146,11 +158,11 @@ class ServiceMetrics:
         )
         r.register(_RelayCollector(relay_stats))
 
-    def set_inbox(self, overview: list[SourceStatus], now: datetime) -> None:
+    def set_inbox(self, backlog: list[SourceStatus], now: datetime) -> None:
         self.inbox_events.clear()
         self.inbox_oldest_pending.clear()
         self.dead_letters.clear()
-        for row in overview:
+        for row in backlog:
             self.inbox_events.labels(row.source, row.status).set(row.events)
             if row.status == "pending":
                 age = max(0.0, (now - row.oldest).total_seconds())
@@ -158,11 +170,16 @@ class ServiceMetrics:
             if row.status == "dead":
                 self.dead_letters.labels(row.source).set(row.events)
 
-    def set_outbox(self, counts: OutboxCounts, now: datetime) -> None:
-        for state in ("pending", "waiting", "parked", "published"):
-            self.outbox_rows.labels(state).set(getattr(counts, state))
-        oldest = counts.oldest_pending
+    def set_outbox(self, backlog: OutboxBacklog, now: datetime) -> None:
+        for state in ("pending", "waiting", "parked"):
+            self.outbox_rows.labels(state).set(getattr(backlog, state))
+        oldest = backlog.oldest_pending
         self.outbox_lag.set(max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
+
+    def set_tables(self, estimates: dict[str, int]) -> None:
+        self.table_rows.clear()
+        for table, rows in estimates.items():
+            self.table_rows.labels(table).set(rows)
 
     def set_health(self, report: HealthReport) -> None:
         self.stuck_claims.clear()

@@ -281,6 +281,10 @@ CREATE INDEX inbox_pending ON inbox (source, next_attempt_at) WHERE status = 'pe
 CREATE INDEX inbox_ordering ON inbox (source, ordering_key, received_at, seq)
     WHERE ordering_key IS NOT NULL AND status IN ('pending', 'dead');
 
+-- Dead letters by source (0011): the metrics count them and replay() reads them, without reading
+-- the handled events of the retention.
+CREATE INDEX inbox_dead ON inbox (source, received_at) WHERE status = 'dead';
+
 -- The last applied version per (source, ordering key), for the out-of-order policy 'drop'. It is
 -- advanced in the handler's transaction: a handler that fails leaves it where it was.
 CREATE TABLE inbox_watermarks (

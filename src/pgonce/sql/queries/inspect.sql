@@ -8,6 +8,31 @@ SELECT source, status, count(*) AS events, min(received_at) AS oldest
  GROUP BY source, status
  ORDER BY source, status
 
+-- name: inbox_backlog
+-- Per source: pending events with the oldest one (queue lag), and dead letters. The metrics run it
+-- at every scrape, so it reads the two partial indexes (inbox_pending, inbox_dead), never the
+-- handled events of the retention, which inbox_overview counts for a person who asks.
+SELECT source, 'pending' AS status, count(*) AS events, min(received_at) AS oldest
+  FROM {schema}.inbox
+ WHERE status = 'pending'
+ GROUP BY source
+UNION ALL
+SELECT source, 'dead', count(*), min(received_at)
+  FROM {schema}.inbox
+ WHERE status = 'dead'
+ GROUP BY source
+ ORDER BY 1, 2
+
+-- name: table_estimates
+-- Rows in pgonce's tables as PostgreSQL estimates them (pg_class.reltuples, which VACUUM, ANALYZE
+-- and autovacuum keep): the retention's size without counting it. -1 until the table was first
+-- vacuumed or analyzed (PostgreSQL 14 and later: "unknown").
+SELECT c.relname::text, c.reltuples::bigint
+  FROM pg_class AS c
+ WHERE c.relnamespace = (SELECT n.oid FROM pg_namespace AS n WHERE n.nspname = %(schema)s)
+   AND c.relname IN ('keys', 'inbox', 'outbox')
+ ORDER BY 1
+
 -- name: list_events
 -- Newest first; every filter is optional (NULL means "any").
 SELECT source, event_id, status, attempts, received_at, next_attempt_at, processed_at,

@@ -99,6 +99,8 @@ ON CONFLICT (relay) DO UPDATE SET since = excluded.since
 DELETE FROM {schema}.outbox_waiting_relays WHERE relay = %(relay)s
 
 -- name: counts
+-- Every state, published rows included: a count of the retention, for a person who asks (the admin
+-- page) and for tests. The metrics read backlog instead.
 SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS pending,
        count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL
                           AND next_attempt_at > coalesce(%(now)s::timestamptz, now())) AS waiting,
@@ -106,3 +108,17 @@ SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS pen
        count(*) FILTER (WHERE published_at IS NOT NULL) AS published,
        min(created_at) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS oldest_pending
   FROM {schema}.outbox
+
+-- name: backlog
+-- What the relay has yet to do, for the metrics at every scrape: pending rows (and those of them
+-- waiting out a backoff), the oldest pending, and parked ones. Each from its partial index
+-- (outbox_pending, outbox_parked), never the published rows of the retention.
+SELECT (SELECT count(*) FROM {schema}.outbox
+         WHERE published_at IS NULL AND parked_at IS NULL) AS pending,
+       (SELECT count(*) FROM {schema}.outbox
+         WHERE published_at IS NULL AND parked_at IS NULL
+           AND next_attempt_at > coalesce(%(now)s::timestamptz, now())) AS waiting,
+       (SELECT count(*) FROM {schema}.outbox
+         WHERE parked_at IS NOT NULL AND published_at IS NULL) AS parked,
+       (SELECT min(created_at) FROM {schema}.outbox
+         WHERE published_at IS NULL AND parked_at IS NULL) AS oldest_pending

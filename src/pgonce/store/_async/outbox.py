@@ -21,7 +21,13 @@ from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.channels import notify_channel
-from pgonce.core.outbox import OutboxCounts, OutboxMessage, Refusal, validate_event
+from pgonce.core.outbox import (
+    OutboxBacklog,
+    OutboxCounts,
+    OutboxMessage,
+    Refusal,
+    validate_event,
+)
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._async.notify import listen
@@ -207,10 +213,29 @@ class AsyncOutboxStore:
     async def counts(
         self, conn: AsyncConnection[Row], *, now: datetime | None = None
     ) -> OutboxCounts:
-        """Pending, waiting, parked and published rows (a full scan: for health and tests)."""
+        """Pending, waiting, parked and published rows (a full scan: for people and tests)."""
+        row = await self._one_row(conn, self._sql.counts, now)
+        return OutboxCounts(
+            pending=int(row[0]),
+            waiting=int(row[1]),
+            parked=int(row[2]),
+            published=int(row[3]),
+            oldest_pending=row[4],
+        )
+
+    async def backlog(
+        self, conn: AsyncConnection[Row], *, now: datetime | None = None
+    ) -> OutboxBacklog:
+        """Pending, waiting and parked rows from the partial indexes (for metrics: any size)."""
+        row = await self._one_row(conn, self._sql.backlog, now)
+        return OutboxBacklog(int(row[0]), int(row[1]), int(row[2]), row[3])
+
+    async def _one_row(
+        self, conn: AsyncConnection[Row], statement: bytes, now: datetime | None
+    ) -> tuple[Any, ...]:
         with translate_errors("counting outbox rows"):
             cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(self._sql.counts, {"now": now})
+            await cur.execute(statement, {"now": now})
             row = await cur.fetchone()
         assert row is not None
-        return OutboxCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+        return row

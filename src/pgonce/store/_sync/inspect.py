@@ -66,6 +66,7 @@ class Inspector:
     """Queries that show what pgonce holds; each runs in its own short read."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
+        self.schema = schema
         self._sql = Queries("inspect", schema)
 
     def _rows(
@@ -77,8 +78,23 @@ class Inspector:
             return cur.fetchall()
 
     def inbox_overview(self, conn: Connection[Row]) -> list[SourceStatus]:
+        """Events by source and status, handled ones included (a count of the whole inbox)."""
         rows = self._rows(conn, self._sql.inbox_overview, {}, "reading the inbox overview")
         return [SourceStatus(*row) for row in rows]
+
+    def inbox_backlog(self, conn: Connection[Row]) -> list[SourceStatus]:
+        """Pending events and dead letters by source, from the partial indexes (any size)."""
+        rows = self._rows(conn, self._sql.inbox_backlog, {}, "reading the inbox backlog")
+        return [SourceStatus(*row) for row in rows]
+
+    def table_estimates(self, conn: Connection[Row]) -> dict[str, int]:
+        """PostgreSQL's estimate of the rows in the keys, inbox and outbox tables.
+
+        A table not yet vacuumed or analyzed has no estimate and is left out.
+        """
+        params = {"schema": self.schema}
+        rows = self._rows(conn, self._sql.table_estimates, params, "reading table sizes")
+        return {name: int(estimate) for name, estimate in rows if estimate >= 0}
 
     def events(
         self,

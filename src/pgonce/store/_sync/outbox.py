@@ -23,7 +23,13 @@ from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.channels import notify_channel
-from pgonce.core.outbox import OutboxCounts, OutboxMessage, Refusal, validate_event
+from pgonce.core.outbox import (
+    OutboxBacklog,
+    OutboxCounts,
+    OutboxMessage,
+    Refusal,
+    validate_event,
+)
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.notify import listen
@@ -207,10 +213,27 @@ class OutboxStore:
         listen(conn, self.channel, "outbox")
 
     def counts(self, conn: Connection[Row], *, now: datetime | None = None) -> OutboxCounts:
-        """Pending, waiting, parked and published rows (a full scan: for health and tests)."""
+        """Pending, waiting, parked and published rows (a full scan: for people and tests)."""
+        row = self._one_row(conn, self._sql.counts, now)
+        return OutboxCounts(
+            pending=int(row[0]),
+            waiting=int(row[1]),
+            parked=int(row[2]),
+            published=int(row[3]),
+            oldest_pending=row[4],
+        )
+
+    def backlog(self, conn: Connection[Row], *, now: datetime | None = None) -> OutboxBacklog:
+        """Pending, waiting and parked rows from the partial indexes (for metrics: any size)."""
+        row = self._one_row(conn, self._sql.backlog, now)
+        return OutboxBacklog(int(row[0]), int(row[1]), int(row[2]), row[3])
+
+    def _one_row(
+        self, conn: Connection[Row], statement: bytes, now: datetime | None
+    ) -> tuple[Any, ...]:
         with translate_errors("counting outbox rows"):
             cur = conn.cursor(row_factory=tuple_row)
-            cur.execute(self._sql.counts, {"now": now})
+            cur.execute(statement, {"now": now})
             row = cur.fetchone()
         assert row is not None
-        return OutboxCounts(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+        return row
