@@ -486,7 +486,7 @@ def run(ctx: BenchContext) -> list[Table]:
             f"{percentile(result.latencies, 50) * 1000:.1f}",
             f"{p99 * 1000:.1f}",
             ratio(result.rps, reference.rps, "no middleware"),
-            _percent(paired(runs, variant, "none"), "no middleware"),
+            _share(paired(runs, variant, "none"), "no middleware"),
             ratio(p99, percentile(reference.latencies, 99), "no middleware"),
             result.per_request_us(result.server_cpu),
             result.per_request_us(result.database_cpu),
@@ -497,8 +497,10 @@ def run(ctx: BenchContext) -> list[Table]:
         f"One uvicorn process per variant, {CONCURRENCY} keep-alive connections, a new "
         f"Idempotency-Key on every request, {rounds} interleaved round(s) of {seconds:g} s each, "
         f"each variant's best round reported (a neighbour's burst slows whichever variant it "
-        f"lands on); pools of {POOL_SIZE} connections. 'retry' is what a second identical "
-        f"request got."
+        f"lands on); 'throughput, median round' is the median over the rounds of the variant's "
+        f"rate over no middleware's in the same round. Each pgonce variant runs right beside "
+        f"the endpoint it is compared with, every other round in the opposite order; pools of "
+        f"{POOL_SIZE} connections. 'retry' is what a second identical request got."
     )
     table.notes.append(
         "CPU per request, over that round: the uvicorn process (the app, the middleware, "
@@ -550,15 +552,17 @@ def paired(runs: list[dict[str, Result]], variant: str, reference: str) -> float
     return statistics.median(ratios) if ratios else None
 
 
-def _percent(share: float | None, name: str) -> str:
-    return f"{100 * share:.0f} % of {name}" if share is not None else "-"
+def _share(share: float | None, name: str) -> str:
+    return ratio(share, 1.0, name) if share is not None else "-"
 
 
 def _targets(results: dict[str, Result], runs: list[dict[str, Result]]) -> Table:
     """The issue's targets: overhead at most 15 % against no middleware, ahead of every peer."""
     targets = Targets(
         "Idempotency-Key middleware: the issue's targets",
-        "From the table above (each variant's best round). Each pgonce variant is compared with "
+        "From the table above: each variant's best round, and the median round (the median over "
+        "the rounds of the ratio within a round, each round's below). Each pgonce variant is "
+        "compared with "
         "the same app without the middleware, whose endpoint takes its connection the same way: "
         "through a FastAPI dependency (FastAPI's documented shape, a dependency with yield), or "
         "by hand. Against the endpoint that takes a pool connection by hand, the dependency "
