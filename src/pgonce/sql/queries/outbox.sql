@@ -110,15 +110,16 @@ SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS pen
   FROM {schema}.outbox
 
 -- name: backlog
--- What the relay has yet to do, for the metrics at every scrape: pending rows (and those of them
--- waiting out a backoff), the oldest pending, and parked ones. Each from its partial index
--- (outbox_pending, outbox_parked), never the published rows of the retention.
-SELECT (SELECT count(*) FROM {schema}.outbox
-         WHERE published_at IS NULL AND parked_at IS NULL) AS pending,
-       (SELECT count(*) FROM {schema}.outbox
-         WHERE published_at IS NULL AND parked_at IS NULL
-           AND next_attempt_at > coalesce(%(now)s::timestamptz, now())) AS waiting,
+-- What the relay has yet to do, for the metrics at every scrape: pending rows (those of them waiting
+-- out a backoff, the oldest) in one read of outbox_pending, and parked rows from outbox_parked;
+-- never the published rows of the retention.
+SELECT p.pending, p.waiting,
        (SELECT count(*) FROM {schema}.outbox
          WHERE parked_at IS NOT NULL AND published_at IS NULL) AS parked,
-       (SELECT min(created_at) FROM {schema}.outbox
-         WHERE published_at IS NULL AND parked_at IS NULL) AS oldest_pending
+       p.oldest_pending
+  FROM (SELECT count(*) AS pending,
+               count(*) FILTER (WHERE next_attempt_at > coalesce(%(now)s::timestamptz, now()))
+                   AS waiting,
+               min(created_at) AS oldest_pending
+          FROM {schema}.outbox
+         WHERE published_at IS NULL AND parked_at IS NULL) AS p
