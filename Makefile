@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
-.PHONY: run test lint format bench faults sync clean help
+.PHONY: run test lint docs docs-serve dist-check format bench faults sync clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -26,11 +26,24 @@ run: $(VENV)/.synced  ## start the service on the example config (embedded Postg
 test: $(VENV)/.synced  ## the whole test suite (PGONCE_TEST_DSN selects a server, else embedded)
 	$(BIN)/pytest -n auto $(PYTEST_ARGS)
 
-lint: $(VENV)/.synced  ## ruff, ruff format --check, mypy --strict, sync-code drift check
+lint: $(VENV)/.synced  ## ruff, ruff format --check, mypy --strict, sync-code drift check, the docs site
 	$(BIN)/ruff check src tests bench tools faults
 	$(BIN)/ruff format --check src tests bench tools faults
 	$(BIN)/python tools/gen_sync.py --check
 	$(BIN)/mypy
+	$(MAKE) docs
+
+docs: $(VENV)/.synced  ## build the documentation site into site/; any warning is an error
+	$(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(VENV)/.synced  ## the documentation site on http://127.0.0.1:8001, rebuilt on change
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
+
+# The distribution as a user gets it: build the sdist and wheel, install the wheel alone into a new
+# venv outside the checkout, run the docs' quickstart and `pgonce migrate` on a real PostgreSQL
+# ($$PGONCE_TEST_DSN), then add [server,embedded] and see `pgonce serve` answer /readyz.
+dist-check: $(VENV)/.synced  ## build sdist + wheel and prove them in fresh venvs (needs PGONCE_TEST_DSN)
+	$(BIN)/python tools/dist_check.py
 
 format: $(VENV)/.synced  ## apply ruff format and fixes, regenerate the sync code
 	$(BIN)/python tools/gen_sync.py
@@ -46,12 +59,12 @@ faults: $(VENV)/.synced  ## the fault and bad-input suite; writes faults/results
 sync: $(VENV)/.synced
 
 $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
-	$(UV) sync --frozen --python $(PYTHON)
+	$(UV) sync --frozen --all-extras --python $(PYTHON)
 	@touch $@
 
 $(CURDIR)/.boot/bin/uv:
 	$(PYTHON) -m venv $(CURDIR)/.boot
 	$(CURDIR)/.boot/bin/python -m pip install --quiet --disable-pip-version-check uv
 
-clean:  ## remove the venvs and the local embedded database
-	rm -rf .venv .boot .pgonce
+clean:  ## remove the venvs, the built site and distributions, and the local embedded database
+	rm -rf .venv .boot .pgonce site dist

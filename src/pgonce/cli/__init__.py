@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from pgonce._version import __version__
 from pgonce.cli import (
     demo,
     doctor,
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    parser.add_argument("--version", action="version", version=f"pgonce {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         child = sub.add_parser(

@@ -22,16 +22,20 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool
 
 from pgonce.cli.common import add_database_options, database, print_proof, say
 from pgonce.cli.serve import fire_storm, service_config
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Response
 from pgonce.database import open_database
+from pgonce.extras import needs
 from pgonce.store._async.keys import AsyncKeyStore
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
 
 NAME = "demo"
 HELP = "run a retry storm through the key store and print the exactly-once proof"
@@ -140,6 +144,9 @@ async def _deliver(
 
 
 async def _storm(dsn: str, schema: str, args: argparse.Namespace) -> int:
+    with needs("server", "the demo"):
+        from psycopg_pool import AsyncConnectionPool
+
     run_id = str(uuid.uuid4())
     store = AsyncKeyStore(schema=schema)
     async with AsyncConnectionPool(

@@ -20,10 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import cast
 
-import httpx
-
 from pgonce.errors import ConfigError, UsageError
-from pgonce.service.config import load
+from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import SigningScheme
 
 NAME = "send"
@@ -46,6 +44,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pgonce.service.config import load
+
     config = load(args.config)
     source = next((s.source for s in config.sources if s.source.name == args.source), None)
     if source is None:
@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
 async def _send(
     url: str, body: bytes, headers: dict[str, str], copies: int
 ) -> Counter[tuple[int, str]]:
+    with needs("http", "pgonce send"):
+        import httpx
+
     async with httpx.AsyncClient(timeout=30) as client:
         try:
             answers = await asyncio.gather(

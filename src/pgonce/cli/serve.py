@@ -19,21 +19,24 @@ import asyncio
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from pgonce.cli.common import add_database_options, print_proof, say
 from pgonce.database import open_database
 from pgonce.errors import ConfigError
-from pgonce.service import demo as service_demo
-from pgonce.service import logs, runner
-from pgonce.service.config import ServiceConfig, load
-from pgonce.service.runner import PARTS, Running
+from pgonce.extras import needs
 from pgonce.store.errors import translate_errors
 from pgonce.store.migrate import migrate
 from pgonce.webhooks.schemes.base import SigningScheme
+
+if TYPE_CHECKING:
+    from pgonce.service.config import ServiceConfig
+    from pgonce.service.runner import Running
+
+# The service's modules are imported by the functions that run it, so that `pgonce --help` and the
+# core commands work without the `server` extra; running without it raises MissingExtra.
 
 NAME = "serve"
 HELP = "run the service: webhook inbox, workers, relay, sweeper, metrics, admin"
@@ -62,6 +65,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def service_config(args: argparse.Namespace) -> ServiceConfig:
     """The configuration file and environment, with the command line's options on top."""
+    from pgonce.service.config import load
+
     config = load(args.config)
     settings = config.settings
     overrides = {
@@ -81,6 +86,8 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
 
 
 def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
+    from pgonce.service import logs, runner
+
     config = service_config(args)
     logs.configure(config.log_format)
     with open_database(config.settings) as db:
@@ -99,6 +106,8 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
 
 
 async def _setup_demo(dsn: str) -> None:
+    from pgonce.service import demo as service_demo
+
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         await service_demo.setup(conn)
 
@@ -115,6 +124,11 @@ def demo_source(config: ServiceConfig) -> tuple[str, SigningScheme]:
 
 async def fire_storm(config: ServiceConfig, dsn: str, url: str, orders: int, copies: int) -> bool:
     """A signed retry storm at the service at ``url``; prints the proof, True when exactly once."""
+    from pgonce.service import demo as service_demo
+
+    with needs("server", "the demo"):
+        from psycopg_pool import AsyncConnectionPool
+
     name, scheme = demo_source(config)
     say(f"pgonce demo: {orders * copies} signed deliveries of {orders} orders to {url} ({name})")
     async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
@@ -138,4 +152,6 @@ def _demo(
 
 
 def run(args: argparse.Namespace) -> int:
+    from pgonce.service.runner import PARTS
+
     return run_parts(args, PARTS)

@@ -46,18 +46,21 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.outcomes import InFlight, Replay, Response, Won
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import DatabaseUnavailable, InvalidIdempotencyKey, KeyMismatch, UsageError
+from pgonce.extras import needs
 from pgonce.http.keys import HEADER as KEY_HEADER
 from pgonce.http.keys import key_of
 from pgonce.http.problem import send_problem
 from pgonce.http.replay import EXPIRES_HEADER, replay_headers, storable_headers
 from pgonce.http.transaction import STATE_KEY, IdempotentTransaction
 from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
+
+with needs("asgi", "the Idempotency-Key middleware"):
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 log = logging.getLogger("pgonce.http")
 

@@ -32,9 +32,12 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg import AsyncConnection
-from starlette.requests import HTTPConnection
 
 from pgonce.errors import UsageError
+from pgonce.extras import needs
+
+with needs("asgi", "the Idempotency-Key middleware"):
+    from starlette.requests import HTTPConnection
 
 #: Where the middleware puts the transaction, in ``scope["state"]`` (``request.state``).
 STATE_KEY = "pgonce.transaction"

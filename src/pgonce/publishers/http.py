@@ -21,12 +21,14 @@ import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
-import httpx
-
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import ConfigError
+from pgonce.extras import needs
 from pgonce.publishers.base import PublishResult, Routing, short_error
 from pgonce.webhooks.schemes.standard_webhooks import StandardWebhooks
+
+with needs("http", "the signed HTTP publisher"):
+    import httpx
 
 #: Per-request timeout. Receivers are expected to acknowledge fast and work later (Standard
 #: Webhooks recommends answering within seconds); 15 s leaves room for a slow one.

@@ -29,13 +29,9 @@ import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
-import nats
-import nats.errors
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable
+from pgonce.extras import needs
 from pgonce.publishers.base import (
     PublishResult,
     Routing,
@@ -44,6 +40,12 @@ from pgonce.publishers.base import (
     message_headers,
     short_error,
 )
+
+with needs("nats", "the NATS publisher"):
+    import nats
+    import nats.errors
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
 
 #: The machine's NATS server in development; in production this comes from configuration.
 DEFAULT_SERVERS = "nats://127.0.0.1:4222"

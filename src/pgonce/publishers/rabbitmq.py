@@ -16,13 +16,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-import aio_pika
-import aiormq
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
-from pamqp.commands import Basic
-
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable
+from pgonce.extras import needs
 from pgonce.publishers.base import (
     PublishResult,
     Routing,
@@ -31,6 +27,12 @@ from pgonce.publishers.base import (
     message_headers,
     short_error,
 )
+
+with needs("rabbitmq", "the RabbitMQ publisher"):
+    import aio_pika
+    import aiormq
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+    from pamqp.commands import Basic
 
 #: The machine's RabbitMQ in development; in production this comes from configuration.
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"

@@ -14,12 +14,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from redis import exceptions as redis_errors
-from redis.asyncio import Redis
-
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable
+from pgonce.extras import needs
 from pgonce.publishers.base import PublishResult, Routing, body, by_aggregatetype, short_error
+
+with needs("redis", "the Redis Streams publisher"):
+    from redis import exceptions as redis_errors
+    from redis.asyncio import Redis
 
 #: The machine's Redis in development; in production this comes from configuration.
 DEFAULT_URL = "redis://127.0.0.1:6379/0"

@@ -23,16 +23,18 @@ from html import escape
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
-from psycopg_pool import AsyncConnectionPool
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.routing import Route
-
 from pgonce.core.retention import HealthReport, format_duration
+from pgonce.extras import needs
 from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.store._async.inspect import AsyncInspector, EventDetail
 from pgonce.store._async.outbox import AsyncOutboxStore
+
+with needs("server", "the pgonce service"):
+    from psycopg_pool import AsyncConnectionPool
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, RedirectResponse, Response
+    from starlette.routing import Route
 
 #: Bytes of a body shown on the detail page; the rest is counted, not shown.
 BODY_PREVIEW = 64 * 1024

@@ -12,19 +12,21 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
 from pgonce import sql as pgsql
+from pgonce.extras import needs
 from pgonce.service.admin import Admin
 from pgonce.service.metrics import CONTENT_TYPE, ServiceMetrics
 from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.inspect import AsyncInspector
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.webhooks.receiver import InboxReceiver
+
+with needs("server", "the pgonce service"):
+    from psycopg_pool import AsyncConnectionPool
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -20,12 +20,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from psycopg import AsyncConnection, sql
-from psycopg_pool import AsyncConnectionPool
 
 from pgonce.core.inbox import InboxEvent
+from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import SigningScheme
+
+with needs("server", "the pgonce service"):
+    import httpx
+    from psycopg_pool import AsyncConnectionPool
 
 TABLE = sql.Identifier("pgonce_demo", "webhook_orders")
 SETUP = sql.SQL(

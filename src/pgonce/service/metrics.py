@@ -14,22 +14,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from datetime import datetime
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from pgonce.core.outbox import OutboxBacklog
 from pgonce.core.retention import HealthReport, SweepResult
+from pgonce.extras import needs
 from pgonce.relay import RelayStats
 from pgonce.store._async.inspect import SourceStatus
 from pgonce.webhooks.worker import BatchResult
+
+with needs("server", "the pgonce service"):
+    from prometheus_client import (
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        disable_created_metrics,
+        generate_latest,
+    )
+    from prometheus_client.core import CounterMetricFamily, Metric
+    from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

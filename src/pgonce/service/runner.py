@@ -21,10 +21,8 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-from psycopg_pool import AsyncConnectionPool
-
 from pgonce.errors import ConfigError
+from pgonce.extras import needs
 from pgonce.publishers.base import Publisher
 from pgonce.relay import Relay
 from pgonce.service.admin import Admin
@@ -35,6 +33,10 @@ from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
 from pgonce.webhooks.receiver import InboxReceiver
 from pgonce.webhooks.worker import InboxWorker
+
+with needs("server", "the pgonce service"):
+    import uvicorn
+    from psycopg_pool import AsyncConnectionPool
 
 log = logging.getLogger("pgonce.service")
 

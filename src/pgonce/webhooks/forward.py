@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import httpx
 from psycopg import AsyncConnection
 
 from pgonce.core.inbox import InboxEvent
 from pgonce.errors import ForwardFailed
+from pgonce.extras import needs
 from pgonce.webhooks.source import Handler
+
+with needs("http", "forwarding inbox events over HTTP"):
+    import httpx
 
 #: A forward that has not been answered after this many seconds failed; it stays below the default
 #: handler timeout so that the error says "the target was slow", not "the handler hung".

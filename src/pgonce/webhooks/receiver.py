@@ -26,8 +26,6 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.inbox import (
     Delivery,
@@ -51,9 +49,13 @@ from pgonce.errors import (
     UsageError,
     WebhookError,
 )
+from pgonce.extras import needs
 from pgonce.http.problem import send_problem
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.webhooks.source import Source, by_name
+
+with needs("asgi", "the webhook receiver"):
+    from psycopg_pool import AsyncConnectionPool
 
 log = logging.getLogger("pgonce.inbox")
 

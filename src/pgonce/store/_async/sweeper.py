@@ -26,12 +26,11 @@ import math
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
-from psycopg_pool import AsyncConnectionPool
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.retention import (
@@ -48,6 +47,10 @@ from pgonce.core.retention import (
 from pgonce.errors import DatabaseError, UsageError
 from pgonce.sql import Queries
 from pgonce.store.errors import translate_errors
+
+if TYPE_CHECKING:
+    # Only a type: the core runs without psycopg-pool; a caller who passes a pool has it.
+    from psycopg_pool import AsyncConnectionPool
 
 Row = TypeVar("Row")
 log = logging.getLogger("pgonce.sweeper")

@@ -28,12 +28,11 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from time import monotonic
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
-from psycopg_pool import ConnectionPool
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.retention import (
@@ -50,6 +49,10 @@ from pgonce.core.retention import (
 from pgonce.errors import DatabaseError, UsageError
 from pgonce.sql import Queries
 from pgonce.store.errors import translate_errors
+
+if TYPE_CHECKING:
+    # Only a type: the core runs without psycopg-pool; a caller who passes a pool has it.
+    from psycopg_pool import ConnectionPool
 
 Row = TypeVar("Row")
 log = logging.getLogger("pgonce.sweeper")

@@ -21,12 +21,10 @@ import secrets as random_ids
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from typing import TYPE_CHECKING
 
 from pgonce.errors import ConfigError, SignatureInvalid, UsageError
+from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import Headers
 from pgonce.webhooks.schemes.common import (
     DEFAULT_TOLERANCE,
@@ -44,6 +42,13 @@ from pgonce.webhooks.schemes.common import (
     signed_timestamp,
     unix_seconds,
 )
+
+if TYPE_CHECKING:
+    # v1a's keys; the library is imported only when a v1a key is configured (extra `ed25519`).
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 NAME = "standard-webhooks"
 ID_HEADER = "webhook-id"
@@ -121,10 +126,7 @@ class StandardWebhooks:
         timestamp_text = str(unix_seconds(timestamp))
         lead = signed_lead(msg_id, timestamp_text)
         version, key = self._keys.signer
-        if isinstance(key, Ed25519PrivateKey):
-            signature = key.sign(lead + body)
-        else:
-            signature = key.digest(lead, body)
+        signature = key.digest(lead, body) if isinstance(key, HmacKey) else key.sign(lead + body)
         return {
             ID_HEADER: msg_id,
             TIMESTAMP_HEADER: timestamp_text,
@@ -133,6 +135,9 @@ class StandardWebhooks:
 
 
 def _ed25519_valid(key: Ed25519PublicKey, signature: bytes, content: bytes) -> bool:
+    # Only reached with a parsed public key, so the library is known to be installed.
+    from cryptography.exceptions import InvalidSignature
+
     try:
         key.verify(signature, content)
     except InvalidSignature:
@@ -163,6 +168,9 @@ def _parse_keys(secrets: Sequence[str]) -> _Keys:
 
 
 def _public_key(raw: bytes, what: str) -> Ed25519PublicKey:
+    with needs("ed25519", "a Standard Webhooks v1a (Ed25519) key"):
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     if len(raw) != 32:
         raise ConfigError(f"{what} must be a 32-byte Ed25519 public key, not {len(raw)} bytes")
     try:
@@ -172,6 +180,10 @@ def _public_key(raw: bytes, what: str) -> Ed25519PublicKey:
 
 
 def _private_key(raw: bytes, what: str) -> Ed25519PrivateKey:
+    with needs("ed25519", "a Standard Webhooks v1a (Ed25519) key"):
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     if len(raw) not in (32, 64):
         raise ConfigError(
             f"{what} must be a 32-byte Ed25519 seed or a 64-byte seed + public key, "
