@@ -34,7 +34,7 @@ lint: $(VENV)/.synced  ## ruff, ruff format --check, mypy --strict, sync-code dr
 	$(MAKE) docs
 
 docs: $(VENV)/.synced  ## build the documentation site into site/; any warning is an error
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 docs-serve: $(VENV)/.synced  ## the documentation site on http://127.0.0.1:8001, rebuilt on change
 	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001

@@ -4,7 +4,7 @@ Blocks are found by ``pytest-examples`` in ``docs/**/*.md`` and ``README.md`` at
 so a page someone adds is tested without touching this file. Each block runs on its own, in a
 database of its own (migrated), which it finds where a user's code would: ``PGONCE_DSN``.
 
-A fence may say what the block needs: ```python requires="rabbitmq"`` (``nats``, ``redis``) skips
+A fence may say what the block needs: ```{.python data-requires="redis"}`` (``rabbitmq``, ``nats``) skips
 it unless that broker answers (and fails under ``PGONCE_REQUIRE_SERVICES=1``, as in CI). A block
 that cannot run on its own is marked ```python title="..."`` and is only checked for syntax.
 """
@@ -44,7 +44,7 @@ def test_example_runs(example: CodeExample, docs_env: Path) -> None:
     if "title" in settings:
         ast.parse(example.source)  # shown, not run: it must still be Python
         return
-    for service in filter(None, settings.get("requires", "").split(",")):
+    for service in filter(None, settings.get("data-requires", "").split(",")):
         require_service(service, "127.0.0.1", SERVICES[service])
     # Run as its own __main__ module, its lines numbered as in the page, so that a traceback
     # points into the Markdown file.
