@@ -43,7 +43,7 @@ docs-serve: $(VENV)/.synced  ## the documentation site on http://127.0.0.1:8001,
 # venv outside the checkout, run the docs' quickstart and `pgonce migrate` on a real PostgreSQL
 # ($$PGONCE_TEST_DSN), then add [server,embedded] and see `pgonce serve` answer /readyz.
 dist-check: $(VENV)/.synced  ## build sdist + wheel and prove them in fresh venvs (needs PGONCE_TEST_DSN)
-	$(BIN)/python tools/dist_check.py
+	$(BIN)/python tools/dist_check.py --uv $(UV) --python $(PYTHON)
 
 format: $(VENV)/.synced  ## apply ruff format and fixes, regenerate the sync code
 	$(BIN)/python tools/gen_sync.py

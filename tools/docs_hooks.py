@@ -17,8 +17,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import docs_plots  # noqa: E402
-import docs_reference  # noqa: E402
+import docs_plots
+import docs_reference
 
 MARKER = re.compile(r"^<!-- pgonce:([a-z-]+) -->$", re.MULTILINE)
 BENCH = docs_reference.ROOT / "bench" / "results" / "latest.md"

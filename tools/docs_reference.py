@@ -192,7 +192,11 @@ def _literal_problems() -> Iterator[tuple[str, int, str]]:
             ):
                 continue
             status, title = node.args[1], node.args[2]
-            if isinstance(status, ast.Constant) and isinstance(title, ast.Constant):
+            if (
+                isinstance(status, ast.Constant)
+                and isinstance(status.value, int)
+                and isinstance(title, ast.Constant)
+            ):
                 module = path.relative_to(SOURCE.parent).with_suffix("").as_posix()
                 yield module.replace("/", "."), int(status.value), str(title.value)
 

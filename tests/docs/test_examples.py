@@ -4,9 +4,10 @@ Blocks are found by ``pytest-examples`` in ``docs/**/*.md`` and ``README.md`` at
 so a page someone adds is tested without touching this file. Each block runs on its own, in a
 database of its own (migrated), which it finds where a user's code would: ``PGONCE_DSN``.
 
-A fence may say what the block needs: ```{.python data-requires="redis"}`` (``rabbitmq``, ``nats``) skips
-it unless that broker answers (and fails under ``PGONCE_REQUIRE_SERVICES=1``, as in CI). A block
-that cannot run on its own is marked ```python title="..."`` and is only checked for syntax.
+A fence may say what the block needs: ```{.python data-requires="redis"}`` (or ``rabbitmq``,
+``nats``) skips it unless that broker answers (and fails under ``PGONCE_REQUIRE_SERVICES=1``, as
+in CI). A block that cannot run on its own is marked ```python title="..."`` and is only checked
+for syntax.
 """
 
 from __future__ import annotations
