@@ -13,7 +13,6 @@ for syntax.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SERVICES = {"rabbitmq": 5672, "nats": 4222, "redis": 6379}
 
 
-def examples() -> Iterator[CodeExample]:
-    yield from find_examples(ROOT / "docs", ROOT / "README.md")
+def examples() -> list[CodeExample]:
+    # Sorted: parallel workers must collect the same tests in the same order.
+    found = find_examples(ROOT / "docs", ROOT / "README.md")
+    return sorted(found, key=lambda e: (e.path.as_posix(), e.start_line))
 
 
 def _id(example: CodeExample) -> str:
@@ -39,7 +40,7 @@ def docs_env(dsn: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("example", list(examples()), ids=_id)
+@pytest.mark.parametrize("example", examples(), ids=_id)
 def test_example_runs(example: CodeExample, docs_env: Path) -> None:
     settings = example.prefix_settings()
     if "title" in settings:
