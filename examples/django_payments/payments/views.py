@@ -34,7 +34,8 @@ def _parsed(request: HttpRequest) -> tuple[str, dict[str, Any]] | HttpResponse:
         amount, currency = data["amount"], data["currency"]
     except (ValueError, TypeError, KeyError):
         return problem(422, "Invalid request", "the body does not describe a payment")
-    if type(amount) is not int or amount <= 0 or not isinstance(currency, str) or len(currency) != 3:
+    valid_amount = type(amount) is int and amount > 0
+    if not valid_amount or not isinstance(currency, str) or len(currency) != 3:
         return problem(422, "Invalid request", "the body does not describe a payment")
     return who, {"amount": amount, "currency": currency}
 
