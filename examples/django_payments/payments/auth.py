@@ -31,7 +31,7 @@ class Principal:
         self.name = name
 
 
-class BearerAuthentication(BaseAuthentication):  # type: ignore[misc]
+class BearerAuthentication(BaseAuthentication):
     def authenticate(self, request: Any) -> tuple[Principal, None] | None:
         principal = principal_of(request.META.get("HTTP_AUTHORIZATION"))
         return (Principal(principal), None) if principal else None

@@ -80,7 +80,7 @@ def health(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
-class PaymentSerializer(serializers.ModelSerializer):  # type: ignore[misc]
+class PaymentSerializer(serializers.ModelSerializer):
     amount = serializers.IntegerField(min_value=1)
     currency = serializers.CharField(min_length=3, max_length=3)
 
@@ -90,7 +90,7 @@ class PaymentSerializer(serializers.ModelSerializer):  # type: ignore[misc]
         read_only_fields = ("id", "created_at")
 
 
-class PaymentList(APIView):  # type: ignore[misc]
+class PaymentList(APIView):
     """DRF: authentication, permission and validation answer before any query (not stored)."""
 
     def post(self, request: Request) -> Response:
