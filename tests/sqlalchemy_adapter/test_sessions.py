@@ -88,12 +88,15 @@ def test_enqueue_commits_with_the_session(dsn: str, engine: Engine) -> None:
 
 
 async def test_async_once_and_enqueue(dsn: str, async_engine: AsyncEngine) -> None:
-    async with AsyncSession(async_engine) as session, session.begin():
-        async with async_once(session, "tenant", "k", FP) as op:
-            assert op.won
-            session.add(Order(key="k"))
-            await async_enqueue(session, "order", "k", "order.created", [1, 2])
-            op.respond(CREATED)
+    async with (
+        AsyncSession(async_engine) as session,
+        session.begin(),
+        async_once(session, "tenant", "k", FP) as op,
+    ):
+        assert op.won
+        session.add(Order(key="k"))
+        await async_enqueue(session, "order", "k", "order.created", [1, 2])
+        op.respond(CREATED)
     assert counts(dsn) == (1, 1, 1)
     with pytest.raises(Failure):
         async with AsyncSession(async_engine) as session, session.begin():
@@ -102,17 +105,23 @@ async def test_async_once_and_enqueue(dsn: str, async_engine: AsyncEngine) -> No
                 op.respond(CREATED)
             raise Failure
     assert counts(dsn) == (1, 1, 1)
-    async with AsyncSession(async_engine) as session, session.begin():
-        async with async_once(session, "tenant", "k", FP) as again:
-            assert again.replayed
+    async with (
+        AsyncSession(async_engine) as session,
+        session.begin(),
+        async_once(session, "tenant", "k", FP) as again,
+    ):
+        assert again.replayed
     assert again.response == CREATED
 
 
 def test_a_session_on_another_driver_is_refused_with_the_scheme_to_use() -> None:
     engine = create_engine("sqlite://")
-    with Session(engine) as session, pytest.raises(NotPsycopgSession) as refused:
-        with once(session, "tenant", "k", FP):
-            pytest.fail("the block ran")
+    with (
+        Session(engine) as session,
+        pytest.raises(NotPsycopgSession) as refused,
+        once(session, "tenant", "k", FP),
+    ):
+        pytest.fail("the block ran")
     assert "sqlite+pysqlite" in str(refused.value)
     assert "postgresql+psycopg://" in str(refused.value)
 
