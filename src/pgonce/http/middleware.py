@@ -42,8 +42,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
+from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import AsyncConnection
@@ -79,12 +80,23 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: leave the request alone (e.g. no credentials: the application will refuse it itself).
 KeyScope = Callable[[Scope], "str | Awaitable[str | None] | None"]
 
+
+class ConnectionSource(Protocol):
+    """Where the middleware takes a connection for a request: an ``AsyncConnectionPool``, or
+    anything with the same ``connection()`` (e.g. ``pgonce.contrib.sqlalchemy.EngineConnections``,
+    a SQLAlchemy engine's pool). The connection must come idle; the middleware owns the
+    transaction it opens on it and ends it before giving the connection back."""
+
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]: ...
+
+
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_METHODS",
     "DEFAULT_RETENTION",
     "NO_WAIT",
+    "ConnectionSource",
     "IdempotencyMiddleware",
     "header_scope",
 ]
@@ -129,10 +141,11 @@ class IdempotencyMiddleware:
     """Pure ASGI middleware that makes POST and PATCH safe to retry with an Idempotency-Key.
 
     ``pool`` is the application's :class:`~psycopg_pool.AsyncConnectionPool` (opened by the
-    application, e.g. in its lifespan); ``key_scope`` is required: it names whose key a request
-    carries, so that the same key from two callers never meets (:func:`header_scope` makes one
-    from a header). ``routes`` maps path prefixes to the methods that need idempotency there (the
-    longest prefix wins; an empty collection turns a route off); other paths use ``methods``.
+    application, e.g. in its lifespan), or another :class:`ConnectionSource`; ``key_scope`` is
+    required: it names whose key a request carries, so that the same key from two callers never
+    meets (:func:`header_scope` makes one from a header). ``routes`` maps path prefixes to the
+    methods that need idempotency there (the longest prefix wins; an empty collection turns a
+    route off); other paths use ``methods``.
     ``require_key`` answers 400 to such a request without a key (else it passes, unprotected).
     ``wait`` lets a duplicate wait that long for the original, then replay; ``None`` answers 409
     at once (see :data:`NO_WAIT`). ``store`` defaults to an :class:`AsyncKeyStore` on
@@ -143,7 +156,7 @@ class IdempotencyMiddleware:
         self,
         app: ASGIApp,
         *,
-        pool: AsyncConnectionPool[Any],
+        pool: AsyncConnectionPool[Any] | ConnectionSource,
         key_scope: KeyScope,
         store: AsyncKeyStore | None = None,
         schema: str = DEFAULT_SCHEMA,
