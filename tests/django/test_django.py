@@ -86,6 +86,23 @@ def test_a_retry_replays_the_stored_answer_and_pays_once(
     assert stored_keys(key) == 1
 
 
+def test_inside_an_outer_atomic_block_the_claim_joins_it_and_never_commits(
+    client: Client,
+) -> None:
+    # Whoever opened the transaction ends it: the middleware neither commits nor rolls it back.
+    key = new_key()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert post(client, "/payments", key).status_code == 201
+        assert post(client, "/payments", key).headers["Idempotent-Replayed"] == "true"
+        raise RuntimeError("the outer block fails after the request")
+    assert Payment.objects.count() == 0
+    assert stored_keys(key) == 0
+    with transaction.atomic():
+        assert post(client, "/payments", key).status_code == 201
+    assert Payment.objects.count() == 1
+    assert stored_keys(key) == 1
+
+
 def test_a_view_that_raises_rolls_back_its_writes_and_the_claim(
     atomic_requests: bool,
 ) -> None:
