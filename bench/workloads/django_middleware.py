@@ -6,6 +6,8 @@ HTTP/1.1 client of the ASGI middleware's workload at the same concurrency, each 
 key:
 
 - ``Django alone``: the reference; the view's INSERT commits on its own (autocommit);
+- ``Django alone, ATOMIC_REQUESTS``: the view in a transaction (BEGIN, INSERT, COMMIT), what the
+  one-transaction design costs before any key is claimed;
 - ``Django + pgonce``: ``pgonce.contrib.django``'s middleware; the claim, the row and the stored
   response commit in one transaction on Django's connection.
 
@@ -37,8 +39,12 @@ from bench.workloads.http_middleware import Result, load, probe
 
 TITLE = "Django: Idempotency-Key middleware under a WSGI server"
 
-VARIANTS = ("none", "pgonce")
-LABELS = {"none": "Django alone", "pgonce": "Django + pgonce"}
+VARIANTS = ("atomic", "none", "pgonce")
+LABELS = {
+    "none": "Django alone",
+    "atomic": "Django alone, ATOMIC_REQUESTS",
+    "pgonce": "Django + pgonce",
+}
 CONCURRENCY = 8
 WORKERS = 2
 THREADS = 4
@@ -213,6 +219,12 @@ def run(ctx: BenchContext) -> list[Table]:
     targets.table.notes.append(
         "Round by round: " + ", ".join(f"{100 * r:.0f}" for r in ratios) + " %."
     )
+    atomic = [r["pgonce"].rps / r["atomic"].rps for r in runs if r["atomic"].rps > 0]
+    if atomic:
+        targets.table.notes.append(
+            "Against Django alone with ATOMIC_REQUESTS (the same transaction, no key), median "
+            f"round: {100 * statistics.median(atomic):.0f} %."
+        )
     targets.at_least(
         "Django + pgonce vs Django alone, best rounds", best["pgonce"].rps / reference.rps, 0.85
     )
