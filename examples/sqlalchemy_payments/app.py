@@ -1,0 +1,167 @@
+"""Payments on FastAPI and SQLAlchemy's async ORM: POST /payments is safe to retry.
+
+Run it (PostgreSQL from ``PGONCE_DSN``, migrated with ``pgonce migrate``)::
+
+    PGONCE_DSN=postgresql://... uvicorn --factory examples.sqlalchemy_payments.app:create_app
+
+    curl -X POST localhost:8000/payments -H 'Authorization: Bearer alice-token' \\
+         -H 'Idempotency-Key: "order-42"' -H 'Content-Type: application/json' \\
+         -d '{"amount": 1000, "currency": "EUR"}'
+
+Send the same request again: the same 201, byte for byte, marked ``Idempotent-Replayed: true``,
+one payment and one ``payment.created`` event. What makes it exactly once: the middleware takes
+its connection from the SQLAlchemy engine's pool and claims the key in a transaction on it; the
+endpoint's ``AsyncSession`` writes on that same connection and transaction (the ORM insert and
+the outbox event), and the stored response commits with them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+from sqlalchemy import BigInteger, DateTime, String, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from pgonce.contrib.sqlalchemy import EngineConnections, async_enqueue, idempotent_session
+from pgonce.http import IdempotencyMiddleware
+from pgonce.http.problem import problem_body
+
+#: Demo credentials: bearer token -> principal. A real app asks its identity provider.
+TOKENS = {"alice-token": "alice", "bob-token": "bob"}
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Payment(Base):
+    __tablename__ = "payments"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    principal: Mapped[str] = mapped_column(String)
+    amount: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+#: The endpoint's session: on the idempotent request's connection and transaction. Ended with the
+#: endpoint function (``scope="function"``), so that its last flush happens before the answer.
+IdempotentSession = Annotated[AsyncSession, Depends(idempotent_session, scope="function")]
+
+
+def engine_for(dsn: str) -> AsyncEngine:
+    """An engine on psycopg 3 for a libpq DSN (URL or ``key=value``)."""
+    return create_async_engine(
+        "postgresql+psycopg://", connect_args={"conninfo": dsn}, pool_size=10, max_overflow=0
+    )
+
+
+def principal_of(authorization: str | None) -> str | None:
+    """The principal a ``Bearer`` token names, or ``None``."""
+    if not authorization or not authorization.startswith("Bearer "):
+        return None
+    return TOKENS.get(authorization.removeprefix("Bearer "))
+
+
+def key_scope(scope: Mapping[str, Any]) -> str | None:
+    """Keys belong to the authenticated principal; ``None`` leaves the request to the app."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            principal = principal_of(value.decode("latin-1"))
+            return f"principal:{principal}" if principal else None
+    return None
+
+
+def principal(request: Request) -> str:
+    found = principal_of(request.headers.get("authorization"))
+    if found is None:
+        raise HTTPException(401, "a valid bearer token is required")
+    return found
+
+
+class NewPayment(BaseModel):
+    amount: int = Field(gt=0, description="in the currency's smallest unit")
+    currency: str = Field(min_length=3, max_length=3)
+
+
+def create_app(dsn: str | None = None, **idempotency: Any) -> FastAPI:
+    """The app on ``dsn`` (default: ``PGONCE_DSN``); ``idempotency`` tunes the middleware."""
+    engine = engine_for(dsn or os.environ["PGONCE_DSN"])
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with engine.begin() as conn:
+            await conn.run_sync(Base.metadata.create_all)
+        yield
+        await engine.dispose()
+
+    app = FastAPI(title="payments (SQLAlchemy)", lifespan=lifespan)
+    app.add_middleware(
+        IdempotencyMiddleware, pool=EngineConnections(engine), key_scope=key_scope, **idempotency
+    )
+    app.state.engine = engine
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError) -> Response:
+        # Say where and what, never echo the input: an RFC 9457 problem.
+        problems = [
+            {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))}
+            for e in error.errors()
+        ]
+        return Response(
+            problem_body(
+                422, "Invalid request", "the body does not describe a payment", errors=problems
+            ),
+            status_code=422,
+            media_type="application/problem+json",
+        )
+
+    @app.post("/payments", status_code=201)
+    async def create_payment(
+        new: NewPayment, who: Annotated[str, Depends(principal)], session: IdempotentSession
+    ) -> JSONResponse:
+        payment = Payment(principal=who, amount=new.amount, currency=new.currency)
+        session.add(payment)
+        await session.flush()  # not commit(): the middleware commits once the answer is stored
+        await session.refresh(payment, ["created_at"])
+        body = {
+            "id": payment.id,
+            "amount": payment.amount,
+            "currency": payment.currency,
+            "created_at": payment.created_at.isoformat(),
+        }
+        await async_enqueue(session, "payment", str(payment.id), "payment.created", body)
+        return JSONResponse(body, status_code=201, headers={"Location": f"/payments/{payment.id}"})
+
+    @app.get("/payments/{payment_id}")
+    async def get_payment(payment_id: int, who: Annotated[str, Depends(principal)]) -> JSONResponse:
+        async with AsyncSession(engine) as session:
+            payment = await session.scalar(
+                select(Payment).where(Payment.id == payment_id, Payment.principal == who)
+            )
+        if payment is None:
+            raise HTTPException(404, "no such payment")
+        return JSONResponse(
+            {"id": payment.id, "amount": payment.amount, "currency": payment.currency}
+        )
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    return app
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    uvicorn.run(create_app(), port=int(os.environ.get("PORT", "8000")), factory=False)
