@@ -60,6 +60,7 @@ from pgonce.http.semantics import (
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_METHODS,
     DEFAULT_RETENTION,
+    NO_WAIT,
     Answer,
     CapturedResponse,
     IdempotencyRules,
@@ -99,12 +100,6 @@ __all__ = [
     "IdempotencyMiddleware",
     "header_scope",
 ]
-
-#: What "do not wait" (``wait=None``) means for the claim's lock wait. Not one millisecond: the
-#: claim's INSERT also waits on PostgreSQL's own short locks (a table extended by concurrent
-#: inserts), and a timeout there would answer 409 to a brand-new key. 100 ms rides those out and
-#: is still far shorter than any endpoint a duplicate could be waiting for.
-NO_WAIT = timedelta(milliseconds=100)
 
 # Extensions that would let the app bypass the buffered body (a file sent by path, zero-copy).
 _BYPASSING_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend")

@@ -64,6 +64,12 @@ DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
 #: be at least this long, or the header would promise more than the store keeps.
 DEFAULT_RETENTION = timedelta(hours=24)
 
+#: What "do not wait" (``wait=None``, every adapter's default) means for the claim's lock wait.
+#: Not one millisecond: the claim's INSERT also waits on PostgreSQL's own short locks (a table
+#: extended by concurrent inserts), and a timeout there would answer 409 to a brand-new key.
+#: 100 ms rides those out and is still far shorter than any endpoint a duplicate waits for.
+NO_WAIT = timedelta(milliseconds=100)
+
 _EXPIRES = EXPIRES_HEADER.encode()
 
 
