@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
+import psycopg
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -60,8 +61,12 @@ IdempotentSession = Annotated[AsyncSession, Depends(idempotent_session, scope="f
 
 def engine_for(dsn: str) -> AsyncEngine:
     """An engine on psycopg 3 for a libpq DSN (URL or ``key=value``)."""
+
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(dsn)
+
     return create_async_engine(
-        "postgresql+psycopg://", connect_args={"conninfo": dsn}, pool_size=10, max_overflow=0
+        "postgresql+psycopg://", async_creator=connect, pool_size=10, max_overflow=0
     )
 
 
