@@ -52,12 +52,6 @@ def create_app() -> FastAPI:
         response.set_cookie("session", "secret-session-id")
         return response
 
-    @app.post("/commit")
-    async def commit(session: IdempotentSession) -> Response:
-        await insert_payment(session)
-        await session.commit()  # refused: the middleware commits after storing the answer
-        return JSONResponse({"committed": True}, status_code=201)
-
     @app.post("/block")
     async def block(directory: str, session: IdempotentSession, status: int = 201) -> Response:
         # Signals "my write is done" with a file, then holds the transaction open until the test
