@@ -1,0 +1,219 @@
+"""FastAPI + SQLAlchemy: the payments app with pgonce's Idempotency-Key middleware and without.
+
+The same FastAPI app on SQLAlchemy's async ORM (POST /payments adds one ``Payment`` and answers
+201 with JSON), one uvicorn process, an ``AsyncEngine`` on psycopg 3 with a pool of
+:data:`POOL_SIZE`, loaded by the ASGI middleware workload's HTTP/1.1 client at the same
+concurrency, each request with a new key:
+
+- ``FastAPI + SQLAlchemy alone``: the reference; the endpoint's ``AsyncSession`` comes from a
+  FastAPI dependency with yield (SQLAlchemy's and FastAPI's documented shape) and commits;
+- ``FastAPI + SQLAlchemy + pgonce``: the middleware on ``EngineConnections(engine)``; the
+  endpoint's session is ``idempotent_session``, on the middleware's connection, and flushes; the
+  claim, the row and the stored response commit in one transaction.
+
+Rounds are interleaved (each variant first in every other round); each variant's best round is
+reported, and the target is also judged on the median over the rounds of the ratio within a round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy import BigInteger, String
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from bench.context import BenchContext
+from bench.report import Table, Targets, percentile, ratio
+from bench.servers import cpu_seconds, serve_process
+from bench.workloads.django_middleware import _cpu_each, _cpu_spent, _database_pids
+from bench.workloads.http_middleware import Result, load, probe
+from pgonce.contrib.sqlalchemy import EngineConnections, idempotent_session
+from pgonce.http import IdempotencyMiddleware
+
+TITLE = "FastAPI + SQLAlchemy: Idempotency-Key middleware on an AsyncEngine"
+
+FACTORY = "bench.workloads.sqlalchemy_middleware:create_app"
+VARIANTS = ("none", "pgonce")
+LABELS = {"none": "FastAPI + SQLAlchemy alone", "pgonce": "FastAPI + SQLAlchemy + pgonce"}
+CONCURRENCY = 8
+POOL_SIZE = 8
+TABLE = "bench_sqlalchemy_payments"
+SCOPE = "bench-sqlalchemy:bench"
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class Payment(_Base):
+    __tablename__ = TABLE
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    principal: Mapped[str] = mapped_column(String)
+    amount: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String)
+
+
+class NewPayment(BaseModel):
+    amount: int
+    currency: str
+
+
+async def plain_session(request: Request) -> AsyncIterator[AsyncSession]:
+    """The reference's session: FastAPI's dependency with yield, on the app's engine."""
+    async with AsyncSession(request.app.state.engine, expire_on_commit=False) as session:
+        yield session
+
+
+# Module level: FastAPI resolves the endpoints' (postponed) annotations in the module's namespace.
+IdempotentSession = Annotated[AsyncSession, Depends(idempotent_session, scope="function")]
+PlainSession = Annotated[AsyncSession, Depends(plain_session)]
+
+
+def create_app() -> FastAPI:
+    """The app for ``BENCH_SQLALCHEMY_VARIANT`` on ``BENCH_HTTP_DSN``."""
+    variant = os.environ["BENCH_SQLALCHEMY_VARIANT"]
+    dsn = os.environ["BENCH_HTTP_DSN"]
+
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(dsn)
+
+    engine = create_async_engine(
+        "postgresql+psycopg://", async_creator=connect, pool_size=POOL_SIZE, max_overflow=0
+    )
+    app = FastAPI()
+    app.state.engine = engine
+
+    def answer(payment: Payment) -> JSONResponse:
+        body = {"id": payment.id, "amount": payment.amount, "currency": payment.currency}
+        headers = {"Location": f"/payments/{payment.id}"}
+        return JSONResponse(body, status_code=201, headers=headers)
+
+    if variant == "pgonce":
+        app.add_middleware(
+            IdempotencyMiddleware, pool=EngineConnections(engine), key_scope=lambda _: SCOPE
+        )
+
+        @app.post("/payments", status_code=201)
+        async def create(new: NewPayment, session: IdempotentSession) -> JSONResponse:
+            payment = Payment(principal="bench", amount=new.amount, currency=new.currency)
+            session.add(payment)
+            await session.flush()
+            return answer(payment)
+
+    else:
+
+        @app.post("/payments", status_code=201)
+        async def create_plain(new: NewPayment, session: PlainSession) -> JSONResponse:
+            payment = Payment(principal="bench", amount=new.amount, currency=new.currency)
+            session.add(payment)
+            await session.commit()
+            return answer(payment)
+
+    return app
+
+
+def _prepare(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY,"
+            " principal text NOT NULL, amount bigint NOT NULL, currency text NOT NULL)".encode()
+        )
+        conn.execute(f"TRUNCATE {TABLE}".encode())
+
+
+def _cleanup(ctx: BenchContext) -> None:
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {ctx.schema}.keys WHERE scope = %s".encode(), (SCOPE,))
+        conn.execute(f"TRUNCATE {TABLE}".encode())
+
+
+def _measure(variant: str, ctx: BenchContext, log: Path, seconds: float) -> tuple[Result, str]:
+    env = {"BENCH_SQLALCHEMY_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
+    with serve_process(FACTORY, env, log) as (port, pid):
+        asyncio.run(load(port, min(1.0, seconds), CONCURRENCY))  # warm-up: pool, caches
+        database = _database_pids(ctx.dsn)
+        server_before, database_before = cpu_seconds([pid]), _cpu_each(database)
+        result = asyncio.run(load(port, seconds, CONCURRENCY))
+        result.server_cpu = cpu_seconds([pid]) - server_before
+        result.database_cpu = _cpu_spent(database_before)
+        return result, asyncio.run(probe(port))
+
+
+def run(ctx: BenchContext) -> list[Table]:
+    _prepare(ctx.dsn)
+    log = Path(tempfile.gettempdir()) / "pgonce-bench-sqlalchemy.log"
+    log.write_text("")
+    rounds = 1 if ctx.quick else 5
+    seconds = ctx.seconds(5)
+    runs: list[dict[str, Result]] = []
+    probes: dict[str, str] = {}
+    for number in range(rounds):
+        runs.append({})
+        for variant in VARIANTS if number % 2 == 0 else VARIANTS[::-1]:
+            runs[-1][variant], probes[variant] = _measure(variant, ctx, log, seconds)
+    _cleanup(ctx)
+    best = {v: max((r[v] for r in runs), key=lambda result: result.rps) for v in VARIANTS}
+    ratios = [r["pgonce"].rps / r["none"].rps for r in runs if r["none"].rps > 0]
+    reference = best["none"]
+    table = Table(
+        TITLE,
+        [
+            "variant",
+            "requests/s",
+            "p50 ms",
+            "p99 ms",
+            "throughput",
+            "server CPU µs/req",
+            "PostgreSQL CPU µs/req",
+            "answers",
+            "retry",
+        ],
+    )
+    for variant in VARIANTS:
+        result = best[variant]
+        table.add(
+            LABELS[variant],
+            f"{result.rps:,.0f}",
+            f"{percentile(result.latencies, 50) * 1000:.1f}",
+            f"{percentile(result.latencies, 99) * 1000:.1f}",
+            ratio(result.rps, reference.rps, LABELS["none"]),
+            result.per_request_us(result.server_cpu),
+            result.per_request_us(result.database_cpu),
+            ", ".join(f"{n}x{s}" for s, n in sorted(result.statuses.items())),
+            probes.get(variant, "?"),
+        )
+    table.notes.append(
+        f"One uvicorn process per variant, an AsyncEngine on psycopg 3 with a pool of "
+        f"{POOL_SIZE}; {CONCURRENCY} keep-alive client connections, a new key on every request; "
+        f"{rounds} interleaved round(s) of {seconds:g} s, each variant's best round. Server CPU "
+        "is the uvicorn process's; PostgreSQL CPU its backends on this database and its "
+        "background processes, both per request over the measured round."
+    )
+    table.notes.append(
+        "With pgonce the request does more: BEGIN and the claim, the ORM's INSERT, the stored "
+        "response and COMMIT in one transaction, against the session's INSERT and COMMIT."
+    )
+    targets = Targets(
+        "FastAPI + SQLAlchemy middleware: the issue's target",
+        "FastAPI + SQLAlchemy + pgonce against the same app without it, from the table above.",
+    )
+    targets.table.notes.append(
+        "Round by round: " + ", ".join(f"{100 * r:.0f}" for r in ratios) + " %."
+    )
+    targets.at_least(
+        "pgonce vs the app alone, best rounds", best["pgonce"].rps / reference.rps, 0.85
+    )
+    if ratios:
+        targets.at_least("pgonce vs the app alone, median round", statistics.median(ratios), 0.85)
+    return [table, targets.table]
