@@ -51,9 +51,11 @@ def test_the_session_needs_the_middleware_on_an_engine(dsn: str) -> None:
         return {}
 
     with TestClient(app) as client:
-        client.portal.call(pool.open)
+        portal = client.portal
+        assert portal is not None
+        portal.call(pool.open)
         try:
             with pytest.raises(UsageError, match="EngineConnections"):
                 client.post("/payments", json={}, headers=HEADERS)
         finally:
-            client.portal.call(pool.close)
+            portal.call(pool.close)
