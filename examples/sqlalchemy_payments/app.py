@@ -18,26 +18,22 @@ the outbox event), and the stored response commits with them.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
 import psycopg
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from fastapi.responses import JSONResponse
 from sqlalchemy import BigInteger, DateTime, String, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from examples.payments.app import NewPayment, invalid_request, key_scope, principal
 from pgonce.contrib.sqlalchemy import EngineConnections, async_enqueue, idempotent_session
 from pgonce.http import IdempotencyMiddleware
-from pgonce.http.problem import problem_body
-
-#: Demo credentials: bearer token -> principal. A real app asks its identity provider.
-TOKENS = {"alice-token": "alice", "bob-token": "bob"}
 
 
 class Base(DeclarativeBase):
@@ -70,34 +66,6 @@ def engine_for(dsn: str) -> AsyncEngine:
     )
 
 
-def principal_of(authorization: str | None) -> str | None:
-    """The principal a ``Bearer`` token names, or ``None``."""
-    if not authorization or not authorization.startswith("Bearer "):
-        return None
-    return TOKENS.get(authorization.removeprefix("Bearer "))
-
-
-def key_scope(scope: Mapping[str, Any]) -> str | None:
-    """Keys belong to the authenticated principal; ``None`` leaves the request to the app."""
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            principal = principal_of(value.decode("latin-1"))
-            return f"principal:{principal}" if principal else None
-    return None
-
-
-def principal(request: Request) -> str:
-    found = principal_of(request.headers.get("authorization"))
-    if found is None:
-        raise HTTPException(401, "a valid bearer token is required")
-    return found
-
-
-class NewPayment(BaseModel):
-    amount: int = Field(gt=0, description="in the currency's smallest unit")
-    currency: str = Field(min_length=3, max_length=3)
-
-
 def create_app(dsn: str | None = None, **idempotency: Any) -> FastAPI:
     """The app on ``dsn`` (default: ``PGONCE_DSN``); ``idempotency`` tunes the middleware."""
     engine = engine_for(dsn or os.environ["PGONCE_DSN"])
@@ -115,20 +83,7 @@ def create_app(dsn: str | None = None, **idempotency: Any) -> FastAPI:
     )
     app.state.engine = engine
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, error: RequestValidationError) -> Response:
-        # Say where and what, never echo the input: an RFC 9457 problem.
-        problems = [
-            {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))}
-            for e in error.errors()
-        ]
-        return Response(
-            problem_body(
-                422, "Invalid request", "the body does not describe a payment", errors=problems
-            ),
-            status_code=422,
-            media_type="application/problem+json",
-        )
+    app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
 
     @app.post("/payments", status_code=201)
     async def create_payment(

@@ -8,18 +8,15 @@ comes from ``PGONCE_TEST_HTTP_DSN`` and the middleware's options from
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
-from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from examples.sqlalchemy_payments import app as payments
 from examples.sqlalchemy_payments.app import IdempotentSession, Payment
-from tests.http.app import middleware_options
+from tests.http.app import hold, middleware_options
 
 
 async def insert_payment(session: IdempotentSession, amount: int = 1) -> int:
@@ -54,18 +51,6 @@ def create_app() -> FastAPI:
 
     @app.post("/block")
     async def block(directory: str, session: IdempotentSession, status: int = 201) -> Response:
-        # Signals "my write is done" with a file, then holds the transaction open until the test
-        # creates the gate file (or kills the server). Every run leaves a line in "runs".
-        payment = await insert_payment(session)
-        folder = Path(directory)
-        with (folder / "runs").open("a") as runs:
-            runs.write(f"{payment}\n")
-        (folder / "started").write_text(str(os.getpid()))
-        deadline = time.monotonic() + 60
-        while not (folder / "gate").exists():
-            if time.monotonic() > deadline:
-                return JSONResponse({"error": "gate never opened"}, status_code=500)
-            await asyncio.sleep(0.01)
-        return JSONResponse({"id": payment}, status_code=status)
+        return await hold(directory, await insert_payment(session), status)
 
     return app
