@@ -17,9 +17,7 @@ reported, and the target is also judged on the median over the rounds of the rat
 
 from __future__ import annotations
 
-import asyncio
 import os
-import statistics
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,17 +32,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from bench.context import BenchContext
-from bench.report import Table, Targets, percentile, ratio
-from bench.servers import cpu_seconds, serve_process
-from bench.workloads.django_middleware import _cpu_each, _cpu_spent, _database_pids
-from bench.workloads.http_middleware import Result, load, probe
+from bench.pairs import VARIANTS, compare, measure
+from bench.report import Table
+from bench.servers import serve_process
+from bench.workloads.http_middleware import Result
 from pgonce.contrib.sqlalchemy import EngineConnections, idempotent_session
 from pgonce.http import IdempotencyMiddleware
 
 TITLE = "FastAPI + SQLAlchemy: Idempotency-Key middleware on an AsyncEngine"
 
 FACTORY = "bench.workloads.sqlalchemy_middleware:create_app"
-VARIANTS = ("none", "pgonce")
 LABELS = {"none": "FastAPI + SQLAlchemy alone", "pgonce": "FastAPI + SQLAlchemy + pgonce"}
 CONCURRENCY = 8
 POOL_SIZE = 8
@@ -138,18 +135,6 @@ def _cleanup(ctx: BenchContext) -> None:
         conn.execute(f"TRUNCATE {TABLE}".encode())
 
 
-def _measure(variant: str, ctx: BenchContext, log: Path, seconds: float) -> tuple[Result, str]:
-    env = {"BENCH_SQLALCHEMY_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
-    with serve_process(FACTORY, env, log) as (port, pid):
-        asyncio.run(load(port, min(1.0, seconds), CONCURRENCY))  # warm-up: pool, caches
-        database = _database_pids(ctx.dsn)
-        server_before, database_before = cpu_seconds([pid]), _cpu_each(database)
-        result = asyncio.run(load(port, seconds, CONCURRENCY))
-        result.server_cpu = cpu_seconds([pid]) - server_before
-        result.database_cpu = _cpu_spent(database_before)
-        return result, asyncio.run(probe(port))
-
-
 def run(ctx: BenchContext) -> list[Table]:
     _prepare(ctx.dsn)
     log = Path(tempfile.gettempdir()) / "pgonce-bench-sqlalchemy.log"
@@ -161,59 +146,18 @@ def run(ctx: BenchContext) -> list[Table]:
     for number in range(rounds):
         runs.append({})
         for variant in VARIANTS if number % 2 == 0 else VARIANTS[::-1]:
-            runs[-1][variant], probes[variant] = _measure(variant, ctx, log, seconds)
+            env = {"BENCH_SQLALCHEMY_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
+            with serve_process(FACTORY, env, log) as (port, pid):
+                measured = measure(port, [pid], ctx.dsn, seconds, CONCURRENCY)
+            runs[-1][variant], probes[variant] = measured
     _cleanup(ctx)
-    best = {v: max((r[v] for r in runs), key=lambda result: result.rps) for v in VARIANTS}
-    ratios = [r["pgonce"].rps / r["none"].rps for r in runs if r["none"].rps > 0]
-    reference = best["none"]
-    table = Table(
-        TITLE,
-        [
-            "variant",
-            "requests/s",
-            "p50 ms",
-            "p99 ms",
-            "throughput",
-            "server CPU µs/req",
-            "PostgreSQL CPU µs/req",
-            "answers",
-            "retry",
-        ],
-    )
-    for variant in VARIANTS:
-        result = best[variant]
-        table.add(
-            LABELS[variant],
-            f"{result.rps:,.0f}",
-            f"{percentile(result.latencies, 50) * 1000:.1f}",
-            f"{percentile(result.latencies, 99) * 1000:.1f}",
-            ratio(result.rps, reference.rps, LABELS["none"]),
-            result.per_request_us(result.server_cpu),
-            result.per_request_us(result.database_cpu),
-            ", ".join(f"{n}x{s}" for s, n in sorted(result.statuses.items())),
-            probes.get(variant, "?"),
-        )
-    table.notes.append(
+    notes = [
         f"One uvicorn process per variant, an AsyncEngine on psycopg 3 with a pool of "
         f"{POOL_SIZE}; {CONCURRENCY} keep-alive client connections, a new key on every request; "
         f"{rounds} interleaved round(s) of {seconds:g} s, each variant's best round. Server CPU "
         "is the uvicorn process's; PostgreSQL CPU its backends on this database and its "
-        "background processes, both per request over the measured round."
-    )
-    table.notes.append(
+        "background processes, both per request over the measured round.",
         "With pgonce the request does more: BEGIN and the claim, the ORM's INSERT, the stored "
-        "response and COMMIT in one transaction, against the session's INSERT and COMMIT."
-    )
-    targets = Targets(
-        "FastAPI + SQLAlchemy middleware: the issue's target",
-        "FastAPI + SQLAlchemy + pgonce against the same app without it, from the table above.",
-    )
-    targets.table.notes.append(
-        "Round by round: " + ", ".join(f"{100 * r:.0f}" for r in ratios) + " %."
-    )
-    targets.at_least(
-        "pgonce vs the app alone, best rounds", best["pgonce"].rps / reference.rps, 0.85
-    )
-    if ratios:
-        targets.at_least("pgonce vs the app alone, median round", statistics.median(ratios), 0.85)
-    return [table, targets.table]
+        "response and COMMIT in one transaction, against the session's INSERT and COMMIT.",
+    ]
+    return compare(TITLE, LABELS, runs, probes, notes)
