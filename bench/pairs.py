@@ -19,6 +19,23 @@ VARIANTS = ("none", "pgonce")
 TARGET = 0.85
 
 
+def prepare_payments(dsn: str, table: str) -> None:
+    """An empty payments table (the apps' one write per request) named ``table``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY,"
+            " principal text NOT NULL, amount bigint NOT NULL, currency text NOT NULL)".encode()
+        )
+        conn.execute(f"TRUNCATE {table}".encode())
+
+
+def cleanup_payments(dsn: str, schema: str, scope: str, table: str) -> None:
+    """Forget the run's keys (of ``scope``) and payments."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {schema}.keys WHERE scope = %s".encode(), (scope,))
+        conn.execute(f"TRUNCATE {table}".encode())
+
+
 def database_pids(dsn: str) -> list[int]:
     """This database's backends and PostgreSQL's background processes (not other databases'
     clients: the server may be shared)."""

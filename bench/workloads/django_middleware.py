@@ -25,11 +25,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
-
 from bench.context import BenchContext
 from bench.django_app import SCOPE, TABLE
-from bench.pairs import VARIANTS, compare, measure
+from bench.pairs import VARIANTS, cleanup_payments, compare, measure, prepare_payments
 from bench.report import Table
 from bench.servers import ROOT
 from bench.workloads.http_middleware import Result
@@ -101,23 +99,8 @@ def _accepts(port: int) -> bool:
     return False
 
 
-def prepare(ctx: BenchContext) -> None:
-    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY,"
-            " principal text NOT NULL, amount bigint NOT NULL, currency text NOT NULL)".encode()
-        )
-        conn.execute(f"TRUNCATE {TABLE}".encode())
-
-
-def cleanup(ctx: BenchContext) -> None:
-    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
-        conn.execute(f"DELETE FROM {ctx.schema}.keys WHERE scope = %s".encode(), (SCOPE,))
-        conn.execute(f"TRUNCATE {TABLE}".encode())
-
-
 def run(ctx: BenchContext) -> list[Table]:
-    prepare(ctx)
+    prepare_payments(ctx.dsn, TABLE)
     log = Path(tempfile.gettempdir()) / "pgonce-bench-django.log"
     log.write_text("")
     rounds = 1 if ctx.quick else 5
@@ -131,7 +114,7 @@ def run(ctx: BenchContext) -> list[Table]:
                 runs[-1][variant], probes[variant] = measure(
                     port, pids, ctx.dsn, seconds, CONCURRENCY
                 )
-    cleanup(ctx)
+    cleanup_payments(ctx.dsn, ctx.schema, SCOPE, TABLE)
     notes = [
         f"gunicorn, {WORKERS} gthread workers x {THREADS} threads, persistent connections "
         f"(CONN_MAX_AGE=None); {CONCURRENCY} keep-alive client connections, a new key on every "

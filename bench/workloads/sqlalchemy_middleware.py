@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from bench.context import BenchContext
-from bench.pairs import VARIANTS, compare, measure
+from bench.pairs import VARIANTS, cleanup_payments, compare, measure, prepare_payments
 from bench.report import Table
 from bench.servers import serve_process
 from bench.workloads.http_middleware import Result
@@ -91,7 +91,10 @@ def create_app() -> FastAPI:
     app = FastAPI()
     app.state.engine = engine
 
-    def answer(payment: Payment) -> JSONResponse:
+    async def pay(session: AsyncSession, new: NewPayment, *, commit: bool) -> JSONResponse:
+        payment = Payment(principal="bench", amount=new.amount, currency=new.currency)
+        session.add(payment)
+        await (session.commit() if commit else session.flush())
         body = {"id": payment.id, "amount": payment.amount, "currency": payment.currency}
         headers = {"Location": f"/payments/{payment.id}"}
         return JSONResponse(body, status_code=201, headers=headers)
@@ -103,40 +106,19 @@ def create_app() -> FastAPI:
 
         @app.post("/payments", status_code=201)
         async def create(new: NewPayment, session: IdempotentSession) -> JSONResponse:
-            payment = Payment(principal="bench", amount=new.amount, currency=new.currency)
-            session.add(payment)
-            await session.flush()
-            return answer(payment)
+            return await pay(session, new, commit=False)  # the middleware commits
 
     else:
 
         @app.post("/payments", status_code=201)
         async def create_plain(new: NewPayment, session: PlainSession) -> JSONResponse:
-            payment = Payment(principal="bench", amount=new.amount, currency=new.currency)
-            session.add(payment)
-            await session.commit()
-            return answer(payment)
+            return await pay(session, new, commit=True)
 
     return app
 
 
-def _prepare(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY,"
-            " principal text NOT NULL, amount bigint NOT NULL, currency text NOT NULL)".encode()
-        )
-        conn.execute(f"TRUNCATE {TABLE}".encode())
-
-
-def _cleanup(ctx: BenchContext) -> None:
-    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
-        conn.execute(f"DELETE FROM {ctx.schema}.keys WHERE scope = %s".encode(), (SCOPE,))
-        conn.execute(f"TRUNCATE {TABLE}".encode())
-
-
 def run(ctx: BenchContext) -> list[Table]:
-    _prepare(ctx.dsn)
+    prepare_payments(ctx.dsn, TABLE)
     log = Path(tempfile.gettempdir()) / "pgonce-bench-sqlalchemy.log"
     log.write_text("")
     rounds = 1 if ctx.quick else 5
@@ -150,7 +132,7 @@ def run(ctx: BenchContext) -> list[Table]:
             with serve_process(FACTORY, env, log) as (port, pid):
                 measured = measure(port, [pid], ctx.dsn, seconds, CONCURRENCY)
             runs[-1][variant], probes[variant] = measured
-    _cleanup(ctx)
+    cleanup_payments(ctx.dsn, ctx.schema, SCOPE, TABLE)
     notes = [
         f"One uvicorn process per variant, an AsyncEngine on psycopg 3 with a pool of "
         f"{POOL_SIZE}; {CONCURRENCY} keep-alive client connections, a new key on every request; "

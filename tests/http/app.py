@@ -46,6 +46,15 @@ async def insert_payment(tx: Tx, amount: int = 1) -> int:
     return int(row[0])
 
 
+def with_cookie(payment: int) -> Response:
+    """/cookie's answer: a 201 that sets a cookie (never to be replayed) and a custom header."""
+    response = JSONResponse({"id": payment}, status_code=201)
+    response.headers["Location"] = f"/payments/{payment}"
+    response.headers["X-Custom"] = "kept"
+    response.set_cookie("session", "secret-session-id")
+    return response
+
+
 async def hold(directory: str, payment: int, status: int) -> Response:
     """/block's wait: say "my write is done" with a file, then keep the transaction open until the
     test creates the gate file (or kills the server). Every run leaves a line in "runs"."""
@@ -78,12 +87,7 @@ def create_app() -> FastAPI:
 
     @app.post("/cookie")
     async def cookie(tx: Tx = transaction) -> Response:
-        payment = await insert_payment(tx)
-        response = JSONResponse({"id": payment}, status_code=201)
-        response.headers["Location"] = f"/payments/{payment}"
-        response.headers["X-Custom"] = "kept"
-        response.set_cookie("session", "secret-session-id")
-        return response
+        return with_cookie(await insert_payment(tx))
 
     @app.post("/stream")
     async def stream(chunks: int, size: int, tx: Tx = transaction) -> Response:

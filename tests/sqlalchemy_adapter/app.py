@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from examples.sqlalchemy_payments import app as payments
 from examples.sqlalchemy_payments.app import IdempotentSession, Payment
-from tests.http.app import hold, middleware_options
+from tests.http.app import hold, middleware_options, with_cookie
 
 
 async def insert_payment(session: IdempotentSession, amount: int = 1) -> int:
@@ -42,12 +42,7 @@ def create_app() -> FastAPI:
 
     @app.post("/cookie")
     async def cookie(session: IdempotentSession) -> Response:
-        payment = await insert_payment(session)
-        response = JSONResponse({"id": payment}, status_code=201)
-        response.headers["Location"] = f"/payments/{payment}"
-        response.headers["X-Custom"] = "kept"
-        response.set_cookie("session", "secret-session-id")
-        return response
+        return with_cookie(await insert_payment(session))
 
     @app.post("/block")
     async def block(directory: str, session: IdempotentSession, status: int = 201) -> Response:
