@@ -11,14 +11,20 @@ import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 from psycopg_pool import AsyncConnectionPool
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from examples.payments.app import key_scope
 from examples.sqlalchemy_payments.app import IdempotentSession, create_app
-from pgonce.contrib.sqlalchemy import SessionCommitRefused, idempotent_session
+from pgonce.contrib.sqlalchemy import (
+    EngineConnections,
+    NotPsycopgSession,
+    SessionCommitRefused,
+    idempotent_session,
+)
 from pgonce.errors import UsageError
 from pgonce.http import IdempotencyMiddleware
 from tests.http.test_http_middleware import keys, payments
+from tests.keys.helpers import sqlalchemy_url
 from tests.sqlalchemy_adapter.app import insert_payment
 
 HEADERS = {"Authorization": "Bearer alice-token", "Idempotency-Key": '"k"'}
@@ -59,3 +65,12 @@ def test_the_session_needs_the_middleware_on_an_engine(dsn: str) -> None:
                 client.post("/payments", json={}, headers=HEADERS)
         finally:
             portal.call(pool.close)
+
+
+async def test_an_engine_on_another_driver_is_refused_with_the_scheme_to_use(dsn: str) -> None:
+    engine = create_async_engine(sqlalchemy_url(dsn, "asyncpg"))
+    try:
+        with pytest.raises(NotPsycopgSession, match=r"postgresql\+psycopg://"):
+            EngineConnections(engine)
+    finally:
+        await engine.dispose()
