@@ -45,6 +45,15 @@ GUNICORN = (
     "tests.django.wsgi",
 )
 DJANGO_UVICORN = (sys.executable, "-m", "bench.servers", "{fd}", "tests.django.asgi:create_app")
+#: FastAPI with SQLAlchemy's async ORM: the middleware on the engine's pool, writes through the
+#: request's AsyncSession.
+SQLALCHEMY = (
+    sys.executable,
+    "-m",
+    "bench.servers",
+    "{fd}",
+    "tests.sqlalchemy_adapter.app:create_app",
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ ADAPTERS = {
     adapter.name: adapter
     for adapter in (
         Adapter("fastapi", FASTAPI),
+        Adapter("fastapi-sqlalchemy", SQLALCHEMY),
         Adapter("django-wsgi", GUNICORN, django_template, unsupported=(_NO_CHUNKED_BODY,)),
         Adapter("django-asgi", DJANGO_UVICORN, django_template),
     )
