@@ -362,6 +362,17 @@ def _refuse_commit(session: Session) -> None:
     raise SessionCommitRefused()
 
 
+class _RequestSession(Session):
+    """The sync side of an endpoint's session: its commit is refused (:func:`idempotent_session`).
+
+    The listener is on the class, once, not on each request's session: registering one on an
+    instance costs more than the rest of handing out the session.
+    """
+
+
+event.listen(_RequestSession, "before_commit", _refuse_commit)
+
+
 async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
     """FastAPI dependency: an ``AsyncSession`` on the idempotent request's transaction.
 
@@ -389,8 +400,9 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
             "idempotent_session needs the idempotency middleware on EngineConnections(engine): "
             "this request's connection did not come from a SQLAlchemy engine"
         )
-    session = AsyncSession(bind=bound, join_transaction_mode="rollback_only")
-    event.listen(session.sync_session, "before_commit", _refuse_commit)
+    session = AsyncSession(
+        bind=bound, join_transaction_mode="rollback_only", sync_session_class=_RequestSession
+    )
     try:
         yield session
         await session.flush()
