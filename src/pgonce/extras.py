@@ -29,6 +29,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "redis": ("redis",),
     "http": ("httpx",),
     "ed25519": ("cryptography",),
+    "sqlalchemy": ("sqlalchemy",),
+    "django": ("django",),
 }
 
 

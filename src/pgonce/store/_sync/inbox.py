@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from psycopg import Connection
-from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
@@ -31,6 +30,7 @@ from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.notify import listen
 from pgonce.store.common import require_transaction
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -76,7 +76,7 @@ class InboxStore:
             "channel": self.channel,
         }
         with translate_errors("storing webhook deliveries"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.store, params)
             rows = cur.fetchall()
         outcomes: list[StoreOutcome | None] = [None] * len(deliveries)
@@ -109,7 +109,7 @@ class InboxStore:
             raise UsageError("the claim limit must be positive")
         params = {"source": source, "blocking": blocking, "limit": limit, "now": now}
         with translate_errors("claiming inbox events"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.claim, params)
             rows = cur.fetchall()
         # UPDATE ... RETURNING does not keep the claim's order: due first, then arrival.
@@ -131,27 +131,27 @@ class InboxStore:
     def savepoint(self, conn: Connection[Row]) -> None:
         """Open the savepoint that isolates one event's handler from the rest of its batch."""
         with translate_errors("opening an inbox savepoint"):
-            conn.execute(self._sql.savepoint)
+            cursor(conn).execute(self._sql.savepoint)
 
     def release_savepoint(self, conn: Connection[Row]) -> None:
         with translate_errors("releasing an inbox savepoint"):
-            conn.execute(self._sql.release_savepoint)
+            cursor(conn).execute(self._sql.release_savepoint)
 
     def next_savepoint(self, conn: Connection[Row]) -> None:
         """Release the savepoint of one event and open the next one's, in one round trip."""
         with translate_errors("moving to the next inbox savepoint"):
-            conn.execute(self._sql.next_savepoint)
+            cursor(conn).execute(self._sql.next_savepoint)
 
     def rollback_savepoint(self, conn: Connection[Row]) -> None:
         """Undo one handler's writes (also after an error aborted the transaction)."""
         with translate_errors("rolling back an inbox savepoint"):
-            conn.execute(self._sql.rollback_savepoint)
+            cursor(conn).execute(self._sql.rollback_savepoint)
 
     def skip(self, conn: Connection[Row], event: InboxEvent) -> None:
         """Record a claimed event as ``"skipped"`` (dropped as out of order; no handler ran)."""
         require_transaction(conn)
         with translate_errors("skipping an inbox event"):
-            conn.execute(self._sql.skip, {"source": event.source, "event_id": event.id})
+            cursor(conn).execute(self._sql.skip, {"source": event.source, "event_id": event.id})
 
     def fail(
         self,
@@ -179,7 +179,7 @@ class InboxStore:
             "now": now,
         }
         with translate_errors("recording an inbox failure"):
-            conn.execute(self._sql.fail, params)
+            cursor(conn).execute(self._sql.fail, params)
 
     def advance_watermark(
         self,
@@ -201,7 +201,7 @@ class InboxStore:
             "now": now,
         }
         with translate_errors("advancing an inbox watermark"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.advance_watermark, params)
             return cur.fetchone() is not None
 
@@ -222,11 +222,11 @@ class InboxStore:
             "now": now,
         }
         with translate_errors("replaying dead inbox events"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.replay, params)
             replayed = [row[0] for row in cur.fetchall()]
             if replayed:
-                conn.execute(self._sql.notify, {"channel": self.channel})
+                cursor(conn).execute(self._sql.notify, {"channel": self.channel})
         return replayed
 
     def listen(self, conn: Connection[Row]) -> None:
@@ -236,7 +236,7 @@ class InboxStore:
     def get(self, conn: Connection[Row], source: str, event_id: str) -> dict[str, Any] | None:
         """One event's bookkeeping (no body), for inspection and tests; None when unknown."""
         with translate_errors("reading an inbox event"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.get, {"source": source, "event_id": event_id})
             row = cur.fetchone()
             names = [c.name for c in cur.description or ()]
@@ -245,6 +245,6 @@ class InboxStore:
     def counts(self, conn: Connection[Row]) -> dict[tuple[str, str], int]:
         """``{(source, status): count}`` over the whole inbox."""
         with translate_errors("counting inbox events"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.counts)
             return {(source, status): n for source, status, n in cur.fetchall()}
