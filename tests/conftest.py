@@ -27,6 +27,7 @@ from psycopg.conninfo import make_conninfo
 from pgonce import sql as pgsql
 from pgonce.database import embedded_server
 from pgonce.store._async.keys import AsyncKeyStore
+from pgonce.store import wire
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store.migrate import migrate
 
@@ -75,6 +76,14 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"pgonce: PostgreSQL {row[0] if row else '?'}"
     except psycopg.Error as error:
         return f"pgonce: PostgreSQL not reachable: {error}"
+
+
+@pytest.fixture(autouse=True)
+def _named_statements_again() -> Iterator[None]:
+    """A test that meets a pooler switches the process to unnamed statements; the next test
+    starts with named ones again."""
+    yield
+    wire._reset_naming()
 
 
 @pytest.fixture(scope="session")
