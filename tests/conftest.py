@@ -26,8 +26,8 @@ from psycopg.conninfo import make_conninfo
 
 from pgonce import sql as pgsql
 from pgonce.database import embedded_server
-from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store import wire
+from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store.migrate import migrate
 

@@ -25,7 +25,7 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
-from pgonce.errors import ConfigError, DatabaseError, DatabaseUnavailable
+from pgonce.errors import ConfigError, DatabaseUnavailable
 from pgonce.store import wire
 from pgonce.store.common import complete_claimed
 from tests.keys.helpers import wait_until_blocked
@@ -208,7 +208,8 @@ def test_a_name_taken_behind_pgonce_back_switches_to_unnamed_statements(
     row = conn.execute(
         "SELECT statement FROM pg_prepared_statements WHERE name = %s", (name,)
     ).fetchone()
-    assert row is not None and "SELECT 1" in row[0]
+    assert row is not None
+    assert "SELECT 1" in row[0]
 
 
 def test_a_statement_vanishing_twice_on_one_connection_switches_to_unnamed(
