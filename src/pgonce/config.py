@@ -75,6 +75,9 @@ class Settings:
     data_dir: Path = field(default_factory=lambda: DEFAULT_DATA_DIR)
     prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD
     pooler: str = DEFAULT_POOLER
+    #: A direct connection for LISTEN when ``dsn`` goes through a transaction-mode pooler (where
+    #: LISTEN receives nothing); ``None`` listens on ``dsn``.
+    listen_dsn: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _validate_schema(self.schema)
@@ -88,7 +91,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Read ``PGONCE_DSN``, ``_SCHEMA``, ``_DATA_DIR``, ``_PREPARE_THRESHOLD`` and ``_POOLER``.
+        """Read ``PGONCE_DSN``, ``_SCHEMA``, ``_DATA_DIR``, ``_PREPARE_THRESHOLD``, ``_POOLER``
+        and ``_LISTEN_DSN``.
 
         Keyword arguments that are not ``None`` win over the environment (the command line's
         options are passed this way).
@@ -102,6 +106,7 @@ class Settings:
             else DEFAULT_DATA_DIR,
             prepare_threshold=_parse_threshold(env.get("PGONCE_PREPARE_THRESHOLD")),
             pooler=env.get("PGONCE_POOLER") or DEFAULT_POOLER,
+            listen_dsn=env.get("PGONCE_LISTEN_DSN") or None,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings  # type: ignore[arg-type]

@@ -4,7 +4,8 @@
   no webhook sources.
 - ``PGONCE__SECTION__KEY=value`` overrides ``[section] key`` (double underscores separate the path:
   ``PGONCE__SERVER__PORT=9000``, ``PGONCE__SOURCES__SHOP__TOLERANCE=10m``). ``PGONCE_DSN``,
-  ``PGONCE_SCHEMA`` and ``PGONCE_DATA_DIR`` keep working as everywhere else in pgonce.
+  ``PGONCE_SCHEMA``, ``PGONCE_DATA_DIR``, ``PGONCE_POOLER`` and ``PGONCE_LISTEN_DSN`` keep
+  working as everywhere else in pgonce.
 - Secrets are never written in the file: a secret setting holds ``env:NAME``, the name of the
   environment variable that holds it. pgonce never prints a secret, only the variable's name.
 - Invalid configuration is refused at start with **every** problem listed (file, key, why), not
@@ -126,7 +127,8 @@ class PoolConfig:
 class ServiceConfig:
     settings: Settings = field(default_factory=Settings)
     #: A direct connection (not through a transaction-mode pooler) for LISTEN, which wakes the
-    #: inbox workers and the relay as soon as a row arrives; None listens on ``settings.dsn``.
+    #: inbox workers and the relay as soon as a row arrives; None takes ``settings.listen_dsn``
+    #: ($PGONCE_LISTEN_DSN), else listens on the DSN.
     listen_dsn: str | None = field(default=None, repr=False)
     pool: PoolConfig = field(default_factory=PoolConfig)
     host: str = DEFAULT_HOST

@@ -17,15 +17,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgonce.config import TRANSACTION_POOLER
+from pgonce.database import POLLING_COST, shares_server_sessions
 from pgonce.service.config import PoolConfig, ServiceConfig
 from pgonce.store import wire
 
@@ -37,18 +38,6 @@ log = logging.getLogger("pgonce.service")
 #: after the new primary accepted writes. Giving up after two seconds keeps the tries at most
 #: about a second apart (psycopg_pool's first delay) for as long as requests come.
 RECONNECT_TIMEOUT = timedelta(seconds=2)
-
-#: Rounds of the shared-session check at start (see :func:`shares_server_sessions`).
-_PROBE_ROUNDS = 3
-
-#: What polling costs, for the log line and ``doctor``: the median wake-up measured behind
-#: PgBouncer without a direct LISTEN connection (the inbox polls every second, the relay backs
-#: off further when idle), against about 7 ms with one.
-POLLING_COST = (
-    "inbox and outbox wake-ups fall back to polling: a median 0.3 s for the inbox and about 2 s "
-    "for the outbox instead of about 7 ms; set [database] listen_dsn (a direct connection, not "
-    "through the pooler) to get them back"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,25 +54,6 @@ class Topology:
     polling: bool
 
 
-async def shares_server_sessions(dsn: str, connect_timeout: int) -> bool:
-    """Whether two connections to ``dsn`` can land on one server session (a transaction-mode
-    pooler): each asks for its server process id in turn, and a pooler hands the session the
-    first one just released to the second. Two direct connections never share a process."""
-    kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
-    async with (
-        await psycopg.AsyncConnection.connect(dsn, connect_timeout=connect_timeout, **kwargs) as a,
-        await psycopg.AsyncConnection.connect(dsn, connect_timeout=connect_timeout, **kwargs) as b,
-    ):
-        for _ in range(_PROBE_ROUNDS):
-            pids = []
-            for conn in (a, b):
-                row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
-                pids.append(row[0] if row else None)
-            if pids[0] == pids[1]:
-                return True
-    return False
-
-
 async def topology(config: ServiceConfig, dsn: str) -> Topology:
     """Resolve ``pooler = "auto"`` by checking the server, and log what the service runs with.
 
@@ -94,7 +64,7 @@ async def topology(config: ServiceConfig, dsn: str) -> Topology:
     connect_timeout = _seconds(config.pool.connect_timeout)
     pooler = settings.pooler
     if pooler == "auto":
-        shared = await shares_server_sessions(dsn, connect_timeout)
+        shared = await asyncio.to_thread(shares_server_sessions, dsn, connect_timeout)
         pooler = TRANSACTION_POOLER if shared else "none"
         if shared:
             log.warning(
@@ -108,10 +78,11 @@ async def topology(config: ServiceConfig, dsn: str) -> Topology:
         wire.sessions_shared(f'pooler = "{TRANSACTION_POOLER}"')
     else:
         kwargs["prepare_threshold"] = settings.prepare_threshold
-    polling = pooler == TRANSACTION_POOLER and config.listen_dsn is None
+    listen_dsn = config.listen_dsn or settings.listen_dsn
+    polling = pooler == TRANSACTION_POOLER and listen_dsn is None
     if polling:
         log.warning("LISTEN through a transaction-mode pooler receives nothing: %s", POLLING_COST)
-    return Topology(pooler, kwargs, config.listen_dsn or dsn, polling)
+    return Topology(pooler, kwargs, listen_dsn or dsn, polling)
 
 
 def request_pool(
