@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from pgonce.errors import ConfigError
 
@@ -110,6 +111,20 @@ class Settings:
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings  # type: ignore[arg-type]
+
+
+def own_connect_kwargs(
+    given: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """psycopg's arguments for a connection that pgonce opens itself (the inbox worker's, the
+    relay's, the receiver's own pool): ``given``, else the environment's settings; behind a
+    transaction-mode pooler (``PGONCE_POOLER``) ``prepare_threshold`` is None whatever was given.
+    """
+    settings = Settings.from_env(environ)
+    kwargs: dict[str, Any] = dict(settings.connect_kwargs() if given is None else given)
+    if settings.pooler == TRANSACTION_POOLER:
+        kwargs["prepare_threshold"] = None
+    return kwargs
 
 
 def validate_pooler(pooler: str) -> str:
