@@ -36,9 +36,8 @@ from pgonce.service import runner
 from pgonce.service.config import PoolConfig, load
 from pgonce.service.pools import request_pool
 from pgonce.webhooks.schemes import build_scheme
-from tests.service.test_config import write
+from tests.service.test_config import SECRET, write
 
-SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 LISTEN_URL = "postgresql://listener:s3cret@10.0.0.5:5432/app"
 
 
