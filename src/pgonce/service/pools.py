@@ -75,7 +75,7 @@ async def topology(config: ServiceConfig, dsn: str) -> Topology:
     kwargs: dict[str, Any] = {"connect_timeout": connect_timeout}
     if pooler == TRANSACTION_POOLER:
         kwargs["prepare_threshold"] = None
-        wire.sessions_shared(f'pooler = "{TRANSACTION_POOLER}"')
+        wire.sessions_shared(None)  # said above, or configured
     else:
         kwargs["prepare_threshold"] = settings.prepare_threshold
     listen_dsn = config.listen_dsn or settings.listen_dsn

@@ -115,13 +115,12 @@ class _Session:
 
 
 class _Naming:
-    """Whether pgonce's statements go unnamed in this whole process, and why."""
+    """Whether pgonce's statements go unnamed in this whole process."""
 
-    __slots__ = ("reason", "unnamed")
+    __slots__ = ("unnamed",)
 
     def __init__(self) -> None:
         self.unnamed = False
-        self.reason = ""
 
 
 _naming = _Naming()
@@ -132,18 +131,20 @@ def statements_unnamed() -> bool:
     return _naming.unnamed
 
 
-def sessions_shared(reason: str, *, warn_threshold: bool = False) -> None:
+def sessions_shared(reason: str | None, *, warn_threshold: bool = False) -> None:
     """From now on, send pgonce's statements unnamed on every connection of this process.
 
     Called when a batch met a pooler's shared server sessions, and by the service when its
-    configuration or its check at start says there is one. Logs one line, the first time only:
-    it says what was seen and, with ``warn_threshold`` (the connection still lets psycopg
-    prepare statements), what the application must change.
+    configuration or its check at start says there is one (``reason`` None: the service logs
+    its own line). Logs one line, the first time only: it says what was seen and, with
+    ``warn_threshold`` (the connection still lets psycopg prepare statements), what the
+    application must change.
     """
     if _naming.unnamed:
         return
     _naming.unnamed = True
-    _naming.reason = reason
+    if reason is None:
+        return
     advice = (
         " psycopg's own prepared statements are crossed between clients there too: connect with "
         'prepare_threshold=None (or set pooler = "pgbouncer-transaction", PGONCE_POOLER).'
@@ -161,7 +162,6 @@ def sessions_shared(reason: str, *, warn_threshold: bool = False) -> None:
 def _reset_naming() -> None:
     """Back to named statements (tests: one process runs with and without a pooler)."""
     _naming.unnamed = False
-    _naming.reason = ""
 
 
 _sessions: weakref.WeakKeyDictionary[PGconn, _Session] = weakref.WeakKeyDictionary()
