@@ -5,8 +5,9 @@ suite's launcher) in front of ``PGONCE_BENCH_DSN`` (default: the machine's serve
 
 - claims for 10 s on 8 connections through it, with every setting at its default (psycopg's
   ``prepare_threshold`` too): how many won and how many failed, and with what error;
-- an inbox worker's wake-up (delivery stored -> handler ran), median of 20, with its LISTEN on a
-  direct connection (``listen_dsn``) and through the pooler (polling, every second);
+- an inbox worker's wake-up (delivery stored -> handler ran) and the outbox relay's (row
+  committed -> published), median of 20, with LISTEN on a direct connection (``listen_dsn``) and
+  through the pooler (polling);
 - how long a request waits for an exhausted pool before it is told 503: the service's pool;
 - after a 10 s outage (a proxy refusing connections), how long after the server is back the first
   request gets a connection: psycopg_pool's defaults against the service's pool.
@@ -113,6 +114,59 @@ async def wake_ups(pooled: str, direct: str, listen: str, count: int) -> list[fl
                 await asyncio.wait_for(arrived[event_id].wait(), 30)
                 latencies.append(handled[event_id] - stored)
                 await asyncio.sleep(0.3)  # idle again, as between real deliveries
+    finally:
+        stop.set()
+        await task
+    return latencies
+
+
+class _Clock:
+    """A publisher that acknowledges everything and notes when each row reached it."""
+
+    name = "clock"
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+        self.arrived = asyncio.Event()
+
+    async def publish(self, batch: Any) -> Any:
+        from pgonce.publishers.base import PublishResult
+
+        now = time.perf_counter()
+        for message in batch:
+            self.seen[message.id] = now
+        self.arrived.set()
+        return PublishResult(acked=frozenset(m.id for m in batch))
+
+    async def close(self) -> None:
+        return None
+
+
+async def relay_wake_ups(pooled: str, direct: str, listen: str, count: int) -> list[float]:
+    """Seconds from a committed outbox row to its publication, for a relay listening on
+    ``listen``; its other connections go through ``pooled``."""
+    from pgonce.relay import Relay
+    from pgonce.store._async.outbox import AsyncOutboxStore
+
+    clock = _Clock()
+    relay = Relay(pooled, clock, listen_dsn=listen, prepare_threshold=None)
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    store = AsyncOutboxStore()
+    latencies = []
+    try:
+        await asyncio.sleep(1.5)  # the relay's first look finds nothing; it waits
+        async with await psycopg.AsyncConnection.connect(direct) as conn:
+            for i in range(count):
+                clock.arrived.clear()
+                async with conn.transaction():
+                    row = await store.enqueue(conn, "bench", str(i), "bench.event", {})
+                committed = time.perf_counter()
+                while row not in clock.seen:
+                    await asyncio.wait_for(clock.arrived.wait(), 30)
+                    clock.arrived.clear()
+                latencies.append(clock.seen[row] - committed)
+                await asyncio.sleep(0.3)
     finally:
         stop.set()
         await task
@@ -239,6 +293,16 @@ async def measure(server: str, quick: bool) -> list[Table]:
                 wake.add(label, f"{statistics.median(found_s) * 1000:.0f}",
                          f"{max(found_s) * 1000:.0f}")  # fmt: skip
             tables.append(wake)
+            relay = Table(
+                f"Outbox relay wake-up through PgBouncer (committed -> published), median of "
+                f"{count}",
+                ["LISTEN on", "median ms", "max ms"],
+            )
+            for label, listen in (("listen_dsn (direct)", dsn), ("the pooler (polling)", pooled)):
+                found_s = await relay_wake_ups(pooled, dsn, listen, count)
+                relay.add(label, f"{statistics.median(found_s) * 1000:.0f}",
+                          f"{max(found_s) * 1000:.0f}")  # fmt: skip
+            tables.append(relay)
         finally:
             _drop(server, dsn)
     fail = Table("Pools that fail fast and come back", ["figure", "psycopg_pool defaults",

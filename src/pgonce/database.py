@@ -93,12 +93,12 @@ def open_database(settings: Settings) -> Iterator[Database]:
 _PROBE_ROUNDS = 3
 
 #: What polling costs, for the first log line and ``doctor``: the median wake-up measured behind
-#: PgBouncer without a direct LISTEN connection (the inbox polls every second, the relay backs
-#: off further when idle), against about 7 ms with one.
+#: PgBouncer 1.18 without a direct LISTEN connection (``python -m bench.topology``): the inbox
+#: polls every second, the relay every five, against 10-20 ms with one.
 POLLING_COST = (
-    "inbox and outbox wake-ups fall back to polling: a median 0.3 s for the inbox and about 2 s "
-    "for the outbox instead of about 7 ms; set [database] listen_dsn (PGONCE_LISTEN_DSN) to a "
-    "direct connection, not through the pooler, to get them back"
+    "inbox and outbox wake-ups fall back to polling: a median 0.7 s for the inbox and 4.7 s for "
+    "the outbox instead of 10-20 ms; set [database] listen_dsn (PGONCE_LISTEN_DSN) to a direct "
+    "connection, not through the pooler, to get them back"
 )
 
 
