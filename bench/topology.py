@@ -29,6 +29,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +267,20 @@ def _through(pooled_server: str, dsn: str) -> str:
     return make_conninfo(pooled_server, dbname=conninfo_to_dict(dsn)["dbname"])
 
 
+WakeUps = Callable[[str, str, str, int], Awaitable[list[float]]]
+
+
+async def _wake_up_table(
+    title: str, measure_one: WakeUps, pooled: str, dsn: str, count: int
+) -> Table:
+    """Wake-ups with LISTEN on a direct connection, then through the pooler (polling)."""
+    table = Table(f"{title}, median of {count}", ["LISTEN on", "median ms", "max ms"])
+    for label, listen in (("listen_dsn (direct)", dsn), ("the pooler (polling)", pooled)):
+        found = await measure_one(pooled, dsn, listen, count)
+        table.add(label, f"{statistics.median(found) * 1000:.0f}", f"{max(found) * 1000:.0f}")
+    return table
+
+
 async def measure(server: str, quick: bool) -> list[Table]:
     from tests.pgbouncer import running_pgbouncer
 
@@ -284,25 +299,11 @@ async def measure(server: str, quick: bool) -> list[Table]:
             claim_table.add(found["won"], found["failed"], found["errors"] or "none")
             tables.append(claim_table)
 
-            wake = Table(
-                f"Inbox wake-up through PgBouncer (stored -> handler ran), median of {count}",
-                ["LISTEN on", "median ms", "max ms"],
-            )
-            for label, listen in (("listen_dsn (direct)", dsn), ("the pooler (polling)", pooled)):
-                found_s = await wake_ups(pooled, dsn, listen, count)
-                wake.add(label, f"{statistics.median(found_s) * 1000:.0f}",
-                         f"{max(found_s) * 1000:.0f}")  # fmt: skip
-            tables.append(wake)
-            relay = Table(
-                f"Outbox relay wake-up through PgBouncer (committed -> published), median of "
-                f"{count}",
-                ["LISTEN on", "median ms", "max ms"],
-            )
-            for label, listen in (("listen_dsn (direct)", dsn), ("the pooler (polling)", pooled)):
-                found_s = await relay_wake_ups(pooled, dsn, listen, count)
-                relay.add(label, f"{statistics.median(found_s) * 1000:.0f}",
-                          f"{max(found_s) * 1000:.0f}")  # fmt: skip
-            tables.append(relay)
+            for title, measure_one in (
+                ("Inbox wake-up through PgBouncer (stored -> handler ran)", wake_ups),
+                ("Outbox relay wake-up through PgBouncer (committed -> published)", relay_wake_ups),
+            ):
+                tables.append(await _wake_up_table(title, measure_one, pooled, dsn, count))
         finally:
             _drop(server, dsn)
     fail = Table("Pools that fail fast and come back", ["figure", "psycopg_pool defaults",
