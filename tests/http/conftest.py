@@ -55,7 +55,11 @@ FASTAPI = (sys.executable, "-m", "bench.servers", "{fd}", "tests.http.app:create
 
 
 def start_server(
-    dsn: str, log: Path, options: dict[str, Any], argv: Sequence[str] = FASTAPI
+    dsn: str,
+    log: Path,
+    options: dict[str, Any],
+    argv: Sequence[str] = FASTAPI,
+    env: dict[str, str] | None = None,
 ) -> Server:
     """Start ``argv`` (the FastAPI test app by default) on a socket bound here; wait for /health."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -65,6 +69,7 @@ def start_server(
     port = sock.getsockname()[1]
     env = {
         **os.environ,
+        **(env or {}),
         "PGONCE_TEST_HTTP_DSN": dsn,
         "PGONCE_TEST_HTTP_OPTIONS": json.dumps(options),
     }
@@ -98,19 +103,25 @@ ServerFactory = Callable[..., Server]
 
 
 @pytest.fixture
-def make_server(dsn: str, tmp_path: Path) -> Iterator[ServerFactory]:
-    """Start the test app on ``dsn`` with middleware options; every server stops at teardown."""
-    with servers_of(dsn, tmp_path, FASTAPI) as make:
+def make_server(dsn: str, route: str, tmp_path: Path) -> Iterator[ServerFactory]:
+    """Start the test app on ``dsn`` with middleware options; every server stops at teardown.
+
+    Through PgBouncer the app is told so the way a deployment would: ``PGONCE_POOLER``.
+    """
+    env = {"PGONCE_POOLER": "pgbouncer-transaction"} if route == "pgbouncer" else {}
+    with servers_of(dsn, tmp_path, FASTAPI, env) as make:
         yield make
 
 
 @contextlib.contextmanager
-def servers_of(dsn: str, folder: Path, argv: Sequence[str]) -> Iterator[ServerFactory]:
+def servers_of(
+    dsn: str, folder: Path, argv: Sequence[str], env: dict[str, str] | None = None
+) -> Iterator[ServerFactory]:
     """A factory of servers running ``argv`` on ``dsn``, each stopped on exit."""
     servers: list[Server] = []
 
     def make(**options: Any) -> Server:
-        server = start_server(dsn, folder / f"server-{len(servers)}.log", options, argv)
+        server = start_server(dsn, folder / f"server-{len(servers)}.log", options, argv, env)
         servers.append(server)
         return server
 
@@ -128,7 +139,7 @@ def server(make_server: ServerFactory) -> Server:
 
 
 @pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+def db(dsn: str, connect_kwargs: dict[str, Any]) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection for the test's own reads of the database."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, **connect_kwargs) as conn:
         yield conn

@@ -253,6 +253,7 @@ def waiting_duplicate(
     return result, waiter
 
 
+@pytest.mark.pooled
 def test_with_waiting_enabled_a_duplicate_waits_then_replays(
     make_server: ServerFactory, db: psycopg.Connection[Any], tmp_path: Path
 ) -> None:

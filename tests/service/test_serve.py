@@ -148,6 +148,7 @@ def metric(url: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+@pytest.mark.pooled
 def test_storm_of_duplicates_gives_one_effect_per_event(dsn: str, service: Service) -> None:
     run = "storm"
     deliveries = [delivery(run, n) for n in range(60) for _ in range(5)]

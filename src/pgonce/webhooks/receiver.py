@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from pgonce.config import DEFAULT_SCHEMA
+from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
 from pgonce.core.inbox import (
     Delivery,
     Ordering,
@@ -111,7 +111,12 @@ class InboxReceiver:
         self.clock = clock
         self._owns_pool = pool is None
         self.pool: AsyncConnectionPool[Any] = pool or AsyncConnectionPool(
-            dsn or "", min_size=1, max_size=flushers, open=False, name="pgonce-inbox-receiver"
+            dsn or "",
+            min_size=1,
+            max_size=flushers,
+            kwargs=own_connect_kwargs(),
+            open=False,
+            name="pgonce-inbox-receiver",
         )
         self._max_batch = max_batch
         self._max_flushers = flushers
