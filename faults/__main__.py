@@ -28,7 +28,7 @@ from pathlib import Path
 from faults.context import Context, open_context
 from faults.procs import ROOT
 from faults.report import Result, render
-from faults.scenarios import badinput, broker, database, kills, security, storms
+from faults.scenarios import badinput, broker, database, failover, kills, pooler, security, storms
 
 Scenario = Callable[[Context], Awaitable[Result]]
 
@@ -44,6 +44,9 @@ SCENARIOS: list[tuple[str, Scenario]] = [
     ("bad-webhooks", badinput.bad_webhooks),
     ("bad-http", badinput.bad_requests),
     ("security", security.cross_scope_and_admin),
+    ("pgbouncer", pooler.pgbouncer_load),
+    ("failover-graceful", failover.graceful),
+    ("failover-kill", failover.kill_primary),
 ]
 
 DEFAULT_OUTPUT = ROOT / "faults" / "results" / "latest.md"

@@ -141,10 +141,12 @@ class PgBouncer:
                 raise RuntimeError(
                     f"pgbouncer exited with {self.process.returncode}: see {self.log}"
                 )
-            with contextlib.suppress(psycopg.Error):
-                with psycopg.connect(self.dsn("postgres"), connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
-                    return
+            with (
+                contextlib.suppress(psycopg.Error),
+                psycopg.connect(self.dsn("postgres"), connect_timeout=2) as conn,
+            ):
+                conn.execute("SELECT 1")
+                return
             time.sleep(POLL)
         raise RuntimeError(f"pgbouncer did not accept connections on port {self.port}")
 
@@ -168,14 +170,19 @@ def _owner(path: str) -> str:
 
 
 @contextlib.contextmanager
-def pgbouncer(folder: Path, *, host: str, port: int) -> Iterator[PgBouncer]:
-    """A started :class:`PgBouncer` in front of ``host:port`` (a socket folder or an address)."""
-    bouncer = PgBouncer(folder, host=host, port=port)
+def pgbouncer(*, host: str, port: int) -> Iterator[PgBouncer]:
+    """A started :class:`PgBouncer` in front of ``host:port`` (a socket folder or an address), in
+    a new temporary folder; stopped and deleted on exit."""
+    folder = Path(tempfile.mkdtemp(prefix="pgonce-faults-pgbouncer-"))
+    bouncer: PgBouncer | None = None
     try:
+        bouncer = PgBouncer(folder, host=host, port=port)
         bouncer.start()
         yield bouncer
     finally:
-        bouncer.stop()
+        if bouncer is not None:
+            bouncer.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ## pg_auto_failover
@@ -460,10 +467,8 @@ class Formation:
             left = _descendants(process.pid)
             if process.poll() is None:
                 process.terminate()
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    pass
             for pid in [process.pid, *left]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,80 @@
+"""pgonce behind PgBouncer in transaction pooling mode, under load.
+
+The suite starts a PgBouncer of its own (:mod:`faults.cluster`) in transaction mode in front of its
+PostgreSQL; the service (webhook receiver, inbox workers, relay), the payments app and the
+application enqueueing outbox rows all connect through it, so that consecutive transactions of one
+client run on different server connections, and one server connection serves many clients.
+
+What must hold: nothing acknowledged lost, nothing doubled, no 500, and no prepared statement of
+one client met by another (PostgreSQL's 42P05 "already exists" and 26000 "does not exist", or a
+bind message with another statement's parameter count) in any process's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from faults.cluster import pgbouncer
+from faults.context import Context
+from faults.load import MIXED_LOAD, MixedLoad
+from faults.proxy import free_port
+from faults.report import Result
+
+#: What a crossed or lost prepared statement looks like in a log line.
+CROSSED = ("prepared statement", "42P05", "26000", "bind message supplies")
+
+
+async def _acknowledged(load: MixedLoad, count: int, within: float) -> bool:
+    """Wait (bounded) until the load had ``count`` events and ``count`` payments acknowledged."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if len(load.hooks.acked) >= count and len(load.pays.first) >= count:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def pgbouncer_load(ctx: Context) -> Result:
+    target = ctx.size(3000, 200)
+    direct = ctx.database("pooler")
+    with pgbouncer(host=str(ctx.pg.socket_dir), port=ctx.pg.port) as pool:
+        dsn = pool.dsn("pooler")
+        port, pay_port = free_port(), free_port()
+        with ctx.processes() as procs:
+            service = procs.service("pooler-service", dsn, port, ctx.redis_url)
+            payments = procs.payments("pooler-payments", dsn, pay_port)
+            ctx.keep_logs(procs)
+            load = MixedLoad(
+                ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn,
+                run="pooler", amounts=4_000_000,
+            )  # fmt: skip
+            load.start()
+            reached = await _acknowledged(load, target, ctx.size(300, 90))
+            result = Result(
+                f"{pool.version()} in transaction pooling mode",
+                MIXED_LOAD
+                + "; the service, the app and the outbox's application through PgBouncer",
+                f"every transaction through {pool.version()} (pool_mode = transaction, "
+                "default_pool_size = 20): a client's consecutive transactions on different server "
+                "connections",
+            )
+            result.acc = await load.finish(direct, ctx.redis_url, within=ctx.size(60, 20))
+            untouched = all(p.starts == 1 and p.alive() for p in (service, payments))
+        logs = [p.log for p in (service, payments)]
+    ctx.bodies.extend(load.bodies)
+    crossed = [
+        line.strip()[:200]
+        for log in logs
+        for line in log.read_text(errors="replace").splitlines()
+        if any(mark in line for mark in CROSSED)
+    ]
+    result.check(f"the load reached {target} events and {target} payments acknowledged", reached)
+    result.check(
+        "no prepared statement crossed between clients or lost by the pooler in any log"
+        + (f" ({len(crossed)} lines, the first: {crossed[0]})" if crossed else ""),
+        not crossed,
+    )
+    result.check("no process was restarted: each was started once and still runs", untouched)
+    result.checks += load.checks()
+    return result
