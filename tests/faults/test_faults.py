@@ -34,7 +34,7 @@ def ctx() -> Iterator[Context]:
 
 
 def explain(result: Result) -> str:
-    return render([result], command="pytest tests/faults", started="-", seconds=result.seconds)
+    return render([result], header=[f"# {result.scenario}", ""], seconds=result.seconds)
 
 
 def assert_passed(result: Result) -> None:
