@@ -78,19 +78,7 @@ def render(results: list[Result], *, header: list[str], seconds: float) -> str:
         )
     lines.append("")
     for r in results:
-        lines += [
-            f"## {r.scenario}",
-            "",
-            f"- **load**: {r.load}",
-            f"- **faults**: {r.faults}",
-            f"- **answers seen**: {_statuses(r.acc)}",
-            f"- **time**: {r.seconds:.0f} s",
-        ]
-        if r.error:
-            lines.append(f"- **error**: {r.error}")
-        lines += [f"- {'✔' if held else '✘ **failed**'} {what}" for what, held in r.checks]
-        lines += [f"- note: {note}" for note in r.acc.notes]
-        lines.append("")
+        lines += section(r)
     lines += [
         "## Not covered",
         "",
@@ -101,3 +89,21 @@ def render(results: list[Result], *, header: list[str], seconds: float) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def section(r: Result) -> list[str]:
+    """One scenario's part of the report: what ran, what was injected, every check."""
+    lines = [
+        f"## {r.scenario}",
+        "",
+        f"- **load**: {r.load}",
+        f"- **faults**: {r.faults}",
+        f"- **answers seen**: {_statuses(r.acc)}",
+        f"- **time**: {r.seconds:.0f} s",
+    ]
+    if r.error:
+        lines.append(f"- **error**: {r.error}")
+    lines += [f"- {'✔' if held else '✘ **failed**'} {what}" for what, held in r.checks]
+    lines += [f"- note: {note}" for note in r.acc.notes]
+    lines.append("")
+    return lines

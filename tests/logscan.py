@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from faults.report import render
+from faults.report import section
 from faults.scenarios.security import scan
 
 #: The session's folder of logs, set by the controlling process for its workers.
@@ -77,10 +77,11 @@ def finish(session: pytest.Session) -> None:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         summary = f"{result.load}: " + ("clean" if result.passed else "FAILED")
         if reporter is not None:
+            reporter.ensure_newline()
             reporter.write_sep("=", "secrets and tracebacks in the fault tests' logs")
             reporter.write_line(summary)
             if not result.passed:
-                reporter.write_line(render([result], header=[], seconds=0))
+                reporter.write_line("\n".join(section(result)))
         if not result.passed:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
     finally:
