@@ -29,6 +29,7 @@ from pgonce.database import embedded_server
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store.migrate import migrate
+from tests import logscan
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "pgonce"
@@ -50,6 +51,7 @@ def _tune_test_server(dsn: str) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     global _embedded
+    logscan.configure(config)
     if os.environ.get("PGONCE_TEST_DSN") or hasattr(config, "workerinput"):
         return
     data_dir = ROOT / ".pgonce" / "test-data"
@@ -60,6 +62,10 @@ def pytest_configure(config: pytest.Config) -> None:
             break
         _embedded.close()
     os.environ["PGONCE_TEST_DSN"] = dsn
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    logscan.finish(session)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -71,7 +71,7 @@ async def _under_load(
         ctx.keep_logs(procs)
         load = MixedLoad(
             ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn, run=run,
-            amounts=3_000_000,
+            amounts=3_000_000, relays=1, minimum=ctx.size(50, 3),
         )  # fmt: skip
         load.start()
         urls = [f"http://127.0.0.1:{port}/readyz", f"http://127.0.0.1:{pay_port}/health"]
@@ -79,8 +79,9 @@ async def _under_load(
         done: list[str] = []
         for i in range(faults):
             await asyncio.sleep(ctx.rng.uniform(0.3, 1.5))
-            done.append(await fault(i))
-            recoveries.append(await _ready(urls))
+            with load.faults.window(f"fault {i}"):
+                done.append(await fault(i))
+                recoveries.append(await _ready(urls))
         await asyncio.sleep(1.0)  # load after the last fault, on the recovered processes
         result.acc = await load.finish(direct, ctx.redis_url, within=ctx.size(60, 20))
         untouched = all(p.starts == 1 and p.alive() for p in (service, payments))
