@@ -47,7 +47,7 @@ async def pgbouncer_load(ctx: Context) -> Result:
             ctx.keep_logs(procs)
             load = MixedLoad(
                 ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn,
-                run="pooler", amounts=4_000_000,
+                run="pooler", amounts=4_000_000, relays=1, minimum=target,
             )  # fmt: skip
             load.start()
             reached = await _acknowledged(load, target, ctx.size(300, 90))
