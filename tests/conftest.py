@@ -7,6 +7,11 @@ suite starts the embedded PostgreSQL 18 once, in the controlling process, with i
 Each test that asks for ``dsn`` gets a database of its own, cloned from a template that was migrated
 once per schema version; tests therefore run in parallel (``pytest -n auto``) and never see each
 other's rows.
+
+A test marked ``pooled`` runs twice: directly (``route=direct``) and through the suite's own
+PgBouncer in transaction mode (``route=pgbouncer``, see tests/pgbouncer.py), where ``dsn`` goes
+through the pooler and ``conn``/``aconn``/``connect_kwargs`` carry ``prepare_threshold=None``, as
+the production guide requires behind PgBouncer before 1.21.
 """
 
 from __future__ import annotations
@@ -22,14 +27,16 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgonce import sql as pgsql
 from pgonce.database import embedded_server
+from pgonce.store import wire
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store.migrate import migrate
 from tests import logscan
+from tests.pgbouncer import running_pgbouncer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "pgonce"
@@ -81,6 +88,38 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"pgonce: PostgreSQL {row[0] if row else '?'}"
     except psycopg.Error as error:
         return f"pgonce: PostgreSQL not reachable: {error}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("pooled") is not None:
+        metafunc.parametrize("route", ["direct", "pgbouncer"], indirect=True)
+
+
+@pytest.fixture
+def route(request: pytest.FixtureRequest) -> str:
+    """How the test reaches the server: "direct", or "pgbouncer" for a ``pooled`` test's variant."""
+    return str(getattr(request, "param", "direct"))
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_server_dsn(server_dsn: str) -> Iterator[str]:
+    """The test server through this process's PgBouncer (transaction mode), started once."""
+    with running_pgbouncer(server_dsn) as pooled:
+        yield pooled
+
+
+@pytest.fixture
+def connect_kwargs(route: str) -> dict[str, Any]:
+    """psycopg's connection arguments for the route: no prepared statements through PgBouncer."""
+    return {"prepare_threshold": None} if route == "pgbouncer" else {}
+
+
+@pytest.fixture(autouse=True)
+def _named_statements_again() -> Iterator[None]:
+    """A test that meets a pooler switches the process to unnamed statements; the next test
+    starts with named ones again."""
+    yield
+    wire._reset_naming()
 
 
 @pytest.fixture(scope="session")
@@ -143,13 +182,22 @@ def drop_database(server_dsn: str, name: str) -> None:
 
 
 @pytest.fixture
-def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database of this test's own."""
+def direct_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database of this test's own, reached directly whatever the route."""
     name = new_database(server_dsn, template_db)
     try:
         yield make_conninfo(server_dsn, dbname=name)
     finally:
         drop_database(server_dsn, name)
+
+
+@pytest.fixture
+def dsn(direct_dsn: str, route: str, request: pytest.FixtureRequest) -> str:
+    """A fresh, migrated database of this test's own (through PgBouncer on that route)."""
+    if route != "pgbouncer":
+        return direct_dsn
+    pooled: str = request.getfixturevalue("pgbouncer_server_dsn")
+    return make_conninfo(pooled, dbname=conninfo_to_dict(direct_dsn)["dbname"])
 
 
 @pytest.fixture
@@ -163,15 +211,17 @@ def empty_dsn(server_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+def conn(dsn: str, connect_kwargs: dict[str, Any]) -> Iterator[psycopg.Connection[Any]]:
     """A sync connection to the test's database, not in autocommit (psycopg's default)."""
-    with psycopg.connect(dsn) as c:
+    with psycopg.connect(dsn, **connect_kwargs) as c:
         yield c
 
 
 @pytest.fixture
-async def aconn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    async with await psycopg.AsyncConnection.connect(dsn) as c:
+async def aconn(
+    dsn: str, connect_kwargs: dict[str, Any]
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async with await psycopg.AsyncConnection.connect(dsn, **connect_kwargs) as c:
         yield c
 
 

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, Field
 
+from pgonce import Settings
 from pgonce.http import IdempotencyMiddleware, IdempotentTransaction, idempotent_transaction
 from pgonce.http.problem import problem_body
 
@@ -77,7 +78,11 @@ class NewPayment(BaseModel):
 
 def create_app(dsn: str | None = None, **idempotency: Any) -> FastAPI:
     """The app on ``dsn`` (default: ``PGONCE_DSN``); ``idempotency`` tunes the middleware."""
-    pool = AsyncConnectionPool(dsn or os.environ["PGONCE_DSN"], open=False, min_size=2, max_size=10)
+    # connect_kwargs(): no prepared statements behind a transaction-mode pooler (PGONCE_POOLER).
+    connect = Settings.from_env().connect_kwargs()
+    pool = AsyncConnectionPool(
+        dsn or os.environ["PGONCE_DSN"], open=False, min_size=2, max_size=10, kwargs=connect
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from pgonce.errors import ConfigError
 
@@ -42,6 +43,17 @@ DEFAULT_RETRY_AFTER = 1
 #: transaction mode (before 1.21) cannot keep prepared statements: set it to none there.
 DEFAULT_PREPARE_THRESHOLD: int | None = 5
 
+#: What stands between pgonce and PostgreSQL, and so whether statements may be prepared.
+#: ``auto``: the service checks at start whether connections share server sessions (a
+#: transaction-mode pooler) and, if they do, runs as ``pgbouncer-transaction``; the library
+#: switches when a prepared statement of its own meets another client's. ``none``: a direct
+#: connection, or a pooler that keeps prepared statements per client (PgBouncer >= 1.21 with
+#: ``max_prepared_statements``): nothing is checked. ``pgbouncer-transaction``: no prepared
+#: statements at all, neither pgonce's nor psycopg's (``prepare_threshold = None``).
+POOLERS = ("auto", "none", "pgbouncer-transaction")
+DEFAULT_POOLER = "auto"
+TRANSACTION_POOLER = "pgbouncer-transaction"
+
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -63,13 +75,25 @@ class Settings:
     schema: str = DEFAULT_SCHEMA
     data_dir: Path = field(default_factory=lambda: DEFAULT_DATA_DIR)
     prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD
+    pooler: str = DEFAULT_POOLER
+    #: A direct connection for LISTEN when ``dsn`` goes through a transaction-mode pooler (where
+    #: LISTEN receives nothing); ``None`` listens on ``dsn``.
+    listen_dsn: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _validate_schema(self.schema)
+        validate_pooler(self.pooler)
+
+    def connect_kwargs(self) -> dict[str, int | None]:
+        """psycopg's connection arguments for these settings: behind a transaction-mode pooler,
+        ``prepare_threshold`` is None whatever it was set to."""
+        threshold = None if self.pooler == TRANSACTION_POOLER else self.prepare_threshold
+        return {"prepare_threshold": threshold}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Read ``PGONCE_DSN``, ``_SCHEMA``, ``_DATA_DIR`` and ``_PREPARE_THRESHOLD``.
+        """Read ``PGONCE_DSN``, ``_SCHEMA``, ``_DATA_DIR``, ``_PREPARE_THRESHOLD``, ``_POOLER``
+        and ``_LISTEN_DSN``.
 
         Keyword arguments that are not ``None`` win over the environment (the command line's
         options are passed this way).
@@ -82,9 +106,31 @@ class Settings:
             if env.get("PGONCE_DATA_DIR")
             else DEFAULT_DATA_DIR,
             prepare_threshold=_parse_threshold(env.get("PGONCE_PREPARE_THRESHOLD")),
+            pooler=env.get("PGONCE_POOLER") or DEFAULT_POOLER,
+            listen_dsn=env.get("PGONCE_LISTEN_DSN") or None,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings  # type: ignore[arg-type]
+
+
+def own_connect_kwargs(
+    given: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """psycopg's arguments for a connection that pgonce opens itself (the inbox worker's, the
+    relay's, the receiver's own pool): ``given``, else the environment's settings; behind a
+    transaction-mode pooler (``PGONCE_POOLER``) ``prepare_threshold`` is None whatever was given.
+    """
+    settings = Settings.from_env(environ)
+    kwargs: dict[str, Any] = dict(settings.connect_kwargs() if given is None else given)
+    if settings.pooler == TRANSACTION_POOLER:
+        kwargs["prepare_threshold"] = None
+    return kwargs
+
+
+def validate_pooler(pooler: str) -> str:
+    if pooler not in POOLERS:
+        raise ConfigError(f"pooler {pooler!r} is not known: it is one of {', '.join(POOLERS)}")
+    return pooler
 
 
 def _parse_threshold(value: str | None) -> int | None:

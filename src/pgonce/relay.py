@@ -46,7 +46,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 
-from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA
+from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA, own_connect_kwargs
 from pgonce.core.outbox import RetryPolicy, refuse, settle
 from pgonce.errors import BrokerUnavailable, ConfigError, PgonceError
 from pgonce.publishers.base import Publisher, PublishResult
@@ -154,7 +154,10 @@ class Relay:
         #: LISTEN needs a session of its own; behind PgBouncer in transaction mode give the
         #: server's direct address here.
         self.listen_dsn = listen_dsn or dsn
-        self.prepare_threshold = prepare_threshold
+        #: None behind a transaction-mode pooler (PGONCE_POOLER), whatever was given.
+        self.prepare_threshold = own_connect_kwargs({"prepare_threshold": prepare_threshold})[
+            "prepare_threshold"
+        ]
         self.outage_backoff = outage_backoff
         self.stats = RelayStats()
         #: Names this relay in outbox_waiting_relays; unique per instance.

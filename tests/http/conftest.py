@@ -46,7 +46,9 @@ class Server:
                 self.kill()
 
 
-def start_server(dsn: str, log: Path, options: dict[str, Any]) -> Server:
+def start_server(
+    dsn: str, log: Path, options: dict[str, Any], env: dict[str, str] | None = None
+) -> Server:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -54,6 +56,7 @@ def start_server(dsn: str, log: Path, options: dict[str, Any]) -> Server:
     port = sock.getsockname()[1]
     env = {
         **os.environ,
+        **(env or {}),
         "PGONCE_TEST_HTTP_DSN": dsn,
         "PGONCE_TEST_HTTP_OPTIONS": json.dumps(options),
     }
@@ -92,12 +95,16 @@ ServerFactory = Callable[..., Server]
 
 
 @pytest.fixture
-def make_server(dsn: str, tmp_path: Path) -> Iterator[ServerFactory]:
-    """Start the test app on ``dsn`` with middleware options; every server stops at teardown."""
+def make_server(dsn: str, route: str, tmp_path: Path) -> Iterator[ServerFactory]:
+    """Start the test app on ``dsn`` with middleware options; every server stops at teardown.
+
+    Through PgBouncer the app is told so the way a deployment would: ``PGONCE_POOLER``.
+    """
     servers: list[Server] = []
+    env = {"PGONCE_POOLER": "pgbouncer-transaction"} if route == "pgbouncer" else {}
 
     def make(**options: Any) -> Server:
-        server = start_server(dsn, tmp_path / f"server-{len(servers)}.log", options)
+        server = start_server(dsn, tmp_path / f"server-{len(servers)}.log", options, env)
         servers.append(server)
         return server
 
@@ -113,7 +120,7 @@ def server(make_server: ServerFactory) -> Server:
 
 
 @pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+def db(dsn: str, connect_kwargs: dict[str, Any]) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection for the test's own reads of the database."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, **connect_kwargs) as conn:
         yield conn

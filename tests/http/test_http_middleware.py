@@ -71,6 +71,7 @@ def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
 # --- the happy path and replays -------------------------------------------------------------
 
 
+@pytest.mark.pooled
 def test_retry_replays_the_identical_response_and_pays_once(
     server: Server, db: psycopg.Connection[Any]
 ) -> None:
@@ -303,6 +304,7 @@ def block_path(folder: Path) -> str:
     return f"/block?directory={folder}"
 
 
+@pytest.mark.pooled
 def test_in_flight_is_409_with_retry_after_and_consumes_nothing(
     server: Server, db: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
@@ -341,6 +343,7 @@ def waiting_duplicate(
     return result, waiter
 
 
+@pytest.mark.pooled
 def test_with_waiting_enabled_a_duplicate_waits_then_replays(
     make_server: ServerFactory, db: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
@@ -523,6 +526,7 @@ def test_a_request_body_over_the_limit_is_413(
 # --- concurrency and crashes ------------------------------------------------------------------
 
 
+@pytest.mark.pooled
 async def test_fifty_concurrent_identical_requests_pay_once(
     server: Server, db: psycopg.Connection[Any]
 ) -> None:

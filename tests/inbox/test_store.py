@@ -22,6 +22,7 @@ def delivery(event_id: str, body: bytes, source: str = "shop") -> Delivery:
     return Delivery(source, event_id, body, {"x-signature": "s"}, digest(body))
 
 
+@pytest.mark.pooled
 def test_a_batch_stores_new_events_and_tells_duplicates_from_conflicts(
     conn: psycopg.Connection[Any],
 ) -> None:
@@ -66,6 +67,7 @@ def test_writes_refuse_an_autocommit_connection(dsn: str) -> None:
         store.store(auto, [delivery("a", b"1")])
 
 
+@pytest.mark.pooled
 async def test_concurrent_overlapping_batches_neither_deadlock_nor_double_store(dsn: str) -> None:
     store = AsyncInboxStore(schema=SCHEMA)
     ids = [f"evt_{i}" for i in range(40)]

@@ -74,6 +74,7 @@ async def run_batches(worker: InboxWorker, dsn: str, **kwargs: Any) -> list[Any]
                 return results
 
 
+@pytest.mark.pooled
 async def test_handler_effects_commit_with_done(effects_dsn: str) -> None:
     await deliver(effects_dsn, *(delivery(f"e{i}", {"n": i}) for i in range(10)))
     seen: list[Any] = []

@@ -25,7 +25,7 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
-from pgonce.errors import DatabaseError, DatabaseUnavailable
+from pgonce.errors import ConfigError, DatabaseUnavailable
 from pgonce.store import wire
 from pgonce.store.common import complete_claimed
 from tests.keys.helpers import wait_until_blocked
@@ -178,22 +178,73 @@ def test_a_begin_claim_committed_by_hand_stays_in_flight(
 
 
 @pytest.mark.parametrize("taken", ["claim_insert", "claim_read"])
-def test_a_statement_whose_preparation_fails_reports_that_failure(
+def test_a_name_taken_behind_pgonce_back_switches_to_unnamed_statements(
     dsn: str, conn: psycopg.Connection[Any], store: KeyStore, taken: str
 ) -> None:
-    # The fault suite found it under 2 ms statement timeouts: the preparation failed, the
-    # statement was skipped, and its empty result was read as "did not win" (then as a missing
-    # row). A name taken behind pgonce's back fails the preparation the same way, every time.
+    # A name taken on the server session (42P05) is what a transaction-mode pooler shows: another
+    # client prepared it there. The failed preparation must never be read as an answer (its
+    # statement was skipped: "did not win", then a missing row); begin() rolls back, the process
+    # sends pgonce's statements unnamed from then on, and the claim runs again from BEGIN.
     with psycopg.connect(dsn) as other:
         won = store.begin(other, "s", "done", FP)
         store.commit(other, won, Response(201))
     name = getattr(store, f"_{taken}").name.decode()
     conn.execute(f'PREPARE "{name}" AS SELECT 1')
     conn.commit()
-    with pytest.raises(DatabaseError, match="already exists"):
-        store.begin(conn, "s", "new" if taken == "claim_insert" else "done", FP)
+    assert not wire.statements_unnamed()
+    claim = store.begin(conn, "s", "new" if taken == "claim_insert" else "done", FP)
+    assert wire.statements_unnamed()
+    if taken == "claim_insert":
+        assert isinstance(claim, Won)
+        store.commit(conn, claim, Response(201))
+    else:
+        assert isinstance(claim, Replay)
+        assert claim.response.status == 201
     _idle_and_usable(conn)
-    assert conn.execute("SELECT count(*) FROM pgonce.keys WHERE key = 'new'").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM pgonce.keys WHERE key = 'new'").fetchone() == (
+        1 if taken == "claim_insert" else 0,
+    )
+    # The statement under pgonce's name is still the other one: pgonce never ran it.
+    row = conn.execute(
+        "SELECT statement FROM pg_prepared_statements WHERE name = %s", (name,)
+    ).fetchone()
+    assert row is not None
+    assert "SELECT 1" in row[0]
+
+
+def test_a_statement_vanishing_twice_on_one_connection_switches_to_unnamed(
+    conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    # Once is DEALLOCATE ALL (prepare again); twice on the same connection is a pooler handing
+    # the connection another server session each transaction.
+    for round_ in range(2):
+        with store.once(conn, "s", f"a{round_}", FP) as op:
+            op.respond(Response(201))
+        conn.execute("DEALLOCATE ALL")
+        conn.commit()
+        assert wire.statements_unnamed() is False
+        with store.once(conn, "s", f"b{round_}", FP) as op:
+            assert op.won
+            op.respond(Response(201))
+        assert wire.statements_unnamed() is (round_ == 1)
+    row = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert row == (0,)  # after the second DEALLOCATE ALL nothing was prepared again
+
+
+def test_pooler_setting_sends_unnamed_and_refuses_a_preparing_connection(dsn: str) -> None:
+    pooled = KeyStore(pooler="pgbouncer-transaction")
+    with psycopg.connect(dsn) as conn, pytest.raises(UsageError, match="prepare_threshold=None"):
+        pooled.begin(conn, "s", "k", FP)
+    with psycopg.connect(dsn, prepare_threshold=None) as conn:
+        for _ in range(2):
+            with pooled.once(conn, "s", "k", FP) as op:
+                if op.won:
+                    op.respond(Response(201))
+        assert op.replayed
+        row = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+        assert row == (0,)
+    with pytest.raises(ConfigError, match="pooler 'pgbouncer' is not known"):
+        KeyStore(pooler="pgbouncer")
 
 
 def test_begin_refuses_a_connection_in_a_transaction_or_pipeline(

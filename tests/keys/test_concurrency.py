@@ -39,10 +39,15 @@ def count_effects(dsn: str, key: str) -> int:
         return int(row[0]) if row else -1
 
 
-async def test_200_concurrent_claims_over_a_pool_give_one_effect(dsn: str) -> None:
+@pytest.mark.pooled
+async def test_200_concurrent_claims_over_a_pool_give_one_effect(
+    dsn: str, connect_kwargs: dict[str, Any]
+) -> None:
     make_effects_table(dsn)
     store = AsyncKeyStore(wait=timedelta(milliseconds=200))
-    async with AsyncConnectionPool(dsn, min_size=20, max_size=20, open=False) as pool:
+    async with AsyncConnectionPool(
+        dsn, min_size=20, max_size=20, open=False, kwargs=connect_kwargs
+    ) as pool:
         results = await asyncio.gather(*(deliver(pool, store, "k") for _ in range(200)))
     assert count_effects(dsn, "k") == 1
     assert sum(r["won"] for r in results) == 1

@@ -47,6 +47,7 @@ def effects(dsn: str, key: str) -> int:
         return int(row[0]) if row else 0
 
 
+@pytest.mark.pooled
 def test_won_then_completed_then_replayed_byte_for_byte(
     conn: psycopg.Connection[Any], store: KeyStore
 ) -> None:
@@ -63,6 +64,7 @@ def test_won_then_completed_then_replayed_byte_for_byte(
     assert replay.completed_at >= replay.claimed_at
 
 
+@pytest.mark.pooled
 async def test_async_api_has_the_same_behaviour(
     aconn: psycopg.AsyncConnection[Any], astore: AsyncKeyStore
 ) -> None:
@@ -124,6 +126,7 @@ def test_second_completion_changes_nothing(conn: psycopg.Connection[Any], store:
     assert replay.response == RESPONSE
 
 
+@pytest.mark.pooled
 def test_rollback_frees_the_key_and_leaves_nothing(
     dsn: str, conn: psycopg.Connection[Any], store: KeyStore
 ) -> None:
@@ -170,6 +173,7 @@ def test_server_error_is_stored_when_configured(conn: psycopg.Connection[Any]) -
     assert replay.response.status == 500
 
 
+@pytest.mark.pooled
 def test_the_duplicate_path_writes_nothing(conn: psycopg.Connection[Any], store: KeyStore) -> None:
     claim = store.claim(conn, "s", "k", FP)
     assert isinstance(claim, Won)

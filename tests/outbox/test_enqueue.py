@@ -25,6 +25,7 @@ def outbox_rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
+@pytest.mark.pooled
 def test_event_commits_with_the_business_write(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
@@ -37,6 +38,7 @@ def test_event_commits_with_the_business_write(dsn: str) -> None:
         ]
 
 
+@pytest.mark.pooled
 def test_event_rolls_back_with_the_business_write(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
@@ -48,6 +50,7 @@ def test_event_rolls_back_with_the_business_write(dsn: str) -> None:
         assert outbox_rows(conn) == []
 
 
+@pytest.mark.pooled
 async def test_async_enqueue_commits_and_rolls_back_with_the_transaction(dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         store = AsyncOutboxStore()

@@ -118,6 +118,7 @@ async def test_a_broker_that_is_down_makes_rows_wait_without_counting_attempts(d
     ] * 3
 
 
+@pytest.mark.pooled
 async def test_two_relays_never_hold_rows_of_one_aggregate_at_once(dsn: str) -> None:
     # Aggregates "0" and "1", three rows each, interleaved.
     fill(dsn, 6, aggregates=2)

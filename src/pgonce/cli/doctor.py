@@ -7,6 +7,11 @@
 - oldest row vs retention: the oldest completed key must be younger than retention + --slack, else
   the sweeper stalled.
 - overdue rows: rows past their retention, still waiting for the sweeper.
+- sync standby: with synchronous_standby_names set, whether a standby is attached in sync now; a
+  warning when none is (after a failover, until the old node returns): durability is reduced.
+- listen: whether LISTEN reaches the server directly. Through a transaction-mode pooler it
+  receives nothing, and the inbox and outbox fall back to polling: give $PGONCE_LISTEN_DSN (or
+  [database] listen_dsn) a direct connection.
 
 Give the same retention options as `pgonce sweep` so that both judge by the same policy.
 Exit status: 0 when every check passes or only warns, 1 when a check fails (also warnings with
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import replace
 
 import psycopg
 
@@ -29,7 +35,8 @@ from pgonce.core.retention import (
     HealthReport,
     format_duration,
 )
-from pgonce.database import open_database
+from pgonce.core.topology import judge_listen
+from pgonce.database import POLLING_COST, open_database, shares_server_sessions
 from pgonce.store._sync.health import HealthCheck
 from pgonce.store.errors import translate_errors
 
@@ -103,6 +110,14 @@ def run(args: argparse.Namespace) -> int:
         say(f"pgonce: using {db.description}")
         with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
             report = health.check(conn, now=args.now)
+        listen_dsn = settings.listen_dsn
+        listening = judge_listen(
+            POLLING_COST,
+            pooled=shares_server_sessions(db.dsn),
+            listen_given=listen_dsn is not None,
+            listen_pooled=listen_dsn is not None and shares_server_sessions(listen_dsn),
+        )
+        report = replace(report, findings=(*report.findings, listening))
     print(render(report))
     if report.status == "fail" or (args.strict and report.status == "warn"):
         return 1

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pgonce.errors import ConfigError
 
@@ -519,6 +519,10 @@ def judge_horizon(facts: GroupFacts, slack: timedelta) -> list[Finding]:
     return findings
 
 
+if TYPE_CHECKING:
+    from pgonce.core.durability import Durability
+
+
 @dataclass(frozen=True, slots=True)
 class HealthReport:
     """The health figures (for metrics) and the findings on them (for ``pgonce doctor``)."""
@@ -527,6 +531,8 @@ class HealthReport:
     groups: tuple[GroupFacts, ...]
     stuck: tuple[StuckFacts, ...]
     findings: tuple[Finding, ...]
+    #: The server's synchronous standbys (:mod:`pgonce.core.durability`), when they were read.
+    durability: Durability | None = None
 
     @property
     def status(self) -> Status:

@@ -112,10 +112,18 @@ class ServiceApp:
         return JSONResponse({"status": "alive"})
 
     async def readyz(self, request: Request) -> Response:
-        """Ready: the database answers and is migrated to the version this code needs."""
+        """Ready: the database answers and is migrated to the version this code needs.
+
+        The answer also says whether the server has the synchronous standby it is configured
+        for (``synchronous_standby``: see :mod:`pgonce.core.durability`). A missing one does not
+        make the service unready (it can still answer), but ``durability`` says "reduced".
+        """
         try:
-            async with self.pool.connection(timeout=5) as conn:
+            # The pool's own wait bound (pool_wait): a probe must not wait longer than requests.
+            async with self.pool.connection() as conn:
                 version = await self.inspector.schema_version(conn)
+                durability = await self.health.durability(conn)
+                await conn.rollback()
         except Exception as error:
             # pgonce's errors, the pool's timeout, a refused connection: all mean "not ready".
             return JSONResponse(
@@ -126,7 +134,15 @@ class ServiceApp:
                 {"status": "not migrated", "schema": version, "needs": self.latest_migration},
                 status_code=503,
             )
-        return JSONResponse({"status": "ready", "schema": version})
+        state = durability.state
+        return JSONResponse(
+            {
+                "status": "ready",
+                "schema": version,
+                "synchronous_standby": state,
+                "durability": "reduced" if state == "none" else "as configured",
+            }
+        )
 
     async def metrics_page(self, request: Request) -> Response:
         now = datetime.now(UTC)

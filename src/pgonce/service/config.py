@@ -4,7 +4,8 @@
   no webhook sources.
 - ``PGONCE__SECTION__KEY=value`` overrides ``[section] key`` (double underscores separate the path:
   ``PGONCE__SERVER__PORT=9000``, ``PGONCE__SOURCES__SHOP__TOLERANCE=10m``). ``PGONCE_DSN``,
-  ``PGONCE_SCHEMA`` and ``PGONCE_DATA_DIR`` keep working as everywhere else in pgonce.
+  ``PGONCE_SCHEMA``, ``PGONCE_DATA_DIR``, ``PGONCE_POOLER`` and ``PGONCE_LISTEN_DSN`` keep
+  working as everywhere else in pgonce.
 - Secrets are never written in the file: a secret setting holds ``env:NAME``, the name of the
   environment variable that holds it. pgonce never prints a secret, only the variable's name.
 - Invalid configuration is refused at start with **every** problem listed (file, key, why), not
@@ -23,7 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pgonce.config import DEFAULT_DATA_DIR, DEFAULT_SCHEMA, Settings
+from pgonce.config import DEFAULT_DATA_DIR, DEFAULT_SCHEMA, POOLERS, Settings
 from pgonce.core.inbox import Ordering, RetryPolicy
 from pgonce.core.retention import (
     DEFAULT_RETENTION,
@@ -48,6 +49,26 @@ DEFAULT_PORT = 8000
 #: Inbox workers per process. Four keeps a handler that waits on I/O from stalling the rest while
 #: staying far below a small database's connection limit.
 DEFAULT_WORKERS = 4
+
+#: The service's pool (HTTP requests, the admin page, the sweeper): connections kept open. Two,
+#: so that the first requests after a quiet spell never wait for a connect.
+DEFAULT_POOL_MIN_SIZE = 2
+
+#: The most connections the pool opens. A request holds one for a few milliseconds; ten serve
+#: thousands of requests a second while leaving room for several processes under a small
+#: server's 100 max_connections.
+DEFAULT_POOL_MAX_SIZE = 10
+
+#: How long opening one connection may take (libpq's connect_timeout, whole seconds, at least
+#: 2). A server that is up answers in milliseconds; a dead host (the old primary during a
+#: failover) is given up after this, and a multi-host DSN tries its next host.
+DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=2)
+
+#: How long a request waits for a connection from the pool before it is answered 503 with
+#: Retry-After. A request holds a connection for milliseconds, so a second without one means
+#: the pool is exhausted or the database is gone: the client is told to come back at once,
+#: instead of holding its connection (and ours) for psycopg_pool's default of 30 seconds.
+DEFAULT_POOL_WAIT = timedelta(seconds=1)
 
 ENV_PREFIX = "PGONCE__"
 _HAS_PASSWORD = re.compile(r"^[a-z0-9+.-]+://[^/@]*:[^/@]*@")
@@ -92,8 +113,24 @@ DEFAULT_PUBLISHER_URLS = {
 
 
 @dataclass(frozen=True)
+class PoolConfig:
+    """The service's connection pool: its sizes and how long anything may wait for it."""
+
+    min_size: int = DEFAULT_POOL_MIN_SIZE
+    max_size: int = DEFAULT_POOL_MAX_SIZE
+    connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT
+    #: How long a request waits for a pool connection before the 503.
+    wait: timedelta = DEFAULT_POOL_WAIT
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     settings: Settings = field(default_factory=Settings)
+    #: A direct connection (not through a transaction-mode pooler) for LISTEN, which wakes the
+    #: inbox workers and the relay as soon as a row arrives; None takes ``settings.listen_dsn``
+    #: ($PGONCE_LISTEN_DSN), else listens on the DSN.
+    listen_dsn: str | None = field(default=None, repr=False)
+    pool: PoolConfig = field(default_factory=PoolConfig)
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     sources: tuple[SourceConfig, ...] = ()
@@ -472,6 +509,27 @@ def _outbox(section: _Section) -> OutboxConfig | None:
     return config if len(problems.items) == before else None
 
 
+def _pool(section: _Section) -> PoolConfig:
+    min_size = section.integer("pool_min_size", DEFAULT_POOL_MIN_SIZE, low=0, high=1000)
+    max_size = section.integer("pool_max_size", DEFAULT_POOL_MAX_SIZE, high=1000)
+    if max_size < min_size:
+        section.problems.add(
+            section.key("pool_max_size"), f"{max_size} is less than pool_min_size ({min_size})"
+        )
+    connect_timeout = section.duration("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+    if connect_timeout < timedelta(seconds=2) or connect_timeout % timedelta(seconds=1):
+        section.problems.add(
+            section.key("connect_timeout"),
+            "must be whole seconds, at least 2s (libpq counts in seconds and reads 1 as 2)",
+        )
+        connect_timeout = DEFAULT_CONNECT_TIMEOUT
+    wait = section.duration("pool_wait", DEFAULT_POOL_WAIT)
+    if wait <= timedelta(0):
+        section.problems.add(section.key("pool_wait"), "must be longer than 0s")
+        wait = DEFAULT_POOL_WAIT
+    return PoolConfig(min_size, max_size, connect_timeout, wait)
+
+
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> ServiceConfig:
     """Read the configuration; raise :class:`ConfigError` listing every problem found."""
     env = os.environ if environ is None else environ
@@ -495,6 +553,12 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     database = _Section(root.raw("database"), "database", problems)
     dsn_ref = database.optional_text("dsn")
     dsn = _secret(dsn_ref, "database.dsn", problems) if dsn_ref else None
+    listen_ref = database.optional_text("listen_dsn")
+    listen_dsn = _secret(listen_ref, "database.listen_dsn", problems) if listen_ref else None
+    pooler = database.optional_text("pooler")
+    if pooler is not None and pooler not in POOLERS:
+        problems.add("database.pooler", f"is one of {', '.join(POOLERS)}")
+        pooler = None
     settings = problems.check(
         "database",
         lambda: Settings.from_env(
@@ -502,8 +566,10 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
             dsn=dsn,
             schema=database.optional_text("schema"),
             data_dir=Path(d) if (d := database.optional_text("data_dir")) else None,
+            pooler=pooler,
         ),
     )
+    pool = _pool(database)
     database.unknown()
 
     server = _Section(root.raw("server"), "server", problems)
@@ -559,6 +625,8 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     assert settings is not None
     return ServiceConfig(
         settings=settings,
+        listen_dsn=listen_dsn,
+        pool=pool,
         host=host,
         port=port,
         sources=tuple(sources),
@@ -572,4 +640,11 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     )
 
 
-__all__ = ["DEFAULT_DATA_DIR", "DEFAULT_SCHEMA", "ServiceConfig", "SourceConfig", "load"]
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_SCHEMA",
+    "PoolConfig",
+    "ServiceConfig",
+    "SourceConfig",
+    "load",
+]

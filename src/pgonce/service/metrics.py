@@ -153,6 +153,17 @@ class ServiceMetrics:
         self.health_status = Gauge(
             "pgonce_health_status", "Worst health finding: 0 ok, 1 warn, 2 fail", registry=r
         )
+        self.sync_standby_configured = Gauge(
+            "pgonce_sync_standby_configured",
+            "1 when the server waits for a synchronous standby (synchronous_standby_names is set)",
+            registry=r,
+        )
+        self.sync_standbys = Gauge(
+            "pgonce_sync_standbys",
+            "Standbys attached in sync (or quorum) state now; 0 while configured means that "
+            "durability is reduced",
+            registry=r,
+        )
         self.up = Gauge(
             "pgonce_database_up", "1 when the last scrape could read the database", registry=r
         )
@@ -193,6 +204,9 @@ class ServiceMetrics:
             self.oldest_retained.labels(group.target, label).set(age)
             self.overdue.labels(group.target, label).set(group.overdue)
         self.health_status.set(_STATUS_VALUE[report.status])
+        if report.durability is not None:
+            self.sync_standby_configured.set(int(report.durability.configured))
+            self.sync_standbys.set(report.durability.synchronous)
 
     def record_batch(self, result: BatchResult, seconds: float) -> None:
         for outcome, count in (

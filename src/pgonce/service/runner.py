@@ -31,6 +31,7 @@ from pgonce.service.admin import Admin
 from pgonce.service.app import ServiceApp
 from pgonce.service.config import ServiceConfig
 from pgonce.service.metrics import ServiceMetrics
+from pgonce.service.pools import request_pool, topology
 from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
 from pgonce.webhooks.receiver import InboxReceiver
@@ -115,7 +116,8 @@ async def run(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
     schema = config.settings.schema
-    connect = {"prepare_threshold": config.settings.prepare_threshold}
+    found = await topology(config, dsn)
+    connect = found.connect_kwargs
     sources = [s.source for s in config.sources]
     policies = config.retention_policies()
     relays = (
@@ -124,6 +126,7 @@ async def run(
                 dsn,
                 build_publisher(config),
                 schema=schema,
+                listen_dsn=found.listen_dsn,
                 prepare_threshold=connect["prepare_threshold"],
             )
             for _ in range(config.outbox.relays)
@@ -136,15 +139,14 @@ async def run(
     tasks: list[asyncio.Task[Any]] = []
     # Bound before anything starts: a port in use ends the start with one clear line.
     listening = _listen(config.host, config.port) if "http" in chosen else None
-    async with AsyncConnectionPool(
-        dsn, min_size=1, max_size=10, kwargs=connect, open=False, name="pgonce-service"
-    ) as pool:
+    async with request_pool(dsn, config.pool, connect) as pool:
         if "workers" in chosen and any(s.handles for s in sources):
             worker = InboxWorker(
                 sources,
                 dsn=dsn,
                 schema=schema,
                 concurrency=config.workers,
+                listen_dsn=found.listen_dsn,
                 connect_kwargs=connect,
                 on_batch=metrics.record_batch,
             )

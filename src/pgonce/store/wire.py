@@ -10,6 +10,16 @@ pooler), under names of their own that never meet psycopg's. BEGIN and COMMIT to
 skips parsing them (its CPU per fresh key, median of five alternated runs at four connections: 196
 µs against 209 when they were sent unnamed).
 
+Behind a transaction-mode pooler (PgBouncer before 1.21, or with ``max_prepared_statements = 0``)
+a server session serves many clients in turn, so a name prepared by one client is missing for
+another's next transaction (26000) or already taken (42P05); unique names per client would not
+help, since the server sessions themselves are shared. pgonce's statements then go *unnamed*:
+when the connection has ``prepare_threshold = None``, when the key store is told
+``pooler="pgbouncer-transaction"``, and, for the rest of the process, as soon as a batch meets
+42P05 (or 26000 twice on one connection): see :func:`sessions_shared`. A name always stands for
+the same SQL (it is the statement's digest), so a pooler can make a named statement fail but never
+run another one.
+
 Only pgonce's statements travel here; the caller's statements keep going through psycopg. A batch
 runs only on a connection that psycopg is not using for anything else: it holds the connection's
 lock, and it refuses a connection in psycopg's pipeline mode (the store falls back to psycopg
@@ -29,6 +39,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import weakref
 from collections.abc import Iterable, Sequence
@@ -47,9 +58,12 @@ from psycopg.waiting import Ready, Wait
 
 from pgonce.core.outcomes import ClaimRow
 
+log = logging.getLogger("pgonce.store")
+
 TEXT, BINARY = 0, 1
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _INVALID_STATEMENT_NAME = "26000"
+_DUPLICATE_STATEMENT = "42P05"
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
@@ -90,11 +104,64 @@ class _Session:
     answered by forgetting the prepared names.
     """
 
-    __slots__ = ("prepared", "watch")
+    __slots__ = ("prepared", "vanished", "watch")
 
     def __init__(self) -> None:
         self.prepared: set[bytes] = set()
+        #: A statement prepared here went missing once (26000): a second time means the
+        #: server session changes under the connection (a pooler), not a DEALLOCATE ALL.
+        self.vanished = False
         self.watch: _Watch | None = None
+
+
+class _Naming:
+    """Whether pgonce's statements go unnamed in this whole process, and why."""
+
+    __slots__ = ("reason", "unnamed")
+
+    def __init__(self) -> None:
+        self.unnamed = False
+        self.reason = ""
+
+
+_naming = _Naming()
+
+
+def statements_unnamed() -> bool:
+    """Whether pgonce sends its statements unnamed on every connection of this process."""
+    return _naming.unnamed
+
+
+def sessions_shared(reason: str, *, warn_threshold: bool = False) -> None:
+    """From now on, send pgonce's statements unnamed on every connection of this process.
+
+    Called when a batch met a pooler's shared server sessions, and by the service when its
+    configuration or its check at start says there is one. Logs one line, the first time only:
+    it says what was seen and, with ``warn_threshold`` (the connection still lets psycopg
+    prepare statements), what the application must change.
+    """
+    if _naming.unnamed:
+        return
+    _naming.unnamed = True
+    _naming.reason = reason
+    advice = (
+        " psycopg's own prepared statements are crossed between clients there too: connect with "
+        'prepare_threshold=None (or set pooler = "pgbouncer-transaction", PGONCE_POOLER).'
+        if warn_threshold
+        else ""
+    )
+    log.warning(
+        "%s: the server's sessions are shared between connections (a transaction-mode pooler); "
+        "pgonce sends its statements unnamed from now on.%s",
+        reason,
+        advice,
+    )
+
+
+def _reset_naming() -> None:
+    """Back to named statements (tests: one process runs with and without a pooler)."""
+    _naming.unnamed = False
+    _naming.reason = ""
 
 
 _sessions: weakref.WeakKeyDictionary[PGconn, _Session] = weakref.WeakKeyDictionary()
@@ -105,13 +172,6 @@ def _session(pgconn: PGconn) -> _Session:
     if session is None:
         session = _sessions[pgconn] = _Session()
     return session
-
-
-def forget_prepared(conn: psycopg.BaseConnection[Any]) -> None:
-    """Forget what this connection prepared: the next batch prepares again."""
-    session = _sessions.get(conn.pgconn)
-    if session is not None:
-        session.prepared.clear()
 
 
 def begin_statement(conn: psycopg.BaseConnection[Any]) -> Statement:
@@ -161,16 +221,26 @@ def usable(conn: psycopg.BaseConnection[Any]) -> bool:
 
 
 def _queue(
-    conn: psycopg.BaseConnection[Any], session: _Session, commands: Iterable[Command]
+    conn: psycopg.BaseConnection[Any],
+    session: _Session,
+    commands: Iterable[Command],
+    named: bool,
 ) -> tuple[int, list[tuple[int, bytes]]]:
     """Queue the commands in pipeline mode and send them with a sync.
+
+    Statements are named (prepared once) only when ``named``, the connection lets psycopg
+    prepare, and no pooler was met in this process.
 
     Returns how many results will come, and which of them answer a statement's preparation
     (their position and the name). A preparation is recorded only once it succeeded
     (:func:`_settle`): an earlier failure in the batch makes the server skip it.
     """
     pgconn = conn.pgconn
-    prepared = session.prepared if conn.prepare_threshold is not None else None
+    prepared = (
+        session.prepared
+        if named and conn.prepare_threshold is not None and not _naming.unnamed
+        else None
+    )
     preparing: list[tuple[int, bytes]] = []
     count = 0
     pgconn.enter_pipeline_mode()
@@ -291,8 +361,8 @@ def failure(
         status = result.status
         if status == _FATAL_ERROR:
             error = errors.error_from_result(result, encoding=conn.info.encoding)
-            if error.sqlstate == _INVALID_STATEMENT_NAME:
-                forget_prepared(conn)
+            if error.sqlstate in (_INVALID_STATEMENT_NAME, _DUPLICATE_STATEMENT):
+                _naming_failed(conn, error)
             return index, error
         if status == _PIPELINE_ABORTED and aborted < 0:
             aborted = index
@@ -301,12 +371,37 @@ def failure(
     return None
 
 
-def round_trip(conn: psycopg.Connection[Any], commands: Sequence[Command]) -> list[PGresult]:
-    """Run ``commands`` in one round trip; return one result per command (see :func:`failure`)."""
+def _naming_failed(conn: psycopg.BaseConnection[Any], error: psycopg.Error) -> None:
+    """A named statement failed: forget what this connection prepared, and tell a pooler.
+
+    42P05 means another client prepared the name on this server session: sessions are shared.
+    26000 is also what DEALLOCATE ALL or DISCARD ALL leave behind, on a direct connection too;
+    only its second time on one connection counts as a pooler.
+    """
+    session = _sessions.get(conn.pgconn)
+    vanished_before = session is not None and session.vanished
+    if session is not None:
+        session.prepared.clear()
+        session.vanished = True
+    if error.sqlstate == _DUPLICATE_STATEMENT or vanished_before:
+        sessions_shared(
+            f"a prepared statement of pgonce's failed ({error.sqlstate}: "
+            f"{str(error).strip().splitlines()[0]})",
+            warn_threshold=conn.prepare_threshold is not None,
+        )
+
+
+def round_trip(
+    conn: psycopg.Connection[Any], commands: Sequence[Command], *, named: bool = True
+) -> list[PGresult]:
+    """Run ``commands`` in one round trip; return one result per command (see :func:`failure`).
+
+    ``named`` false sends every statement unnamed (see :func:`_queue`).
+    """
     with conn.lock:
         session = _begin_batch(conn)
         try:
-            count, preparing = _queue(conn, session, commands)
+            count, preparing = _queue(conn, session, commands, named)
             results = conn.wait(exchange(conn.pgconn, count))
         except BaseException:
             _abandon(conn, session)
@@ -315,13 +410,16 @@ def round_trip(conn: psycopg.Connection[Any], commands: Sequence[Command]) -> li
 
 
 async def async_round_trip(
-    conn: psycopg.AsyncConnection[Any], commands: Sequence[Command]
+    conn: psycopg.AsyncConnection[Any], commands: Sequence[Command], *, named: bool = True
 ) -> list[PGresult]:
-    """Run ``commands`` in one round trip; return one result per command (see :func:`failure`)."""
+    """Run ``commands`` in one round trip; return one result per command (see :func:`failure`).
+
+    ``named`` false sends every statement unnamed (see :func:`_queue`).
+    """
     async with conn.lock:
         session = _begin_batch(conn)
         try:
-            count, preparing = _queue(conn, session, commands)
+            count, preparing = _queue(conn, session, commands, named)
             results = await _drive(exchange(conn.pgconn, count), conn.pgconn, session)
         except BaseException:
             _abandon(conn, session)

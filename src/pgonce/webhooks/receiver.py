@@ -28,7 +28,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from pgonce.config import DEFAULT_SCHEMA
+from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
 from pgonce.core.inbox import (
     Delivery,
     Ordering,
@@ -109,7 +109,12 @@ class InboxReceiver:
         self.clock = clock
         self._owns_pool = pool is None
         self.pool: AsyncConnectionPool[Any] = pool or AsyncConnectionPool(
-            dsn or "", min_size=1, max_size=flushers, open=False, name="pgonce-inbox-receiver"
+            dsn or "",
+            min_size=1,
+            max_size=flushers,
+            kwargs=own_connect_kwargs(),
+            open=False,
+            name="pgonce-inbox-receiver",
         )
         self._max_batch = max_batch
         self._max_flushers = flushers

@@ -43,7 +43,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 
-from pgonce.config import DEFAULT_SCHEMA
+from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
 from pgonce.core.inbox import (
     DeadLetter,
     InboxEvent,
@@ -156,7 +156,7 @@ class InboxWorker:
         self.shutdown_timeout = shutdown_timeout
         self.listen = listen
         self.listen_dsn = listen_dsn or dsn
-        self.connect_kwargs = connect_kwargs or {}
+        self.connect_kwargs = own_connect_kwargs(connect_kwargs)
         self.clock = clock
         #: Called after every batch the loops ran, with its result and its seconds (metrics).
         self.on_batch = on_batch

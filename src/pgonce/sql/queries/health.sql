@@ -80,3 +80,12 @@ SELECT NULL::text AS scope,
        (SELECT count(*) FROM {schema}.outbox_aggregates
          WHERE last_enqueued_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval)
          AS overdue
+
+-- name: sync_standby
+-- Whether the server is configured to wait for a synchronous standby, and how many standbys are
+-- attached in sync (or quorum) state now. sync_state is readable by superusers and members of
+-- pg_read_all_stats (pg_monitor); for other roles it is NULL, counted as unknown.
+SELECT current_setting('synchronous_standby_names') <> '' AS configured,
+       count(*) FILTER (WHERE r.sync_state IN ('sync', 'quorum')) AS synchronous,
+       count(*) FILTER (WHERE r.sync_state IS NULL) AS unknown
+  FROM pg_stat_replication AS r

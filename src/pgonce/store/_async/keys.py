@@ -20,7 +20,15 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA, MIN_CLAIM_WAIT
+from pgonce.config import (
+    DEFAULT_CLAIM_WAIT,
+    DEFAULT_POOLER,
+    DEFAULT_RETRY_AFTER,
+    DEFAULT_SCHEMA,
+    MIN_CLAIM_WAIT,
+    TRANSACTION_POOLER,
+    validate_pooler,
+)
 from pgonce.core.outcomes import (
     Claim,
     ClaimRow,
@@ -67,6 +75,11 @@ class AsyncKeyStore:
     answered :class:`InFlight`; ``retry_after`` is what it is told to wait then. With
     ``store_server_errors`` false (the default) a response with status 500 or more is not stored:
     the key is released, so the client's retry runs the work again.
+
+    ``pooler="pgbouncer-transaction"`` says that the connections go through a transaction-mode
+    pooler that cannot keep prepared statements (PgBouncer before 1.21): the store's batches are
+    then sent unnamed, and a connection that still lets psycopg prepare statements is refused
+    with a :class:`~pgonce.errors.UsageError` (psycopg's would be crossed between clients).
     """
 
     def __init__(
@@ -76,8 +89,12 @@ class AsyncKeyStore:
         wait: timedelta = DEFAULT_CLAIM_WAIT,
         retry_after: int = DEFAULT_RETRY_AFTER,
         store_server_errors: bool = False,
+        pooler: str = DEFAULT_POOLER,
     ) -> None:
         _check_wait(wait)
+        self.pooler = validate_pooler(pooler)
+        #: Whether this store's batches may use prepared statements.
+        self._named = pooler != TRANSACTION_POOLER
         self.schema = schema
         self.wait = wait
         self.retry_after = retry_after
@@ -126,6 +143,7 @@ class AsyncKeyStore:
         """
         wait_ms = self._checked_wait_ms(scope, key, fingerprint, wait)
         require_transaction(conn)
+        self._check_pooled(conn)
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
             cur = conn.cursor(row_factory=tuple_row)
@@ -143,6 +161,16 @@ class AsyncKeyStore:
             return self._wait_ms
         _check_wait(wait)
         return _milliseconds(wait)
+
+    def _check_pooled(self, conn: AsyncConnection[Row]) -> None:
+        """Refuse a connection that would prepare statements behind the configured pooler."""
+        if not self._named and conn.prepare_threshold is not None:
+            raise UsageError(
+                'the key store was given pooler="pgbouncer-transaction", but this connection '
+                f"prepares statements (prepare_threshold={conn.prepare_threshold}); behind a "
+                "transaction-mode pooler they are crossed between clients: create the "
+                "connections (or the pool's kwargs) with prepare_threshold=None"
+            )
 
     def _decide(self, row: ClaimRow, scope: str, key: str, fingerprint: bytes) -> Claim:
         return decide(
@@ -176,6 +204,7 @@ class AsyncKeyStore:
                 "begin() opens a transaction of its own: it needs an idle connection, outside "
                 "a transaction and outside conn.pipeline(); inside one, use claim()"
             )
+        self._check_pooled(conn)
         encoding = wire.encoding(conn)
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         claim: list[Command] = [
@@ -185,9 +214,9 @@ class AsyncKeyStore:
                 (scope_param, key_param, fingerprint, wire.timestamp(now), b"%d" % wait_ms),
             ),
         ]
-        for attempt in (1, 2):
+        for attempt in range(1, _ATTEMPTS + 1):
             try:
-                results = await async_round_trip(conn, claim)
+                results = await async_round_trip(conn, claim, named=self._named)
                 if failed := wire.failure(conn, results):
                     raise failed[1]
                 inserted = results[1]
@@ -198,15 +227,18 @@ class AsyncKeyStore:
                 # Another claim has the key: read it and end this transaction, which wrote
                 # nothing, in one round trip.
                 results = await async_round_trip(
-                    conn, [(self._claim_read, (scope_param, key_param)), _COMMIT]
+                    conn, [(self._claim_read, (scope_param, key_param)), _COMMIT], named=self._named
                 )
                 if failed := wire.failure(conn, results):
                     raise failed[1]
                 break
             except BaseException as error:
                 await rollback_quietly(conn)
-                if attempt == 1 and _statement_vanished(error):
-                    continue  # DEALLOCATE ALL or DISCARD ALL ran: prepare again, once
+                if attempt < _ATTEMPTS and _naming_failed(error):
+                    # DEALLOCATE ALL or DISCARD ALL ran (prepare again), or a pooler's shared
+                    # sessions were met (unnamed from now on): the batch began the transaction,
+                    # which is rolled back, so running it again from BEGIN is safe.
+                    continue
                 if (reason := _waited_out(error)) is not None:
                     return InFlight(retry_after=self.retry_after, reason=reason)
                 with translate_errors("claiming a key"):
@@ -257,7 +289,7 @@ class AsyncKeyStore:
                 commands.append((self._complete_claimed, (*completion, claim.row)))
             commands.append(_COMMIT)
         try:
-            results = await async_round_trip(conn, commands)
+            results = await async_round_trip(conn, commands, named=self._named)
             failed = wire.failure(conn, results)
         except BaseException:
             await rollback_quietly(conn)
@@ -498,9 +530,18 @@ def _waited_out(error: BaseException) -> str | None:
     return None
 
 
-def _statement_vanished(error: BaseException) -> bool:
-    """Whether a batch failed because its prepared statement was deallocated behind its back."""
-    return isinstance(_psycopg_error(error), psycopg.errors.InvalidSqlStatementName)
+#: Runs of begin()'s batch: the first may meet a deallocated statement, the second a pooler's
+#: shared session (which switches to unnamed statements), the third runs unnamed.
+_ATTEMPTS = 3
+
+
+def _naming_failed(error: BaseException) -> bool:
+    """Whether a batch failed on a prepared statement's name: deallocated behind its back
+    (26000), or taken by another client of the same server session (42P05)."""
+    return isinstance(
+        _psycopg_error(error),
+        psycopg.errors.InvalidSqlStatementName | psycopg.errors.DuplicatePreparedStatement,
+    )
 
 
 def _psycopg_error(error: BaseException) -> BaseException | None:

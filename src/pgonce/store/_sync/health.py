@@ -11,13 +11,15 @@ prints and what the service exposes as metrics. This file is the source of ``_sy
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from psycopg import Connection
+from psycopg import Connection, Cursor
 from psycopg.rows import tuple_row
 
 from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.durability import Durability, judge_durability
 from pgonce.core.retention import (
     DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_SLACK,
@@ -87,7 +89,23 @@ class HealthCheck:
                     cur.execute(getattr(self._sql, f"stuck_{policy.target}"), params)
                     count, oldest = cur.fetchone() or (0, None)
                     stuck.append(StuckFacts(policy.target, self.stuck_after, count, oldest))
-        return assess(checked_at, groups, stuck, slack=self.slack)
+            durability = self._durability(cur)
+        report = assess(checked_at, groups, stuck, slack=self.slack)
+        return replace(
+            report,
+            durability=durability,
+            findings=(*report.findings, judge_durability(durability)),
+        )
+
+    def durability(self, conn: Connection[Row]) -> Durability:
+        """Whether the server has the synchronous standby it is configured for (one query)."""
+        with translate_errors("reading the synchronous standbys"):
+            return self._durability(conn.cursor(row_factory=tuple_row))
+
+    def _durability(self, cur: Cursor[tuple[Any, ...]]) -> Durability:
+        cur.execute(self._sql.sync_standby)
+        configured, synchronous, unknown = cur.fetchone() or (False, 0, 0)
+        return Durability(bool(configured), synchronous, unknown)
 
 
 def _group_facts(

@@ -1,0 +1,105 @@
+"""The service's connections to PostgreSQL: how they are opened, and what stands in between.
+
+- One pool serves the HTTP requests, the admin page and the sweeper. Its sizes and timeouts come
+  from ``[database]``; a request that cannot get a connection within ``pool_wait`` is answered
+  503 with Retry-After (the middleware and the webhook receiver translate the pool's timeout),
+  never held for psycopg_pool's default 30 seconds.
+- A lost connection is replaced by tries at most about a second apart (see
+  :data:`RECONNECT_TIMEOUT`), so that after a failover pgonce follows the new primary within
+  about a second of it accepting writes (with a multi-host DSN and
+  ``target_session_attrs=read-write``, libpq finds which host that is).
+- Behind a transaction-mode pooler (``pooler``, or found at start with ``auto``), no statement is
+  prepared: psycopg's ``prepare_threshold`` is None on every connection the service opens, and
+  pgonce's own statements go unnamed. LISTEN needs a session of its own: ``listen_dsn`` gives the
+  inbox workers and the relay a direct connection for it; without one their wake-ups fall back
+  to polling, and the first log line says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from pgonce.config import TRANSACTION_POOLER
+from pgonce.database import POLLING_COST, shares_server_sessions
+from pgonce.service.config import PoolConfig, ServiceConfig
+from pgonce.store import wire
+
+log = logging.getLogger("pgonce.service")
+
+#: How long psycopg_pool keeps retrying to replace one lost connection before it gives up (and a
+#: request that finds the pool short starts a new try at once). Its default, five minutes, lets
+#: the delay between tries double from one second: after a failover the next try came 8.5 to 9.7 s
+#: after the new primary accepted writes. Giving up after two seconds keeps the tries at most
+#: about a second apart (psycopg_pool's first delay) for as long as requests come.
+RECONNECT_TIMEOUT = timedelta(seconds=2)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How the service talks to PostgreSQL, once the configuration and the start-up check met."""
+
+    #: The pooler the service runs with: "none" or "pgbouncer-transaction" ("auto" resolved).
+    pooler: str
+    #: psycopg's connection arguments for every connection the service opens.
+    connect_kwargs: dict[str, Any]
+    #: Where the inbox workers and the relay LISTEN.
+    listen_dsn: str
+    #: True when LISTEN goes through a transaction-mode pooler, so wake-ups are polled.
+    polling: bool
+
+
+async def topology(config: ServiceConfig, dsn: str) -> Topology:
+    """Resolve ``pooler = "auto"`` by checking the server, and log what the service runs with.
+
+    Behind a transaction-mode pooler the process sends pgonce's statements unnamed from the
+    start. A LISTEN that would go through the pooler is logged with what polling costs.
+    """
+    settings = config.settings
+    connect_timeout = _seconds(config.pool.connect_timeout)
+    pooler = settings.pooler
+    if pooler == "auto":
+        shared = await asyncio.to_thread(shares_server_sessions, dsn, connect_timeout)
+        pooler = TRANSACTION_POOLER if shared else "none"
+        if shared:
+            log.warning(
+                "connections to the database share server sessions (a transaction-mode pooler "
+                'such as PgBouncer): running as pooler = "pgbouncer-transaction", with no '
+                "prepared statements; set [database] pooler to say so and skip this check"
+            )
+    kwargs: dict[str, Any] = {"connect_timeout": connect_timeout}
+    if pooler == TRANSACTION_POOLER:
+        kwargs["prepare_threshold"] = None
+        wire.sessions_shared(f'pooler = "{TRANSACTION_POOLER}"')
+    else:
+        kwargs["prepare_threshold"] = settings.prepare_threshold
+    listen_dsn = config.listen_dsn or settings.listen_dsn
+    polling = pooler == TRANSACTION_POOLER and listen_dsn is None
+    if polling:
+        log.warning("LISTEN through a transaction-mode pooler receives nothing: %s", POLLING_COST)
+    return Topology(pooler, kwargs, listen_dsn or dsn, polling)
+
+
+def request_pool(
+    dsn: str, pool: PoolConfig, connect_kwargs: dict[str, Any]
+) -> AsyncConnectionPool[Any]:
+    """The pool of the request path (not opened): sizes, the wait bound and fast reconnection."""
+    return AsyncConnectionPool(
+        dsn,
+        min_size=pool.min_size,
+        max_size=pool.max_size,
+        kwargs=connect_kwargs,
+        timeout=pool.wait.total_seconds(),
+        reconnect_timeout=RECONNECT_TIMEOUT.total_seconds(),
+        open=False,
+        name="pgonce-service",
+    )
+
+
+def _seconds(value: timedelta) -> int:
+    return max(2, int(value.total_seconds()))
