@@ -30,6 +30,7 @@ import httpx
 import psycopg
 import redis.asyncio as aioredis
 
+from pgonce.config import own_connect_kwargs
 from pgonce.consumers import Handler, IdempotentConsumer
 from pgonce.relay import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 from pgonce.store._async.outbox import enqueue
@@ -376,7 +377,11 @@ class OutboxLoad:
         while not stop.is_set():
             try:
                 if conn is None or conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(self.dsn, connect_timeout=3)
+                    # As an application configured for its pooler: no prepared statements
+                    # behind a transaction-mode pooler (PGONCE_POOLER), as pgonce's own.
+                    conn = await psycopg.AsyncConnection.connect(
+                        self.dsn, connect_timeout=3, **own_connect_kwargs()
+                    )
                 self.attempts += 1
                 async with conn.transaction():
                     row_id = await enqueue(

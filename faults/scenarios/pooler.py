@@ -13,13 +13,17 @@ bind message with another statement's parameter count) in any process's log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
+from collections.abc import Iterator
 
 from faults.cluster import pgbouncer
 from faults.context import Context
 from faults.load import MIXED_LOAD, MixedLoad
 from faults.proxy import free_port
 from faults.report import Result
+from pgonce.config import TRANSACTION_POOLER
 
 #: What a crossed or lost prepared statement looks like in a log line.
 CROSSED = ("prepared statement", "42P05", "26000", "bind message supplies")
@@ -35,10 +39,29 @@ async def _acknowledged(load: MixedLoad, count: int, within: float) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in this process's environment, which the processes it starts inherit."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
 async def pgbouncer_load(ctx: Context) -> Result:
     target = ctx.size(3000, 200)
     direct = ctx.database("pooler")
-    with pgbouncer(host=str(ctx.pg.socket_dir), port=ctx.pg.port) as pool:
+    with (
+        pgbouncer(host=str(ctx.pg.socket_dir), port=ctx.pg.port) as pool,
+        # The documented setting for PgBouncer < 1.21: no prepared statements, pgonce's own or
+        # psycopg's, in the service, the app (examples/payments reads it) and the relay.
+        _environment("PGONCE_POOLER", TRANSACTION_POOLER),
+    ):
         dsn = pool.dsn("pooler")
         port, pay_port = free_port(), free_port()
         with ctx.processes() as procs:
@@ -47,7 +70,7 @@ async def pgbouncer_load(ctx: Context) -> Result:
             ctx.keep_logs(procs)
             load = MixedLoad(
                 ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn,
-                run="pooler", amounts=4_000_000, relays=1, minimum=target,
+                run="pooler", amounts=4_000_000, relays=1, minimum=ctx.size(300, 20),
             )  # fmt: skip
             load.start()
             reached = await _acknowledged(load, target, ctx.size(300, 90))
@@ -76,5 +99,9 @@ async def pgbouncer_load(ctx: Context) -> Result:
         not crossed,
     )
     result.check("no process was restarted: each was started once and still runs", untouched)
+    result.check(
+        f"no outbox transaction failed ({load.outbox.in_doubt} did): nothing was injected",
+        load.outbox.in_doubt == 0,
+    )
     result.checks += load.checks()
     return result
