@@ -20,10 +20,10 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
@@ -169,20 +169,33 @@ def _owner(path: str) -> str:
     return pwd.getpwuid(os.stat(path).st_uid).pw_name
 
 
+class _Server(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Server)
+
+
 @contextlib.contextmanager
-def pgbouncer(*, host: str, port: int) -> Iterator[PgBouncer]:
-    """A started :class:`PgBouncer` in front of ``host:port`` (a socket folder or an address), in
-    a new temporary folder; stopped and deleted on exit."""
-    folder = Path(tempfile.mkdtemp(prefix="pgonce-faults-pgbouncer-"))
-    bouncer: PgBouncer | None = None
+def _started(prefix: str, build: Callable[[Path], S]) -> Iterator[S]:
+    """``build(folder)`` in a new temporary folder, started; stopped and the folder deleted on
+    exit, whatever happened (a start that failed half-way is stopped too)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    server: S | None = None
     try:
-        bouncer = PgBouncer(folder, host=host, port=port)
-        bouncer.start()
-        yield bouncer
+        server = build(folder)
+        server.start()
+        yield server
     finally:
-        if bouncer is not None:
-            bouncer.stop()
+        if server is not None:
+            server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def pgbouncer(*, host: str, port: int) -> contextlib.AbstractContextManager[PgBouncer]:
+    """A started :class:`PgBouncer` in front of ``host:port`` (a socket folder or an address)."""
+    return _started("pgonce-faults-pgbouncer-", lambda f: PgBouncer(f, host=host, port=port))
 
 
 # ## pg_auto_failover
@@ -476,19 +489,9 @@ class Formation:
                 process.wait(timeout=30)
 
 
-@contextlib.contextmanager
-def formation(database: str) -> Iterator[Formation]:
-    """A started :class:`Formation` in a new temporary folder; stopped and deleted on exit."""
-    folder = Path(tempfile.mkdtemp(prefix="pgonce-faults-failover-"))
-    cluster: Formation | None = None
-    try:
-        cluster = Formation(folder, database)
-        cluster.start()
-        yield cluster
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        shutil.rmtree(folder, ignore_errors=True)
+def formation(database: str) -> contextlib.AbstractContextManager[Formation]:
+    """A started :class:`Formation` with a database ``database``."""
+    return _started("pgonce-faults-failover-", lambda f: Formation(f, database))
 
 
 def prepare(dsn: str) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psycopg
 
+from faults.load import MixedLoad
 from faults.pg import OwnPostgres, own_postgres
 from faults.procs import Proc, Processes, Secrets
 from faults.proxy import free_port
@@ -72,8 +73,49 @@ class Context:
     def processes(self) -> Processes:
         return Processes(self.folder, self.secrets)
 
+    def serve(
+        self, procs: Processes, run: str, dsn: str, *, amounts: int, minimum: int | None = None
+    ) -> Served:
+        """The service (with the outbox on the suite's redis) and the payments app, both on
+        ``dsn``, started in ``procs``, and the mixed load ``run`` for them, not started yet
+        (payment amounts from ``amounts``; ``minimum``: what the load must have acknowledged)."""
+        port, pay_port = free_port(), free_port()
+        served = Served(
+            service=procs.service(f"{run}-service", dsn, port, self.redis_url),
+            payments=procs.payments(f"{run}-payments", dsn, pay_port),
+            load=MixedLoad(
+                self.scheme,
+                service_port=port,
+                payments_port=pay_port,
+                outbox_dsn=dsn,
+                run=run,
+                amounts=amounts,
+                relays=1,
+                minimum=self.size(50, 3) if minimum is None else minimum,
+            ),
+            port=port,
+            pay_port=pay_port,
+        )
+        self.keep_logs(procs)
+        return served
+
     def keep_logs(self, processes: Processes) -> None:
         self.logs.update(p.log for p in processes.started)
+
+
+@dataclass
+class Served:
+    """What :meth:`Context.serve` started: the two processes, their ports, and the load."""
+
+    service: Proc
+    payments: Proc
+    load: MixedLoad
+    port: int
+    pay_port: int
+
+    def untouched(self) -> bool:
+        """Whether each process was started once and still runs (none was restarted)."""
+        return all(p.starts == 1 and p.alive() for p in (self.service, self.payments))
 
 
 @contextlib.contextmanager

@@ -27,9 +27,8 @@ import time
 
 from faults.cluster import Formation, formation, prepare
 from faults.context import Context
-from faults.load import MIXED_LOAD, MixedLoad, PaymentLoad, WebhookLoad
+from faults.load import MIXED_LOAD, PaymentLoad, WebhookLoad
 from faults.probe import Probes, Timeline
-from faults.proxy import free_port
 from faults.report import Result
 
 #: Probe successes to see before the fault (the processes warm) and after the recovery.
@@ -80,18 +79,12 @@ async def _failover(ctx: Context, *, kill: bool) -> Result:
     with formation(run) as cluster:
         dsn = cluster.dsn()
         await asyncio.to_thread(prepare, dsn)
-        port, pay_port = free_port(), free_port()
         with ctx.processes() as procs:
-            service = procs.service(f"{run}-service", dsn, port, ctx.redis_url)
-            payments = procs.payments(f"{run}-payments", dsn, pay_port)
-            ctx.keep_logs(procs)
-            load = MixedLoad(
-                ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn, run=run,
-                amounts=1_000_000, relays=1, minimum=ctx.size(50, 3),
-            )  # fmt: skip
+            served = ctx.serve(procs, run, dsn, amounts=1_000_000)
+            load = served.load
             probes = Probes(
-                WebhookLoad(f"http://127.0.0.1:{port}/webhooks/shop", f"{run}_probe", ctx.scheme),
-                PaymentLoad(f"http://127.0.0.1:{pay_port}/payments", f"{run}_probe", 5_000_000),
+                WebhookLoad(load.hooks.url, f"{run}_probe", ctx.scheme),
+                PaymentLoad(load.pays.url, f"{run}_probe", 5_000_000),
             )
             timelines = [probes.webhooks, probes.payments]
             load.start()
@@ -129,7 +122,7 @@ async def _failover(ctx: Context, *, kill: bool) -> Result:
                 acc.add(part)
                 acc.notes.append(f"probe {part.summary()}")
             replays_differ = await probes.pays.replays_differ()
-            untouched = all(p.starts == 1 and p.alive() for p in (service, payments))
+            untouched = served.untouched()
     ctx.bodies.extend(load.bodies + probes.hooks.bodies + probes.pays.bodies)
     result = Result(
         f"failover on pg_auto_failover: {case}",

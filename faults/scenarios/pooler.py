@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from faults.cluster import pgbouncer
 from faults.context import Context
 from faults.load import MIXED_LOAD, MixedLoad
-from faults.proxy import free_port
 from faults.report import Result
 from pgonce.config import TRANSACTION_POOLER
 
@@ -63,15 +62,9 @@ async def pgbouncer_load(ctx: Context) -> Result:
         _environment("PGONCE_POOLER", TRANSACTION_POOLER),
     ):
         dsn = pool.dsn("pooler")
-        port, pay_port = free_port(), free_port()
         with ctx.processes() as procs:
-            service = procs.service("pooler-service", dsn, port, ctx.redis_url)
-            payments = procs.payments("pooler-payments", dsn, pay_port)
-            ctx.keep_logs(procs)
-            load = MixedLoad(
-                ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn,
-                run="pooler", amounts=4_000_000, relays=1, minimum=ctx.size(300, 20),
-            )  # fmt: skip
+            served = ctx.serve(procs, "pooler", dsn, amounts=4_000_000, minimum=ctx.size(300, 20))
+            load = served.load
             load.start()
             reached = await _acknowledged(load, target, ctx.size(300, 90))
             result = Result(
@@ -83,8 +76,8 @@ async def pgbouncer_load(ctx: Context) -> Result:
                 "connections",
             )
             result.acc = await load.finish(direct, ctx.redis_url, within=ctx.size(60, 20))
-            untouched = all(p.starts == 1 and p.alive() for p in (service, payments))
-        logs = [p.log for p in (service, payments)]
+            untouched = served.untouched()
+        logs = [p.log for p in (served.service, served.payments)]
     ctx.bodies.extend(load.bodies)
     crossed = [
         line.strip()[:200]

@@ -20,8 +20,9 @@ import pytest
 from faults.context import Context, open_context
 from faults.proxy import Proxy
 from faults.report import Result, render
-from faults.scenarios import badinput, broker, database, kills, security, storms
+from faults.scenarios import badinput, broker, database, kills, pooler, security, storms
 from tests import logscan
+from tests.pgbouncer import require_pgbouncer
 
 #: Set to rerun with the seed a failure printed.
 SEED_ENV = "PGONCE_FAULTS_SEED"
@@ -97,6 +98,15 @@ async def test_no_cross_scope_replay_and_admin_refuses(ctx: Context) -> None:
 
 async def test_postgres_restarts_are_survived(ctx: Context) -> None:
     assert_passed(await database.postgres_restarts(ctx), ctx)
+
+
+async def test_through_pgbouncer_in_transaction_mode(ctx: Context) -> None:
+    """The mixed load through a PgBouncer 1.18 of the suite's own (the failover scenarios need a
+    pg_auto_failover formation of three servers: `make faults` only)."""
+    require_pgbouncer()
+    result = await pooler.pgbouncer_load(ctx)
+    assert_passed(result, ctx)
+    assert result.acc.effects == result.acc.acknowledged
 
 
 def test_the_proxy_cuts_a_transaction_in_flight(ctx: Context) -> None:
