@@ -12,6 +12,7 @@ embedded server's own user (which owns the socket it connects to) and pg_autoctl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import pwd
@@ -37,6 +38,11 @@ from pgonce.store.migrate import migrate
 STATE_TIMEOUT = 180.0
 #: How often a state is read again while waiting for it.
 POLL = 0.05
+#: Where :meth:`Formation.writable` writes: a table of the suite's, in the formation's database.
+WRITABLE_TABLE = (
+    "CREATE TABLE IF NOT EXISTS faults_writable (at timestamptz NOT NULL DEFAULT now())"
+)
+WRITABLE_INSERT = "INSERT INTO faults_writable DEFAULT VALUES"
 
 
 class Unavailable(RuntimeError):
@@ -329,6 +335,8 @@ class Formation:
             if name == self.NODES[0]:
                 self.wait_states({name: "single"}, f"{name} runs alone as the primary")
         self.wait_healthy()
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(WRITABLE_TABLE)
 
     def _monitor_ready(self) -> bool:
         try:
@@ -407,19 +415,22 @@ class Formation:
 
         return self._wait(healthy, "a primary with a secondary", timeout)
 
-    def writable(self, name: str) -> bool:
-        """Whether node ``name`` commits a write now (a transaction id, committed; with a
-        synchronous standby named, the commit waits for it)."""
+    async def writable(self, name: str, within: float = 2.0) -> bool:
+        """Whether node ``name`` accepts a write now: it is what libpq's
+        ``target_session_attrs=read-write`` takes (not in recovery, and not
+        ``default_transaction_read_only``, which pg_auto_failover keeps on while it promotes), and
+        an INSERT commits there within ``within`` seconds (with a synchronous standby named, the
+        commit waits for it)."""
         try:
-            with psycopg.connect(self.node_dsn(name), autocommit=True) as conn:
-                conn.execute("SET statement_timeout = 1000")
-                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-                if row is None or row[0]:
-                    return False
-                conn.execute("SELECT txid_current()")
-                return True
-        except psycopg.Error:
+            async with asyncio.timeout(within):
+                conn = await psycopg.AsyncConnection.connect(
+                    self.node_dsn(name), target_session_attrs="read-write", autocommit=True
+                )
+                async with conn:
+                    await conn.execute(WRITABLE_INSERT)
+        except (psycopg.Error, TimeoutError):
             return False
+        return True
 
     def perform_failover(self) -> None:
         """``pg_autoctl perform failover``: the primary drains and demotes itself, the secondary

@@ -67,7 +67,7 @@ async def _writable(cluster: Formation, name: str, within: float) -> float | Non
     """The moment (monotonic) node ``name`` first committed a write, or None after ``within``."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if await asyncio.to_thread(cluster.writable, name):
+        if await cluster.writable(name):
             return time.monotonic()
         await asyncio.sleep(WRITABLE_POLL)
     return None
