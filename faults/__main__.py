@@ -1,11 +1,13 @@
 """`python -m faults` (`make faults`): run the fault and bad-input suite, write the report.
 
 Starts its own PostgreSQL (embedded, in a temporary folder) and its own redis-server on a free
-loopback port, runs every scenario against real service processes, prints the results table and
-writes faults/results/latest.md. Stops by itself: every scenario is bounded, and the whole run is
-cut off after --timeout. Kills and stops only processes it started; deletes its temporary folders.
+loopback port (the pgbouncer and failover scenarios also a PgBouncer and a pg_auto_failover monitor
+with two nodes, from the machine's Debian packages), runs every scenario against real service
+processes, prints the results table and writes faults/results/latest.md. Stops by itself: every
+scenario is bounded, and the whole run is cut off after --timeout. Kills and stops only processes
+it started; deletes its temporary folders.
 
-    python -m faults                  # the full run (~10 minutes on 2 cores), writes latest.md
+    python -m faults                  # the full run (~20 minutes on 2 cores), writes latest.md
     python -m faults --quick          # a short run; writes results/partial-quick.md
     python -m faults --only storm --only bad   # scenarios whose name starts with these words;
                                                # writes results/partial-storm-bad.md

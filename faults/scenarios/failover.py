@@ -2,10 +2,11 @@
 kill -9 of the primary's node.
 
 The suite starts a monitor and two PostgreSQL nodes (synchronous replication) of its own
-(:mod:`faults.cluster`); the service (webhook receiver, inbox workers, relay) and the payments app
-connect with the multi-host DSN ``host=127.0.0.1,127.0.0.1 port=P1,P2
-target_session_attrs=read-write``, so that libpq finds whichever node accepts writes. Under the
-mixed load (webhooks, payments, outbox) plus two probes that time every answer, the scenario
+(:mod:`faults.cluster`), once for both cases; the service (webhook receiver, inbox workers,
+relay) and the payments app connect with the multi-host DSN ``host=127.0.0.1,127.0.0.1
+port=P1,P2 target_session_attrs=read-write``, so that libpq finds whichever node accepts writes.
+Under the mixed load (webhooks, payments, outbox) plus two probes that time every answer, the
+scenario
 
 - **graceful**: runs ``pg_autoctl perform failover`` (the primary drains and is demoted, the
   secondary promoted);
@@ -23,7 +24,9 @@ restarted, and the formation had a synchronous secondary again at the end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 
 from faults.cluster import Formation, formation, prepare
 from faults.context import Context
@@ -73,56 +76,71 @@ async def _writable(cluster: Formation, name: str, within: float) -> float | Non
     return None
 
 
+def _formation() -> contextlib.AbstractContextManager[Formation]:
+    """The formation of both cases, with pgonce's schema in its database."""
+
+    @contextlib.contextmanager
+    def started() -> Iterator[Formation]:
+        with formation("failover") as cluster:
+            prepare(cluster.dsn())
+            yield cluster
+
+    return started()
+
+
 async def _failover(ctx: Context, *, kill: bool) -> Result:
     case = "kill" if kill else "graceful"
     run = f"failover_{case}"
-    with formation(run) as cluster:
-        dsn = cluster.dsn()
-        await asyncio.to_thread(prepare, dsn)
-        with ctx.processes() as procs:
-            served = ctx.serve(procs, run, dsn, amounts=1_000_000)
-            load = served.load
-            probes = Probes(
-                WebhookLoad(load.hooks.url, f"{run}_probe", ctx.scheme),
-                PaymentLoad(load.pays.url, f"{run}_probe", 5_000_000),
-            )
-            timelines = [probes.webhooks, probes.payments]
-            load.start()
-            probes.start()
-            began = time.monotonic()
-            warm = await _successes(timelines, SUCCESSES_AROUND, began, RECOVERY_TIMEOUT)
-            old = await asyncio.to_thread(cluster.primary)
-            new = cluster.other(old)
-            fault_at = time.monotonic()
-            # The fault lasts until the formation is whole again: a relay batch cut by it may be
-            # published twice (same message id), which the outbox's accounting allows then.
-            with load.faults.window(f"{case} failover"):
-                if kill:
-                    await asyncio.to_thread(cluster.kill, old)
-                    writable_at = await _writable(cluster, new, RECOVERY_TIMEOUT)
-                else:
-                    failing_over = asyncio.create_task(asyncio.to_thread(cluster.perform_failover))
-                    writable_at = await _writable(cluster, new, RECOVERY_TIMEOUT)
-                    await failing_over
-                promoted = writable_at if writable_at is not None else time.monotonic()
-                recovered = await _successes(timelines, 1, promoted, RECOVERY_TIMEOUT)
-                answered = {tl.name: tl.first_success_after(promoted) for tl in timelines}
-                if kill:
-                    await asyncio.to_thread(cluster.restart, old)
-                restarted = time.monotonic() - fault_at
-                await asyncio.to_thread(cluster.wait_healthy)
-                rejoined = time.monotonic() - fault_at
-            after = await _successes(timelines, SUCCESSES_AROUND, time.monotonic(), 60)
-            ended = time.monotonic()
-            events = await asyncio.to_thread(cluster.events)
-            await probes.stop()
-            acc = await load.finish(dsn, ctx.redis_url, within=ctx.size(60, 30))
-            for probe in (probes.hooks, probes.pays):
-                part = await asyncio.to_thread(probe.account, dsn)
-                acc.add(part)
-                acc.notes.append(f"probe {part.summary()}")
-            replays_differ = await probes.pays.replays_differ()
-            untouched = served.untouched()
+    # One formation for both cases (its start is most of a case's time); each case has its own
+    # run id, payment amounts and outbox aggregate type, so that each counts only its own.
+    cluster = await asyncio.to_thread(ctx.shared, "failover", _formation)
+    await asyncio.to_thread(cluster.wait_healthy)
+    amounts = 2_000_000 if kill else 1_000_000
+    dsn = cluster.dsn()
+    with ctx.processes() as procs:
+        served = ctx.serve(procs, run, dsn, amounts=amounts)
+        load = served.load
+        probes = Probes(
+            WebhookLoad(load.hooks.url, f"{run}_probe", ctx.scheme),
+            PaymentLoad(load.pays.url, f"{run}_probe", amounts + 500_000),
+        )
+        timelines = [probes.webhooks, probes.payments]
+        load.start()
+        probes.start()
+        began = time.monotonic()
+        warm = await _successes(timelines, SUCCESSES_AROUND, began, RECOVERY_TIMEOUT)
+        old = await asyncio.to_thread(cluster.primary)
+        new = cluster.other(old)
+        fault_at = time.monotonic()
+        # The fault lasts until the formation is whole again: a relay batch cut by it may be
+        # published twice (same message id), which the outbox's accounting allows then.
+        with load.faults.window(f"{case} failover"):
+            if kill:
+                await asyncio.to_thread(cluster.kill, old)
+                writable_at = await _writable(cluster, new, RECOVERY_TIMEOUT)
+            else:
+                failing_over = asyncio.create_task(asyncio.to_thread(cluster.perform_failover))
+                writable_at = await _writable(cluster, new, RECOVERY_TIMEOUT)
+                await failing_over
+            promoted = writable_at if writable_at is not None else time.monotonic()
+            recovered = await _successes(timelines, 1, promoted, RECOVERY_TIMEOUT)
+            answered = {tl.name: tl.first_success_after(promoted) for tl in timelines}
+            if kill:
+                await asyncio.to_thread(cluster.restart, old)
+            restarted = time.monotonic() - fault_at
+            await asyncio.to_thread(cluster.wait_healthy)
+            rejoined = time.monotonic() - fault_at
+        after = await _successes(timelines, SUCCESSES_AROUND, time.monotonic(), 60)
+        ended = time.monotonic()
+        events = await asyncio.to_thread(cluster.events)
+        await probes.stop()
+        acc = await load.finish(dsn, ctx.redis_url, within=ctx.size(60, 30))
+        for probe in (probes.hooks, probes.pays):
+            part = await asyncio.to_thread(probe.account, dsn)
+            acc.add(part)
+            acc.notes.append(f"probe {part.summary()}")
+        replays_differ = await probes.pays.replays_differ()
+        untouched = served.untouched()
     ctx.bodies.extend(load.bodies + probes.hooks.bodies + probes.pays.bodies)
     result = Result(
         f"failover on pg_auto_failover: {case}",

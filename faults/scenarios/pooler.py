@@ -53,7 +53,7 @@ def _environment(name: str, value: str) -> Iterator[None]:
 
 
 async def pgbouncer_load(ctx: Context) -> Result:
-    target = ctx.size(3000, 200)
+    target = ctx.size(2000, 200)
     direct = ctx.database("pooler")
     with (
         pgbouncer(host=str(ctx.pg.socket_dir), port=ctx.pg.port) as pool,
