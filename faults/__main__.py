@@ -1,13 +1,19 @@
 """`python -m faults` (`make faults`): run the fault and bad-input suite, write the report.
 
 Starts its own PostgreSQL (embedded, in a temporary folder) and its own redis-server on a free
-loopback port, runs every scenario against real service processes, prints the results table and
-writes faults/results/latest.md. Stops by itself: every scenario is bounded, and the whole run is
-cut off after --timeout. Kills and stops only processes it started; deletes its temporary folders.
+loopback port (the pgbouncer and failover scenarios also a PgBouncer and a pg_auto_failover monitor
+with two nodes, from the machine's Debian packages), runs every scenario against real service
+processes, prints the results table and writes faults/results/latest.md. Stops by itself: every
+scenario is bounded, and the whole run is cut off after --timeout. Kills and stops only processes
+it started; deletes its temporary folders.
 
-    python -m faults                  # the full run (~10 minutes on 2 cores), writes latest.md
-    python -m faults --quick          # a short run; prints the table, writes nothing by default
-    python -m faults --only storm --only bad   # scenarios whose name starts with these words
+    python -m faults                  # the full run (~20 minutes on 2 cores), writes latest.md
+    python -m faults --quick          # a short run; writes results/partial-quick.md
+    python -m faults --only storm --only bad   # scenarios whose name starts with these words;
+                                               # writes results/partial-storm-bad.md
+
+Only a full run of every scenario writes latest.md, headed by the commit it ran (and whether the
+tree had uncommitted changes), the date, the machine, the PostgreSQL version and the profile.
 """
 
 from __future__ import annotations
@@ -22,13 +28,13 @@ import tempfile
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 from faults.context import Context, open_context
 from faults.procs import ROOT
 from faults.report import Result, render
-from faults.scenarios import badinput, broker, database, kills, security, storms
+from faults.scenarios import badinput, broker, database, failover, kills, pooler, security, storms
+from tools.provenance import header, write
 
 Scenario = Callable[[Context], Awaitable[Result]]
 
@@ -44,9 +50,12 @@ SCENARIOS: list[tuple[str, Scenario]] = [
     ("bad-webhooks", badinput.bad_webhooks),
     ("bad-http", badinput.bad_requests),
     ("security", security.cross_scope_and_admin),
+    ("pgbouncer", pooler.pgbouncer_load),
+    ("failover-graceful", failover.graceful),
+    ("failover-kill", failover.kill_primary),
 ]
 
-DEFAULT_OUTPUT = ROOT / "faults" / "results" / "latest.md"
+RESULTS = ROOT / "faults" / "results"
 #: The issue's budget for the full run; the suite cuts itself off before it.
 DEFAULT_TIMEOUT = 20 * 60
 
@@ -69,13 +78,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
         + ", ".join(name for name, _ in SCENARIOS),
     )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: the clock)")
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=None,
-        help=f"where to write the report (default: {DEFAULT_OUTPUT.relative_to(ROOT)} for a full "
-        "run of every scenario; nothing for --quick or --only)",
-    )
     parser.add_argument(
         "--timeout",
         type=float,
@@ -135,14 +137,14 @@ def main(argv: list[str]) -> int:
     if not chosen:
         print(f"faults: no scenario matches {args.only}", file=sys.stderr)
         return 2
-    output = args.output or (None if args.quick or args.only else DEFAULT_OUTPUT)
     seed = args.seed if args.seed is not None else int(time.time())
-    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     began = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="pgonce-faults-run-"))
     results: list[Result] = []
+    postgres = "-"
     try:
         with open_context(folder, quick=args.quick, seed=seed) as ctx:
+            postgres = ctx.pg.version()
             try:
                 results = asyncio.run(asyncio.wait_for(run_all(ctx, chosen), args.timeout))
             except TimeoutError:
@@ -158,12 +160,17 @@ def main(argv: list[str]) -> int:
     if args.seed is None:
         rerun += ["--seed", str(seed)]
     command = f'make faults FAULTS_ARGS="{shlex.join(rerun)}"'
-    text = render(results, command=command, started=started, seconds=time.monotonic() - began)
+    full = not args.quick and not args.only
+    profile = (
+        ("quick (small sizes, ~1 minute)" if args.quick else "full")
+        + ("" if not args.only else f", only {', '.join(name for name, _ in chosen)}")
+        + f", seed {seed}"
+    )
+    head = header("pgonce reliability report", command=command, postgres=postgres, profile=profile)
+    text = render(results, header=head, seconds=time.monotonic() - began)
     print(text)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        print(f"faults: wrote {output}")
+    written = write(RESULTS, text, full=full, partial="-".join(["quick"] * args.quick + args.only))
+    print(f"faults: wrote {written.relative_to(ROOT)}")
     return 0 if all(r.passed for r in results) else 1
 
 

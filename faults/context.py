@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import random
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import psycopg
 
+from faults.load import MixedLoad
 from faults.pg import OwnPostgres, own_postgres
 from faults.procs import Proc, Processes, Secrets
 from faults.proxy import free_port
@@ -24,6 +26,8 @@ from pgonce.service.demo import SETUP
 from pgonce.store.migrate import migrate
 from pgonce.webhooks.schemes import build_scheme
 from pgonce.webhooks.schemes.base import SigningScheme
+
+T = TypeVar("T")
 
 
 def generate_secrets() -> Secrets:
@@ -49,6 +53,9 @@ class Context:
     bodies: list[bytes] = field(default_factory=list)
     #: Every log file a started process wrote, scanned for secrets and tracebacks at the end.
     logs: set[Path] = field(default_factory=set)
+    #: Servers that several scenarios share (:meth:`shared`), stopped when the run ends.
+    servers: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _shared: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -59,6 +66,14 @@ class Context:
     @property
     def scheme(self) -> SigningScheme:
         return build_scheme("standard-webhooks", [self.secrets.shop])
+
+    def shared(self, name: str, start: Callable[[], contextlib.AbstractContextManager[T]]) -> T:
+        """The server ``name``, started by ``start()`` for the first scenario that asks, and
+        kept for the next ones until the run ends (a pg_auto_failover formation takes a minute
+        or two to start)."""
+        if name not in self._shared:
+            self._shared[name] = self.servers.enter_context(start())
+        return cast(T, self._shared[name])
 
     def database(self, name: str) -> str:
         """A fresh, migrated database ``name`` with the demo handler's table; its socket DSN."""
@@ -72,8 +87,49 @@ class Context:
     def processes(self) -> Processes:
         return Processes(self.folder, self.secrets)
 
+    def serve(
+        self, procs: Processes, run: str, dsn: str, *, amounts: int, minimum: int | None = None
+    ) -> Served:
+        """The service (with the outbox on the suite's redis) and the payments app, both on
+        ``dsn``, started in ``procs``, and the mixed load ``run`` for them, not started yet
+        (payment amounts from ``amounts``; ``minimum``: what the load must have acknowledged)."""
+        port, pay_port = free_port(), free_port()
+        served = Served(
+            service=procs.service(f"{run}-service", dsn, port, self.redis_url),
+            payments=procs.payments(f"{run}-payments", dsn, pay_port),
+            load=MixedLoad(
+                self.scheme,
+                service_port=port,
+                payments_port=pay_port,
+                outbox_dsn=dsn,
+                run=run,
+                amounts=amounts,
+                relays=1,
+                minimum=self.size(50, 3) if minimum is None else minimum,
+            ),
+            port=port,
+            pay_port=pay_port,
+        )
+        self.keep_logs(procs)
+        return served
+
     def keep_logs(self, processes: Processes) -> None:
         self.logs.update(p.log for p in processes.started)
+
+
+@dataclass
+class Served:
+    """What :meth:`Context.serve` started: the two processes, their ports, and the load."""
+
+    service: Proc
+    payments: Proc
+    load: MixedLoad
+    port: int
+    pay_port: int
+
+    def untouched(self) -> bool:
+        """Whether each process was started once and still runs (none was restarted)."""
+        return all(p.starts == 1 and p.alive() for p in (self.service, self.payments))
 
 
 @contextlib.contextmanager
@@ -83,7 +139,7 @@ def open_context(folder: Path, *, quick: bool, seed: int) -> Iterator[Context]:
     with own_postgres() as pg, Processes(folder, generate_secrets()) as infra:
         port = free_port()
         redis = infra.redis("redis", port)
-        yield Context(
+        ctx = Context(
             pg=pg,
             folder=folder,
             quick=quick,
@@ -92,3 +148,5 @@ def open_context(folder: Path, *, quick: bool, seed: int) -> Iterator[Context]:
             redis_url=f"redis://127.0.0.1:{port}/0",
             redis=redis,
         )
+        with ctx.servers:
+            yield ctx

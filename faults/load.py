@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +30,16 @@ import httpx
 import psycopg
 import redis.asyncio as aioredis
 
+from pgonce.config import own_connect_kwargs
+from pgonce.consumers import Handler, IdempotentConsumer
+from pgonce.relay import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 from pgonce.store._async.outbox import enqueue
 from pgonce.webhooks.schemes.base import SigningScheme
 
 #: A request that got no answer is retried after this pause (a provider's retry, compressed).
 RETRY_PAUSE = 0.05
+#: Attempts at each replay of an acknowledged payment before it counts as differing.
+REPLAY_ATTEMPTS = 20
 
 
 @dataclass
@@ -247,9 +254,16 @@ class PaymentLoad:
         async with httpx.AsyncClient(timeout=30) as client:
             for n, first in self.first.items():
                 body, headers = self.request(n)
-                response = await client.post(self.url, content=body, headers=headers)
-                self.statuses[f"payments replay {response.status_code}"] += 1
-                if response.status_code != 201 or response.content != first:
+                response = None
+                # A client retries a transport error or a 503, as during the load; a bounded few.
+                for _ in range(REPLAY_ATTEMPTS):
+                    with contextlib.suppress(httpx.HTTPError):
+                        response = await client.post(self.url, content=body, headers=headers)
+                    self.statuses[f"payments replay {_status(response)}"] += 1
+                    if response is not None and response.status_code != 503:
+                        break
+                    await asyncio.sleep(RETRY_PAUSE)
+                if response is None or response.status_code != 201 or response.content != first:
                     differ += 1
         return differ
 
@@ -272,6 +286,80 @@ class PaymentLoad:
         )
 
 
+@dataclass(frozen=True)
+class FaultWindow:
+    """When one injected fault began and when the system had it behind it (wall clock, seconds)."""
+
+    what: str
+    began: float
+    ended: float
+
+
+@dataclass
+class FaultLog:
+    """The faults a scenario injected, with their time windows: what a broker copy may be
+    explained by. A scenario records each fault with :meth:`window` (or :meth:`add`)."""
+
+    windows: list[FaultWindow] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def window(self, what: str) -> Iterator[None]:
+        began = time.time()
+        try:
+            yield
+        finally:
+            self.windows.append(FaultWindow(what, began, time.time()))
+
+    def add(self, what: str, began: float) -> None:
+        self.windows.append(FaultWindow(what, began, time.time()))
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def explains(self, first: float, later: float) -> bool:
+        """Whether some fault explains a copy published at ``later`` after one at ``first``: the
+        earlier copy went out before the fault was over, the later one after it began."""
+        return any(
+            first <= w.ended + COPY_SLACK and later >= w.began - COPY_SLACK for w in self.windows
+        )
+
+
+#: Scheduling slack between a fault's recorded window and the broker's clock (same machine).
+COPY_SLACK = 0.5
+#: The consumer's name in the scenarios' databases (the scope of its claims).
+CONSUMER = "faults-consumer"
+#: Consumers draining a stream at once, each on its own connection.
+CONSUMER_LANES = 4
+#: Where the consumer's handler writes one row per run of the handler: no unique key, so that an
+#: effect that happened twice is counted twice.
+EFFECTS_TABLE = """
+CREATE TABLE IF NOT EXISTS faults_outbox_effects (
+    run text NOT NULL,
+    message_id text NOT NULL
+)
+"""
+
+
+def _record_effect(run: str, message_id: str) -> Handler:
+    """The consumer's handler: one row per run of it."""
+
+    async def effect(conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(
+            "INSERT INTO faults_outbox_effects (run, message_id) VALUES (%s, %s)", (run, message_id)
+        )
+
+    return effect
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    """One copy the broker holds: its message id and when Redis appended it (from its entry id)."""
+
+    message_id: str
+    at: float
+    payload: bytes
+
+
 class OutboxLoad:
     """Enqueue outbox rows (aggregate type ``<run>``), one transaction each, over ``dsn``."""
 
@@ -289,7 +377,11 @@ class OutboxLoad:
         while not stop.is_set():
             try:
                 if conn is None or conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(self.dsn, connect_timeout=3)
+                    # As an application configured for its pooler: no prepared statements
+                    # behind a transaction-mode pooler (PGONCE_POOLER), as pgonce's own.
+                    conn = await psycopg.AsyncConnection.connect(
+                        self.dsn, connect_timeout=3, **own_connect_kwargs()
+                    )
                 self.attempts += 1
                 async with conn.transaction():
                     row_id = await enqueue(
@@ -308,51 +400,133 @@ class OutboxLoad:
         if conn is not None:
             await conn.close()
 
-    def rows(self, dsn: str) -> tuple[set[int], int]:
-        """Ids of this run's rows in the outbox, and how many are not marked published."""
+    def rows(self, dsn: str) -> tuple[set[int], set[int]]:
+        """Ids of this run's rows in the outbox, and those of them not marked published."""
         with psycopg.connect(dsn) as conn:
             rows = conn.execute(
                 "SELECT id, published_at IS NULL FROM pgonce.outbox WHERE aggregatetype = %s",
                 (self.run,),
             ).fetchall()
-        return {int(r[0]) for r in rows}, sum(1 for r in rows if r[1])
+        return {int(r[0]) for r in rows}, {int(r[0]) for r in rows if r[1]}
 
-    async def published_ids(self, redis_url: str) -> Counter[int]:
+    async def entries(self, redis_url: str) -> list[StreamEntry]:
+        """Every copy the broker holds for this run, in the stream's order."""
         client = aioredis.from_url(redis_url)
         try:
             # Entries are (entry id, fields) with bytes keys: the client does not decode.
-            entries: Any = await client.xrange(f"outbox.{self.run}")
+            raw: Any = await client.xrange(f"outbox.{self.run}")
         finally:
             await client.aclose()
-        return Counter(int(fields[b"message-id"]) for _, fields in entries)
+        return [
+            StreamEntry(
+                message_id=fields[b"message-id"].decode(),
+                # The entry id is "<milliseconds>-<sequence>", stamped by Redis on XADD.
+                at=int(entry_id.split(b"-")[0]) / 1000,
+                payload=fields[b"payload"],
+            )
+            for entry_id, fields in raw
+        ]
 
-    async def account(self, dsn: str, redis_url: str, *, within: float = 60) -> Accounting:
-        """Wait (bounded) until every row is published, then compare the outbox with the stream.
+    async def consume(self, dsn: str, entries: list[StreamEntry]) -> Counter[str]:
+        """Run every copy through pgonce's idempotent consumer, as a consumer of the stream
+        would; return the handler's effects per message id, counted in the database."""
+        consumer = IdempotentConsumer(CONSUMER)
+        queue: asyncio.Queue[StreamEntry] = asyncio.Queue()
+        for entry in entries:
+            queue.put_nowait(entry)
 
-        A row published twice carries the same message id both times (an acknowledgement lost to
-        a kill): that is ``redelivered``, not ``doubled``; a consumer dedupes it on the id."""
+        async def lane() -> None:
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                while not queue.empty():
+                    entry = queue.get_nowait()
+                    effect = _record_effect(self.run, entry.message_id)
+                    outcome = await consumer.handle(conn, entry.message_id, entry.payload, effect)
+                    if not outcome.acknowledge:
+                        # Another lane holds the same id right now: requeue, as a broker would.
+                        queue.put_nowait(entry)
+                        await asyncio.sleep(0.01)
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(EFFECTS_TABLE)
+        await asyncio.gather(*(lane() for _ in range(CONSUMER_LANES)))
+        with psycopg.connect(dsn) as conn:
+            counted = conn.execute(
+                "SELECT message_id, count(*) FROM faults_outbox_effects WHERE run = %s "
+                "GROUP BY message_id",
+                (self.run,),
+            ).fetchall()
+        return Counter({str(m): int(n) for m, n in counted})
+
+    async def account(
+        self, dsn: str, redis_url: str, faults: FaultLog, *, relay_loops: int, within: float = 60
+    ) -> tuple[Accounting, list[tuple[str, bool]]]:
+        """Wait (bounded) until every row is published, consume the stream, and compare.
+
+        ``doubled`` counts the consumer's effects beyond the first per message id. Broker copies
+        with a repeated id (``redelivered``) are at-least-once publishing only where a fault
+        explains them: a fault can make a relay publish again at most what it had in flight
+        (``relay_loops`` batch loops of :data:`~pgonce.relay.DEFAULT_BATCH_SIZE` rows each), and
+        only a copy that went out after that fault began while the copy before it went out before
+        the fault was over. Returns the accounting and its checks."""
         deadline = time.monotonic() + within
         ids, pending = self.rows(dsn)
         while pending and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             ids, pending = self.rows(dsn)
-        published = await self.published_ids(redis_url)
-        lost_commits = len(self.committed - ids)
-        copies = sum(published.values()) - len(published)
+        entries = await self.entries(redis_url)
+        effects = await self.consume(dsn, entries)
+        times: dict[str, list[float]] = {}
+        for entry in entries:
+            times.setdefault(entry.message_id, []).append(entry.at)
+        published = {int(m) for m in times}
+        copies = len(entries) - len(times)
+        # Each copy against the one before it: a fault explains one more copy of a row, not
+        # every copy that follows it.
+        unexplained = sum(
+            1
+            for at in times.values()
+            for before, later in itertools.pairwise(sorted(at))
+            if not faults.explains(before, later)
+        )
+        bound = len(faults) * relay_loops * DEFAULT_BATCH_SIZE
+        unmarked = published & pending
         acc = Accounting(
             label="outbox",
             sent=len(ids),
             acknowledged=len(self.committed),
-            effects=len(ids & published.keys()),
-            lost=len(ids - published.keys()) + lost_commits,
-            doubled=0,
+            effects=len(effects),
+            lost=len(ids - {int(m) for m in effects}) + len(self.committed - ids),
+            doubled=sum(n - 1 for n in effects.values()),
             redelivered=copies,
         )
         acc.notes.append(
             f"outbox: {len(ids)} rows committed ({self.in_doubt} enqueue transactions failed or "
-            f"in doubt), {pending} left unpublished, {copies} broker copies with a repeated id"
+            f"in doubt), {len(pending)} left unpublished, {len(entries)} broker copies of "
+            f"{len(times)} message ids consumed by pgonce's idempotent consumer, {copies} "
+            f"redelivered ({unexplained} not explained by a fault; bound {bound})"
         )
-        return acc
+        checks = [
+            (
+                f"every outbox row the broker received is marked published ({len(unmarked)} not)",
+                not unmarked,
+            ),
+            (
+                f"every redelivered copy is explained by a fault: the copy before it went out "
+                f"before a fault ended and it after that fault began ({unexplained} not)",
+                unexplained == 0,
+            ),
+            (
+                f"redelivered copies ({copies}) within what {len(faults)} faults can leave in "
+                f"flight ({relay_loops} batch loops × {DEFAULT_BATCH_SIZE} rows each: {bound})",
+                copies <= bound,
+            ),
+            (
+                "the idempotent consumer acknowledged every copy and ran its handler once per "
+                "message id",
+                set(effects) == set(times),
+            ),
+        ]
+        return acc, checks
 
 
 async def wait_handled(load: WebhookLoad, dsn: str, within: float = 120) -> None:
@@ -373,21 +547,32 @@ MIXED_LOAD = (
 
 
 class MixedLoad:
-    """The three producers at once, as the kill and database scenarios run them."""
+    """The three producers at once, as the kill and database scenarios run them.
+
+    ``relays`` is how many relays publish this load's outbox (each runs
+    :data:`~pgonce.relay.DEFAULT_CONCURRENCY` batch loops); the scenario records every fault it
+    injects in :attr:`faults`, which is what may explain a broker copy published twice.
+    """
 
     def __init__(
         self, scheme: SigningScheme, *, service_port: int, payments_port: int, outbox_dsn: str,
-        run: str, amounts: int,
+        run: str, amounts: int, relays: int, minimum: int,
     ) -> None:  # fmt: skip
         self.hooks = WebhookLoad(f"http://127.0.0.1:{service_port}/webhooks/shop", run, scheme)
         self.pays = PaymentLoad(
             f"http://127.0.0.1:{payments_port}/payments", run, amounts, concurrency=3
         )
         self.outbox = OutboxLoad(outbox_dsn, run)
+        self.relay_loops = relays * DEFAULT_CONCURRENCY
+        #: The fewest events, payments and outbox rows each producer must have had acknowledged
+        #: for the run to prove anything.
+        self.minimum = minimum
+        self.faults = FaultLog()
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
         self.replays_differ = 0
         self.unresolved = 0
+        self.outbox_checks: list[tuple[str, bool]] = []
 
     def start(self) -> None:
         self.tasks = [
@@ -404,10 +589,13 @@ class MixedLoad:
         await wait_handled(self.hooks, dsn, within)
         self.replays_differ = await self.pays.replays_differ()
         self.unresolved = await asyncio.to_thread(self.hooks.unresolved, dsn)
+        outbox, self.outbox_checks = await self.outbox.account(
+            dsn, redis_url, self.faults, relay_loops=self.relay_loops, within=within
+        )
         return combine(
             await asyncio.to_thread(self.hooks.account, dsn),
             await asyncio.to_thread(self.pays.account, dsn),
-            await self.outbox.account(dsn, redis_url, within=within),
+            outbox,
         )
 
     @property
@@ -415,8 +603,14 @@ class MixedLoad:
         return self.hooks.bodies + self.pays.bodies
 
     def checks(self) -> list[tuple[str, bool]]:
-        hooks, pays = self.hooks, self.pays
+        hooks, pays, outbox = self.hooks, self.pays, self.outbox
         return [
+            (
+                f"the load proves something: at least {self.minimum} events, payments and outbox "
+                f"rows each acknowledged (got {len(hooks.acked)}, {len(pays.first)}, "
+                f"{len(outbox.committed)})",
+                min(len(hooks.acked), len(pays.first), len(outbox.committed)) >= self.minimum,
+            ),
             (
                 "every event and every payment was acknowledged in the end (the producers' "
                 "retries got their 200 and 201)",
@@ -427,4 +621,5 @@ class MixedLoad:
                 self.replays_differ == 0,
             ),
             ("no inbox event left pending, failed or dead", self.unresolved == 0),
+            *self.outbox_checks,
         ]

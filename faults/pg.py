@@ -93,6 +93,12 @@ class OwnPostgres:
             return False
         return True
 
+    def version(self) -> str:
+        """The server's ``version()``, for the report's header."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT version()").fetchone()
+        return str(row[0]) if row else "unknown"
+
     def database(self, name: str) -> str:
         """Create database ``name`` (fresh) and return its DSN on the socket."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:

@@ -7,7 +7,6 @@ a column of its own), and every named check held.
 
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass, field
 
 from faults.load import Accounting
@@ -43,17 +42,14 @@ def _statuses(acc: Accounting) -> str:
     return ", ".join(f"{status}: {n}" for status, n in sorted(acc.statuses.items())) or "none"
 
 
-def render(results: list[Result], *, command: str, started: str, seconds: float) -> str:
+def render(results: list[Result], *, header: list[str], seconds: float) -> str:
+    """The report: ``header`` (tools/provenance.py's lines, or a test's own), then the results."""
     failed = [r for r in results if not r.passed]
     lines = [
-        "# pgonce reliability report",
-        "",
-        f"Produced by `{command}` on {started} in {seconds / 60:.1f} minutes "
-        f"({platform.machine()}, {platform.python_implementation()} "
-        f"{platform.python_version()}). "
-        "Everything runs on loopback against the real service processes and a PostgreSQL 18 the "
-        "suite starts itself (embedded, temporary data folder), restarted and cut by the suite; "
-        "the broker is a redis-server the suite starts itself.",
+        *header,
+        f"Took {seconds / 60:.1f} minutes. Everything runs on loopback against the real service "
+        "processes and a PostgreSQL the suite starts itself (embedded, temporary data folder), "
+        "restarted and cut by the suite; the broker is a redis-server the suite starts itself.",
         "",
         f"**{len(results) - len(failed)} of {len(results)} scenarios passed.**"
         + (f" Failing: {', '.join(r.scenario for r in failed)}." if failed else ""),
@@ -64,8 +60,10 @@ def render(results: list[Result], *, command: str, started: str, seconds: float)
         "found in the database or the broker; *lost* = acknowledged without an effect; "
         "*doubled* = effects beyond the first; *500* = answers 500 or another 5xx except 503; "
         "*503* = pgonce's documented 'retry later' answer while its database is away; "
-        "*redelivered* = broker copies with a repeated message id (at-least-once publishing, "
-        "deduplicated by consumers on the id).",
+        "*redelivered* = broker copies with a repeated message id (at-least-once publishing); "
+        "every copy is run through pgonce's idempotent consumer, whose effects per message id "
+        "are the outbox's *effects* and *doubled*, and each redelivered copy must be explained "
+        "by an injected fault (its scenario's checks say how many were not).",
         "",
         "| scenario | faults injected | sent | acked | effects | lost | doubled | 500 | 503 "
         "| redelivered | result |",
@@ -80,19 +78,7 @@ def render(results: list[Result], *, command: str, started: str, seconds: float)
         )
     lines.append("")
     for r in results:
-        lines += [
-            f"## {r.scenario}",
-            "",
-            f"- **load**: {r.load}",
-            f"- **faults**: {r.faults}",
-            f"- **answers seen**: {_statuses(r.acc)}",
-            f"- **time**: {r.seconds:.0f} s",
-        ]
-        if r.error:
-            lines.append(f"- **error**: {r.error}")
-        lines += [f"- {'✔' if held else '✘ **failed**'} {what}" for what, held in r.checks]
-        lines += [f"- note: {note}" for note in r.acc.notes]
-        lines.append("")
+        lines += section(r)
     lines += [
         "## Not covered",
         "",
@@ -103,3 +89,21 @@ def render(results: list[Result], *, command: str, started: str, seconds: float)
         "",
     ]
     return "\n".join(lines)
+
+
+def section(r: Result) -> list[str]:
+    """One scenario's part of the report: what ran, what was injected, every check."""
+    lines = [
+        f"## {r.scenario}",
+        "",
+        f"- **load**: {r.load}",
+        f"- **faults**: {r.faults}",
+        f"- **answers seen**: {_statuses(r.acc)}",
+        f"- **time**: {r.seconds:.0f} s",
+    ]
+    if r.error:
+        lines.append(f"- **error**: {r.error}")
+    lines += [f"- {'✔' if held else '✘ **failed**'} {what}" for what, held in r.checks]
+    lines += [f"- note: {note}" for note in r.acc.notes]
+    lines.append("")
+    return lines

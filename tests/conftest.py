@@ -35,6 +35,7 @@ from pgonce.store import wire
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store.migrate import migrate
+from tests import logscan
 from tests.pgbouncer import running_pgbouncer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +58,7 @@ def _tune_test_server(dsn: str) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     global _embedded
+    logscan.configure(config)
     if os.environ.get("PGONCE_TEST_DSN") or hasattr(config, "workerinput"):
         return
     data_dir = ROOT / ".pgonce" / "test-data"
@@ -67,6 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
             break
         _embedded.close()
     os.environ["PGONCE_TEST_DSN"] = dsn
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    logscan.finish(session)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

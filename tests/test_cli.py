@@ -74,6 +74,19 @@ def test_demo_proves_exactly_once(dsn: str) -> None:
     assert "exactly once: yes" in result.stdout
     effects = next(line for line in result.stdout.splitlines() if "side effects" in line)
     assert effects.split()[2] == "20"
+    # The proof checked against the database, not taken from the demo's own words: one order row
+    # per order, and one completed key per order.
+    with psycopg.connect(dsn) as conn:
+        orders = conn.execute(
+            "SELECT count(*), count(DISTINCT order_ref), count(DISTINCT run_id) "
+            "FROM pgonce_demo.orders"
+        ).fetchone()
+        keys = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE completed_at IS NOT NULL) FROM pgonce.keys "
+            "WHERE scope LIKE 'demo:%'"
+        ).fetchone()
+    assert orders == (20, 20, 1)
+    assert keys == (20, 20)
 
 
 def test_replay_puts_parked_outbox_rows_back(dsn: str) -> None:

@@ -259,7 +259,7 @@ def _row(
 def run(ctx: BenchContext) -> list[Table]:
     _setup(ctx)
     seconds = ctx.seconds(5)
-    levels = (1, 16) if ctx.quick else LEVELS
+    levels = ctx.pick(LEVELS, short=(1, 16, 64), quick=(1, 16))
     store = AsyncKeyStore(schema=ctx.schema)
     columns = ["conns", "client", "tx/s", "p50 ms", "p99 ms", "client CPU µs/tx", "ratio"]
     fresh = Table(
@@ -301,7 +301,7 @@ def run(ctx: BenchContext) -> list[Table]:
             "after a checkpoint included).",
         ],
     )
-    rounds = 1 if ctx.quick else 2
+    rounds = ctx.pick(2, short=2, quick=1)
     targets = Targets(
         "Key store: the issue's targets (16 connections, async)",
         "From the tables above: `once()` with the insert queued (the two-round-trip shape), its "

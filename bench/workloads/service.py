@@ -42,8 +42,9 @@ from pgonce.core.inbox import InboxEvent
 from pgonce.webhooks.schemes import build_scheme
 
 TITLE = "pgonce serve"
-#: Seconds of each measured load (a quick run: 3).
+#: Seconds of each measured load (the short profile: 8, a quick run: 3).
 LOAD_SECONDS = 20.0
+SHORT_SECONDS = 8.0
 QUICK_SECONDS = 3.0
 #: Seconds of warm-up load before each measurement: connections, prepared statements, imports.
 WARM_SECONDS = 1.0
@@ -210,7 +211,7 @@ def backlog(dsn: str, schema: str) -> tuple[int, int]:
 
 
 def run(ctx: BenchContext) -> list[Table]:
-    seconds = QUICK_SECONDS if ctx.quick else LOAD_SECONDS
+    seconds = ctx.pick(LOAD_SECONDS, short=SHORT_SECONDS, quick=QUICK_SECONDS)
     warm = min(WARM_SECONDS, seconds)
     logs = Path(tempfile.gettempdir())
     with scratch_database(ctx.dsn, ctx.schema) as dsn:

@@ -28,9 +28,11 @@ from pgonce.store._sync.sweeper import Sweeper
 
 TITLE = "Sweeper"
 ROWS = 1_000_000
+SHORT_ROWS = 150_000
 QUICK_ROWS = 30_000
 #: Rows for the comparison of the two join paths.
 PATH_ROWS = 200_000
+PATH_SHORT_ROWS = 40_000
 PATH_QUICK_ROWS = 10_000
 CLIENTS = 4
 #: Phases alternate: claims alone for ALONE_S seconds, then with the sweeper for SWEEP_S seconds.
@@ -147,7 +149,7 @@ async def _measure(ctx: BenchContext, sweep: Sweep) -> tuple[Phase, Phase]:
         tasks = [asyncio.create_task(client(i, c)) for i, c in enumerate(conns)]
         await asyncio.sleep(0.5)  # warm-up: prepared statements, caches
         alone.latencies.clear()
-        deadline = time.perf_counter() + (ctx.seconds(LIMIT_S) if ctx.quick else LIMIT_S)
+        deadline = time.perf_counter() + ctx.pick(LIMIT_S, short=LIMIT_S, quick=1.0)
         while not sweep.drained.is_set() and time.perf_counter() < deadline:
             for phase, seconds in ((alone, ALONE_S), (sweeping, SWEEP_S)):
                 if phase is sweeping:
@@ -165,7 +167,7 @@ async def _measure(ctx: BenchContext, sweep: Sweep) -> tuple[Phase, Phase]:
 
 
 def run(ctx: BenchContext) -> list[Table]:
-    rows = QUICK_ROWS if ctx.quick else ROWS
+    rows = ctx.pick(ROWS, short=SHORT_ROWS, quick=QUICK_ROWS)
     fill_seconds = _fill(ctx, rows)
     sweep = Sweep(ctx)
     sweep.start()
@@ -220,7 +222,7 @@ def run(ctx: BenchContext) -> list[Table]:
         f"{rate:,.0f}",
         ratio(rate, fill_rate, "INSERT rate"),
     )
-    paths = _paths(ctx, PATH_QUICK_ROWS if ctx.quick else PATH_ROWS)
+    paths = _paths(ctx, ctx.pick(PATH_ROWS, short=PATH_SHORT_ROWS, quick=PATH_QUICK_ROWS))
     with psycopg.connect(ctx.dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM pgonce.keys WHERE scope LIKE 'sweep-bench-%'")
     return [claims, table, paths]

@@ -25,8 +25,8 @@ import httpx
 import psycopg
 
 from faults.context import Context
-from faults.load import MIXED_LOAD, MixedLoad
-from faults.proxy import Proxy, free_port
+from faults.load import MIXED_LOAD
+from faults.proxy import Proxy
 from faults.report import Result
 
 #: How long the processes may take to answer again after a fault before "recovered" fails.
@@ -63,27 +63,24 @@ async def _under_load(
     ``fault(i)`` ``faults`` times at random moments, and account for everything."""
     direct = ctx.database(database)
     dsn = service_dsn(database)
-    port, pay_port = free_port(), free_port()
-    run = database
     with ctx.processes() as procs:
-        service = procs.service(f"{database}-service", dsn, port, ctx.redis_url)
-        payments = procs.payments(f"{database}-payments", dsn, pay_port)
-        ctx.keep_logs(procs)
-        load = MixedLoad(
-            ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn, run=run,
-            amounts=3_000_000,
-        )  # fmt: skip
+        served = ctx.serve(procs, database, dsn, amounts=3_000_000)
+        service, load = served.service, served.load
         load.start()
-        urls = [f"http://127.0.0.1:{port}/readyz", f"http://127.0.0.1:{pay_port}/health"]
+        urls = [
+            f"http://127.0.0.1:{served.port}/readyz",
+            f"http://127.0.0.1:{served.pay_port}/health",
+        ]
         recoveries: list[float | None] = []
         done: list[str] = []
         for i in range(faults):
             await asyncio.sleep(ctx.rng.uniform(0.3, 1.5))
-            done.append(await fault(i))
-            recoveries.append(await _ready(urls))
+            with load.faults.window(f"fault {i}"):
+                done.append(await fault(i))
+                recoveries.append(await _ready(urls))
         await asyncio.sleep(1.0)  # load after the last fault, on the recovered processes
         result.acc = await load.finish(direct, ctx.redis_url, within=ctx.size(60, 20))
-        untouched = all(p.starts == 1 and p.alive() for p in (service, payments))
+        untouched = served.untouched()
     ctx.bodies.extend(load.bodies)
     ended = [
         line.split('"message": ', 1)[-1][:300]

@@ -38,17 +38,18 @@ async def kill_nine(ctx: Context) -> Result:
         ctx.keep_logs(procs)
         load = MixedLoad(
             ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn, run=run,
-            amounts=2_000_000,
+            amounts=2_000_000, relays=2, minimum=ctx.size(50, 3),
         )  # fmt: skip
         load.start()
         started_at = {t.name: time.monotonic() for t in targets}
         restarting: dict[str, asyncio.Task[None]] = {}
 
-        async def restart(target: Proc) -> None:
+        async def restart(target: Proc, killed_at: float) -> None:
             try:
                 await asyncio.to_thread(target.start)
                 started_at[target.name] = time.monotonic()
             finally:
+                load.faults.add(f"kill {target.name}", killed_at)
                 restarting.pop(target.name, None)
 
         kills = 0
@@ -65,9 +66,10 @@ async def kill_nine(ctx: Context) -> Result:
             if not ready:
                 continue
             target = ctx.rng.choice(ready)
+            killed_at = time.time()
             target.kill()
             kills += 1
-            restarting[target.name] = asyncio.create_task(restart(target))
+            restarting[target.name] = asyncio.create_task(restart(target, killed_at))
         await asyncio.gather(*restarting.values())
         result = Result(
             "kill -9: service, worker, relay, payments app",

@@ -183,22 +183,43 @@ def exceptions_logged(text: str) -> Counter[str]:
     return found
 
 
+#: Each process the suite starts writes at least its start and stop lines; fewer in all means the
+#: scan read the wrong place (or nothing), not that the run was clean.
+MIN_LINES_PER_LOG = 2
+
+
 def scan_secrets_and_tracebacks(ctx: Context) -> Result:
     """Every log the started processes wrote and every refusal body captured in the run."""
-    logs = sorted(p for p in ctx.logs if p.exists())
-    text = {p.name: p.read_bytes() for p in logs}
-    needles = [s.encode() for s in ctx.secrets.all()]
+    return scan(sorted(ctx.logs), ctx.secrets.all(), ctx.bodies)
+
+
+def scan(logs: list[Path], secrets: list[str], bodies: list[bytes]) -> Result:
+    """Scan ``logs`` and ``bodies`` for ``secrets`` and ``logs`` for Python tracebacks.
+
+    Fails (not merely finds nothing) when a log is missing or the logs hold fewer lines than
+    their processes always write: a scan that read nothing proves nothing."""
+    present = [p for p in logs if p.exists()]
+    # Named with their folder: processes of the same role in two runs write logs of one name.
+    text = {f"{p.parent.name}/{p.name}": p.read_bytes() for p in present}
+    lines = sum(data.count(b"\n") for data in text.values())
+    needles = [s.encode() for s in secrets]
     leaked_logs = sorted(name for name, data in text.items() if any(n in data for n in needles))
-    leaked_bodies = sum(1 for body in ctx.bodies if any(n in body for n in needles))
+    leaked_bodies = sum(1 for body in bodies if any(n in body for n in needles))
     tracebacks = {name: data.count(b"Traceback") for name, data in text.items()}
     with_tracebacks = {k: v for k, v in tracebacks.items() if v}
     size = sum(len(d) for d in text.values())
+    minimum = MIN_LINES_PER_LOG * len(logs)
     result = Result(
         "security: secrets and tracebacks in logs and answers",
-        f"{len(logs)} process logs ({size / 1e6:.1f} MB) and {len(ctx.bodies)} refusal bodies "
-        "captured during the whole run",
+        f"{len(present)} process logs ({lines} lines, {size / 1e6:.1f} MB) and {len(bodies)} "
+        "refusal bodies captured during the whole run",
         "scan for the run's webhook secret (with and without its prefix) and admin token, and "
         "for Python tracebacks",
+    )
+    result.check(
+        f"the scan read every process's log ({len(present)} of {len(logs)}) and at least "
+        f"{minimum} lines ({lines})",
+        len(present) == len(logs) > 0 and lines >= minimum,
     )
     result.check(
         "no secret in any log" + (f": found in {', '.join(leaked_logs)}" if leaked_logs else ""),

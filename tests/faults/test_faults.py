@@ -2,17 +2,17 @@
 small size, on the suite's own PostgreSQL and redis-server, against the real service processes.
 
 A few kills, small storms, a few hundred generated bad inputs, one broker outage and the security
-checks; then the scan of every log and refusal the module captured. Each test fails on a lost or a
+checks. The scan of every log and refusal they captured runs once for the whole session, after the
+last test, over every xdist worker's modules (tests/logscan.py). A failure prints the module's
+seed; set PGONCE_FAULTS_SEED to rerun with it. Each test fails on a lost or a
 doubled effect, a 500, or a failed check, and prints the scenario's report section when it does.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -20,68 +20,93 @@ import pytest
 from faults.context import Context, open_context
 from faults.proxy import Proxy
 from faults.report import Result, render
-from faults.scenarios import badinput, broker, database, kills, security, storms
+from faults.scenarios import badinput, broker, database, kills, pooler, security, storms
+from tests import logscan
+from tests.pgbouncer import require_pgbouncer
+
+#: Set to rerun with the seed a failure printed.
+SEED_ENV = "PGONCE_FAULTS_SEED"
 
 
 @pytest.fixture(scope="module")
 def ctx() -> Iterator[Context]:
-    folder = Path(tempfile.mkdtemp(prefix="pgonce-faults-test-"))
-    try:
-        with open_context(folder, quick=True, seed=int(time.time())) as context:
+    """The suite's own servers for this module. The processes' logs stay in the session's folder
+    of logs, which the session scans after the last test (tests/logscan.py)."""
+    folder = logscan.module_folder()
+    seed = int(os.environ.get(SEED_ENV) or time.time())
+    with open_context(folder, quick=True, seed=seed) as context:
+        try:
             yield context
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            logscan.record(
+                folder,
+                logs=context.logs,
+                secrets=context.secrets.all(),
+                bodies=context.bodies,
+            )
 
 
-def explain(result: Result) -> str:
-    return render([result], command="pytest tests/faults", started="-", seconds=result.seconds)
+def explain(result: Result, ctx: Context) -> str:
+    rerun = f"rerun with {SEED_ENV}={ctx.seed} (the seed of this module's run)"
+    return render([result], header=[f"# {result.scenario}", "", rerun, ""], seconds=result.seconds)
 
 
-def assert_passed(result: Result) -> None:
-    assert result.error is None, explain(result)
-    assert (result.acc.lost, result.acc.doubled, result.acc.http_500) == (0, 0, 0), explain(result)
-    assert result.passed, explain(result)
+def assert_passed(result: Result, ctx: Context) -> None:
+    assert result.error is None, explain(result, ctx)
+    assert (result.acc.lost, result.acc.doubled, result.acc.http_500) == (0, 0, 0), explain(
+        result, ctx
+    )
+    assert result.passed, explain(result, ctx)
 
 
 async def test_storm_through_the_middleware(ctx: Context) -> None:
     result = await storms.middleware_storm(ctx)
-    assert_passed(result)
+    assert_passed(result, ctx)
     assert result.acc.effects == result.acc.sent == 10
 
 
 async def test_storm_through_the_webhook_endpoint(ctx: Context) -> None:
     result = await storms.webhook_storm(ctx)
-    assert_passed(result)
+    assert_passed(result, ctx)
     assert result.acc.effects == result.acc.sent == 10
 
 
 async def test_kill_nine_loses_nothing_and_doubles_nothing(ctx: Context) -> None:
     result = await kills.kill_nine(ctx)
-    assert_passed(result)
+    assert_passed(result, ctx)
     assert result.acc.sent > 0
     assert result.acc.effects == result.acc.acknowledged
 
 
 async def test_broker_outage_delivers_every_row(ctx: Context) -> None:
-    assert_passed(await broker.broker_outage(ctx))
+    assert_passed(await broker.broker_outage(ctx), ctx)
 
 
 async def test_generated_bad_deliveries(ctx: Context) -> None:
     result = await badinput.bad_webhooks(ctx)
-    assert_passed(result)
+    assert_passed(result, ctx)
     assert sum(n for s, n in result.acc.statuses.items() if s != "200") > 100
 
 
 async def test_generated_bad_requests(ctx: Context) -> None:
-    assert_passed(await badinput.bad_requests(ctx))
+    assert_passed(await badinput.bad_requests(ctx), ctx)
 
 
 async def test_no_cross_scope_replay_and_admin_refuses(ctx: Context) -> None:
-    assert_passed(await security.cross_scope_and_admin(ctx))
+    assert_passed(await security.cross_scope_and_admin(ctx), ctx)
 
 
 async def test_postgres_restarts_are_survived(ctx: Context) -> None:
-    assert_passed(await database.postgres_restarts(ctx))
+    assert_passed(await database.postgres_restarts(ctx), ctx)
+
+
+async def test_through_pgbouncer_in_transaction_mode(ctx: Context) -> None:
+    """The mixed load through a PgBouncer 1.18 of the suite's own (the failover scenarios need a
+    pg_auto_failover formation of three servers: `make faults` only)."""
+    require_pgbouncer()
+    result = await pooler.pgbouncer_load(ctx)
+    assert_passed(result, ctx)
+    assert result.acc.effects == result.acc.acknowledged
 
 
 def test_the_proxy_cuts_a_transaction_in_flight(ctx: Context) -> None:
@@ -100,10 +125,3 @@ def test_the_proxy_cuts_a_transaction_in_flight(ctx: Context) -> None:
         conn.close()
     with psycopg.connect(dsn) as check:
         assert check.execute("SELECT count(*) FROM t").fetchone() == (0,)
-
-
-def test_logs_and_refusals_hold_no_secret(ctx: Context) -> None:
-    """Runs last in the module: scans what the tests before it captured."""
-    result = security.scan_secrets_and_tracebacks(ctx)
-    held = dict(result.checks)
-    assert all(held[k] for k in held if "traceback" not in k), explain(result)

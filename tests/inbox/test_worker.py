@@ -21,7 +21,7 @@ from pgonce.core.inbox import Delivery, InboxEvent, Ordering, RetryPolicy, diges
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.webhooks.forward import forward_to
 from pgonce.webhooks.source import Source
-from pgonce.webhooks.worker import InboxWorker
+from pgonce.webhooks.worker import BatchResult, InboxWorker
 from tests.inbox.conftest import (
     SCHEMA,
     effects,
@@ -325,15 +325,50 @@ async def test_watermark_drops_older_versions_as_skipped(effects_dsn: str) -> No
     assert mark == [(5, "v5")]
 
 
+class WatchedWorker(InboxWorker):
+    """An inbox worker that counts the looks that found nothing: after one, its loop sleeps until
+    a notification or its poll interval."""
+
+    empty_looks = 0
+
+    async def run_once(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        now: datetime | None = None,
+        jitter: float | None = None,
+    ) -> BatchResult:
+        result = await super().run_once(conn, now=now, jitter=jitter)
+        if not result.claimed:
+            self.empty_looks += 1
+        return result
+
+
+def listening(dsn: str) -> bool:
+    """Whether a session of this database has run LISTEN (the worker's listener is up)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query ILIKE 'LISTEN%'"
+        ).fetchone()
+    return row is not None and row[0] > 0
+
+
 async def test_notification_wakes_an_idle_worker(effects_dsn: str) -> None:
-    worker = InboxWorker(
-        [source()], dsn=effects_dsn, schema=SCHEMA, poll_interval=timedelta(minutes=10)
+    worker = WatchedWorker(
+        [source()],
+        dsn=effects_dsn,
+        schema=SCHEMA,
+        concurrency=1,
+        poll_interval=timedelta(minutes=10),
     )
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        # Let the loops fall asleep (their first look finds nothing), then deliver.
-        await asyncio.sleep(0.5)
+        # Deliver once the loop has looked twice and found nothing: its first look, and the one
+        # the listener's start wakes it for (set after the loop's first clear of its wake-up),
+        # after which only a notification or the ten-minute poll wakes it.
+        await eventually(lambda: listening(effects_dsn) and worker.empty_looks >= 2, within=10)
         await deliver(effects_dsn, delivery("e1", {}))
         await eventually(lambda: len(effects(effects_dsn)) == 1, within=5)
     finally:
@@ -342,7 +377,7 @@ async def test_notification_wakes_an_idle_worker(effects_dsn: str) -> None:
 
 
 async def test_polling_finds_events_without_notifications(effects_dsn: str) -> None:
-    worker = InboxWorker(
+    worker = WatchedWorker(
         [source()],
         dsn=effects_dsn,
         schema=SCHEMA,
@@ -352,7 +387,8 @@ async def test_polling_finds_events_without_notifications(effects_dsn: str) -> N
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        await asyncio.sleep(0.3)
+        # Deliver once every loop has looked and found nothing: only its polling can find it.
+        await eventually(lambda: worker.empty_looks >= worker.concurrency, within=10)
         await deliver(effects_dsn, delivery("e1", {}))
         await eventually(lambda: len(effects(effects_dsn)) == 1, within=5)
     finally:

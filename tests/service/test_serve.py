@@ -334,9 +334,20 @@ def test_handled_events_are_counted(dsn: str, service: Service) -> None:
         time.sleep(0.05)
 
 
+def _runs(dsn: str) -> dict[str, tuple[int, int]]:
+    """Per demo run: rows the demo handler wrote and their distinct orders."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT run_id, count(*), count(DISTINCT order_ref) FROM pgonce_demo.webhook_orders "
+            "GROUP BY run_id"
+        ).fetchall()
+    return {str(run): (int(n), int(d)) for run, n, d in rows}
+
+
 def test_demo_fires_a_signed_storm_at_a_running_service(
     dsn: str, service: Service, tmp_path: Path
 ) -> None:
+    before = _runs(dsn)
     result = subprocess.run(
         [sys.executable, "-m", "pgonce", "demo", "--url", service.url, "--config",
          str(tmp_path / "pgonce.toml"), "--dsn", dsn, "--orders", "20", "--copies", "4"],
@@ -352,6 +363,9 @@ def test_demo_fires_a_signed_storm_at_a_running_service(
     proof = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.strip()}
     assert proof["stored"][1] == "20"
     assert proof["duplicates"][1] == "60"
+    # The proof checked against the database: the storm's run left one row per order.
+    new = {run: counts for run, counts in _runs(dsn).items() if run not in before}
+    assert list(new.values()) == [(20, 20)]
 
 
 def test_a_port_in_use_is_one_clear_line(dsn: str) -> None:

@@ -155,7 +155,9 @@ CREATE TABLE outbox (
     last_error      text,
     -- Dead letter: set after the configured attempts; replay() clears it.
     parked_at       timestamptz,
-    CONSTRAINT outbox_pkey PRIMARY KEY (id)
+    -- aggregateid is the outbox's distribution column on Citus, so the key contains it (0012); id
+    -- leads, for the lookups by id alone, and is unique by itself (GENERATED ALWAYS).
+    CONSTRAINT outbox_pkey PRIMARY KEY (id, aggregateid)
 );
 
 -- The relay's scan: pending rows in id order.
@@ -181,7 +183,8 @@ CREATE INDEX outbox_parked ON outbox (aggregatetype, aggregateid)
 -- for people; the sweeper may delete a row at any time (the next enqueue recreates it).
 CREATE TABLE outbox_aggregates (
     aggregatetype    text        COLLATE "C" NOT NULL,
-    aggregateid      text        COLLATE "C" NOT NULL,
+    -- The outbox's type (0012): the two tables are co-located on Citus, by this column.
+    aggregateid      key_text    COLLATE "C" NOT NULL,
     events           bigint      NOT NULL,
     last_enqueued_at timestamptz NOT NULL,
     CONSTRAINT outbox_aggregates_pkey PRIMARY KEY (aggregatetype, aggregateid)
