@@ -324,8 +324,11 @@ class FaultLog:
         )
 
 
-#: Scheduling slack between a fault's recorded window and the broker's clock (same machine).
-COPY_SLACK = 0.5
+#: Redis stamps an entry with the machine's clock in whole milliseconds, and a window is recorded
+#: on the same clock around the fault's action (from just before it to after the recovery): a
+#: copy's stamp is compared with a window to the millisecond. No more slack: a window widened by
+#: scheduling noise would cover the whole run and explain any copy.
+COPY_SLACK = 0.001
 #: The consumer's name in the scenarios' databases (the scope of its claims).
 CONSUMER = "faults-consumer"
 #: Consumers draining a stream at once, each on its own connection.

@@ -77,7 +77,7 @@ def finish(session: pytest.Session) -> None:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         summary = f"{result.load}: " + ("clean" if result.passed else "FAILED")
         if reporter is not None:
-            reporter.ensure_newline()
+            reporter.write_line("")
             reporter.write_sep("=", "secrets and tracebacks in the fault tests' logs")
             reporter.write_line(summary)
             if not result.passed:

@@ -428,7 +428,7 @@ def run(ctx: BenchContext) -> list[Table]:
     if not redis_up():
         skipped["asgi-idempotency-header"] = "Redis is not reachable on 127.0.0.1:6379"
     variants = [v for v in VARIANTS if v not in skipped]
-    rounds = ctx.pick(7, short=3, quick=1)
+    rounds = ctx.pick(7, short=2, quick=1)
     seconds = ctx.seconds(5)
     runs: list[dict[str, Result]] = []
     probes: dict[str, str] = {}

@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import os
+import statistics
 import tempfile
 import time
 import uuid
@@ -338,7 +339,7 @@ def _ingest_table(
         "the two endpoints (every other round in the opposite order); each endpoint's best "
         f"round is reported. The inbox's rate over the bare insert's within each round: "
         + ", ".join(f"{100 * w:.0f} %" for w in within)
-        + f" (median {100 * within[len(within) // 2]:.0f} %). The bare endpoint inserts the "
+        + f" (median {100 * statistics.median(within):.0f} %). The bare endpoint inserts the "
         f"body in a transaction of its own from a pool of {BARE_POOL}; the inbox acknowledges "
         "only after the commit that holds the event (group commit: concurrent deliveries share "
         "it)."

@@ -259,7 +259,7 @@ def _row(
 def run(ctx: BenchContext) -> list[Table]:
     _setup(ctx)
     seconds = ctx.seconds(5)
-    levels = ctx.pick(LEVELS, short=(1, 16, 64), quick=(1, 16))
+    levels = ctx.pick(LEVELS, short=(1, 16), quick=(1, 16))
     store = AsyncKeyStore(schema=ctx.schema)
     columns = ["conns", "client", "tx/s", "p50 ms", "p99 ms", "client CPU µs/tx", "ratio"]
     fresh = Table(
@@ -540,7 +540,8 @@ def _layers(
         "pgonce's libpq layer on the event loop with no API around them, and by the Python "
         "floor: prebuilt batches on psycopg's libpq layer driven by one epoll loop, no "
         "asyncio (bench/clients.py, run_libpq_floor), the least any Python client of psycopg "
-        "pays for them. pgbench runs them too. Three alternating rounds, the best of each. "
+        f"pays for them. pgbench runs them too. {_layer_rounds(ctx)} alternating rounds, the "
+        "best of each. "
         "Between the floor and the batches: the event loop; between the batches and once(): "
         "the key store's own Python (checks, encoding, deciding the outcome, the response).",
         (
@@ -557,7 +558,8 @@ def _layers(
         "A replay's two round trips (BEGIN and the claim's INSERT; the stored row's read and "
         "COMMIT) sent by `once()`, as prebuilt batches on the event loop whose answers are not "
         "even read, and by the Python floor (as above). pgbench, running the same statements, "
-        "is the row of the same name. Three alternating rounds, the best of each.",
+        f"is the row of the same name. {_layer_rounds(ctx)} alternating rounds, the best of "
+        "each.",
         (
             *thinnest(_duplicate_trips),
             ("once(), a replay", client(_pgonce_duplicate)),
@@ -566,6 +568,11 @@ def _layers(
     )
     floors = (fresh_ratios[0], duplicate_ratios[0], fresh_ratios[1], duplicate_ratios[1])
     return [fresh, duplicate], floors
+
+
+def _layer_rounds(ctx: BenchContext) -> int:
+    """Rounds of each layer table: three, two in the short profile."""
+    return ctx.pick(3, short=2, quick=3)
 
 
 def _layer_table(
@@ -586,7 +593,7 @@ def _layer_table(
     *measured, own = best_alternated(
         *(run for _, run in rows),
         partial(run_pgbench, ctx.dsn, script, conns, seconds),
-        rounds=3,
+        rounds=_layer_rounds(ctx),
     )
     floor = measured[0]
     for name, m in [("pgbench, the same statements", own)] + [

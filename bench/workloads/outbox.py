@@ -248,7 +248,7 @@ BROKERS = (
 
 
 def _relay_table(ctx: BenchContext) -> Table:
-    events = ctx.pick(20_000, short=6_000, quick=2_000)
+    events = ctx.pick(20_000, short=4_000, quick=2_000)
     table = Table(
         f"Outbox relay throughput ({events:,} events, one relay, batches of {BATCH}, "
         f"{IN_FLIGHT} in flight)",

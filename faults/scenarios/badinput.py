@@ -406,6 +406,12 @@ def _result(name: str, target: str, tally: Tally, examples: int, kinds: list[str
     sent = sum(tally.per_kind.values())
     result.acc = Accounting(sent=sent, statuses=tally.statuses)
     result.check(f"{sent} requests sent (at least {examples})", sent >= examples)
+    # Half of the valid kind's share: what proves that valid requests got through at all.
+    minimum = max(1, examples // len(kinds) // 2)
+    result.check(
+        f"at least {minimum} valid requests accepted among them ({len(tally.effects)})",
+        len(tally.effects) >= minimum,
+    )
     result.check(
         "every answer had its documented status"
         + (
