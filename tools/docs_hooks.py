@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# MkDocs loads this file by its path: the repository's root makes ``tools`` importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import docs_plots
-import docs_reference
+from tools import docs_plots, docs_reference
 
 MARKER = re.compile(r"^<!-- pgonce:([a-z-]+) -->$", re.MULTILINE)
 BENCH = docs_reference.ROOT / "bench" / "results" / "latest.md"

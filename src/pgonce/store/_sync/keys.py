@@ -536,13 +536,15 @@ def _open_transaction(conn: Connection[Row]) -> None:
     with translate_errors("opening the caller's transaction"):
         if wire.usable(conn):
             begin: list[Command] = [(wire.begin_statement(conn), wire.NO_PARAMS)]
-            results = round_trip(conn, begin)
-            if (failed := wire.failure(conn, results)) and _statement_vanished(failed[1]):
-                # DEALLOCATE ALL or DISCARD ALL ran: the BEGIN did not; prepare it again, once
+            for attempt in range(1, _ATTEMPTS + 1):
+                # A deallocated or pooler-shared name failed the BEGIN before it ran: again
+                # (wire.failure() has switched to unnamed statements where the pooler shares).
                 results = round_trip(conn, begin)
                 failed = wire.failure(conn, results)
-            if failed:
-                raise failed[1]
+                if not failed:
+                    break
+                if attempt == _ATTEMPTS or not _naming_failed(failed[1]):
+                    raise failed[1]
         else:
             # In psycopg's pipeline pgonce's statements go through psycopg, whose BEGIN goes
             # ahead of the first one: an empty statement lets it send that BEGIN.
