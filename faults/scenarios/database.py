@@ -71,7 +71,7 @@ async def _under_load(
         ctx.keep_logs(procs)
         load = MixedLoad(
             ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn, run=run,
-            amounts=3_000_000, relays=1, minimum=ctx.size(50, 3),
+            amounts=3_000_000, relays=1, minimum=ctx.size(20, 3),
         )  # fmt: skip
         load.start()
         urls = [f"http://127.0.0.1:{port}/readyz", f"http://127.0.0.1:{pay_port}/health"]
