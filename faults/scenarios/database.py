@@ -64,7 +64,7 @@ async def _under_load(
     direct = ctx.database(database)
     dsn = service_dsn(database)
     with ctx.processes() as procs:
-        served = ctx.serve(procs, database, dsn, amounts=3_000_000)
+        served = ctx.serve(procs, database, dsn, amounts=3_000_000, minimum=ctx.size(20, 3))
         service, load = served.service, served.load
         load.start()
         urls = [

@@ -38,7 +38,7 @@ async def kill_nine(ctx: Context) -> Result:
         ctx.keep_logs(procs)
         load = MixedLoad(
             ctx.scheme, service_port=port, payments_port=pay_port, outbox_dsn=dsn, run=run,
-            amounts=2_000_000, relays=2, minimum=ctx.size(50, 3),
+            amounts=2_000_000, relays=2, minimum=ctx.size(20, 3),
         )  # fmt: skip
         load.start()
         started_at = {t.name: time.monotonic() for t in targets}
