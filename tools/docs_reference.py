@@ -179,19 +179,23 @@ def metrics_reference() -> str:
     return "\n".join(rows)
 
 
+#: The calls that answer a problem, and where in their arguments the status stands: the ASGI
+#: helper ``send_problem(send, 409, "Title", ...)`` and the shared semantics'
+#: ``problem(409, "Title", ...)``.
+_PROBLEM_CALLS = {"send_problem": 1, "problem": 0}
+
+
 def _literal_problems() -> Iterator[tuple[str, int, str]]:
-    """``(module, status, title)`` of every ``send_problem(send, 409, "Title", ...)``."""
+    """``(module, status, title)`` of every problem answered with a literal status and title."""
     for path in sorted(SOURCE.rglob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if not (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id == "send_problem"
-                and len(node.args) >= 3
-            ):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
                 continue
-            status, title = node.args[1], node.args[2]
+            first = _PROBLEM_CALLS.get(node.func.id)
+            if first is None or len(node.args) < first + 2:
+                continue
+            status, title = node.args[first], node.args[first + 1]
             if (
                 isinstance(status, ast.Constant)
                 and isinstance(status.value, int)
