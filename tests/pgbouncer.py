@@ -44,9 +44,14 @@ def require_pgbouncer() -> str:
 
 
 @contextlib.contextmanager
-def running_pgbouncer(server_dsn: str, *, pool_size: int = 20) -> Iterator[str]:
+def running_pgbouncer(server_dsn: str, *, pool_size: int = 10) -> Iterator[str]:
     """Start PgBouncer in front of ``server_dsn``; yield the server DSN rewritten to go through
-    it (same user and database). Stopped, and its folder removed, on exit."""
+    it (same user and database). Stopped, and its folder removed, on exit.
+
+    ``pool_size`` server sessions per database: the test server's 100 connections are shared by
+    parallel test processes. A server login refused meanwhile (too many clients) is tried again
+    after a second, not after PgBouncer's default 15 s, during which its clients' logins wait.
+    """
     binary = require_pgbouncer()
     server = conninfo_to_dict(server_dsn)
     host = str(server.get("host") or "127.0.0.1")
@@ -69,6 +74,7 @@ auth_file = {folder}/users.txt
 pool_mode = transaction
 max_client_conn = 1000
 default_pool_size = {pool_size}
+server_login_retry = 1
 ignore_startup_parameters = extra_float_digits,options
 logfile = {folder}/pgbouncer.log
 pidfile = {folder}/pgbouncer.pid
