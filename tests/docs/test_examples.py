@@ -13,6 +13,8 @@ for syntax.
 from __future__ import annotations
 
 import ast
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -48,10 +50,16 @@ def test_example_runs(example: CodeExample, docs_env: Path) -> None:
         return
     for service in filter(None, settings.get("data-requires", "").split(",")):
         require_service(service, "127.0.0.1", SERVICES[service])
-    # Run as its own __main__ module, its lines numbered as in the page, so that a traceback
-    # points into the Markdown file.
+    # Run as a module of its own, its lines numbered as in the page, so that a traceback points
+    # into the Markdown file. It stands in sys.modules while it runs: libraries that resolve a
+    # class's annotations through its module (SQLAlchemy's Mapped[...]) find its names there.
     code = compile("\n" * example.start_line + example.source, str(example.path), "exec")
-    exec(code, {"__name__": "__main__"})
+    module = types.ModuleType("__docs_example__")
+    sys.modules[module.__name__] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
 
 
 def test_examples_are_found() -> None:
