@@ -23,7 +23,8 @@ else:
         "default": {
             **database(os.environ.get("PGONCE_TEST_DSN", "dbname=postgres")),
             "CONN_MAX_AGE": 0,
-            "TEST": {"NAME": "pgonce_django_test"},
+            # Per process: two runs of the suite on one server must not drop each other's.
+            "TEST": {"NAME": f"pgonce_django_test_{os.getpid()}"},
         },
         # Not PostgreSQL: pgonce must refuse it clearly.
         "sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
