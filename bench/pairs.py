@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 import psycopg
 
@@ -73,6 +74,32 @@ def measure(
     result.server_cpu = cpu_seconds(server_pids) - server_before
     result.database_cpu = _cpu_spent(database_before)
     return result, asyncio.run(probe(port))
+
+
+#: Starts one variant's server; yields its port and the processes whose CPU is the server's.
+Serve = Callable[[str], AbstractContextManager[tuple[int, list[int]]]]
+
+
+def alternate(
+    variants: Sequence[str],
+    serve: Serve,
+    dsn: str,
+    *,
+    rounds: int,
+    seconds: float,
+    concurrency: int,
+) -> tuple[list[dict[str, Result]], dict[str, str]]:
+    """``rounds`` rounds of every variant, each on a fresh server, every other round in the
+    opposite order (so that neither variant always follows the other); the results per round,
+    and what a retry got from each variant."""
+    runs: list[dict[str, Result]] = []
+    probes: dict[str, str] = {}
+    for number in range(rounds):
+        runs.append({})
+        for variant in variants if number % 2 == 0 else variants[::-1]:
+            with serve(variant) as (port, pids):
+                runs[-1][variant], probes[variant] = measure(port, pids, dsn, seconds, concurrency)
+    return runs, probes
 
 
 def compare(

@@ -31,10 +31,9 @@ from pathlib import Path
 from bench.context import BenchContext
 from bench.django_app import SCOPE, TABLE
 from bench.pairs import VARIANTS as PAIR
-from bench.pairs import cleanup_payments, compare, measure, prepare_payments
+from bench.pairs import alternate, cleanup_payments, compare, prepare_payments
 from bench.report import Table
 from bench.servers import ROOT
-from bench.workloads.http_middleware import Result
 
 TITLE = "Django: Idempotency-Key middleware under a WSGI server"
 
@@ -115,15 +114,14 @@ def run(ctx: BenchContext) -> list[Table]:
     log.write_text("")
     rounds = 1 if ctx.quick else 5
     seconds = ctx.seconds(5)
-    runs: list[dict[str, Result]] = []
-    probes: dict[str, str] = {}
-    for number in range(rounds):
-        runs.append({})
-        for variant in VARIANTS if number % 2 == 0 else VARIANTS[::-1]:
-            with gunicorn(variant, ctx.dsn, log) as (port, pids):
-                runs[-1][variant], probes[variant] = measure(
-                    port, pids, ctx.dsn, seconds, CONCURRENCY
-                )
+    runs, probes = alternate(
+        VARIANTS,
+        lambda variant: gunicorn(variant, ctx.dsn, log),
+        ctx.dsn,
+        rounds=rounds,
+        seconds=seconds,
+        concurrency=CONCURRENCY,
+    )
     cleanup_payments(ctx.dsn, ctx.schema, SCOPE, TABLE)
     atomic = [r["pgonce"].rps / r["atomic"].rps for r in runs if r["atomic"].rps > 0]
     notes = [

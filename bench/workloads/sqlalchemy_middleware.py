@@ -17,9 +17,10 @@ reported, and the target is also judged on the median over the rounds of the rat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,10 +33,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from bench.context import BenchContext
-from bench.pairs import VARIANTS, cleanup_payments, compare, measure, prepare_payments
+from bench.pairs import VARIANTS, alternate, cleanup_payments, compare, prepare_payments
 from bench.report import Table
 from bench.servers import serve_process
-from bench.workloads.http_middleware import Result
 from pgonce.contrib.sqlalchemy import EngineConnections, idempotent_session
 from pgonce.http import IdempotencyMiddleware
 
@@ -123,15 +123,16 @@ def run(ctx: BenchContext) -> list[Table]:
     log.write_text("")
     rounds = 1 if ctx.quick else 5
     seconds = ctx.seconds(5)
-    runs: list[dict[str, Result]] = []
-    probes: dict[str, str] = {}
-    for number in range(rounds):
-        runs.append({})
-        for variant in VARIANTS if number % 2 == 0 else VARIANTS[::-1]:
-            env = {"BENCH_SQLALCHEMY_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
-            with serve_process(FACTORY, env, log) as (port, pid):
-                measured = measure(port, [pid], ctx.dsn, seconds, CONCURRENCY)
-            runs[-1][variant], probes[variant] = measured
+
+    @contextlib.contextmanager
+    def serve(variant: str) -> Iterator[tuple[int, list[int]]]:
+        env = {"BENCH_SQLALCHEMY_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
+        with serve_process(FACTORY, env, log) as (port, pid):
+            yield port, [pid]
+
+    runs, probes = alternate(
+        VARIANTS, serve, ctx.dsn, rounds=rounds, seconds=seconds, concurrency=CONCURRENCY
+    )
     cleanup_payments(ctx.dsn, ctx.schema, SCOPE, TABLE)
     notes = [
         f"One uvicorn process per variant, an AsyncEngine on psycopg 3 with a pool of "
