@@ -27,8 +27,8 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
         ├── HandlerSwallowedError     the handler caught a database error; its writes cannot commit
         └── ForwardFailed             the forward target did not accept the event
 
-The class docstring is the default message; every exception keeps the psycopg error it translates
-as ``__cause__``.
+The first paragraph of the class docstring, on one line, is the default message; every exception
+keeps the psycopg error it translates as ``__cause__``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,13 @@ class PgonceError(Exception):
     """pgonce failed."""
 
     def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+        super().__init__(message or _default_message(type(self)))
+
+
+def _default_message(kind: type[BaseException]) -> str:
+    """The first paragraph of the class docstring, on one line and without markup."""
+    first = (kind.__doc__ or kind.__name__).strip().split("\n\n")[0]
+    return " ".join(first.replace("``", "").split())
 
 
 class ConfigError(PgonceError):
@@ -50,10 +56,11 @@ class UsageError(PgonceError):
 
 
 class NotInTransaction(UsageError):
-    """The connection is in autocommit mode outside a transaction.
+    """The connection is in autocommit mode outside a transaction, where this write would commit
+    alone: open a transaction first (with conn.transaction(): ...).
 
-    A claim must commit together with the caller's writes; on an autocommit connection it would
-    commit alone, so pgonce refuses. Open a transaction first (``with conn.transaction(): ...``).
+    A claim, an inbox mark or an outbox row must commit together with the caller's writes, so
+    pgonce refuses to write on its own.
     """
 
 
