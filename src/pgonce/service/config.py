@@ -74,6 +74,9 @@ class OutboxConfig:
     url: str = field(repr=False)
     #: RabbitMQ: the exchange ("" is the default exchange: the routing key names the queue).
     exchange: str = ""
+    #: RabbitMQ: declare the exchange (or, on the default exchange, a queue per routing key)
+    #: instead of only checking that it exists.
+    declare: bool = False
     #: "http": the Standard Webhooks signing secret (whsec_...), from the environment.
     secret: str | None = field(default=None, repr=False)
     #: Relays in this process; several share the rows without double publishing.
@@ -464,6 +467,7 @@ def _outbox(section: _Section) -> OutboxConfig | None:
         publisher=publisher,
         url=url,
         exchange=section.text("exchange", ""),
+        declare=section.boolean("declare", False),
         secret=secret,
         relays=section.integer("relays", 1, high=64),
         retention=section.duration("retention", timedelta(days=7)),
