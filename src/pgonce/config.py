@@ -63,18 +63,30 @@ class Settings:
     schema: str = DEFAULT_SCHEMA
     data_dir: Path = field(default_factory=lambda: DEFAULT_DATA_DIR)
     prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD
+    #: Refuse to run without a DSN instead of starting the embedded PostgreSQL: set it on every
+    #: production host, where a DSN lost to a typo must stop pgonce, not send its writes to a
+    #: private database nobody backs up.
+    require_dsn: bool = False
 
     def __post_init__(self) -> None:
         _validate_schema(self.schema)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Read ``PGONCE_DSN``, ``_SCHEMA``, ``_DATA_DIR`` and ``_PREPARE_THRESHOLD``.
+        """Read ``PGONCE_DSN``, ``_SCHEMA``, ``_DATA_DIR``, ``_PREPARE_THRESHOLD`` and
+        ``_REQUIRE_DSN``.
 
         Keyword arguments that are not ``None`` win over the environment (the command line's
-        options are passed this way).
+        options are passed this way). ``PGONCE_DSN`` set but empty is an error, not a fallback
+        to the embedded server: it is what ``PGONCE_DSN=$DATABASE_URL`` gives when the variable
+        it copies is unset.
         """
         env = os.environ if environ is None else environ
+        if "PGONCE_DSN" in env and not env["PGONCE_DSN"].strip() and not overrides.get("dsn"):
+            raise ConfigError(
+                "PGONCE_DSN is set but empty (copied from a variable that is unset?): give it a "
+                "connection string, or unset it to use the embedded PostgreSQL"
+            )
         settings = cls(
             dsn=env.get("PGONCE_DSN") or None,
             schema=env.get("PGONCE_SCHEMA") or DEFAULT_SCHEMA,
@@ -82,9 +94,18 @@ class Settings:
             if env.get("PGONCE_DATA_DIR")
             else DEFAULT_DATA_DIR,
             prepare_threshold=_parse_threshold(env.get("PGONCE_PREPARE_THRESHOLD")),
+            require_dsn=_parse_flag("PGONCE_REQUIRE_DSN", env.get("PGONCE_REQUIRE_DSN")),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings  # type: ignore[arg-type]
+
+
+def _parse_flag(name: str, value: str | None) -> bool:
+    if value is None or value.strip().lower() in ("", "0", "false", "no", "off"):
+        return False
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name} must be 1 or 0 (true or false), not {value!r}")
 
 
 def _parse_threshold(value: str | None) -> int | None:

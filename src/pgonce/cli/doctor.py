@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, say, settings_from
+from pgonce.cli.common import add_database_options, announced_database, settings_from
 from pgonce.cli.sweep import add_retention_options, duration_arg, policies_from
 from pgonce.core.retention import (
     DEFAULT_SLACK,
@@ -29,7 +29,6 @@ from pgonce.core.retention import (
     HealthReport,
     format_duration,
 )
-from pgonce.database import open_database
 from pgonce.store._sync.health import HealthCheck
 from pgonce.store.errors import translate_errors
 
@@ -99,10 +98,12 @@ def run(args: argparse.Namespace) -> int:
         stuck_after=args.stuck_after,
         slack=args.slack,
     )
-    with open_database(settings) as db:
-        say(f"pgonce: using {db.description}")
-        with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
-            report = health.check(conn, now=args.now)
+    with (
+        announced_database(settings) as db,
+        translate_errors("connecting"),
+        psycopg.connect(db.dsn, autocommit=True) as conn,
+    ):
+        report = health.check(conn, now=args.now)
     print(render(report))
     if report.status == "fail" or (args.strict and report.status == "warn"):
         return 1

@@ -506,6 +506,8 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
             dsn=dsn,
             schema=database.optional_text("schema"),
             data_dir=Path(d) if (d := database.optional_text("data_dir")) else None,
+            # True only: false in the file leaves PGONCE_REQUIRE_DSN=1 of the host in force.
+            require_dsn=database.boolean("require_dsn", False) or None,
         ),
     )
     database.unknown()
