@@ -7,10 +7,13 @@
 - oldest row vs retention: the oldest completed key must be younger than retention + --slack, else
   the sweeper stalled.
 - overdue rows: rows past their retention, still waiting for the sweeper.
+- failed rows: outbox rows the broker refused (waiting for a retry, or parked) and inbox events
+  whose handler failed (retrying, or dead), by aggregate type or source, with the newest reason.
+  Parked and dead rows wait for a person: fix the cause, then `pgonce replay`.
 
 Give the same retention options as `pgonce sweep` so that both judge by the same policy.
-Exit status: 0 when every check passes or only warns, 1 when a check fails (also warnings with
---strict) or the database cannot be read.
+Exit status: 0 when every check passes or only warns, 1 when a check fails (also warnings, and
+parked or dead rows, with --strict) or the database cannot be read.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pgonce.core.retention import (
     format_duration,
 )
 from pgonce.store._sync.health import HealthCheck
+from pgonce.store._sync.inspect import Inspector, Trouble
 from pgonce.store.errors import translate_errors
 
 NAME = "doctor"
@@ -76,6 +80,25 @@ def render(report: HealthReport) -> str:
     return "\n".join([*lines, "", *notes, *([""] if notes else []), checked])
 
 
+def render_troubles(troubles: Sequence[Trouble]) -> str:
+    """Failed rows, one line per group, each with what happens next and its newest reason."""
+    if not troubles:
+        return "failed rows: none (no refused outbox row, no failed inbox event)"
+    lines = ["failed rows:"]
+    for t in troubles:
+        what = "aggregate type" if t.part == "outbox" else "source"
+        if t.next_attempt_at is not None:
+            next_step = f"next attempt {t.next_attempt_at:%Y-%m-%d %H:%M:%S %Z}"
+        else:
+            option = "--outbox --aggregatetype" if t.part == "outbox" else "--source"
+            next_step = f"waiting for `pgonce replay {option} {t.name}` after a fix"
+        lines.append(
+            f"  {t.part} {what} {t.name!r}: {t.rows} {t.state} ({next_step}); "
+            f"last error: {t.last_error or 'none recorded'}"
+        )
+    return "\n".join(lines)
+
+
 def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
 
@@ -104,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
         psycopg.connect(db.dsn, autocommit=True) as conn,
     ):
         report = health.check(conn, now=args.now)
+        troubles = Inspector(schema=settings.schema).troubles(conn)
     print(render(report))
-    if report.status == "fail" or (args.strict and report.status == "warn"):
+    print(render_troubles(troubles))
+    stuck = any(t.state in ("parked", "dead") for t in troubles)
+    if report.status == "fail" or (args.strict and (report.status == "warn" or stuck)):
         return 1
     return 0
