@@ -216,7 +216,7 @@ async def _once(dsn: str, transactions: int) -> None:
     run = uuid.uuid4().hex
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         for n in range(transactions):
-            async with store.once(conn, "i", f"{run}-{n}", fp) as op:
+            async with store.once(conn, "i", f"{run}-{n}", fp, commit=True) as op:
                 op.execute(BUSINESS_INSERT.replace(":k::text", "%s").encode(), (str(n),))
                 op.respond(Response(201, HEADERS, BODY))
 

@@ -188,7 +188,7 @@ def _setup(ctx: BenchContext) -> None:
 def _pgonce_fresh(store: AsyncKeyStore, run: str) -> Any:
     async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
         key = f"{run}-{client}-{seq}"
-        async with store.once(conn, "bench-api", key, FP) as op:
+        async with store.once(conn, "bench-api", key, FP, commit=True) as op:
             await conn.execute("INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)", (key,))
             op.respond(Response(201, HEADERS, BODY))
 
@@ -198,7 +198,7 @@ def _pgonce_fresh(store: AsyncKeyStore, run: str) -> Any:
 def _pgonce_queued(store: AsyncKeyStore, run: str) -> Any:
     async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
         key = f"{run}-{client}-{seq}"
-        async with store.once(conn, "bench-queued", key, FP) as op:
+        async with store.once(conn, "bench-queued", key, FP, commit=True) as op:
             op.execute("INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)", (key,))
             op.respond(Response(201, HEADERS, BODY))
 
@@ -207,7 +207,9 @@ def _pgonce_queued(store: AsyncKeyStore, run: str) -> Any:
 
 def _pgonce_duplicate(store: AsyncKeyStore) -> Any:
     async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
-        async with store.once(conn, "bench-dup", _duplicate_key(client, seq), FP) as op:
+        async with store.once(
+            conn, "bench-dup", _duplicate_key(client, seq), FP, commit=True
+        ) as op:
             assert op.replayed
 
     return transaction
@@ -264,14 +266,14 @@ def run(ctx: BenchContext) -> list[Table]:
         "Key store: fresh key (claim + business insert + completion + commit)",
         columns,
         notes=[
-            "pgonce = `AsyncKeyStore.once()` on psycopg async, with the business insert run by "
-            "`conn.execute()` inside the block (3 round trips: BEGIN + claim, insert, completion "
-            "+ COMMIT) or queued by `op.execute()` (2 round trips: the insert travels with the "
-            "completion and COMMIT). Each is compared with pgbench running the same statements "
-            "in the same grouping. Client CPU is the Python process's CPU time (pgbench: its "
-            "own) divided by transactions. Each row is the better of two runs, every client of a "
-            "level taking its turn before the next round (the machine is shared; drift between "
-            "runs would otherwise show as a difference).",
+            "pgonce = `AsyncKeyStore.once(commit=True)` on psycopg async, with the business "
+            "insert run by `conn.execute()` inside the block (3 round trips: BEGIN + claim, "
+            "insert, completion + COMMIT) or queued by `op.execute()` (2 round trips: the insert "
+            "travels with the completion and COMMIT). Each is compared with pgbench running the "
+            "same statements in the same grouping. Client CPU is the Python process's CPU time "
+            "(pgbench: its own) divided by transactions. Each row is the better of two runs, "
+            "every client of a level taking its turn before the next round (the machine is "
+            "shared; drift between runs would otherwise show as a difference).",
         ],
     )
     duplicate = Table("Key store: duplicate (replay of a completed key)", columns)

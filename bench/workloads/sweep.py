@@ -138,7 +138,7 @@ async def _measure(ctx: BenchContext, sweep: Sweep) -> tuple[Phase, Phase]:
             seq += 1
             phase = sweeping if sweep.on.is_set() else alone
             started = time.perf_counter()
-            async with store.once(conn, LIVE_SCOPE, f"{run}-{number}-{seq}", FP) as op:
+            async with store.once(conn, LIVE_SCOPE, f"{run}-{number}-{seq}", FP, commit=True) as op:
                 op.respond(Response(201, (), BODY))
             phase.latencies.append((time.perf_counter() - started) * 1000)
 

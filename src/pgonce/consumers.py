@@ -79,7 +79,9 @@ class IdempotentConsumer:
                 "handle() commits its own transaction; call it on an idle connection, "
                 "not inside a transaction"
             )
-        async with self.key_store.once(conn, self.name, message_id, fingerprint(body)) as op:
+        async with self.key_store.once(
+            conn, self.name, message_id, fingerprint(body), commit=True
+        ) as op:
             if op.won:
                 await handler(conn)
                 op.respond(Response())

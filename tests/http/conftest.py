@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,11 @@ class Server:
     log: Path
 
     def kill(self) -> None:
-        """SIGKILL: no cleanup, no rollback from Python; PostgreSQL sees the connection die."""
-        self.process.send_signal(signal.SIGKILL)
+        """SIGKILL: no cleanup, no rollback from Python; PostgreSQL sees the connection die.
+
+        The whole process group: a server with worker processes (gunicorn) dies at once too.
+        """
+        os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=10)
 
     def stop(self) -> None:
@@ -46,7 +49,14 @@ class Server:
                 self.kill()
 
 
-def start_server(dsn: str, log: Path, options: dict[str, Any]) -> Server:
+#: The server of the FastAPI test app; ``{fd}`` is the listening socket's descriptor.
+FASTAPI = (sys.executable, "-m", "bench.servers", "{fd}", "tests.http.app:create_app")
+
+
+def start_server(
+    dsn: str, log: Path, options: dict[str, Any], argv: Sequence[str] = FASTAPI
+) -> Server:
+    """Start ``argv`` (the FastAPI test app by default) on a socket bound here; wait for /health."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -59,18 +69,13 @@ def start_server(dsn: str, log: Path, options: dict[str, Any]) -> Server:
     }
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.servers",
-                str(sock.fileno()),
-                "tests.http.app:create_app",
-            ],
+            [part.format(fd=sock.fileno()) for part in argv],
             cwd=ROOT,
             env=env,
             pass_fds=[sock.fileno()],
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, for kill()
         )
     sock.close()
     server = Server(f"http://127.0.0.1:{port}", process, log)

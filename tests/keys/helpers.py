@@ -22,3 +22,21 @@ def wait_until_blocked(observer: psycopg.Connection[Any], pid: int, timeout: flo
             return
         time.sleep(0.005)
     raise AssertionError(f"backend {pid} never waited on a lock")
+
+
+def sqlalchemy_url(dsn: str, driver: str = "psycopg") -> Any:
+    """The SQLAlchemy URL of a psycopg conninfo string (``postgresql+<driver>://...``)."""
+    from psycopg.conninfo import conninfo_to_dict
+    from sqlalchemy.engine import URL
+
+    params = {name: str(value) for name, value in conninfo_to_dict(dsn).items()}
+    port = params.pop("port", None)
+    return URL.create(
+        f"postgresql+{driver}",
+        username=params.pop("user", None),
+        password=params.pop("password", None),
+        host=params.pop("host", None),
+        port=int(port) if port else None,
+        database=params.pop("dbname", None),
+        query=params,
+    )

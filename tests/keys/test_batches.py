@@ -211,15 +211,15 @@ def test_deallocate_all_behind_pgonce_back_is_recovered(
     dsn: str, conn: psycopg.Connection[Any], store: KeyStore
 ) -> None:
     for key in ("a", "b"):
-        with store.once(conn, "s", key, FP) as op:
+        with store.once(conn, "s", key, FP, commit=True) as op:
             op.respond(Response(201))
     conn.execute("DEALLOCATE ALL")  # what a pool's reset (DISCARD ALL) also does
     conn.commit()
-    with store.once(conn, "s", "c", FP) as op:
+    with store.once(conn, "s", "c", FP, commit=True) as op:
         assert op.won
         op.respond(Response(201))
     assert op.stored
-    with store.once(conn, "s", "c", FP) as again:
+    with store.once(conn, "s", "c", FP, commit=True) as again:
         assert again.replayed
 
 
@@ -228,7 +228,7 @@ def test_without_prepared_statements(dsn: str, store: KeyStore) -> None:
     # not leave named statements behind either.
     with psycopg.connect(dsn, prepare_threshold=None) as conn:
         for _ in range(3):
-            with store.once(conn, "s", "k", FP) as op:
+            with store.once(conn, "s", "k", FP, commit=True) as op:
                 if op.won:
                     op.respond(Response(201))
         assert op.replayed
@@ -238,7 +238,7 @@ def test_without_prepared_statements(dsn: str, store: KeyStore) -> None:
 
 def test_prepared_once_per_connection(conn: psycopg.Connection[Any], store: KeyStore) -> None:
     for key in ("a", "b", "c", "a", "b"):
-        with store.once(conn, "s", key, FP) as op:
+        with store.once(conn, "s", key, FP, commit=True) as op:
             if op.won:
                 op.respond(Response(201))
     names = conn.execute(
@@ -262,7 +262,7 @@ def test_a_statement_twice_in_one_batch_is_prepared_once(
 ) -> None:
     conn.execute("CREATE TABLE effects (key text, n int)")
     conn.commit()
-    with store.once(conn, "s", "k", FP) as op:
+    with store.once(conn, "s", "k", FP, commit=True) as op:
         for n in (1, 2, 3):
             op.execute("INSERT INTO effects (key, n) VALUES (%s, %s)", ("k", n))
         op.respond(Response(201))
@@ -278,12 +278,12 @@ def test_past_the_cap_statements_run_unnamed(
 ) -> None:
     conn.execute("CREATE TABLE effects (key text, n int)")
     conn.commit()
-    with store.once(conn, "s", "first", FP) as op:
+    with store.once(conn, "s", "first", FP, commit=True) as op:
         op.respond(Response(201))
     held = len(_prepared_statements(conn))
     # Room for one more: the first new statement is prepared, the next ones are sent unnamed.
     monkeypatch.setattr(wire, "MAX_PREPARED", held + 1)
-    with store.once(conn, "s", "second", FP) as op:
+    with store.once(conn, "s", "second", FP, commit=True) as op:
         op.execute("INSERT INTO effects (key, n) VALUES (%s, 1)", ("a",))
         op.execute("INSERT INTO effects (key, n) VALUES (%s, 2)", ("b",))
         op.execute("INSERT INTO effects (key, n) VALUES (%s, 3)", ("c",))
@@ -392,7 +392,7 @@ async def test_cancelled_task_mid_round_trip_closes_the_connection(
         assert second.closed
     async with (
         await psycopg.AsyncConnection.connect(dsn) as conn,
-        astore.once(conn, "s", "k", FP) as op,
+        astore.once(conn, "s", "k", FP, commit=True) as op,
     ):
         assert op.won
 
@@ -406,15 +406,15 @@ def test_two_round_trips_on_the_wire(dsn: str, store: KeyStore, tmp_path: Path) 
         conn.execute("CREATE TABLE effects (key text)")
         conn.commit()
         for _ in range(2):  # a fresh key, then its duplicate: every statement prepared once
-            with store.once(conn, "s", "warm", FP) as op:
+            with store.once(conn, "s", "warm", FP, commit=True) as op:
                 if op.won:
                     op.respond(Response(201))
         with trace.open("w") as out:
             conn.pgconn.trace(out.fileno())
             conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-            with store.once(conn, "s", "k", FP) as op:
+            with store.once(conn, "s", "k", FP, commit=True) as op:
                 op.respond(Response(201))
-            with store.once(conn, "s", "k", FP) as replay:
+            with store.once(conn, "s", "k", FP, commit=True) as replay:
                 assert replay.replayed
             conn.pgconn.untrace()
     sent = [line.split("\t") for line in trace.read_text().splitlines()]
@@ -435,7 +435,7 @@ def test_queued_writes_commit_with_the_response_in_two_round_trips(
         with trace.open("w") as out:
             conn.pgconn.trace(out.fileno())
             conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-            with store.once(conn, "s", "k", FP) as op:
+            with store.once(conn, "s", "k", FP, commit=True) as op:
                 op.execute(
                     "INSERT INTO effects (key, amount, at) VALUES (%s, %s, %s)",
                     ("k", 42, datetime(2026, 11, 29).date()),
@@ -461,14 +461,17 @@ def test_failing_queued_write_rolls_back_and_raises_psycopgs_error(
         conn.commit()
         if not owned:
             conn.execute("SELECT 1")  # the block runs inside the caller's transaction
-        with pytest.raises(psycopg.errors.UniqueViolation), store.once(conn, "s", "k", FP) as op:
+        with (
+            pytest.raises(psycopg.errors.UniqueViolation),
+            store.once(conn, "s", "k", FP, commit=owned) as op,
+        ):
             op.execute("INSERT INTO effects VALUES (%s)", ("k",))
             op.execute("INSERT INTO effects VALUES (%s)", ("taken",))
             op.respond(Response(201))
         conn.rollback()
         _idle_and_usable(conn)
     assert effects(dsn, "k") == 0
-    with psycopg.connect(dsn) as conn, store.once(conn, "s", "k", FP) as retry:
+    with psycopg.connect(dsn) as conn, store.once(conn, "s", "k", FP, commit=True) as retry:
         assert retry.won
 
 
@@ -477,7 +480,7 @@ def test_queued_writes_are_discarded_with_an_unstored_response(
 ) -> None:
     conn.execute("CREATE TABLE effects (key text)")
     conn.commit()
-    with store.once(conn, "s", "k", FP) as op:
+    with store.once(conn, "s", "k", FP, commit=True) as op:
         op.execute("INSERT INTO effects VALUES (%s)", ("k",))
         op.respond(Response(500))
     assert not op.stored
@@ -485,9 +488,12 @@ def test_queued_writes_are_discarded_with_an_unstored_response(
 
 
 def test_only_the_winner_queues_writes(conn: psycopg.Connection[Any], store: KeyStore) -> None:
-    with store.once(conn, "s", "k", FP) as op:
+    with store.once(conn, "s", "k", FP, commit=True) as op:
         op.respond(Response(201))
-    with store.once(conn, "s", "k", FP) as again, pytest.raises(UsageError, match="won"):
+    with (
+        store.once(conn, "s", "k", FP, commit=True) as again,
+        pytest.raises(UsageError, match="won"),
+    ):
         again.execute("INSERT INTO nowhere VALUES (1)")
 
 
@@ -496,7 +502,7 @@ async def test_async_queued_writes(dsn: str, astore: AsyncKeyStore) -> None:
         await conn.execute("CREATE TABLE effects (key text PRIMARY KEY)")
         await conn.commit()
         for _ in range(2):
-            async with astore.once(conn, "s", "k", FP) as op:
+            async with astore.once(conn, "s", "k", FP, commit=True) as op:
                 if op.won:
                     op.execute("INSERT INTO effects VALUES (%s)", ("k",))
                     op.respond(Response(201, (), b"ok"))

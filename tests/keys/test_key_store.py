@@ -279,17 +279,21 @@ class TestRace:
 
 
 class TestOnce:
-    """The context manager: claim on entry, complete on exit, roll back on failure."""
+    """The context manager: claim on entry, complete on exit, roll back on failure.
+
+    Most of these own their transaction (``commit=True``); tests/keys/test_joins.py holds the
+    block that joins the caller's.
+    """
 
     def test_first_run_then_replay(
         self, dsn: str, conn: psycopg.Connection[Any], store: KeyStore
     ) -> None:
-        with store.once(conn, "s", "k", FP) as op:
+        with store.once(conn, "s", "k", FP, commit=True) as op:
             assert op.won
             business_write(conn, "k")
             op.respond(RESPONSE)
         assert op.stored
-        with store.once(conn, "s", "k", FP) as again:
+        with store.once(conn, "s", "k", FP, commit=True) as again:
             assert again.replayed
             assert not again.won
         assert again.response == RESPONSE
@@ -300,25 +304,25 @@ class TestOnce:
     ) -> None:
         with (
             pytest.raises(RuntimeError, match="handler died"),
-            store.once(conn, "s", "k", FP) as op,
+            store.once(conn, "s", "k", FP, commit=True) as op,
         ):
             business_write(conn, "k")
             raise RuntimeError("handler died")
         assert op.won
         assert effects(dsn, "k") == 0
-        with store.once(conn, "s", "k", FP) as retry:
+        with store.once(conn, "s", "k", FP, commit=True) as retry:
             assert retry.won
 
     def test_server_error_response_rolls_back_and_is_returned(
         self, dsn: str, conn: psycopg.Connection[Any], store: KeyStore
     ) -> None:
-        with store.once(conn, "s", "k", FP) as op:
+        with store.once(conn, "s", "k", FP, commit=True) as op:
             business_write(conn, "k")
             op.respond(Response(502, (), b"upstream failed"))
         assert op.response == Response(502, (), b"upstream failed")
         assert not op.stored
         assert effects(dsn, "k") == 0
-        with store.once(conn, "s", "k", FP) as retry:
+        with store.once(conn, "s", "k", FP, commit=True) as retry:
             assert retry.won
 
     def test_nested_in_the_callers_transaction_as_a_savepoint(
@@ -337,18 +341,18 @@ class TestOnce:
     def test_only_the_winner_may_respond(
         self, conn: psycopg.Connection[Any], store: KeyStore
     ) -> None:
-        with store.once(conn, "s", "k", FP) as op:
+        with store.once(conn, "s", "k", FP, commit=True) as op:
             op.respond(RESPONSE)
-        with store.once(conn, "s", "k", FP) as again, pytest.raises(UsageError):
+        with store.once(conn, "s", "k", FP, commit=True) as again, pytest.raises(UsageError):
             again.respond(RESPONSE)
 
     async def test_async_once(
         self, dsn: str, aconn: psycopg.AsyncConnection[Any], astore: AsyncKeyStore
     ) -> None:
-        async with astore.once(aconn, "s", "k", FP) as op:
+        async with astore.once(aconn, "s", "k", FP, commit=True) as op:
             assert op.won
             op.respond(RESPONSE)
-        async with astore.once(aconn, "s", "k", FP) as again:
+        async with astore.once(aconn, "s", "k", FP, commit=True) as again:
             assert again.replayed
         assert again.response == RESPONSE
 

@@ -1,4 +1,4 @@
-"""once() on an idle connection owns its transaction; its failure paths are careful too.
+"""once(commit=True) owns its transaction on an idle connection; its failure paths are careful too.
 
 The claim and the completion travel in batches (store/wire.py), the block's statements through
 psycopg in between. Whatever goes wrong -- a failing statement, a Python exception, a connection
@@ -34,13 +34,16 @@ def test_failing_statement_surfaces_at_exit_and_rolls_everything_back(
 ) -> None:
     conn.execute("INSERT INTO effects (key) VALUES ('taken')")
     conn.commit()
-    with pytest.raises(psycopg.errors.UniqueViolation), store.once(conn, "s", "k", FP) as op:
+    with (
+        pytest.raises(psycopg.errors.UniqueViolation),
+        store.once(conn, "s", "k", FP, commit=True) as op,
+    ):
         conn.execute("INSERT INTO effects (key) VALUES ('k')")
         conn.execute("INSERT INTO effects (key) VALUES ('taken')")
         op.respond(Response(201, (), b"never stored"))
     assert conn.info.transaction_status == TransactionStatus.IDLE
     assert effects(dsn, "k") == 0
-    with store.once(conn, "s", "k", FP) as retry:
+    with store.once(conn, "s", "k", FP, commit=True) as retry:
         assert retry.won
         conn.execute("INSERT INTO effects (key) VALUES ('k')")
         retry.respond(Response(201, (), b"stored"))
@@ -51,22 +54,22 @@ def test_failing_statement_surfaces_at_exit_and_rolls_everything_back(
 def test_exception_with_statements_still_queued_rolls_back(
     dsn: str, table: None, conn: psycopg.Connection[Any], store: KeyStore
 ) -> None:
-    with pytest.raises(KeyError), store.once(conn, "s", "k", FP):
+    with pytest.raises(KeyError), store.once(conn, "s", "k", FP, commit=True):
         conn.execute("INSERT INTO effects (key) VALUES ('k')")
         raise KeyError("handler bug")
     assert conn.info.transaction_status == TransactionStatus.IDLE
     assert effects(dsn, "k") == 0
-    with store.once(conn, "s", "k", FP) as retry:
+    with store.once(conn, "s", "k", FP, commit=True) as retry:
         assert retry.won
 
 
 def test_block_may_fetch_its_own_results(
     table: None, conn: psycopg.Connection[Any], store: KeyStore
 ) -> None:
-    with store.once(conn, "s", "k", FP) as op:
+    with store.once(conn, "s", "k", FP, commit=True) as op:
         row = conn.execute("INSERT INTO effects (key) VALUES ('k') RETURNING key").fetchone()
         op.respond(Response(201, (), str(row).encode()))
-    with store.once(conn, "s", "k", FP) as again:
+    with store.once(conn, "s", "k", FP, commit=True) as again:
         assert again.replayed
     assert again.response == Response(201, (), b"('k',)")
 
@@ -75,11 +78,11 @@ def test_autocommit_connection_gets_a_transaction_of_its_own(
     dsn: str, table: None, store: KeyStore
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        with pytest.raises(RuntimeError), store.once(conn, "s", "k", FP):
+        with pytest.raises(RuntimeError), store.once(conn, "s", "k", FP, commit=True):
             conn.execute("INSERT INTO effects (key) VALUES ('k')")
             raise RuntimeError
         assert effects(dsn, "k") == 0
-        with store.once(conn, "s", "k", FP) as op:
+        with store.once(conn, "s", "k", FP, commit=True) as op:
             conn.execute("INSERT INTO effects (key) VALUES ('k')")
             op.respond(Response(201, (), b"ok"))
         assert op.stored
@@ -103,13 +106,13 @@ def test_connection_killed_mid_block_commits_nothing(
         psycopg.connect(dsn) as conn,
         psycopg.connect(dsn, autocommit=True) as killer,
         pytest.raises(DatabaseUnavailable),
-        store.once(conn, "s", "k", FP) as op,
+        store.once(conn, "s", "k", FP, commit=True) as op,
     ):
         conn.execute("INSERT INTO effects (key) VALUES ('k')")
         killer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
         op.respond(Response(201, (), b"lost"))
     assert effects(dsn, "k") == 0
-    with psycopg.connect(dsn) as conn, store.once(conn, "s", "k", FP) as retry:
+    with psycopg.connect(dsn) as conn, store.once(conn, "s", "k", FP, commit=True) as retry:
         assert retry.won
 
 
@@ -119,11 +122,11 @@ async def test_async_failure_path_hands_back_a_clean_connection(
     await aconn.execute("INSERT INTO effects (key) VALUES ('taken')")
     await aconn.commit()
     with pytest.raises(psycopg.errors.UniqueViolation):
-        async with astore.once(aconn, "s", "k", FP) as op:
+        async with astore.once(aconn, "s", "k", FP, commit=True) as op:
             await aconn.execute("INSERT INTO effects (key) VALUES ('taken')")
             op.respond(Response(201, (), b"never"))
     assert aconn.info.transaction_status == TransactionStatus.IDLE
-    async with astore.once(aconn, "s", "k", FP) as retry:
+    async with astore.once(aconn, "s", "k", FP, commit=True) as retry:
         assert retry.won
         await aconn.execute("INSERT INTO effects (key) VALUES ('k')")
         retry.respond(Response(201, (), b"ok"))
@@ -139,7 +142,10 @@ def test_error_that_arrives_before_the_completion_is_queued(
     # while the completion (or COMMIT) is being queued -- the pipeline must still be left.
     conn.execute("INSERT INTO effects (key) VALUES ('taken')")
     conn.commit()
-    with pytest.raises(psycopg.errors.UniqueViolation), store.once(conn, "s", "k", FP) as op:
+    with (
+        pytest.raises(psycopg.errors.UniqueViolation),
+        store.once(conn, "s", "k", FP, commit=True) as op,
+    ):
         conn.execute("INSERT INTO effects (key) VALUES ('taken')")
         # Wait (bounded) until PostgreSQL's answer, the error, is readable on the socket.
         assert select.select([conn.pgconn.socket], [], [], 10)[0]

@@ -71,7 +71,7 @@ async def test_an_idle_connection_closed_by_the_server_is_let_go(
     dsn: str, astore: AsyncKeyStore
 ) -> None:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        async with astore.once(conn, "s", "k", FP) as op:
+        async with astore.once(conn, "s", "k", FP, commit=True) as op:
             op.respond(Response(201))
         await _terminate(dsn, conn)
         await _until_closed_by_server(conn)
@@ -89,7 +89,7 @@ async def test_the_watch_survives_psycopgs_own_statements(dsn: str, astore: Asyn
     # around them keep working, and the connection ends idle and usable.
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         for number in range(20):
-            async with astore.once(conn, "s", f"k{number}", FP) as op:
+            async with astore.once(conn, "s", f"k{number}", FP, commit=True) as op:
                 cur = await conn.execute("SELECT %s::int", (number,))
                 assert await cur.fetchone() == (number,)
                 op.respond(Response(201))
@@ -116,7 +116,7 @@ async def test_asyncios_loop_is_asked_once_for_the_watch(
         with monkeypatch.context() as patched:
             patched.setattr(loop, "add_reader", counting)
             for number in range(5):
-                async with astore.once(conn, "once", f"k{number}", FP) as op:
+                async with astore.once(conn, "once", f"k{number}", FP, commit=True) as op:
                     await conn.execute("SELECT 1")  # psycopg's own wait, on the original fd
                     op.respond(Response(201))
         watch = wire._sessions[conn.pgconn].watch
@@ -141,7 +141,7 @@ async def test_closed_connections_leave_no_descriptor_behind(
     async def use_one(number: int) -> None:
         async with (
             await psycopg.AsyncConnection.connect(dsn) as conn,
-            astore.once(conn, "fd", f"k{number}", FP) as op,
+            astore.once(conn, "fd", f"k{number}", FP, commit=True) as op,
         ):
             op.execute("SELECT %s::int", (number,))  # adapted by psycopg, batched by pgonce
             op.respond(Response(201))
@@ -163,7 +163,7 @@ async def test_pgonce_keeps_no_connection_alive(dsn: str, astore: AsyncKeyStore)
     # What pgonce keeps per connection (prepared names, the watch) is weakly keyed by it: nothing
     # in it may refer back to the connection, or neither would ever be collected.
     conn = await psycopg.AsyncConnection.connect(dsn)
-    async with astore.once(conn, "s", "k", FP) as op:
+    async with astore.once(conn, "s", "k", FP, commit=True) as op:
         op.execute("SELECT %s::int", (1,))
         op.respond(Response(201))
     gone = weakref.ref(conn)

@@ -26,7 +26,7 @@ FP = fingerprint("the one request")
 async def deliver(pool: AsyncConnectionPool[Any], store: AsyncKeyStore, key: str) -> dict[str, Any]:
     """One delivery, retried while in flight, like a client that honours Retry-After."""
     for _ in range(1000):
-        async with pool.connection() as conn, store.once(conn, "storm", key, FP) as op:
+        async with pool.connection() as conn, store.once(conn, "storm", key, FP, commit=True) as op:
             if op.won:
                 cur = await conn.execute(
                     "INSERT INTO effects (key) VALUES (%s) RETURNING id", (key,)

@@ -107,7 +107,9 @@ async def _deliver(
         try:
             async with (
                 pool.connection() as conn,
-                store.once(conn, f"demo:{run_id}", order_ref, fingerprint(payload)) as op,
+                store.once(
+                    conn, f"demo:{run_id}", order_ref, fingerprint(payload), commit=True
+                ) as op,
             ):
                 if op.won:
                     cur = await conn.execute(insert.format(table), (run_id, order_ref, 4200))

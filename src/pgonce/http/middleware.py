@@ -31,31 +31,40 @@ Guarantees and answers:
 
 Errors are RFC 9457 problem responses that never echo another caller's data. The middleware keeps
 no per-request state on the instance: everything per request lives in locals and in the scope.
+
+Every decision above (which requests, the key, the fingerprint, the limits, what is stored, each
+answer) is made by :mod:`pgonce.http.semantics`, which every framework adapter shares; this module
+translates ASGI messages and the pool's transaction onto it.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from email.utils import format_datetime
-from typing import Any
+from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.outcomes import InFlight, Replay, Response, Won
-from pgonce.core.requests import request_fingerprint
+from pgonce.core.outcomes import InFlight, Replay, Won
 from pgonce.errors import DatabaseUnavailable, InvalidIdempotencyKey, KeyMismatch, UsageError
+from pgonce.http import semantics
 from pgonce.http.keys import HEADER as KEY_HEADER
-from pgonce.http.keys import key_of
-from pgonce.http.problem import send_problem
-from pgonce.http.replay import EXPIRES_HEADER, replay_headers, storable_headers
+from pgonce.http.semantics import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_METHODS,
+    DEFAULT_RETENTION,
+    NO_WAIT,
+    Answer,
+    CapturedResponse,
+    IdempotencyRules,
+)
 from pgonce.http.transaction import STATE_KEY, IdempotentTransaction
 from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
 
@@ -71,27 +80,26 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: leave the request alone (e.g. no credentials: the application will refuse it itself).
 KeyScope = Callable[[Scope], "str | Awaitable[str | None] | None"]
 
-#: The methods that need idempotency unless a route says otherwise. GET, HEAD, OPTIONS, PUT and
-#: DELETE are idempotent by definition (RFC 9110); POST and PATCH are not.
-DEFAULT_METHODS = frozenset({"POST", "PATCH"})
 
-#: Largest request body read for fingerprinting, in bytes. Payment and order APIs send a few
-#: kilobytes; one MiB leaves room without letting one request hold a megabyte buffer per retry.
-DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+class ConnectionSource(Protocol):
+    """Where the middleware takes a connection for a request: an ``AsyncConnectionPool``, or
+    anything with the same ``connection()`` (e.g. ``pgonce.contrib.sqlalchemy.EngineConnections``,
+    a SQLAlchemy engine's pool). The connection must come idle; the middleware owns the
+    transaction it opens on it and ends it before giving the connection back."""
 
-#: Largest response body stored for replay, in bytes (the same reasoning as for requests).
-DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]: ...
 
-#: How long a key is advertised as honoured (``Idempotency-Key-Expires``). Stripe keeps keys for
-#: 24 hours, and clients' retry policies are built around that figure. The sweeper's horizon must
-#: be at least this long, or the header would promise more than the store keeps.
-DEFAULT_RETENTION = timedelta(hours=24)
 
-#: What "do not wait" (``wait=None``) means for the claim's lock wait. Not one millisecond: the
-#: claim's INSERT also waits on PostgreSQL's own short locks (a table extended by concurrent
-#: inserts), and a timeout there would answer 409 to a brand-new key. 100 ms rides those out and
-#: is still far shorter than any endpoint a duplicate could be waiting for.
-NO_WAIT = timedelta(milliseconds=100)
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "DEFAULT_METHODS",
+    "DEFAULT_RETENTION",
+    "NO_WAIT",
+    "ConnectionSource",
+    "IdempotencyMiddleware",
+    "header_scope",
+]
 
 # Extensions that would let the app bypass the buffered body (a file sent by path, zero-copy).
 _BYPASSING_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend")
@@ -129,40 +137,15 @@ def _log_unavailable(claim: Won, error: BaseException) -> None:
     )
 
 
-@dataclass(slots=True)
-class _Captured:
-    """The application's response, held back until the transaction has committed."""
-
-    status: int | None = None
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    body: list[bytes] = field(default_factory=list)
-    size: int = 0
-    complete: bool = False
-    too_large: bool = False
-    #: Decided after the application returned: the response is kept for replays.
-    stored: bool = False
-    #: The database went away while the endpoint ran or while its work was committed: nothing
-    #: committed (or, if COMMIT's answer was lost, the retry replays what did), so the client is
-    #: told to retry: 503 with Retry-After, never a 500 and a traceback.
-    unavailable: bool = False
-
-    @property
-    def answered(self) -> bool:
-        """A complete response, within the size limit, that can be sent (and stored)."""
-        return self.status is not None and self.complete and not self.too_large
-
-    def response(self) -> Response:
-        return Response(self.status, storable_headers(self.headers), b"".join(self.body))
-
-
 class IdempotencyMiddleware:
     """Pure ASGI middleware that makes POST and PATCH safe to retry with an Idempotency-Key.
 
     ``pool`` is the application's :class:`~psycopg_pool.AsyncConnectionPool` (opened by the
-    application, e.g. in its lifespan); ``key_scope`` is required: it names whose key a request
-    carries, so that the same key from two callers never meets (:func:`header_scope` makes one
-    from a header). ``routes`` maps path prefixes to the methods that need idempotency there (the
-    longest prefix wins; an empty collection turns a route off); other paths use ``methods``.
+    application, e.g. in its lifespan), or another :class:`ConnectionSource`; ``key_scope`` is
+    required: it names whose key a request carries, so that the same key from two callers never
+    meets (:func:`header_scope` makes one from a header). ``routes`` maps path prefixes to the
+    methods that need idempotency there (the longest prefix wins; an empty collection turns a
+    route off); other paths use ``methods``.
     ``require_key`` answers 400 to such a request without a key (else it passes, unprotected).
     ``wait`` lets a duplicate wait that long for the original, then replay; ``None`` answers 409
     at once (see :data:`NO_WAIT`). ``store`` defaults to an :class:`AsyncKeyStore` on
@@ -173,7 +156,7 @@ class IdempotencyMiddleware:
         self,
         app: ASGIApp,
         *,
-        pool: AsyncConnectionPool[Any],
+        pool: AsyncConnectionPool[Any] | ConnectionSource,
         key_scope: KeyScope,
         store: AsyncKeyStore | None = None,
         schema: str = DEFAULT_SCHEMA,
@@ -191,54 +174,35 @@ class IdempotencyMiddleware:
         self.app = app
         self.pool = pool
         self.key_scope = key_scope
-        self.methods = frozenset(m.upper() for m in methods)
-        # Longest prefix first, so that the most specific route decides.
-        self.routes = sorted(
-            (
-                (prefix.rstrip("/"), frozenset(m.upper() for m in ms))
-                for prefix, ms in (routes or {}).items()
-            ),
-            key=lambda item: len(item[0]),
-            reverse=True,
+        self.rules = IdempotencyRules(
+            methods=methods,
+            routes=routes,
+            require_key=require_key,
+            canonicalize_json=canonicalize_json,
+            max_request_bytes=max_request_bytes,
+            max_response_bytes=max_response_bytes,
+            retention=retention,
         )
-        self.require_key = require_key
+        self.methods_for = self.rules.methods_for
         self.wait = wait if wait is not None else NO_WAIT
         self.store = store or AsyncKeyStore(schema=schema, wait=self.wait)
         # None: the store's own wait, which it checked once, not at every claim.
         self._claim_wait = None if self.wait == self.store.wait else self.wait
-        self.canonicalize_json = canonicalize_json
-        self.max_request_bytes = max_request_bytes
-        self.max_response_bytes = max_response_bytes
-        self.retention = retention
-        self._retention_seconds = retention.total_seconds()
-
-    def methods_for(self, path: str) -> frozenset[str]:
-        """The methods that need idempotency on ``path``."""
-        if not self.routes:
-            return self.methods
-        for prefix, methods in self.routes:
-            if path == prefix or path.startswith(prefix + "/") or not prefix:
-                return methods
-        return self.methods
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in self.methods_for(scope["path"]):
+        rules = self.rules
+        if scope["type"] != "http" or scope["method"] not in rules.methods_for(scope["path"]):
             await self.app(scope, receive, send)
             return
         keys, content_type, content_length = _request_headers(scope["headers"])
         try:
-            key = key_of(keys)
+            key = rules.key(keys)
         except InvalidIdempotencyKey as error:
-            await send_problem(send, error.status, error.title, str(error))
+            await _send(send, semantics.invalid_key(error))
             return
         if key is None:
-            if self.require_key:
-                await send_problem(
-                    send,
-                    400,
-                    "Idempotency-Key required",
-                    "this request must carry an Idempotency-Key header",
-                )
+            if rules.require_key:
+                await _send(send, semantics.MISSING_KEY)
             else:
                 await self.app(scope, receive, send)
             return
@@ -251,13 +215,8 @@ class IdempotencyMiddleware:
         body = await self._read_body(receive, send, content_length)
         if body is None:
             return
-        fingerprint = request_fingerprint(
-            scope["method"],
-            scope["path"],
-            scope.get("query_string", b""),
-            body,
-            content_type=content_type,
-            canonicalize_json=self.canonicalize_json,
+        fingerprint = rules.fingerprint(
+            scope["method"], scope["path"], scope.get("query_string", b""), body, content_type
         )
         await self._handle(scope, receive, send, caller, key, fingerprint, body)
 
@@ -265,8 +224,9 @@ class IdempotencyMiddleware:
         self, receive: Receive, send: Send, declared: bytes | None
     ) -> bytes | None:
         """The whole request body; ``None`` once a 413 was sent or the client went away."""
-        if declared and declared.isdigit() and int(declared) > self.max_request_bytes:
-            await self._too_large(send)
+        rules = self.rules
+        if rules.declared_too_large(declared):
+            await _send(send, rules.request_too_large)
             return None
         chunks: list[bytes] = []
         size = 0
@@ -276,21 +236,13 @@ class IdempotencyMiddleware:
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_request_bytes:
-                await self._too_large(send)
+            if size > rules.max_request_bytes:
+                await _send(send, rules.request_too_large)
                 return None
             if not message.get("more_body", False):
                 # Most bodies arrive in one message: no copy then.
                 return b"".join((*chunks, chunk)) if chunks else chunk
             chunks.append(chunk)
-
-    async def _too_large(self, send: Send) -> None:
-        await send_problem(
-            send,
-            413,
-            "Request body too large",
-            f"idempotent requests may carry at most {self.max_request_bytes} bytes",
-        )
 
     async def _handle(
         self,
@@ -302,7 +254,7 @@ class IdempotencyMiddleware:
         fingerprint: bytes,
         body: bytes,
     ) -> None:
-        captured: _Captured | None = None
+        captured: CapturedResponse | None = None
         try:
             async with self.pool.connection() as conn:
                 # BEGIN and the claim in one round trip; a claim that did not win has ended
@@ -332,55 +284,23 @@ class IdempotencyMiddleware:
                         await rollback_quietly(conn)
                         raise
         except KeyMismatch:
-            await send_problem(
-                send,
-                422,
-                "Idempotency-Key reused",
-                "this Idempotency-Key was first used with a different request (method, path, "
-                "query or body); retry only with the identical request, or use a new key",
-            )
+            await _send(send, semantics.MISMATCH)
             return
         except _UNAVAILABLE:
             # Before the endpoint began: the claim (or the pool) could not reach the database.
-            await self._unavailable(send)
+            await _send(send, semantics.unavailable(self.store.retry_after))
             return
         # Everything below runs after the commit (or the rollback): the client never sees an
         # answer that did not commit.
         if captured is not None and captured.unavailable:
-            await self._unavailable(send)
+            await _send(send, semantics.unavailable(self.store.retry_after))
         elif captured is not None:
             await self._answer(send, captured, claim)
         elif isinstance(claim, Replay):
-            response = claim.response
-            expires = (EXPIRES_HEADER, self._expires(claim.claimed_at))
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status or 200,
-                    "headers": replay_headers(response, [expires]),
-                }
-            )
-            await send({"type": "http.response.body", "body": response.body})
+            await _send(send, self.rules.replay(claim))
         else:
             assert isinstance(claim, InFlight)
-            await send_problem(
-                send,
-                409,
-                "Request in progress",
-                "a request with this Idempotency-Key is still being processed; "
-                "retry after the time in Retry-After",
-                headers=[("retry-after", str(claim.retry_after))],
-            )
-
-    async def _unavailable(self, send: Send) -> None:
-        await send_problem(
-            send,
-            503,
-            "Service temporarily unavailable",
-            "the database could not be reached and nothing was committed; retry with the same "
-            "Idempotency-Key",
-            headers=[("retry-after", str(self.store.retry_after))],
-        )
+            await _send(send, semantics.in_flight(claim))
 
     async def _run(
         self,
@@ -390,7 +310,7 @@ class IdempotencyMiddleware:
         conn: AsyncConnection[Any],
         claim: Won,
         body: bytes,
-    ) -> _Captured:
+    ) -> CapturedResponse:
         """Run the application in the claim's transaction and capture its response.
 
         An exception from the application propagates (the transaction rolls back); if the
@@ -398,7 +318,7 @@ class IdempotencyMiddleware:
         forwarded first.
         """
         tx = IdempotentTransaction(conn, claim.scope, claim.key)
-        captured = _Captured()
+        captured = self.rules.capture()
         app_scope = dict(scope)
         app_scope["state"] = {**(scope.get("state") or {}), STATE_KEY: tx}
         extensions = scope.get("extensions")
@@ -419,15 +339,8 @@ class IdempotencyMiddleware:
             if message["type"] == "http.response.start":
                 captured.status = int(message["status"])
                 captured.headers = list(message.get("headers", ()))
-            elif message["type"] == "http.response.body" and not captured.complete:
-                chunk = message.get("body", b"")
-                captured.size += len(chunk)
-                if captured.size > self.max_response_bytes:
-                    captured.too_large = True
-                    captured.body.clear()
-                elif chunk:
-                    captured.body.append(chunk)
-                captured.complete = not message.get("more_body", False)
+            elif message["type"] == "http.response.body":
+                captured.add(message.get("body", b""), message.get("more_body", False))
 
         try:
             await self.app(app_scope, replay_body, capture)
@@ -443,45 +356,22 @@ class IdempotencyMiddleware:
             if captured.answered:
                 await _forward(send, captured, [])
             raise
-        # Stored only when the endpoint began (it took the connection: framework validation and
-        # authentication failures never do), answered completely within the size limit, and the
-        # key store keeps the status (a 5xx is not kept unless configured).
-        captured.stored = (
-            tx.began and captured.answered and self.store.stores_status(captured.status)
-        )
+        captured.keep(began=tx.began, status_kept=self.store.stores_status)
         return captured
 
     async def _answer(
-        self, send: Send, captured: _Captured, claim: Won | Replay | InFlight
+        self, send: Send, captured: CapturedResponse, claim: Won | Replay | InFlight
     ) -> None:
         """Send the application's own answer, after its transaction committed or rolled back."""
         if not captured.answered:
             if captured.too_large:
-                await send_problem(
-                    send,
-                    500,
-                    "Response too large to store",
-                    "the response exceeded the size that can be stored for replay; "
-                    "nothing was done",
-                )
+                await _send(send, semantics.RESPONSE_TOO_LARGE)
             # Otherwise the application never answered: the server reports that as a 500.
             return
         extra: list[tuple[bytes, bytes]] = []
         if captured.stored and isinstance(claim, Won):
-            extra.append((_EXPIRES, self._expires(claim.claimed_at).encode()))
+            extra.append(self.rules.expires_header(claim.claimed_at))
         await _forward(send, captured, extra)
-
-    def _expires(self, claimed_at: datetime) -> str:
-        return _http_date(int(claimed_at.timestamp() + self._retention_seconds))
-
-
-_EXPIRES = EXPIRES_HEADER.encode()
-
-
-@functools.lru_cache(maxsize=16)
-def _http_date(epoch_seconds: int) -> str:
-    # An HTTP-date has whole seconds, so every request of one second shares the formatted value.
-    return format_datetime(datetime.fromtimestamp(epoch_seconds, UTC), usegmt=True)
 
 
 def _request_headers(
@@ -506,7 +396,14 @@ def _request_headers(
     return keys, content_type, content_length
 
 
-async def _forward(send: Send, captured: _Captured, extra: list[tuple[bytes, bytes]]) -> None:
+async def _send(send: Send, answer: Answer) -> None:
+    await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+async def _forward(
+    send: Send, captured: CapturedResponse, extra: list[tuple[bytes, bytes]]
+) -> None:
     await send(
         {
             "type": "http.response.start",

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
 
 from pgonce import sql as pgsql
 from pgonce.errors import MigrationError, SchemaNotMigrated
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import first_line, translate_errors
 
 
@@ -43,20 +43,20 @@ def _apply_one(
 ) -> bool:
     q = pgsql.Queries("migrate", schema)
     with conn.transaction():
-        conn.execute(q.lock, {"schema": schema})
-        conn.execute(q.create_schema)
-        conn.execute(q.create_ledger)
-        applied = {row[0] for row in conn.cursor(row_factory=tuple_row).execute(q.applied)}
+        cursor(conn).execute(q.lock, {"schema": schema})
+        cursor(conn).execute(q.create_schema)
+        cursor(conn).execute(q.create_ledger)
+        applied = {row[0] for row in cursor(conn).execute(q.applied)}
         if version in applied:
             return False
-        conn.execute(q.use_schema, {"schema": schema})
+        cursor(conn).execute(q.use_schema, {"schema": schema})
         try:
-            conn.execute(_ddl(migration_text))
+            cursor(conn).execute(_ddl(migration_text))
         except psycopg.Error as error:
             raise MigrationError(
                 f"migration {version:04d}_{name} failed: {first_line(error)}"
             ) from error
-        conn.execute(q.record, {"version": version, "name": name})
+        cursor(conn).execute(q.record, {"version": version, "name": name})
         return True
 
 
@@ -88,13 +88,13 @@ def apply_schema_file(conn: psycopg.Connection[Any], schema: str) -> None:
     """
     q = pgsql.Queries("migrate", schema)
     with translate_errors("applying schema.sql"), conn.transaction():
-        conn.execute(q.lock, {"schema": schema})
-        conn.execute(q.create_schema)
-        conn.execute(q.create_ledger)
-        conn.execute(q.use_schema, {"schema": schema})
-        conn.execute(_ddl(pgsql.schema_sql()))
+        cursor(conn).execute(q.lock, {"schema": schema})
+        cursor(conn).execute(q.create_schema)
+        cursor(conn).execute(q.create_ledger)
+        cursor(conn).execute(q.use_schema, {"schema": schema})
+        cursor(conn).execute(_ddl(pgsql.schema_sql()))
         for migration in pgsql.migrations():
-            conn.execute(q.record, {"version": migration.version, "name": migration.name})
+            cursor(conn).execute(q.record, {"version": migration.version, "name": migration.name})
 
 
 def status(conn: psycopg.Connection[Any], schema: str) -> SchemaStatus:
@@ -103,7 +103,7 @@ def status(conn: psycopg.Connection[Any], schema: str) -> SchemaStatus:
     q = pgsql.Queries("migrate", schema)
     try:
         with translate_errors("reading the schema version"), conn.transaction():
-            row = conn.cursor(row_factory=tuple_row).execute(q.current_version).fetchone()
+            row = cursor(conn).execute(q.current_version).fetchone()
     except SchemaNotMigrated:
         return SchemaStatus(current=0, latest=latest)
     return SchemaStatus(current=int(row[0]) if row else 0, latest=latest)

@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from psycopg import AsyncConnection
-from psycopg.rows import tuple_row
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.retention import (
@@ -30,6 +29,7 @@ from pgonce.core.retention import (
     policies_for,
 )
 from pgonce.sql import Queries
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -72,7 +72,7 @@ class AsyncHealthCheck:
         stuck: list[StuckFacts] = []
         # One transaction: every figure is read at the same `now()`, under one statement timeout.
         async with conn.transaction():
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(self._sweep_sql.statement_timeout, {"timeout_ms": self._timeout_ms})
             await cur.execute(self._sql.clock, {"now": now})
             clock_row = await cur.fetchone()

@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
-from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
@@ -30,6 +29,7 @@ from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._async.notify import listen
 from pgonce.store.common import require_transaction
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -78,7 +78,7 @@ class AsyncInboxStore:
             "channel": self.channel,
         }
         with translate_errors("storing webhook deliveries"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(self._sql.store, params)
             rows = await cur.fetchall()
         outcomes: list[StoreOutcome | None] = [None] * len(deliveries)
@@ -112,7 +112,7 @@ class AsyncInboxStore:
         check_int(limit, "the claim limit")
         params = {"source": source, "blocking": blocking, "limit": limit, "now": now}
         with translate_errors("claiming inbox events"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(self._sql.claim, params)
             rows = await cur.fetchall()
         # UPDATE ... RETURNING does not keep the claim's order: due first, then arrival.
@@ -134,21 +134,21 @@ class AsyncInboxStore:
     async def savepoint(self, conn: AsyncConnection[Row]) -> None:
         """Open the savepoint that isolates one event's handler from the rest of its batch."""
         with translate_errors("opening an inbox savepoint"):
-            await conn.execute(self._sql.savepoint)
+            await cursor(conn).execute(self._sql.savepoint)
 
     async def release_savepoint(self, conn: AsyncConnection[Row]) -> None:
         with translate_errors("releasing an inbox savepoint"):
-            await conn.execute(self._sql.release_savepoint)
+            await cursor(conn).execute(self._sql.release_savepoint)
 
     async def next_savepoint(self, conn: AsyncConnection[Row]) -> None:
         """Release the savepoint of one event and open the next one's, in one round trip."""
         with translate_errors("moving to the next inbox savepoint"):
-            await conn.execute(self._sql.next_savepoint)
+            await cursor(conn).execute(self._sql.next_savepoint)
 
     async def rollback_savepoint(self, conn: AsyncConnection[Row]) -> None:
         """Undo one handler's writes (also after an error aborted the transaction)."""
         with translate_errors("rolling back an inbox savepoint"):
-            await conn.execute(self._sql.rollback_savepoint)
+            await cursor(conn).execute(self._sql.rollback_savepoint)
 
     async def skip(self, conn: AsyncConnection[Row], event: InboxEvent) -> None:
         """Record a claimed event as ``"skipped"`` (dropped as out of order; no handler ran)."""
@@ -156,7 +156,9 @@ class AsyncInboxStore:
         _check_event(event)
         require_transaction(conn)
         with translate_errors("skipping an inbox event"):
-            await conn.execute(self._sql.skip, {"source": event.source, "event_id": event.id})
+            await cursor(conn).execute(
+                self._sql.skip, {"source": event.source, "event_id": event.id}
+            )
 
     async def fail(
         self,
@@ -186,7 +188,7 @@ class AsyncInboxStore:
             "now": now,
         }
         with translate_errors("recording an inbox failure"):
-            await conn.execute(self._sql.fail, params)
+            await cursor(conn).execute(self._sql.fail, params)
 
     async def advance_watermark(
         self,
@@ -210,7 +212,7 @@ class AsyncInboxStore:
             "now": now,
         }
         with translate_errors("advancing an inbox watermark"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(self._sql.advance_watermark, params)
             return await cur.fetchone() is not None
 
@@ -235,11 +237,11 @@ class AsyncInboxStore:
             "now": now,
         }
         with translate_errors("replaying dead inbox events"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(self._sql.replay, params)
             replayed = [row[0] for row in await cur.fetchall()]
             if replayed:
-                await conn.execute(self._sql.notify, {"channel": self.channel})
+                await cursor(conn).execute(self._sql.notify, {"channel": self.channel})
         return replayed
 
     async def listen(self, conn: AsyncConnection[Row]) -> None:
@@ -255,7 +257,7 @@ class AsyncInboxStore:
         check_str(source, "the source")
         check_str(event_id, "the event id")
         with translate_errors("reading an inbox event"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(self._sql.get, {"source": source, "event_id": event_id})
             row = await cur.fetchone()
             names = [c.name for c in cur.description or ()]
@@ -265,7 +267,7 @@ class AsyncInboxStore:
         """``{(source, status): count}`` over the whole inbox."""
         check_connection(conn, AsyncConnection, self)
         with translate_errors("counting inbox events"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(self._sql.counts)
             return {(source, status): n for source, status, n in await cur.fetchall()}
 

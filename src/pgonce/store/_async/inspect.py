@@ -11,10 +11,10 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
-from psycopg.rows import tuple_row
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.sql import Queries
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -84,7 +84,7 @@ class AsyncInspector:
         self, conn: AsyncConnection[Row], statement: bytes, params: dict[str, Any], what: str
     ) -> list[tuple[Any, ...]]:
         with translate_errors(what):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(statement, params)
             return await cur.fetchall()
 

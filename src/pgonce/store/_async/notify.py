@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from psycopg import AsyncConnection, sql
 
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -23,4 +24,4 @@ async def listen(conn: AsyncConnection[Row], channel: str, what: str) -> None:
     """
     statement = sql.SQL("LISTEN {}").format(sql.Identifier(channel))
     with translate_errors(f"listening for {what} notifications"):
-        await conn.execute(statement)
+        await cursor(conn).execute(statement)

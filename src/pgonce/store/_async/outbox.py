@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
-from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
@@ -33,6 +32,7 @@ from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._async.notify import listen
 from pgonce.store.common import require_transaction
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -70,7 +70,7 @@ async def enqueue(
         "channel": notify_channel(schema, "outbox"),
     }
     with translate_errors("enqueueing an outbox event"):
-        cur = conn.cursor(row_factory=tuple_row)
+        cur = cursor(conn)
         await cur.execute(Queries("outbox", schema).enqueue, params)
         row = await cur.fetchone()
     assert row is not None, "outbox_enqueue() returned no row"
@@ -147,7 +147,7 @@ class AsyncOutboxStore:
         require_transaction(conn)
         params = {"limit": limit, "per_aggregate": per_aggregate, "now": now}
         with translate_errors("claiming outbox rows"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(self._sql.claim, params)
             rows = await cur.fetchall()
         return [OutboxMessage(r[0], r[1], r[2], r[3], r[4], r[5] or {}, r[6], r[7]) for r in rows]
@@ -165,7 +165,7 @@ class AsyncOutboxStore:
         # own, a tenth of the relay's own CPU per event.
         params = {"ids": "{" + ",".join(map(str, ids)) + "}", "now": now}
         with translate_errors("marking outbox rows published"):
-            cur = await conn.execute(self._sql.mark_published, params)
+            cur = await cursor(conn).execute(self._sql.mark_published, params)
         return cur.rowcount
 
     async def record_refusals(self, conn: AsyncConnection[Row], refusals: Sequence[Refusal]) -> int:
@@ -184,7 +184,7 @@ class AsyncOutboxStore:
             "last_error": [r.last_error for r in refusals],
         }
         with translate_errors("recording outbox refusals"):
-            cur = await conn.execute(self._sql.record_refusals, params)
+            cur = await cursor(conn).execute(self._sql.record_refusals, params)
         return cur.rowcount
 
     async def replay(
@@ -212,11 +212,11 @@ class AsyncOutboxStore:
             "now": now,
         }
         with translate_errors("replaying parked outbox rows"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(self._sql.replay, params)
             replayed = [int(r[0]) for r in await cur.fetchall()]
             if replayed:
-                await conn.execute(self._sql.notify, {"channel": self.channel})
+                await cursor(conn).execute(self._sql.notify, {"channel": self.channel})
         return replayed
 
     async def set_waiting(self, conn: AsyncConnection[Row], relay: str, waiting: bool) -> None:
@@ -226,7 +226,7 @@ class AsyncOutboxStore:
         check_connection(conn, AsyncConnection, self)
         statement = self._sql.register_waiting if waiting else self._sql.unregister_waiting
         with translate_errors("registering a waiting relay"):
-            await conn.execute(statement, {"relay": relay})
+            await cursor(conn).execute(statement, {"relay": relay})
 
     async def listen(self, conn: AsyncConnection[Row]) -> None:
         """Subscribe ``conn`` to the outbox channel (see :mod:`.notify`)."""
@@ -258,7 +258,7 @@ class AsyncOutboxStore:
     ) -> tuple[Any, ...]:
         check_connection(conn, AsyncConnection, self)
         with translate_errors("counting outbox rows"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             await cur.execute(statement, {"now": now})
             row = await cur.fetchone()
         assert row is not None

@@ -30,7 +30,6 @@ from typing import Any, Protocol, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
-from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from pgonce.config import DEFAULT_SCHEMA
@@ -47,6 +46,7 @@ from pgonce.core.retention import (
 )
 from pgonce.errors import DatabaseError, UsageError
 from pgonce.sql import Queries
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -118,7 +118,7 @@ class AsyncSweeper:
         # open, and every batch would then be a savepoint inside it instead of a transaction.
         with translate_errors("checking for Citus"):
             async with conn.transaction():
-                cur = conn.cursor(row_factory=tuple_row)
+                cur = cursor(conn)
                 await cur.execute(self._sql.plain_postgres)
                 row = await cur.fetchone()
         return bool(row and row[0])
@@ -155,8 +155,10 @@ class AsyncSweeper:
         self, conn: AsyncConnection[Row], statement: bytes, params: dict[str, Any]
     ) -> int:
         async with conn.transaction():
-            await conn.execute(self._sql.statement_timeout, {"timeout_ms": self.limits.timeout_ms})
-            cur = await conn.execute(statement, params)
+            await cursor(conn).execute(
+                self._sql.statement_timeout, {"timeout_ms": self.limits.timeout_ms}
+            )
+            cur = await cursor(conn).execute(statement, params)
             return max(cur.rowcount, 0)
 
 

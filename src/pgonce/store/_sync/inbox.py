@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from psycopg import Connection
-from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
@@ -32,6 +31,7 @@ from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.notify import listen
 from pgonce.store.common import require_transaction
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -80,7 +80,7 @@ class InboxStore:
             "channel": self.channel,
         }
         with translate_errors("storing webhook deliveries"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.store, params)
             rows = cur.fetchall()
         outcomes: list[StoreOutcome | None] = [None] * len(deliveries)
@@ -114,7 +114,7 @@ class InboxStore:
         check_int(limit, "the claim limit")
         params = {"source": source, "blocking": blocking, "limit": limit, "now": now}
         with translate_errors("claiming inbox events"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.claim, params)
             rows = cur.fetchall()
         # UPDATE ... RETURNING does not keep the claim's order: due first, then arrival.
@@ -136,21 +136,21 @@ class InboxStore:
     def savepoint(self, conn: Connection[Row]) -> None:
         """Open the savepoint that isolates one event's handler from the rest of its batch."""
         with translate_errors("opening an inbox savepoint"):
-            conn.execute(self._sql.savepoint)
+            cursor(conn).execute(self._sql.savepoint)
 
     def release_savepoint(self, conn: Connection[Row]) -> None:
         with translate_errors("releasing an inbox savepoint"):
-            conn.execute(self._sql.release_savepoint)
+            cursor(conn).execute(self._sql.release_savepoint)
 
     def next_savepoint(self, conn: Connection[Row]) -> None:
         """Release the savepoint of one event and open the next one's, in one round trip."""
         with translate_errors("moving to the next inbox savepoint"):
-            conn.execute(self._sql.next_savepoint)
+            cursor(conn).execute(self._sql.next_savepoint)
 
     def rollback_savepoint(self, conn: Connection[Row]) -> None:
         """Undo one handler's writes (also after an error aborted the transaction)."""
         with translate_errors("rolling back an inbox savepoint"):
-            conn.execute(self._sql.rollback_savepoint)
+            cursor(conn).execute(self._sql.rollback_savepoint)
 
     def skip(self, conn: Connection[Row], event: InboxEvent) -> None:
         """Record a claimed event as ``"skipped"`` (dropped as out of order; no handler ran)."""
@@ -158,7 +158,7 @@ class InboxStore:
         _check_event(event)
         require_transaction(conn)
         with translate_errors("skipping an inbox event"):
-            conn.execute(self._sql.skip, {"source": event.source, "event_id": event.id})
+            cursor(conn).execute(self._sql.skip, {"source": event.source, "event_id": event.id})
 
     def fail(
         self,
@@ -188,7 +188,7 @@ class InboxStore:
             "now": now,
         }
         with translate_errors("recording an inbox failure"):
-            conn.execute(self._sql.fail, params)
+            cursor(conn).execute(self._sql.fail, params)
 
     def advance_watermark(
         self,
@@ -212,7 +212,7 @@ class InboxStore:
             "now": now,
         }
         with translate_errors("advancing an inbox watermark"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.advance_watermark, params)
             return cur.fetchone() is not None
 
@@ -237,11 +237,11 @@ class InboxStore:
             "now": now,
         }
         with translate_errors("replaying dead inbox events"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.replay, params)
             replayed = [row[0] for row in cur.fetchall()]
             if replayed:
-                conn.execute(self._sql.notify, {"channel": self.channel})
+                cursor(conn).execute(self._sql.notify, {"channel": self.channel})
         return replayed
 
     def listen(self, conn: Connection[Row]) -> None:
@@ -255,7 +255,7 @@ class InboxStore:
         check_str(source, "the source")
         check_str(event_id, "the event id")
         with translate_errors("reading an inbox event"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.get, {"source": source, "event_id": event_id})
             row = cur.fetchone()
             names = [c.name for c in cur.description or ()]
@@ -265,7 +265,7 @@ class InboxStore:
         """``{(source, status): count}`` over the whole inbox."""
         check_connection(conn, Connection, self)
         with translate_errors("counting inbox events"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.counts)
             return {(source, status): n for source, status, n in cur.fetchall()}
 

@@ -13,10 +13,10 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from psycopg import Connection
-from psycopg.rows import tuple_row
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.sql import Queries
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -86,7 +86,7 @@ class Inspector:
         self, conn: Connection[Row], statement: bytes, params: dict[str, Any], what: str
     ) -> list[tuple[Any, ...]]:
         with translate_errors(what):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(statement, params)
             return cur.fetchall()
 

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import psycopg
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
-from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA, MIN_CLAIM_WAIT
@@ -37,10 +36,11 @@ from pgonce.core.outcomes import (
     validate_key,
     validate_response,
 )
-from pgonce.errors import PgonceError, UsageError
+from pgonce.errors import NotInTransaction, PgonceError, UsageError
 from pgonce.sql import Queries, positional
 from pgonce.store import wire
 from pgonce.store.common import claim_row, complete_claimed, require_transaction
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 from pgonce.store.wire import BINARY, TEXT, Command, round_trip
 
@@ -135,7 +135,7 @@ class KeyStore:
         require_transaction(conn)
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.claim, {**params, "now": now})
             row = cur.fetchone()
         return self._decide(claim_row(row), scope, key, fingerprint)
@@ -304,7 +304,7 @@ class KeyStore:
             self.release(conn, claim)
             return False
         with translate_errors("completing a key"):
-            cur = conn.execute(self._sql.complete, self._completion(claim, response, now))
+            cur = cursor(conn).execute(self._sql.complete, self._completion(claim, response, now))
         return cur.rowcount == 1
 
     def _check_completion(
@@ -331,7 +331,7 @@ class KeyStore:
         self._check_completion(conn, claim, None, won=True)
         require_transaction(conn)
         with translate_errors("releasing a key"):
-            conn.execute(self._sql.release, {"scope": claim.scope, "key": claim.key})
+            cursor(conn).execute(self._sql.release, {"scope": claim.scope, "key": claim.key})
 
     def once(
         self,
@@ -340,10 +340,11 @@ class KeyStore:
         key: str,
         fingerprint: bytes,
         *,
+        commit: bool = False,
         wait: timedelta | None = None,
         now: datetime | None = None,
     ) -> Operation[Row]:
-        """A transaction that claims ``(scope, key)`` on entry and completes it on exit.
+        """A block that claims ``(scope, key)`` on entry and completes the claim on exit.
 
         ::
 
@@ -351,20 +352,31 @@ class KeyStore:
                 if op.won:
                     conn.execute("INSERT INTO orders ...")
                     op.respond(Response(201, body=b"..."))
+            conn.commit()
             return op.response  # the new one, or the stored one on a replay
 
-        On an idle connection the block is a transaction of its own: :meth:`begin` on entry
-        (BEGIN and the claim in one round trip), :meth:`commit` on exit (the completion and
-        COMMIT in one more); the block's own statements run between the two as usual. A
-        duplicate's transaction is over before the block runs: it read the stored response
-        with COMMIT, having written nothing. Inside
-        the caller's transaction (or psycopg's pipeline) the block is a savepoint
-        (``conn.transaction()``). Either way an exception rolls back the claim with the block's
-        writes, and so does a 5xx response that is not stored: nothing half-done commits and
-        the key stays free.
+        The block joins the caller's transaction and never ends it: the claim, the block's
+        writes and the completion are a savepoint in it, and the caller's commit (``conn.commit()``,
+        the exit of ``pool.connection()``, a SQLAlchemy ``session.commit()``, Django's
+        ``atomic()``) commits them with everything else the transaction wrote. On a connection
+        with autocommit off that has no transaction open yet, the block opens it as psycopg would
+        for the connection's first statement (a BEGIN with the connection's isolation level and
+        read-only setting). An exception in the block rolls back the savepoint -- the claim with
+        the block's writes -- and propagates; so does a 5xx response that is not stored, without
+        the exception: nothing half-done stays in the transaction and the key stays free.
+        An autocommit connection outside a transaction has nothing to join:
+        :class:`~pgonce.errors.NotInTransaction`.
+
+        ``commit=True`` asks pgonce to own the transaction instead: on an idle connection
+        (autocommit or not), :meth:`begin` on entry (BEGIN and the claim in one round trip) and
+        :meth:`commit` on exit (the completion and COMMIT in one more), and the block's own
+        statements run between the two. The work is committed when the block ends; an exception
+        rolls it all back. A duplicate's transaction is over before its block runs: it read the
+        stored response, having written nothing. It refuses a connection inside a transaction
+        with :class:`~pgonce.errors.UsageError`: committing there would commit the caller's work.
         """
         self._checked_wait_ms(conn, scope, key, fingerprint, wait)
-        return Operation(self, conn, scope, key, fingerprint, wait=wait, now=now)
+        return Operation(self, conn, scope, key, fingerprint, commit=commit, wait=wait, now=now)
 
 
 class Operation(Generic[Row]):
@@ -378,16 +390,18 @@ class Operation(Generic[Row]):
         key: str,
         fingerprint: bytes,
         *,
+        commit: bool,
         wait: timedelta | None,
         now: datetime | None,
     ) -> None:
         self._store = store
         self._conn = conn
         self._args = (scope, key, fingerprint)
+        self._owned = commit
         self._wait = wait
         self._now = now
-        # When the block runs inside the caller's transaction: a savepoint. None when the block
-        # owns its transaction (begin() and commit()).
+        # When the block joins the caller's transaction: its savepoint. None when the block owns
+        # its transaction (commit=True: begin() and commit()).
         self._savepoint: AbstractContextManager[Any] | None = None
         self._claim: Claim | None = None
         self._writes: list[tuple[Query, Params | None]] = []
@@ -436,11 +450,24 @@ class Operation(Generic[Row]):
     def __enter__(self) -> Operation[Row]:
         scope, key, fingerprint = self._args
         conn = self._conn
-        if conn.pgconn.transaction_status == TransactionStatus.IDLE and wire.usable(conn):
+        idle = conn.pgconn.transaction_status == TransactionStatus.IDLE
+        if self._owned:
+            if not idle or not wire.usable(conn):
+                raise UsageError(
+                    "once(commit=True) commits a transaction of its own and needs an idle "
+                    "connection; inside the caller's transaction, call once() without commit=True"
+                )
             self._claim = self._store.begin(
                 conn, scope, key, fingerprint, wait=self._wait, now=self._now
             )
         else:
+            if idle:
+                if conn.autocommit:
+                    raise NotInTransaction(
+                        "once() joins the caller's transaction, and an autocommit connection "
+                        "has none: open one (conn.transaction()), or pass commit=True"
+                    )
+                _open_transaction(conn)
             self._savepoint = savepoint = conn.transaction()
             savepoint.__enter__()
             try:
@@ -484,6 +511,29 @@ class Operation(Generic[Row]):
                 savepoint.__exit__(type(error), error, error.__traceback__)
                 raise
         return savepoint.__exit__(exc_type, exc, tb)
+
+
+def _open_transaction(conn: Connection[Row]) -> None:
+    """Open the transaction that psycopg would open for the next statement on ``conn``.
+
+    The connection has autocommit off and no transaction yet: its owner (a SQLAlchemy session,
+    Django's ``atomic()``, the caller's own ``conn.commit()`` later) will end the transaction
+    that its first statement opens. pgonce's savepoint needs that transaction to exist first.
+    """
+    with translate_errors("opening the caller's transaction"):
+        if wire.usable(conn):
+            begin: list[Command] = [(wire.begin_statement(conn), wire.NO_PARAMS)]
+            results = round_trip(conn, begin)
+            if (failed := wire.failure(conn, results)) and _statement_vanished(failed[1]):
+                # DEALLOCATE ALL or DISCARD ALL ran: the BEGIN did not; prepare it again, once
+                results = round_trip(conn, begin)
+                failed = wire.failure(conn, results)
+            if failed:
+                raise failed[1]
+        else:
+            # In psycopg's pipeline pgonce's statements go through psycopg, whose BEGIN goes
+            # ahead of the first one: an empty statement lets it send that BEGIN.
+            cursor(conn).execute(b"SELECT")
 
 
 def _milliseconds(wait: timedelta) -> int:

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from psycopg import Connection, sql
 
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -25,4 +26,4 @@ def listen(conn: Connection[Row], channel: str, what: str) -> None:
     """
     statement = sql.SQL("LISTEN {}").format(sql.Identifier(channel))
     with translate_errors(f"listening for {what} notifications"):
-        conn.execute(statement)
+        cursor(conn).execute(statement)

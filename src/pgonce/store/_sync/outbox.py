@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from psycopg import Connection
-from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
@@ -35,6 +34,7 @@ from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.notify import listen
 from pgonce.store.common import require_transaction
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -72,7 +72,7 @@ def enqueue(
         "channel": notify_channel(schema, "outbox"),
     }
     with translate_errors("enqueueing an outbox event"):
-        cur = conn.cursor(row_factory=tuple_row)
+        cur = cursor(conn)
         cur.execute(Queries("outbox", schema).enqueue, params)
         row = cur.fetchone()
     assert row is not None, "outbox_enqueue() returned no row"
@@ -149,7 +149,7 @@ class OutboxStore:
         require_transaction(conn)
         params = {"limit": limit, "per_aggregate": per_aggregate, "now": now}
         with translate_errors("claiming outbox rows"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.claim, params)
             rows = cur.fetchall()
         return [OutboxMessage(r[0], r[1], r[2], r[3], r[4], r[5] or {}, r[6], r[7]) for r in rows]
@@ -167,7 +167,7 @@ class OutboxStore:
         # own, a tenth of the relay's own CPU per event.
         params = {"ids": "{" + ",".join(map(str, ids)) + "}", "now": now}
         with translate_errors("marking outbox rows published"):
-            cur = conn.execute(self._sql.mark_published, params)
+            cur = cursor(conn).execute(self._sql.mark_published, params)
         return cur.rowcount
 
     def record_refusals(self, conn: Connection[Row], refusals: Sequence[Refusal]) -> int:
@@ -186,7 +186,7 @@ class OutboxStore:
             "last_error": [r.last_error for r in refusals],
         }
         with translate_errors("recording outbox refusals"):
-            cur = conn.execute(self._sql.record_refusals, params)
+            cur = cursor(conn).execute(self._sql.record_refusals, params)
         return cur.rowcount
 
     def replay(
@@ -214,11 +214,11 @@ class OutboxStore:
             "now": now,
         }
         with translate_errors("replaying parked outbox rows"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.replay, params)
             replayed = [int(r[0]) for r in cur.fetchall()]
             if replayed:
-                conn.execute(self._sql.notify, {"channel": self.channel})
+                cursor(conn).execute(self._sql.notify, {"channel": self.channel})
         return replayed
 
     def set_waiting(self, conn: Connection[Row], relay: str, waiting: bool) -> None:
@@ -228,7 +228,7 @@ class OutboxStore:
         check_connection(conn, Connection, self)
         statement = self._sql.register_waiting if waiting else self._sql.unregister_waiting
         with translate_errors("registering a waiting relay"):
-            conn.execute(statement, {"relay": relay})
+            cursor(conn).execute(statement, {"relay": relay})
 
     def listen(self, conn: Connection[Row]) -> None:
         """Subscribe ``conn`` to the outbox channel (see :mod:`.notify`)."""
@@ -256,7 +256,7 @@ class OutboxStore:
     ) -> tuple[Any, ...]:
         check_connection(conn, Connection, self)
         with translate_errors("counting outbox rows"):
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(statement, {"now": now})
             row = cur.fetchone()
         assert row is not None

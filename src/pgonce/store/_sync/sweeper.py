@@ -32,7 +32,6 @@ from typing import Any, Protocol, TypeVar
 
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
-from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from pgonce.config import DEFAULT_SCHEMA
@@ -49,6 +48,7 @@ from pgonce.core.retention import (
 )
 from pgonce.errors import DatabaseError, UsageError
 from pgonce.sql import Queries
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -119,7 +119,7 @@ class Sweeper:
         # In a transaction of its own: on a non-autocommit connection a bare query would leave one
         # open, and every batch would then be a savepoint inside it instead of a transaction.
         with translate_errors("checking for Citus"), conn.transaction():
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = cursor(conn)
             cur.execute(self._sql.plain_postgres)
             row = cur.fetchone()
         return bool(row and row[0])
@@ -154,8 +154,10 @@ class Sweeper:
 
     def _batch(self, conn: Connection[Row], statement: bytes, params: dict[str, Any]) -> int:
         with conn.transaction():
-            conn.execute(self._sql.statement_timeout, {"timeout_ms": self.limits.timeout_ms})
-            cur = conn.execute(statement, params)
+            cursor(conn).execute(
+                self._sql.statement_timeout, {"timeout_ms": self.limits.timeout_ms}
+            )
+            cur = cursor(conn).execute(statement, params)
             return max(cur.rowcount, 0)
 
 

@@ -1,0 +1,83 @@
+"""The Django payments app of the Django benchmark, served by gunicorn (``bench.django_app``).
+
+One module is the settings, the URLconf and the WSGI application. ``BENCH_DJANGO_VARIANT`` is
+``none`` (the app alone) or ``pgonce`` (the same app behind pgonce's Idempotency-Key middleware);
+``BENCH_HTTP_DSN`` is the database. The view inserts one row with the ORM and answers 201 with JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import django
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import path
+
+TABLE = "bench_django_payments"
+SCOPE = "bench-django:bench"
+
+
+def scope(request: HttpRequest) -> str:
+    return SCOPE
+
+
+def create_app() -> Any:
+    """Configure Django for ``BENCH_DJANGO_VARIANT`` and return the WSGI application
+    (gunicorn's ``bench.django_app:create_app()``)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(os.environ["BENCH_HTTP_DSN"])
+    middleware = []
+    if os.environ.get("BENCH_DJANGO_VARIANT") == "pgonce":
+        middleware.append("pgonce.contrib.django.middleware.IdempotencyMiddleware")
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY="bench-only",
+        ALLOWED_HOSTS=["*"],
+        ROOT_URLCONF=__name__,
+        USE_TZ=True,
+        INSTALLED_APPS=["pgonce.contrib.django"],
+        MIDDLEWARE=middleware,
+        DATABASES={
+            "default": {
+                "ENGINE": "django.db.backends.postgresql",
+                "NAME": params.get("dbname", ""),
+                "USER": params.get("user", ""),
+                "PASSWORD": params.get("password", ""),
+                "HOST": params.get("host", ""),
+                "PORT": params.get("port", ""),
+                "CONN_MAX_AGE": None,  # one connection per thread, kept: as a deployment would
+            }
+        },
+        PGONCE={"SCOPE": f"{__name__}.scope"},
+    )
+    django.setup()
+    from django.core.wsgi import get_wsgi_application
+    from django.db import models
+
+    class Payment(models.Model):  # type: ignore[misc]
+        principal = models.TextField()
+        amount = models.BigIntegerField()
+        currency = models.TextField()
+
+        class Meta:
+            app_label = "pgonce"
+            db_table = TABLE
+            managed = False
+
+    def create_payment(request: HttpRequest) -> HttpResponse:
+        data = json.loads(request.body)
+        payment = Payment.objects.create(
+            principal="bench", amount=data["amount"], currency=data["currency"]
+        )
+        body = {"id": payment.pk, "amount": payment.amount, "currency": payment.currency}
+        return JsonResponse(body, status=201, headers={"Location": f"/payments/{payment.pk}"})
+
+    urlpatterns.append(path("payments", create_payment))
+    return get_wsgi_application()
+
+
+urlpatterns: list[Any] = []

@@ -1,0 +1,1 @@
+"""The payments app of the Django example."""

@@ -1,0 +1,1 @@
+"""Framework adapters: optional, each behind its own extra, never imported by pgonce's core."""

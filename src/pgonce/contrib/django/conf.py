@@ -1,0 +1,156 @@
+"""``settings.PGONCE``: the one place the Django integration is configured.
+
+::
+
+    PGONCE = {
+        "SCOPE": "payments.scopes.of_request",  # required: whose key a request carries
+        "DATABASE": "default",        # the alias whose connection the claim joins
+        "SCHEMA": "pgonce",
+        "METHODS": ["POST", "PATCH"],
+        "ROUTES": {"/webhooks": []},  # path prefix -> methods; [] turns a prefix off
+        "REQUIRE_KEY": True,          # 400 for a covered request without a key
+        "WAIT": None,                 # seconds a duplicate waits for the original (None: 409 now)
+        "RETENTION": 86400,           # seconds advertised in Idempotency-Key-Expires
+        "MAX_REQUEST_BYTES": 1048576,
+        "MAX_RESPONSE_BYTES": 1048576,
+        "CANONICALIZE_JSON": True,
+        "STORE_SERVER_ERRORS": False,
+    }
+
+Durations are seconds (int or float) or :class:`~datetime.timedelta`. Every problem found is
+reported at once, in one :class:`~pgonce.errors.ConfigError`, when the middleware is built (at
+Django's start), never at the first request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+from django.utils.module_loading import import_string
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.errors import ConfigError
+from pgonce.http.semantics import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_METHODS,
+    DEFAULT_RETENTION,
+)
+
+#: Names a request's key scope (the caller), or ``None`` to leave the request unprotected.
+RequestScope = Callable[[HttpRequest], "str | None"]
+
+_KNOWN = frozenset(
+    {
+        "SCOPE",
+        "DATABASE",
+        "SCHEMA",
+        "METHODS",
+        "ROUTES",
+        "REQUIRE_KEY",
+        "WAIT",
+        "RETENTION",
+        "MAX_REQUEST_BYTES",
+        "MAX_RESPONSE_BYTES",
+        "CANONICALIZE_JSON",
+        "STORE_SERVER_ERRORS",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PgonceSettings:
+    scope: RequestScope
+    database: str = "default"
+    schema: str = DEFAULT_SCHEMA
+    methods: Collection[str] = DEFAULT_METHODS
+    routes: Mapping[str, Collection[str]] | None = None
+    require_key: bool = True
+    wait: timedelta | None = None
+    retention: timedelta = DEFAULT_RETENTION
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    canonicalize_json: bool = True
+    store_server_errors: bool = False
+
+
+def _duration(name: str, value: Any, problems: list[str]) -> timedelta | None:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return timedelta(seconds=value)
+    problems.append(f"PGONCE[{name!r}] must be seconds (a number >= 0) or a timedelta")
+    return None
+
+
+def _methods(name: str, value: Any, problems: list[str]) -> frozenset[str]:
+    if isinstance(value, str) or not all(isinstance(m, str) for m in value or ()):
+        problems.append(f"PGONCE[{name!r}] must be a list of HTTP methods, e.g. ['POST']")
+        return frozenset()
+    return frozenset(m.upper() for m in value)
+
+
+def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
+    """``settings.PGONCE`` (or ``raw``), checked; every problem in one :class:`ConfigError`."""
+    if raw is None:
+        raw = getattr(settings, "PGONCE", None)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            "settings.PGONCE must be a dict with at least 'SCOPE', the dotted path of a "
+            "function of the request that names the caller (see pgonce.contrib.django.scopes)"
+        )
+    problems: list[str] = []
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        problems.append(f"unknown PGONCE settings: {', '.join(unknown)}")
+    scope: Any = raw.get("SCOPE")
+    if isinstance(scope, str):
+        try:
+            scope = import_string(scope)
+        except ImportError as error:
+            problems.append(f"PGONCE['SCOPE'] cannot be imported: {error}")
+    if not callable(scope):
+        problems.append(
+            "PGONCE['SCOPE'] must name a function of the request that returns the caller's "
+            "scope (e.g. 'pgonce.contrib.django.scopes.user_scope')"
+        )
+    values: dict[str, Any] = {}
+    for name in ("DATABASE", "SCHEMA"):
+        if name in raw:
+            if not isinstance(raw[name], str) or not raw[name]:
+                problems.append(f"PGONCE[{name!r}] must be a non-empty string")
+            values[name.lower()] = raw[name]
+    for name in ("REQUIRE_KEY", "CANONICALIZE_JSON", "STORE_SERVER_ERRORS"):
+        if name in raw:
+            if not isinstance(raw[name], bool):
+                problems.append(f"PGONCE[{name!r}] must be True or False")
+            values[name.lower()] = raw[name]
+    for name in ("MAX_REQUEST_BYTES", "MAX_RESPONSE_BYTES"):
+        if name in raw:
+            value = raw[name]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"PGONCE[{name!r}] must be a positive number of bytes")
+            values[name.lower()] = value
+    if "METHODS" in raw:
+        values["methods"] = _methods("METHODS", raw["METHODS"], problems)
+    if "ROUTES" in raw:
+        routes = raw["ROUTES"]
+        if not isinstance(routes, Mapping):
+            problems.append("PGONCE['ROUTES'] must map path prefixes to lists of methods")
+        else:
+            values["routes"] = {
+                str(prefix): _methods(f"ROUTES'][{prefix!r}", methods, problems)
+                for prefix, methods in routes.items()
+            }
+    if raw.get("WAIT") is not None:
+        values["wait"] = _duration("WAIT", raw["WAIT"], problems)
+    if "RETENTION" in raw:
+        values["retention"] = _duration("RETENTION", raw["RETENTION"], problems)
+    if problems:
+        raise ConfigError("settings.PGONCE is invalid:\n- " + "\n- ".join(problems))
+    return PgonceSettings(scope=scope, **values)

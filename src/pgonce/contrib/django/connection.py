@@ -1,0 +1,53 @@
+"""Django's own psycopg 3 connection, the one every pgonce call of this app runs on.
+
+pgonce joins the transaction Django opened (``transaction.atomic()``): it never commits or rolls
+back on Django's connection itself. A database alias that is not PostgreSQL on psycopg 3 is refused
+with a :class:`~pgonce.errors.ConfigError` that says what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from django.db import connections
+
+from pgonce.errors import ConfigError, NotInTransaction
+
+
+def check_backend(using: str = "default") -> None:
+    """Raise :class:`ConfigError` unless ``using`` is PostgreSQL through psycopg 3."""
+    wrapper = connections[using]
+    if wrapper.vendor != "postgresql":
+        raise ConfigError(
+            f"pgonce needs PostgreSQL: the database {using!r} uses Django's "
+            f"{wrapper.vendor!r} backend; set its ENGINE to 'django.db.backends.postgresql'"
+        )
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if not is_psycopg3:
+        raise ConfigError(
+            f"pgonce needs psycopg 3, but Django's database {using!r} runs on psycopg2; "
+            "install psycopg 3 ('pip install \"psycopg[binary]\"', which pgonce already depends "
+            "on) and uninstall psycopg2: Django prefers psycopg 3 when both are present"
+        )
+
+
+def psycopg_connection(using: str = "default") -> psycopg.Connection[Any]:
+    """The psycopg 3 connection under Django's ``connections[using]``, inside ``atomic()``.
+
+    Raises :class:`NotInTransaction` outside ``transaction.atomic()``: a write there would commit
+    on its own, apart from the ORM's.
+    """
+    wrapper = connections[using]
+    if not wrapper.in_atomic_block:
+        raise NotInTransaction(
+            "pgonce writes must commit with the ORM's: call this inside "
+            f"transaction.atomic(using={using!r})"
+        )
+    wrapper.ensure_connection()
+    conn = wrapper.connection
+    if not isinstance(conn, psycopg.Connection):
+        check_backend(using)
+        raise ConfigError(f"the database {using!r} is not a psycopg 3 connection")
+    return conn

@@ -1,0 +1,259 @@
+"""The Idempotency-Key middleware for Django, on Django's own connection and transaction.
+
+For a covered request (POST and PATCH by default) the middleware opens ``transaction.atomic()`` on
+``PGONCE["DATABASE"]``, claims ``(scope, key)`` in it with :meth:`KeyStore.claim` and runs the view
+inside the same transaction. The view writes with the ORM as usual; its writes, the claim and the
+stored response commit together when the atomic block ends, and a view that raises or answers a 5xx
+rolls all of it back, so the key is free for the retry. With ``ATOMIC_REQUESTS`` the view's own
+atomic block is a savepoint inside the middleware's (Django wraps the view, and the middleware
+wraps everything the view is wrapped in), which changes nothing above.
+
+Every decision and every answer (400, 409, 413, 422, replays, expiry) comes from
+:mod:`pgonce.http.semantics`, shared with the ASGI middleware; this module only translates Django's
+request and response. Under Django's WSGI handler everything runs in the request's thread. Under its
+ASGI handler the middleware is async: the checks that need no database run on the event loop, the
+transaction runs in one ``sync_to_async`` thread, and an async view's ORM calls
+(``sync_to_async``, ``acreate()``...) come back to that thread, so they are on the same connection
+and inside the same transaction.
+
+The endpoint *began*, and its answer is stored, once the view ran a query on the connection (or
+called :func:`begin`). A view that refuses a request before touching the database answers
+normally and its answer is not kept: the corrected retry runs.
+
+Not supported: a response body over ``MAX_RESPONSE_BYTES`` (answered 500, rolled back); a repeated
+Idempotency-Key header is indistinguishable from one key containing a comma, because WSGI and
+Django's ASGI handler join repeated headers with a comma before the middleware sees them; a
+header repeated in a response (Django keeps one value per header name).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError, connections, transaction
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+
+from pgonce.contrib.django import conf
+from pgonce.contrib.django.connection import check_backend, psycopg_connection
+from pgonce.core.outcomes import InFlight, Replay, Won
+from pgonce.errors import DatabaseUnavailable, InvalidIdempotencyKey, KeyMismatch, UsageError
+from pgonce.http import semantics
+from pgonce.http.semantics import NO_WAIT, Answer, CapturedResponse, IdempotencyRules
+from pgonce.store._sync.keys import KeyStore
+
+log = logging.getLogger("pgonce.http")
+
+#: Where the request's claim is kept for :func:`begin` (``request.pgonce``).
+REQUEST_ATTRIBUTE = "pgonce"
+
+_UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError, OperationalError, InterfaceError)
+
+GetResponse = Callable[[HttpRequest], Any]
+
+
+class ClaimedRequest:
+    """The key a request claimed; ``began`` turns true at the view's first query."""
+
+    __slots__ = ("began", "key", "scope")
+
+    def __init__(self, scope: str, key: str) -> None:
+        self.scope = scope
+        self.key = key
+        self.began = False
+
+
+def begin(request: HttpRequest) -> None:
+    """Mark the view as begun without a query, so that its answer is stored and replayed.
+
+    Raises :class:`UsageError` when the middleware claimed no key for this request.
+    """
+    claimed = getattr(request, REQUEST_ATTRIBUTE, None)
+    if not isinstance(claimed, ClaimedRequest):
+        raise UsageError(
+            "this request has no claimed Idempotency-Key: the route must be covered by "
+            "pgonce's IdempotencyMiddleware and carry a key"
+        )
+    claimed.began = True
+
+
+def to_django(answer: Answer) -> HttpResponse:
+    """An :class:`~pgonce.http.semantics.Answer` as a Django response, headers as they are."""
+    response = HttpResponse(answer.body, status=answer.status)
+    names = set()
+    for name, value in answer.headers:
+        text = name.decode("latin-1")
+        names.add(text)
+        response[text] = value.decode("latin-1")
+    if "content-type" not in names:
+        del response["Content-Type"]  # Django's default would not be the stored response's
+    return response
+
+
+class IdempotencyMiddleware:
+    """``MIDDLEWARE = [..., "pgonce.contrib.django.middleware.IdempotencyMiddleware", ...]``.
+
+    Place it after the middleware the scope function needs (``AuthenticationMiddleware`` for
+    :func:`~pgonce.contrib.django.scopes.user_scope`) and before those whose answers must be
+    part of the stored response.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: GetResponse) -> None:
+        self.get_response = get_response
+        self.settings = settings = conf.load()
+        self.using = settings.database
+        check_backend(self.using)
+        self.rules = IdempotencyRules(
+            methods=settings.methods,
+            routes=settings.routes,
+            require_key=settings.require_key,
+            canonicalize_json=settings.canonicalize_json,
+            max_request_bytes=settings.max_request_bytes,
+            max_response_bytes=settings.max_response_bytes,
+            retention=settings.retention,
+        )
+        self.store = KeyStore(
+            schema=settings.schema,
+            wait=settings.wait if settings.wait is not None else NO_WAIT,
+            store_server_errors=settings.store_server_errors,
+        )
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        checked = self._check(request)
+        if checked is None:
+            return self.get_response(request)
+        if isinstance(checked, Answer):
+            return to_django(checked)
+        return self._handle(request, checked, self.get_response)
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        checked = self._check(request)
+        if checked is None:
+            response: HttpResponseBase = await self.get_response(request)
+            return response
+        if isinstance(checked, Answer):
+            return to_django(checked)
+        # The whole transaction in one thread: Django's connection belongs to a thread, and the
+        # view's own sync_to_async calls come back to this one while it waits for the view.
+        handle = sync_to_async(self._handle, thread_sensitive=True)
+        return await handle(request, checked, async_to_sync(self.get_response))
+
+    def _check(self, request: HttpRequest) -> str | Answer | None:
+        """The request's key; an answer to give at once; ``None``: pass the request through."""
+        rules = self.rules
+        if not rules.applies(request.method or "", request.path_info):
+            return None
+        header = request.META.get("HTTP_IDEMPOTENCY_KEY")
+        try:
+            key = rules.key([header.encode("latin-1")] if header is not None else [])
+        except InvalidIdempotencyKey as error:
+            return semantics.invalid_key(error)
+        if key is None:
+            return semantics.MISSING_KEY if rules.require_key else None
+        if rules.declared_too_large(request.META.get("CONTENT_LENGTH")):
+            return rules.request_too_large
+        return key
+
+    def _handle(self, request: HttpRequest, key: str, view: GetResponse) -> HttpResponseBase:
+        caller = self.settings.scope(request)
+        if caller is None:
+            response: HttpResponseBase = view(request)
+            return response
+        try:
+            body = request.body
+        except RequestDataTooBig:
+            return to_django(self.rules.request_too_large)
+        if len(body) > self.rules.max_request_bytes:
+            return to_django(self.rules.request_too_large)
+        fingerprint = self.rules.fingerprint(
+            request.method or "",
+            request.path,
+            request.META.get("QUERY_STRING", "").encode("latin-1"),
+            body,
+            request.META.get("CONTENT_TYPE"),
+        )
+        try:
+            return self._transact(request, caller, key, fingerprint, view)
+        except KeyMismatch:
+            return to_django(semantics.MISMATCH)
+        except _UNAVAILABLE as error:
+            log.warning(
+                "idempotent request rolled back, the database went away: %s",
+                type(error).__name__,
+                extra={"scope": caller, "outcome": "unavailable"},
+            )
+            return to_django(semantics.unavailable(self.store.retry_after))
+
+    def _transact(
+        self, request: HttpRequest, caller: str, key: str, fingerprint: bytes, view: GetResponse
+    ) -> HttpResponseBase:
+        using = self.using
+        with transaction.atomic(using=using):
+            claim = self.store.claim(psycopg_connection(using), caller, key, fingerprint)
+            if not isinstance(claim, Won):
+                # The claim wrote nothing: end the transaction without a commit.
+                transaction.set_rollback(True, using=using)
+                if isinstance(claim, Replay):
+                    return to_django(self.rules.replay(claim))
+                assert isinstance(claim, InFlight)
+                return to_django(semantics.in_flight(claim))
+            claimed = ClaimedRequest(caller, key)
+            setattr(request, REQUEST_ATTRIBUTE, claimed)
+            with _marks_begun(using, claimed):
+                response: HttpResponseBase = view(request)
+            captured = _capture(response, self.rules.capture())
+            if captured.keep(began=claimed.began, status_kept=self.store.stores_status):
+                self.store.complete(psycopg_connection(using), claim, captured.response())
+            else:
+                transaction.set_rollback(True, using=using)
+        # Committed (or rolled back): only now is the answer given out.
+        if captured.too_large:
+            return to_django(semantics.RESPONSE_TOO_LARGE)
+        if captured.stored:
+            name, value = self.rules.expires_header(claim.claimed_at)
+            response[name.decode()] = value.decode()
+        return response
+
+
+@contextmanager
+def _marks_begun(using: str, claimed: ClaimedRequest) -> Iterator[None]:
+    def mark(execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
+        claimed.began = True
+        return execute(sql, params, many, context)
+
+    with connections[using].execute_wrapper(mark):
+        yield
+
+
+def _capture(response: HttpResponseBase, captured: CapturedResponse) -> CapturedResponse:
+    """Read the view's response into ``captured``; a streamed body is buffered (and re-set)."""
+    captured.status = response.status_code
+    captured.headers = [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in response.items()
+    ]
+    if response.streaming:
+        chunks: list[bytes] = []
+        for chunk in response.streaming_content:
+            captured.add(bytes(chunk), more=True)
+            if captured.too_large:
+                break
+            chunks.append(bytes(chunk))
+        captured.add(b"", more=False)
+        response.streaming_content = chunks
+    else:
+        captured.add(response.content, more=False)
+    return captured

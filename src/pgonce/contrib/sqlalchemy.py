@@ -1,0 +1,392 @@
+"""SQLAlchemy 2.x sessions on psycopg 3: claims, outbox events and inbox handlers in the session's
+transaction (the extra ``pgonce[sqlalchemy]``).
+
+Everything here runs on the psycopg connection under the session, inside the session's
+transaction, and never ends that transaction: the session's ``commit()`` commits the claim, the
+ORM's writes, the stored response and the outbox rows together, and its ``rollback()`` (or an
+exception leaving ``session.begin()``) frees the key with everything else.
+
+- :func:`once` / :func:`async_once`: ``store.once()`` on a session; pending ORM writes are flushed
+  before the claim completes, so they are part of the block.
+- :func:`enqueue` / :func:`async_enqueue`: an outbox event in the session's transaction.
+- :func:`inbox_handler`: an inbox worker handler that takes an ``AsyncSession`` bound to the
+  event's transaction.
+- :class:`EngineConnections` and :func:`idempotent_session`: the ASGI middleware on an
+  ``AsyncEngine``'s pool, and an ``AsyncSession`` for the endpoint on the middleware's
+  transaction (FastAPI).
+
+Only the psycopg (v3) dialect is supported: a session on asyncpg, psycopg2 or pg8000 raises
+:class:`NotPsycopgSession`, which names the URL scheme to use instead.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+from weakref import WeakKeyDictionary
+
+import psycopg
+import sqlalchemy.exc
+from sqlalchemy import event
+from sqlalchemy.dialects import registry
+from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
+from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+from starlette.requests import Request
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.inbox import InboxEvent
+from pgonce.errors import DatabaseUnavailable, UsageError
+from pgonce.http.transaction import transaction_of
+from pgonce.store._async.keys import AsyncKeyStore, AsyncOperation
+from pgonce.store._async.outbox import enqueue as _async_enqueue
+from pgonce.store._sync.keys import KeyStore, Operation
+from pgonce.store._sync.outbox import enqueue as _enqueue
+
+__all__ = [
+    "EngineConnections",
+    "NotPsycopgSession",
+    "SessionCommitRefused",
+    "async_driver_connection",
+    "async_enqueue",
+    "async_once",
+    "driver_connection",
+    "enqueue",
+    "idempotent_session",
+    "inbox_handler",
+    "once",
+]
+
+
+class NotPsycopgSession(UsageError):
+    """The session's engine is not on the psycopg (v3) dialect."""
+
+    def __init__(self, dialect: str) -> None:
+        super().__init__(
+            f"pgonce runs on psycopg 3, and this session's engine uses {dialect}: create the "
+            "engine with a postgresql+psycopg:// URL (create_engine and create_async_engine both "
+            "take it)"
+        )
+
+
+class SessionCommitRefused(UsageError):
+    """An endpoint committed the session that the idempotency middleware commits."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this session is on the idempotent request's transaction, which the middleware "
+            "commits once the response is stored: call session.flush(), not session.commit()"
+        )
+
+
+def _dialect_name(dialect: Any) -> str:
+    return f"{dialect.name}+{dialect.driver}"
+
+
+def driver_connection(session: Session) -> psycopg.Connection[Any]:
+    """The psycopg connection under ``session``, in the session's transaction.
+
+    Raises :class:`NotPsycopgSession` for another driver.
+    """
+    connection = session.connection()
+    driver = connection.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        raise NotPsycopgSession(_dialect_name(connection.dialect))
+    return driver
+
+
+async def async_driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
+    """The psycopg async connection under ``session``, in the session's transaction.
+
+    Raises :class:`NotPsycopgSession` for another driver.
+    """
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    driver = raw.driver_connection
+    if not isinstance(driver, psycopg.AsyncConnection):
+        raise NotPsycopgSession(_dialect_name(connection.dialect))
+    return driver
+
+
+@contextmanager
+def once(
+    session: Session,
+    scope: str,
+    key: str,
+    fingerprint: bytes,
+    *,
+    store: KeyStore | None = None,
+    wait: timedelta | None = None,
+    now: datetime | None = None,
+) -> Iterator[Operation[Any]]:
+    """``store.once()`` in the session's transaction (see :meth:`KeyStore.once`).
+
+    ::
+
+        with Session(engine) as session, session.begin():
+            with once(session, "tenant-42", key, fp) as op:
+                if op.won:
+                    session.add(Order(...))
+                    op.respond(Response(201, body=b"..."))
+        # session.begin() committed the order, the claim and the response together
+
+    The session's pending writes are flushed before the claim completes; an exception in the
+    block rolls back the claim and the block's writes and propagates.
+    """
+    conn = driver_connection(session)
+    with (store or KeyStore()).once(conn, scope, key, fingerprint, wait=wait, now=now) as op:
+        yield op
+        if op.won:
+            session.flush()
+
+
+@asynccontextmanager
+async def async_once(
+    session: AsyncSession,
+    scope: str,
+    key: str,
+    fingerprint: bytes,
+    *,
+    store: AsyncKeyStore | None = None,
+    wait: timedelta | None = None,
+    now: datetime | None = None,
+) -> AsyncIterator[AsyncOperation[Any]]:
+    """:func:`once` for an ``AsyncSession``."""
+    conn = await async_driver_connection(session)
+    operation = (store or AsyncKeyStore()).once(conn, scope, key, fingerprint, wait=wait, now=now)
+    async with operation as op:
+        yield op
+        if op.won:
+            await session.flush()
+
+
+def enqueue(
+    session: Session,
+    aggregatetype: str,
+    aggregateid: str,
+    type: str,
+    payload: Any,
+    *,
+    headers: Mapping[str, str] | None = None,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> int:
+    """Write an outbox event in the session's transaction; its id (see ``store.outbox.enqueue``)."""
+    return _enqueue(
+        driver_connection(session),
+        aggregatetype,
+        aggregateid,
+        type,
+        payload,
+        headers=headers,
+        schema=schema,
+        now=now,
+    )
+
+
+async def async_enqueue(
+    session: AsyncSession,
+    aggregatetype: str,
+    aggregateid: str,
+    type: str,
+    payload: Any,
+    *,
+    headers: Mapping[str, str] | None = None,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> int:
+    """:func:`enqueue` for an ``AsyncSession``."""
+    return await _async_enqueue(
+        await async_driver_connection(session),
+        aggregatetype,
+        aggregateid,
+        type,
+        payload,
+        headers=headers,
+        schema=schema,
+        now=now,
+    )
+
+
+# -- inbox handlers ---------------------------------------------------------------------------
+
+
+class _BorrowedDialect(PGDialectAsync_psycopg):
+    """The psycopg dialect on a connection that SQLAlchemy borrows and does not own.
+
+    The inbox worker's connection is in the worker's transaction while a handler runs: SQLAlchemy
+    must never commit, roll back or close it (its pool does that when a connection is returned),
+    nor add a notice handler to it at every checkout. Savepoints, which the session uses for the
+    handler's own part, are SQL statements and go through as usual.
+    """
+
+    def on_connect(self) -> None:
+        return None
+
+    def do_commit(self, dbapi_connection: Any) -> None:
+        pass
+
+    def do_rollback(self, dbapi_connection: Any) -> None:
+        pass
+
+    def do_close(self, dbapi_connection: Any) -> None:
+        pass
+
+    def do_terminate(self, dbapi_connection: Any) -> None:
+        pass
+
+
+registry.register("postgresql.pgonce_borrowed", __name__, "_BorrowedDialect")
+
+_borrowed: contextvars.ContextVar[psycopg.AsyncConnection[Any]] = contextvars.ContextVar(
+    "pgonce_borrowed_connection"
+)
+
+
+async def _borrowed_connection() -> psycopg.AsyncConnection[Any]:
+    return _borrowed.get()
+
+
+InboxSessionHandler = Callable[[InboxEvent, AsyncSession], Awaitable[None]]
+
+
+def inbox_handler(
+    handler: InboxSessionHandler,
+    *,
+    session_factory: Callable[..., AsyncSession] = AsyncSession,
+) -> Callable[[InboxEvent, psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    """An inbox worker handler that runs ``handler(event, session)`` in the event's transaction.
+
+    The session is bound to the worker's connection, inside the worker's transaction, with a
+    savepoint of its own (``join_transaction_mode="create_savepoint"``): the handler's ORM
+    writes commit when the worker marks the event done, together, or not at all. A
+    ``session.commit()`` in the handler releases that savepoint (its writes still commit with the
+    event), a ``session.rollback()`` undoes only the handler's writes; neither ends the worker's
+    transaction. An exception rolls back the handler's writes and reaches the worker, which
+    records the failure. ``session_factory`` makes the session (e.g. an ``async_sessionmaker``
+    for the application's session options); it is called with ``bind`` and
+    ``join_transaction_mode``.
+    """
+    engine: AsyncEngine | None = None
+
+    async def run(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
+        nonlocal engine
+        if engine is None:
+            engine = create_async_engine(
+                "postgresql+pgonce_borrowed://",
+                async_creator=_borrowed_connection,
+                poolclass=NullPool,
+                pool_reset_on_return=None,
+            )
+        token = _borrowed.set(conn)
+        try:
+            async with engine.connect() as bound:
+                await bound.begin()  # SQLAlchemy's view of the worker's transaction; no SQL
+                session = session_factory(bind=bound, join_transaction_mode="create_savepoint")
+                async with session:
+                    try:
+                        await handler(event, session)
+                        await session.commit()  # releases the handler's savepoint
+                    except BaseException:
+                        await session.rollback()
+                        raise
+        finally:
+            _borrowed.reset(token)
+
+    return run
+
+
+# -- the HTTP path ----------------------------------------------------------------------------
+
+# The SQLAlchemy connection under each psycopg connection that EngineConnections handed out.
+_checked_out: WeakKeyDictionary[psycopg.AsyncConnection[Any], SAAsyncConnection] = (
+    WeakKeyDictionary()
+)
+
+
+class EngineConnections:
+    """The ASGI middleware's connections, from a SQLAlchemy ``AsyncEngine``'s pool.
+
+    Pass it as the middleware's ``pool``: ``IdempotencyMiddleware(app, pool=EngineConnections(
+    engine), ...)``. The middleware owns the transaction on the connection (BEGIN and the claim,
+    then the completion and COMMIT); :func:`idempotent_session` gives the endpoint an
+    ``AsyncSession`` on that same connection and transaction. The engine must be on
+    ``postgresql+psycopg://``.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        if not isinstance(engine, AsyncEngine):
+            raise UsageError("EngineConnections takes a SQLAlchemy AsyncEngine")
+        dialect = engine.dialect
+        if dialect.driver not in ("psycopg", "psycopg_async"):
+            raise NotPsycopgSession(_dialect_name(dialect))
+        self.engine = engine
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        try:
+            bound = await self.engine.connect()
+        except (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError) as error:
+            raise DatabaseUnavailable(f"connecting through the engine failed: {error}") from error
+        try:
+            raw = await bound.get_raw_connection()
+            conn = raw.driver_connection
+            if not isinstance(conn, psycopg.AsyncConnection):
+                raise NotPsycopgSession(_dialect_name(bound.dialect))
+            # SQLAlchemy's view of the transaction the middleware opens: no SQL is sent (psycopg
+            # opens transactions itself). A session joining it never commits it (see
+            # idempotent_session); when the connection goes back to the pool, the middleware
+            # has ended the transaction, and SQLAlchemy's rollback finds nothing to do.
+            await bound.begin()
+            _checked_out[conn] = bound
+            try:
+                yield conn
+            finally:
+                _checked_out.pop(conn, None)
+        finally:
+            await bound.close()
+
+
+def _refuse_commit(session: Session) -> None:
+    raise SessionCommitRefused()
+
+
+async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
+    """FastAPI dependency: an ``AsyncSession`` on the idempotent request's transaction.
+
+    ::
+
+        Session = Annotated[AsyncSession, Depends(idempotent_session, scope="function")]
+
+        @app.post("/payments")
+        async def create(body: Payment, session: Session):
+            session.add(PaymentRow(...))
+            await session.flush()
+
+    ``scope="function"`` ends the dependency (its final flush) before the response leaves the
+    endpoint, so a write that fails there fails the request instead of following its answer.
+    The session writes on the connection where the middleware claimed the key, so the ORM's
+    writes, the claim and the stored response commit together, after the response is stored.
+    ``session.commit()`` raises :class:`SessionCommitRefused` (it would commit before the
+    response is stored): flush instead. Asking for the session marks the endpoint as begun, so
+    its response is stored. Needs the middleware on :class:`EngineConnections`.
+    """
+    tx = transaction_of(request)
+    bound = _checked_out.get(tx.connection)
+    if bound is None:
+        raise UsageError(
+            "idempotent_session needs the idempotency middleware on EngineConnections(engine): "
+            "this request's connection did not come from a SQLAlchemy engine"
+        )
+    session = AsyncSession(bind=bound, join_transaction_mode="rollback_only")
+    event.listen(session.sync_session, "before_commit", _refuse_commit)
+    try:
+        yield session
+        await session.flush()
+    finally:
+        await session.close()

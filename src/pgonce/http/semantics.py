@@ -1,0 +1,315 @@
+"""The HTTP semantics of Idempotency-Key, written once for every framework adapter.
+
+This module decides; it does no I/O and knows no framework. An adapter (the ASGI middleware,
+``pgonce.contrib.django``) translates its framework's request into the calls below, runs the
+claim and the endpoint in its framework's transaction, and sends the :class:`Answer` it is given
+back in its framework's response type. So the answers are the same whichever adapter serves them:
+
+=====  ==========================================================================================
+400    the Idempotency-Key is missing (on a route that requires one), empty, longer than 255
+       characters, sent twice or malformed
+409    a request with this key is still being processed; ``Retry-After`` says when to retry
+413    the request body exceeds ``max_request_bytes`` (checked from ``Content-Length`` before the
+       body is read, then on the bytes read)
+422    the key was first used with another request (method, path, query or body)
+500    the response exceeded ``max_response_bytes``: it cannot be stored, so it is not given out
+       and the endpoint's work is rolled back
+503    the database could not be reached; nothing committed; ``Retry-After``
+=====  ==========================================================================================
+
+A replay answers the stored status, the byte-identical body and the stored headers (never
+``Set-Cookie``, hop-by-hop, ``Content-Length`` or ``Date``: :mod:`pgonce.http.replay`), marked
+``Idempotent-Replayed: true``. Every answer for a stored key carries ``Idempotency-Key-Expires``
+(claim time plus ``retention``).
+
+What is stored: the endpoint's complete response, if the endpoint *began* (it took the claim's
+transaction; framework validation and authentication that refuse a request before the endpoint
+runs are not stored, so the corrected retry runs), the body fits ``max_response_bytes``, and the key
+store keeps the status (a 5xx is not kept unless the store is configured to). Whatever is not
+stored is rolled back together with the endpoint's writes, and the key stays free.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+from pgonce.core.outcomes import InFlight, Replay, Response
+from pgonce.core.requests import request_fingerprint
+from pgonce.errors import InvalidIdempotencyKey
+from pgonce.http.keys import key_of
+from pgonce.http.problem import CONTENT_TYPE, problem_body
+from pgonce.http.replay import EXPIRES_HEADER, replay_headers, storable_headers
+
+#: Response headers as every adapter exchanges them: lower-case names, latin-1 bytes (ASGI's own
+#: shape, so that the ASGI middleware sends them untouched).
+RawHeaders = list[tuple[bytes, bytes]]
+
+#: The methods that need idempotency unless a route says otherwise. GET, HEAD, OPTIONS, PUT and
+#: DELETE are idempotent by definition (RFC 9110); POST and PATCH are not.
+DEFAULT_METHODS = frozenset({"POST", "PATCH"})
+
+#: Largest request body read for fingerprinting, in bytes. Payment and order APIs send a few
+#: kilobytes; one MiB leaves room without letting one request hold a megabyte buffer per retry.
+DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+
+#: Largest response body stored for replay, in bytes (the same reasoning as for requests).
+DEFAULT_MAX_RESPONSE_BYTES = 1024 * 1024
+
+#: How long a key is advertised as honoured (``Idempotency-Key-Expires``). Stripe keeps keys for
+#: 24 hours, and clients' retry policies are built around that figure. The sweeper's horizon must
+#: be at least this long, or the header would promise more than the store keeps.
+DEFAULT_RETENTION = timedelta(hours=24)
+
+#: What "do not wait" (``wait=None``, every adapter's default) means for the claim's lock wait.
+#: Not one millisecond: the claim's INSERT also waits on PostgreSQL's own short locks (a table
+#: extended by concurrent inserts), and a timeout there would answer 409 to a brand-new key.
+#: 100 ms rides those out and is still far shorter than any endpoint a duplicate waits for.
+NO_WAIT = timedelta(milliseconds=100)
+
+_EXPIRES = EXPIRES_HEADER.encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A response an adapter sends as it is: status, headers (:data:`RawHeaders`) and body."""
+
+    status: int
+    headers: RawHeaders
+    body: bytes
+
+
+def problem(
+    status: int, title: str, detail: str, headers: Sequence[tuple[str, str]] = ()
+) -> Answer:
+    """An RFC 9457 problem answer (:mod:`pgonce.http.problem`)."""
+    body = problem_body(status, title, detail)
+    return Answer(
+        status,
+        [
+            (b"content-type", CONTENT_TYPE.encode()),
+            (b"content-length", str(len(body)).encode()),
+            *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers),
+        ],
+        body,
+    )
+
+
+#: The answers that depend on nothing but the request's fate, built once.
+MISSING_KEY = problem(
+    400, "Idempotency-Key required", "this request must carry an Idempotency-Key header"
+)
+MISMATCH = problem(
+    422,
+    "Idempotency-Key reused",
+    "this Idempotency-Key was first used with a different request (method, path, query or "
+    "body); retry only with the identical request, or use a new key",
+)
+RESPONSE_TOO_LARGE = problem(
+    500,
+    "Response too large to store",
+    "the response exceeded the size that can be stored for replay; nothing was done",
+)
+
+
+def invalid_key(error: InvalidIdempotencyKey) -> Answer:
+    """400 for a malformed key; the message never quotes the header's value."""
+    return problem(error.status, error.title, str(error))
+
+
+def in_flight(claim: InFlight) -> Answer:
+    return problem(
+        409,
+        "Request in progress",
+        "a request with this Idempotency-Key is still being processed; "
+        "retry after the time in Retry-After",
+        headers=[("retry-after", str(claim.retry_after))],
+    )
+
+
+def unavailable(retry_after: int) -> Answer:
+    return problem(
+        503,
+        "Service temporarily unavailable",
+        "the database could not be reached and nothing was committed; retry with the same "
+        "Idempotency-Key",
+        headers=[("retry-after", str(retry_after))],
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _http_date(epoch_seconds: int) -> str:
+    # An HTTP-date has whole seconds, so every request of one second shares the formatted value.
+    return format_datetime(datetime.fromtimestamp(epoch_seconds, UTC), usegmt=True)
+
+
+@dataclass(slots=True)
+class CapturedResponse:
+    """The endpoint's response, held back until its transaction has committed.
+
+    An adapter feeds it the status, headers and body chunks as its framework produces them; a
+    body over the limit is dropped as soon as it is seen (only its size is kept).
+    """
+
+    limit: int
+    status: int | None = None
+    headers: RawHeaders = field(default_factory=list)
+    body: list[bytes] = field(default_factory=list)
+    size: int = 0
+    complete: bool = False
+    too_large: bool = False
+    #: Decided after the endpoint returned: the response is kept for replays.
+    stored: bool = False
+    #: The database went away while the endpoint ran or while its work was committed: nothing
+    #: committed (or, if COMMIT's answer was lost, the retry replays what did), so the client is
+    #: told to retry: 503 with Retry-After, never a 500 and a traceback.
+    unavailable: bool = False
+
+    def add(self, chunk: bytes, more: bool) -> None:
+        """One chunk of the body; ``more`` is false for the last one."""
+        if self.complete:
+            return
+        self.size += len(chunk)
+        if self.size > self.limit:
+            self.too_large = True
+            self.body.clear()
+        elif chunk:
+            self.body.append(chunk)
+        self.complete = not more
+
+    @property
+    def answered(self) -> bool:
+        """A complete response, within the size limit, that can be sent (and stored)."""
+        return self.status is not None and self.complete and not self.too_large
+
+    def keep(self, *, began: bool, status_kept: Callable[[int | None], bool]) -> bool:
+        """Decide (and remember) whether the response is stored for replays.
+
+        Stored only when the endpoint began (framework validation and authentication failures
+        never do), answered completely within the size limit, and the key store keeps the status
+        (``status_kept``: the store's ``stores_status``; a 5xx is not kept unless configured).
+        """
+        self.stored = began and self.answered and status_kept(self.status)
+        return self.stored
+
+    def response(self) -> Response:
+        """What the key store keeps for replays."""
+        return Response(self.status, storable_headers(self.headers), b"".join(self.body))
+
+
+class IdempotencyRules:
+    """Which requests need a key, what makes two requests the same, and every answer.
+
+    ``routes`` maps path prefixes to the methods that need idempotency there (the longest prefix
+    on a segment boundary wins; an empty collection turns a route off); other paths use
+    ``methods``. ``require_key`` answers 400 to such a request without a key (else it passes,
+    unprotected).
+    """
+
+    __slots__ = (
+        "_retention_seconds",
+        "canonicalize_json",
+        "max_request_bytes",
+        "max_response_bytes",
+        "methods",
+        "request_too_large",
+        "require_key",
+        "retention",
+        "routes",
+    )
+
+    def __init__(
+        self,
+        *,
+        methods: Collection[str] = DEFAULT_METHODS,
+        routes: Mapping[str, Collection[str]] | None = None,
+        require_key: bool = True,
+        canonicalize_json: bool = True,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        retention: timedelta = DEFAULT_RETENTION,
+    ) -> None:
+        self.methods = frozenset(m.upper() for m in methods)
+        # Longest prefix first, so that the most specific route decides.
+        self.routes = sorted(
+            (
+                (prefix.rstrip("/"), frozenset(m.upper() for m in ms))
+                for prefix, ms in (routes or {}).items()
+            ),
+            key=lambda item: len(item[0]),
+            reverse=True,
+        )
+        self.require_key = require_key
+        self.canonicalize_json = canonicalize_json
+        self.max_request_bytes = max_request_bytes
+        self.max_response_bytes = max_response_bytes
+        self.retention = retention
+        self._retention_seconds = retention.total_seconds()
+        #: 413: the answer to a request body over ``max_request_bytes``.
+        self.request_too_large = problem(
+            413,
+            "Request body too large",
+            f"idempotent requests may carry at most {max_request_bytes} bytes",
+        )
+
+    def methods_for(self, path: str) -> frozenset[str]:
+        """The methods that need idempotency on ``path``."""
+        if not self.routes:
+            return self.methods
+        for prefix, methods in self.routes:
+            if path == prefix or path.startswith(prefix + "/") or not prefix:
+                return methods
+        return self.methods
+
+    def applies(self, method: str, path: str) -> bool:
+        """Whether a ``method`` request to ``path`` is handled (needs a key, or may carry one)."""
+        return method in self.methods_for(path)
+
+    @staticmethod
+    def key(values: Sequence[bytes]) -> str | None:
+        """The key of the request's Idempotency-Key field values; ``None`` without one.
+
+        Raises :class:`~pgonce.errors.InvalidIdempotencyKey` (answer :func:`invalid_key`).
+        """
+        return key_of(values)
+
+    def declared_too_large(self, content_length: bytes | str | None) -> bool:
+        """Whether a declared Content-Length already exceeds ``max_request_bytes``."""
+        return bool(
+            content_length
+            and content_length.isdigit()
+            and int(content_length) > self.max_request_bytes
+        )
+
+    def fingerprint(
+        self, method: str, path: str, query: bytes, body: bytes, content_type: str | None
+    ) -> bytes:
+        """What the key is bound to: method, path, query string and (canonical JSON) body."""
+        return request_fingerprint(
+            method,
+            path,
+            query,
+            body,
+            content_type=content_type,
+            canonicalize_json=self.canonicalize_json,
+        )
+
+    def capture(self) -> CapturedResponse:
+        """An empty capture of an endpoint's response, bounded by ``max_response_bytes``."""
+        return CapturedResponse(self.max_response_bytes)
+
+    def expires(self, claimed_at: datetime) -> str:
+        """The ``Idempotency-Key-Expires`` HTTP-date of a key claimed at ``claimed_at``."""
+        return _http_date(int(claimed_at.timestamp() + self._retention_seconds))
+
+    def expires_header(self, claimed_at: datetime) -> tuple[bytes, bytes]:
+        return (_EXPIRES, self.expires(claimed_at).encode())
+
+    def replay(self, claim: Replay) -> Answer:
+        """The stored response again, marked ``Idempotent-Replayed``, with its expiry."""
+        response = claim.response
+        expires = (EXPIRES_HEADER, self.expires(claim.claimed_at))
+        return Answer(response.status or 200, replay_headers(response, [expires]), response.body)

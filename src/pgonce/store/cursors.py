@@ -1,0 +1,78 @@
+"""pgonce's own cursors: its columns are read and written with types it sets, not the connection's.
+
+A connection's adapters belong to its owner. Django registers its own loaders for jsonb and
+timestamptz and its own cursor class, an application registers orjson for dict or a loader that
+keeps jsonb as text; any of them read through a plain ``conn.cursor()`` would turn a stored
+response's headers into a string, or its body into something else, and a replay would no longer
+be byte-identical. So the store never runs SQL through ``conn.cursor()`` or ``conn.execute()``:
+:func:`cursor` makes a cursor of psycopg's own class whose adapters are a map that pgonce builds
+once, from psycopg's defaults, with the standard library's json functions pinned in it (a
+global ``set_json_loads()`` or ``set_json_dumps()`` does not reach it either).
+
+The cost is nothing per statement beyond a plain cursor's: the cursor still copies the
+connection's map when it is made (psycopg does that for every cursor), and its transformer reads
+pgonce's map instead.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, overload
+
+from psycopg import AsyncConnection, AsyncCursor, Connection, Cursor, dbapi20, postgres
+from psycopg.adapt import AdaptersMap
+from psycopg.rows import TupleRow, tuple_row
+from psycopg.types import array
+from psycopg.types.json import set_json_dumps, set_json_loads
+
+
+def _pinned_adapters() -> AdaptersMap:
+    """psycopg's default adapters, built afresh (as ``psycopg/__init__.py`` builds the global map),
+    so that nothing registered on the global map or on a connection reaches them."""
+    from psycopg._typeinfo import TypesRegistry
+
+    types = TypesRegistry()
+    postgres.register_default_types(types)
+    adapters = AdaptersMap(types=types)
+    postgres.register_default_adapters(adapters)
+    dbapi20.register_dbapi20_adapters(adapters)
+    array.register_all_arrays(adapters)
+    set_json_dumps(json.dumps, adapters)
+    set_json_loads(json.loads, adapters)
+    return adapters
+
+
+#: The adapters of every statement the store runs.
+ADAPTERS = _pinned_adapters()
+
+
+class _AsyncCursor(AsyncCursor[TupleRow]):
+    __slots__ = ()
+
+    @property
+    def adapters(self) -> AdaptersMap:
+        return ADAPTERS
+
+
+class _Cursor(Cursor[TupleRow]):
+    __slots__ = ()
+
+    @property
+    def adapters(self) -> AdaptersMap:
+        return ADAPTERS
+
+
+@overload
+def cursor(conn: AsyncConnection[Any]) -> AsyncCursor[TupleRow]: ...
+@overload
+def cursor(conn: Connection[Any]) -> Cursor[TupleRow]: ...
+def cursor(
+    conn: AsyncConnection[Any] | Connection[Any],
+) -> AsyncCursor[TupleRow] | Cursor[TupleRow]:
+    """A cursor on ``conn`` that returns tuples and adapts with pgonce's :data:`ADAPTERS`.
+
+    Whatever the connection's ``cursor_factory``, ``row_factory`` and adapters are.
+    """
+    if isinstance(conn, AsyncConnection):
+        return _AsyncCursor(conn, row_factory=tuple_row)
+    return _Cursor(conn, row_factory=tuple_row)

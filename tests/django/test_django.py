@@ -1,0 +1,275 @@
+"""pgonce.contrib.django in Django's own test client, on pytest-django's PostgreSQL test database.
+
+The database was made by ``migrate``: pgonce's tables come from the app's migration. Tests are
+``transaction=True``: each commits for real (what is under test), and payments are counted in the
+database, never trusted from a response.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.test import AsyncClient, Client
+
+from examples.django_payments.payments.models import Payment
+from pgonce.contrib.django import conf
+from pgonce.contrib.django.connection import check_backend, psycopg_connection
+from pgonce.contrib.django.inbox import process_batch
+from pgonce.contrib.django.outbox import enqueue
+from pgonce.core.inbox import Delivery, RetryPolicy
+from pgonce.errors import ConfigError, NotInTransaction
+from pgonce.store._sync.inbox import InboxStore
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALICE = {"HTTP_AUTHORIZATION": "Bearer alice-token"}
+PAYMENT = {"amount": 1000, "currency": "EUR"}
+
+
+def new_key() -> str:
+    return str(uuid.uuid4())
+
+
+def post(client: Client, path: str, key: str | None, body: Any = PAYMENT, **headers: Any) -> Any:
+    extra = {**ALICE, **headers}
+    if key is not None:
+        extra["HTTP_IDEMPOTENCY_KEY"] = key
+    return client.post(path, json.dumps(body), content_type="application/json", **extra)
+
+
+def scalar(query: str, *params: Any) -> Any:
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        row = cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+def stored_keys(key: str) -> int:
+    return int(scalar("SELECT count(*) FROM pgonce.keys WHERE key = %s", key))
+
+
+@pytest.fixture(params=[False, True], ids=["autocommit-requests", "atomic-requests"])
+def atomic_requests(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """Both ways Django runs views: plain, and inside ATOMIC_REQUESTS' atomic() (a savepoint
+    within the middleware's transaction then)."""
+    previous = connection.settings_dict["ATOMIC_REQUESTS"]
+    connection.settings_dict["ATOMIC_REQUESTS"] = request.param
+    yield request.param
+    connection.settings_dict["ATOMIC_REQUESTS"] = previous
+
+
+@pytest.mark.parametrize("path", ["/payments", "/drf/payments", "/async/payments"])
+def test_a_retry_replays_the_stored_answer_and_pays_once(
+    client: Client, atomic_requests: bool, path: str
+) -> None:
+    key = new_key()
+    first = post(client, path, key)
+    second = post(client, path, key)
+    assert first.status_code == second.status_code == 201, first.content
+    assert "Idempotent-Replayed" not in first.headers
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert second.content == first.content
+    assert second.headers["Location"] == first.headers["Location"]
+    assert second.headers["Idempotency-Key-Expires"] == first.headers["Idempotency-Key-Expires"]
+    assert Payment.objects.count() == 1
+    assert stored_keys(key) == 1
+
+
+async def test_an_async_view_under_the_asgi_handler_commits_with_the_claim(
+    async_client: AsyncClient,
+) -> None:
+    key = new_key()
+    headers = {**ALICE, "HTTP_IDEMPOTENCY_KEY": key}
+    first = await async_client.post(
+        "/async/payments", PAYMENT, content_type="application/json", **headers
+    )
+    second = await async_client.post(
+        "/async/payments", PAYMENT, content_type="application/json", **headers
+    )
+    assert first.status_code == second.status_code == 201
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert second.content == first.content
+    assert await Payment.objects.acount() == 1
+
+
+def test_a_view_that_raises_rolls_back_its_writes_and_the_claim(
+    atomic_requests: bool,
+) -> None:
+    client = Client(raise_request_exception=False)
+    key = new_key()
+    assert post(client, "/boom", key).status_code == 500
+    assert post(client, "/boom", key).status_code == 500  # ran again: the key was free
+    assert Payment.objects.count() == 0
+    assert stored_keys(key) == 0
+
+
+def test_a_5xx_answer_is_rolled_back_and_not_stored(client: Client, atomic_requests: bool) -> None:
+    key = new_key()
+    assert post(client, "/fail", key).status_code == 503
+    second = post(client, "/fail", key)
+    assert second.status_code == 503
+    assert "Idempotent-Replayed" not in second.headers
+    assert Payment.objects.count() == 0
+    assert stored_keys(key) == 0
+
+
+def test_a_refusal_before_any_query_is_not_stored(client: Client) -> None:
+    # DRF validates before the view writes: no query ran, so the 400 is not kept and the
+    # corrected retry with the same key runs.
+    key = new_key()
+    invalid = post(client, "/drf/payments", key, {"amount": 0, "currency": "EUR"})
+    assert invalid.status_code == 400
+    fixed = post(client, "/drf/payments", key)
+    again = post(client, "/drf/payments", key)
+    assert fixed.status_code == again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert Payment.objects.count() == 1
+
+
+def test_a_view_that_begins_without_a_query_is_stored(client: Client) -> None:
+    key = new_key()
+    first = post(client, "/no-db", key)
+    second = post(client, "/no-db", key)
+    assert first.status_code == 201
+    assert second.content == first.content
+    assert second.headers["Idempotent-Replayed"] == "true"
+
+
+def test_a_cookie_is_set_on_the_first_answer_and_never_replayed(client: Client) -> None:
+    key = new_key()
+    first = post(client, "/cookie", key)
+    assert first.cookies["session"].value == "secret-session-id"
+    replay = Client().post(
+        "/cookie",
+        json.dumps(PAYMENT),
+        content_type="application/json",
+        **ALICE,
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert "session" not in replay.cookies
+    assert "Set-Cookie" not in replay.headers
+    assert replay.headers["X-Custom"] == "kept"
+
+
+def test_a_streamed_response_is_buffered_stored_and_replayed(client: Client) -> None:
+    key = new_key()
+    first = post(client, "/stream?chunks=3&size=10", key)
+    second = post(client, "/stream?chunks=3&size=10", key)
+    body = b"".join(first.streaming_content)
+    assert len(body) == 30
+    assert second.content == body
+    assert Payment.objects.count() == 1
+
+
+# --- the outbox and the inbox on the ORM's transaction ------------------------------------------
+
+
+def test_an_outbox_event_commits_and_rolls_back_with_the_orm_write() -> None:
+    # pytest-django empties Django's tables between tests, not pgonce's: count from here.
+    before = scalar("SELECT count(*) FROM pgonce.outbox")
+    with transaction.atomic():
+        payment = Payment.objects.create(principal="a", amount=5, currency="EUR")
+        enqueue("payment", str(payment.pk), "payment.created", {"amount": 5})
+    with pytest.raises(RuntimeError), transaction.atomic():
+        other = Payment.objects.create(principal="a", amount=6, currency="EUR")
+        enqueue("payment", str(other.pk), "payment.created", {"amount": 6})
+        raise RuntimeError("the business transaction failed")
+    assert Payment.objects.count() == 1
+    assert scalar("SELECT count(*) FROM pgonce.outbox") == before + 1
+    last = scalar("SELECT aggregateid FROM pgonce.outbox ORDER BY id DESC LIMIT 1")
+    assert last == str(payment.pk)
+
+
+def test_enqueue_outside_atomic_is_refused() -> None:
+    before = scalar("SELECT count(*) FROM pgonce.outbox")
+    with pytest.raises(NotInTransaction):
+        enqueue("payment", "1", "payment.created", {})
+    assert scalar("SELECT count(*) FROM pgonce.outbox") == before
+
+
+def _deliver(*bodies: dict[str, Any]) -> None:
+    store = InboxStore()
+    with transaction.atomic():
+        store.store(
+            psycopg_connection("default"),
+            [
+                Delivery("shop", f"evt-{n}", json.dumps(body).encode(), {}, b"\0" * 32)
+                for n, body in enumerate(bodies)
+            ],
+        )
+
+
+def test_inbox_handlers_write_with_the_orm_in_the_events_transaction() -> None:
+    _deliver({"amount": 1}, {"amount": -1}, {"amount": 3})
+
+    def handler(event: Any) -> None:
+        Payment.objects.create(principal="shop", amount=event.payload["amount"], currency="EUR")
+        if event.payload["amount"] < 0:
+            raise ValueError("a refund is not a payment")
+
+    now = datetime.now(UTC)
+    assert process_batch("shop", handler, retry=RetryPolicy(attempts=3), now=now) == 3
+    # The failed handler's payment was rolled back with its savepoint; the others committed.
+    assert sorted(Payment.objects.values_list("amount", flat=True)) == [1, 3]
+    rows = {event_id: (status, attempts) for event_id, status, attempts in _inbox_rows()}
+    assert rows == {"evt-0": ("done", 0), "evt-1": ("pending", 1), "evt-2": ("done", 0)}
+    assert process_batch("shop", handler, now=now) == 0  # the failed one waits for its backoff
+
+
+def _inbox_rows() -> list[tuple[str, str, int]]:
+    with connection.cursor() as cur:
+        cur.execute("SELECT event_id, status, attempts FROM pgonce.inbox ORDER BY event_id")
+        return [(str(a), str(b), int(c)) for a, b, c in cur.fetchall()]
+
+
+# --- configuration, backend and schema ----------------------------------------------------------
+
+
+def test_settings_are_checked_with_every_problem_listed() -> None:
+    with pytest.raises(ConfigError) as caught:
+        conf.load({"SCOPE": "no.such.function", "WAIT": -1, "METHODS": "POST", "COLOUR": 1})
+    message = str(caught.value)
+    for fragment in ("SCOPE", "WAIT", "METHODS", "COLOUR"):
+        assert fragment in message
+    with pytest.raises(ConfigError, match="SCOPE"):
+        conf.load({})
+    loaded = conf.load({"SCOPE": "pgonce.contrib.django.scopes.user_scope", "WAIT": 0.5})
+    assert loaded.wait is not None
+    assert loaded.wait.total_seconds() == 0.5
+
+
+def test_a_database_that_is_not_postgresql_is_refused_clearly() -> None:
+    with pytest.raises(ConfigError, match=r"needs PostgreSQL.*sqlite"):
+        check_backend("sqlite")
+    check_backend("default")
+
+
+def test_migrate_made_pgonce_tables_and_pgonce_migrate_finds_them_current() -> None:
+    assert scalar("SELECT to_regclass('pgonce.keys')::text") == "pgonce.keys"
+    out = _command_output("pgonce_migrate")
+    assert "up to date" in out
+
+
+def _command_output(name: str) -> str:
+    import io
+
+    buffer = io.StringIO()
+    call_command(name, stdout=buffer)
+    return buffer.getvalue()
+
+
+def test_the_claim_runs_on_djangos_own_psycopg_connection() -> None:
+    with transaction.atomic():
+        assert isinstance(psycopg_connection("default"), psycopg.Connection)
+    with pytest.raises(NotInTransaction):
+        psycopg_connection("default")

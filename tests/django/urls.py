@@ -1,0 +1,18 @@
+"""The example's routes plus the endpoints that misbehave on purpose (as tests/http/app.py)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from examples.django_payments.urls import urlpatterns as example
+from tests.django import views
+
+urlpatterns = [
+    *example,
+    path("boom", views.boom),
+    path("fail", views.fail),
+    path("cookie", views.cookie),
+    path("stream", views.stream),
+    path("no-db", views.no_db),
+    path("block", views.block),
+]

@@ -1,0 +1,232 @@
+"""once() joins the caller's transaction and never ends it; commit=True is the explicit owner.
+
+The shapes a caller's transaction comes in: a raw psycopg connection with autocommit off (psycopg
+opens the transaction at the first statement, and ``conn.commit()`` ends it), a SQLAlchemy
+``Session`` and ``AsyncSession`` (which leave the psycopg connection idle until their first
+statement). In each, an exception after the block in the caller's transaction must roll back the
+claim and the block's writes together with everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import IsolationLevel
+from psycopg.pq import TransactionStatus
+from sqlalchemy import Engine, String, create_engine, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from pgonce import AsyncKeyStore, KeyStore, NotInTransaction, Response, UsageError, fingerprint
+from tests.keys.helpers import sqlalchemy_url
+
+FP = fingerprint("POST", "/orders", b'{"amount": 42}')
+CREATED = Response(201, (("content-type", "application/json"),), b'{"id": 1}')
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):
+    __tablename__ = "orders"
+    key: Mapped[str] = mapped_column(String, primary_key=True)
+
+
+class Failure(Exception):
+    """What the caller's code raises after the block, still inside its transaction."""
+
+
+@pytest.fixture
+def orders(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (key text PRIMARY KEY)")
+
+
+def state(dsn: str, key: str) -> tuple[int, int]:
+    """(orders with ``key``, claims of ``key``), as another connection sees them."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute(
+            "SELECT (SELECT count(*) FROM orders WHERE key = %s),"
+            " (SELECT count(*) FROM pgonce.keys WHERE key = %s)",
+            (key, key),
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+class TestRawConnection:
+    def test_an_exception_after_the_block_rolls_back_claim_and_writes(
+        self, dsn: str, orders: None, conn: psycopg.Connection[Any], store: KeyStore
+    ) -> None:
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        with pytest.raises(Failure):
+            with store.once(conn, "s", "k", FP) as op:
+                assert op.won
+                conn.execute("INSERT INTO orders VALUES ('k')")
+                op.respond(CREATED)
+            raise Failure
+        assert conn.info.transaction_status != TransactionStatus.IDLE  # still the caller's
+        conn.rollback()
+        assert state(dsn, "k") == (0, 0)
+        with store.once(conn, "s", "k", FP) as retry:
+            assert retry.won
+
+    def test_the_callers_commit_commits_claim_writes_and_response(
+        self, dsn: str, orders: None, conn: psycopg.Connection[Any], store: KeyStore
+    ) -> None:
+        with store.once(conn, "s", "k", FP) as op:
+            conn.execute("INSERT INTO orders VALUES ('k')")
+            op.respond(CREATED)
+        assert op.stored
+        assert state(dsn, "k") == (0, 0)  # nothing is visible before the caller commits
+        conn.commit()
+        assert state(dsn, "k") == (1, 1)
+        with store.once(conn, "s", "k", FP) as again:
+            assert again.replayed
+        assert again.response == CREATED
+
+    def test_an_exception_in_the_block_rolls_back_only_the_block(
+        self, dsn: str, orders: None, conn: psycopg.Connection[Any], store: KeyStore
+    ) -> None:
+        conn.execute("INSERT INTO orders VALUES ('before')")
+        with pytest.raises(Failure), store.once(conn, "s", "k", FP):
+            conn.execute("INSERT INTO orders VALUES ('k')")
+            raise Failure
+        conn.commit()
+        assert state(dsn, "before") == (1, 0)
+        assert state(dsn, "k") == (0, 0)
+
+    def test_the_transaction_is_opened_with_the_connections_settings(
+        self, orders: None, conn: psycopg.Connection[Any], store: KeyStore
+    ) -> None:
+        conn.isolation_level = IsolationLevel.SERIALIZABLE
+        with store.once(conn, "s", "k", FP) as op:
+            level = conn.execute("SHOW transaction_isolation").fetchone()
+            op.respond(CREATED)
+        assert level == ("serializable",)
+        conn.commit()
+
+    def test_an_autocommit_connection_has_nothing_to_join(
+        self, dsn: str, orders: None, store: KeyStore
+    ) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            with (
+                pytest.raises(NotInTransaction, match="commit=True"),
+                store.once(conn, "s", "k", FP),
+            ):
+                pytest.fail("the block ran")
+            with conn.transaction(), store.once(conn, "s", "k", FP) as op:
+                op.respond(CREATED)
+        assert state(dsn, "k") == (0, 1)
+
+    def test_commit_true_refuses_the_callers_transaction(
+        self, dsn: str, orders: None, conn: psycopg.Connection[Any], store: KeyStore
+    ) -> None:
+        conn.execute("INSERT INTO orders VALUES ('before')")
+        with (
+            pytest.raises(UsageError, match="idle connection"),
+            store.once(conn, "s", "k", FP, commit=True),
+        ):
+            pytest.fail("the block ran")
+        conn.rollback()
+        assert state(dsn, "before") == (0, 0)
+
+    def test_commit_true_owns_its_transaction(
+        self, dsn: str, orders: None, conn: psycopg.Connection[Any], store: KeyStore
+    ) -> None:
+        with store.once(conn, "s", "k", FP, commit=True) as op:
+            conn.execute("INSERT INTO orders VALUES ('k')")
+            op.respond(CREATED)
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        assert state(dsn, "k") == (1, 1)
+
+    async def test_async_an_exception_after_the_block_rolls_back(
+        self, dsn: str, orders: None, aconn: psycopg.AsyncConnection[Any], astore: AsyncKeyStore
+    ) -> None:
+        with pytest.raises(Failure):
+            async with astore.once(aconn, "s", "k", FP) as op:
+                await aconn.execute("INSERT INTO orders VALUES ('k')")
+                op.respond(CREATED)
+            raise Failure
+        await aconn.rollback()
+        assert state(dsn, "k") == (0, 0)
+        async with astore.once(aconn, "s", "k", FP) as retry:
+            await aconn.execute("INSERT INTO orders VALUES ('k')")
+            retry.respond(CREATED)
+        await aconn.commit()
+        assert state(dsn, "k") == (1, 1)
+
+
+@pytest.fixture
+def engine(dsn: str, orders: None) -> Iterator[Engine]:
+    engine = create_engine(sqlalchemy_url(dsn))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+async def async_engine(dsn: str, orders: None) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(sqlalchemy_url(dsn))
+    yield engine
+    await engine.dispose()
+
+
+def driver_connection(session: Session) -> psycopg.Connection[Any]:
+    conn = session.connection().connection.driver_connection
+    assert isinstance(conn, psycopg.Connection)
+    return conn
+
+
+class TestSQLAlchemy:
+    def test_session_rollback_undoes_claim_and_writes(
+        self, dsn: str, engine: Engine, store: KeyStore
+    ) -> None:
+        with pytest.raises(Failure), Session(engine) as session, session.begin():
+            conn = driver_connection(session)
+            assert conn.info.transaction_status == TransactionStatus.IDLE
+            with store.once(conn, "s", "k", FP) as op:
+                session.add(Order(key="k"))
+                session.flush()
+                op.respond(CREATED)
+            raise Failure
+        assert state(dsn, "k") == (0, 0)
+
+    def test_session_commit_commits_claim_writes_and_response(
+        self, dsn: str, engine: Engine, store: KeyStore
+    ) -> None:
+        with Session(engine) as session, session.begin():
+            conn = driver_connection(session)
+            with store.once(conn, "s", "k", FP) as op:
+                session.add(Order(key="k"))
+                session.flush()
+                op.respond(CREATED)
+        assert state(dsn, "k") == (1, 1)
+        with Session(engine) as session, session.begin():
+            conn = driver_connection(session)
+            with store.once(conn, "s", "k", FP) as again:
+                assert again.replayed
+            assert session.scalars(select(Order.key)).all() == ["k"]
+        assert again.response == CREATED
+
+    async def test_async_session_rollback_undoes_claim_and_writes(
+        self, dsn: str, async_engine: AsyncEngine, astore: AsyncKeyStore
+    ) -> None:
+        with pytest.raises(Failure):
+            async with AsyncSession(async_engine) as session, session.begin():
+                connection = await session.connection()
+                raw = await connection.get_raw_connection()
+                conn = raw.driver_connection
+                assert isinstance(conn, psycopg.AsyncConnection)
+                async with astore.once(conn, "s", "k", FP) as op:
+                    session.add(Order(key="k"))
+                    await session.flush()
+                    op.respond(CREATED)
+                raise Failure
+        assert state(dsn, "k") == (0, 0)
+        async with AsyncSession(async_engine) as session, session.begin():
+            await session.execute(text("INSERT INTO orders VALUES ('other')"))
+        assert state(dsn, "other") == (1, 0)
