@@ -9,6 +9,7 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     │   └── NotInTransaction          a write that must commit with the caller's data got autocommit
     ├── KeyMismatch                   same key, different request: never a silent replay
     ├── InvalidIdempotencyKey         400: an HTTP request's Idempotency-Key is missing or malformed
+    ├── MissingKeyScope               401: a request with a key names no caller (unauthenticated)
     ├── DatabaseError                 PostgreSQL failed; translated once, at the store boundary
     │   ├── DatabaseUnavailable       cannot connect, or the connection died mid-operation
     │   ├── SchemaNotMigrated         pgonce's tables are missing or older than this code
@@ -86,6 +87,18 @@ class InvalidIdempotencyKey(PgonceError):
 
     status = 400
     title = "Invalid Idempotency-Key"
+
+
+class MissingKeyScope(PgonceError):
+    """This request names no caller, so its Idempotency-Key cannot be claimed: authenticate.
+
+    The key scope returned ``None`` (no credentials), so the adapter passed the request on
+    without a claim; an endpoint that then asks for the claim's transaction raises this, and the
+    adapter answers 401, never a 500.
+    """
+
+    status = 401
+    title = "Authentication required"
 
 
 class DatabaseError(PgonceError):
