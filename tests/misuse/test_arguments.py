@@ -85,6 +85,9 @@ def test_store_constructors_check_their_arguments() -> None:
         AsyncKeyStore(retry_after="1")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="store_server_errors must be True or False"):
         KeyStore(store_server_errors="yes")  # type: ignore[arg-type]
+    for store in (KeyStore, AsyncInboxStore, OutboxStore):
+        with pytest.raises(UsageError, match="the schema must be a str, not an int"):
+            store(schema=5)  # type: ignore[arg-type]
 
 
 async def test_an_async_store_names_a_sync_connection(conn: psycopg.Connection[Any]) -> None:

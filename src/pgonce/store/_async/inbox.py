@@ -41,7 +41,7 @@ class AsyncInboxStore:
     """Stores, claims, completions, failures and replays of events in pgonce's ``inbox`` table."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        self.schema = schema
+        self.schema = check_str(schema, "the schema")
         #: The LISTEN/NOTIFY channel: one notification per stored batch wakes the workers.
         self.channel = notify_channel(schema, "inbox")
         self._sql = Queries("inbox", schema)

@@ -20,7 +20,13 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA, MIN_CLAIM_WAIT
-from pgonce.core.checks import check_bool, check_connection, check_duration, check_int
+from pgonce.core.checks import (
+    check_bool,
+    check_connection,
+    check_duration,
+    check_int,
+    check_str,
+)
 from pgonce.core.outcomes import (
     Claim,
     ClaimRow,
@@ -80,6 +86,7 @@ class AsyncKeyStore:
         retry_after: int = DEFAULT_RETRY_AFTER,
         store_server_errors: bool = False,
     ) -> None:
+        check_str(schema, "the schema")
         check_int(retry_after, "retry_after", low=0)
         check_bool(store_server_errors, "store_server_errors")
         _check_wait(wait)

@@ -100,7 +100,7 @@ class OutboxStore:
     """The relay's statements on the ``outbox`` table; each runs in the caller's transaction."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        self.schema = schema
+        self.schema = check_str(schema, "the schema")
         self.channel = notify_channel(schema, "outbox")
         self._sql = Queries("outbox", schema)
 
