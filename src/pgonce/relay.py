@@ -285,6 +285,19 @@ class Relay:
         outages by waiting and reconnecting. ``concurrency`` batch loops run at once, each on
         its own connection, sharing the publisher and the LISTEN connection."""
         stop = stop or asyncio.Event()
+        log.info(
+            "relay: publishing the outbox of schema %s through %s",
+            self.store.schema,
+            self.publisher.name,
+        )
+        # A publisher that can check its destination does it now: what is wrong is said at the
+        # start, not with the first row. The rows wait meanwhile; the loops retry.
+        prepare = getattr(self.publisher, "prepare", None)
+        if prepare is not None:
+            try:
+                await prepare()
+            except BrokerUnavailable as error:
+                log.warning("relay: %s; the rows wait until it is fixed", error)
         listener = asyncio.create_task(self._listen(stop)) if self.listen else None
         try:
             await asyncio.gather(

@@ -5,6 +5,7 @@ message goes out."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -17,7 +18,7 @@ from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from pgonce.relay import Relay
 from pgonce.service.metrics import ServiceMetrics
 from pgonce.store._sync.outbox import enqueue
-from tests.outbox.conftest import fresh
+from tests.outbox.conftest import fresh, wait_until
 
 
 def fill(dsn: str, aggregatetype: str, count: int) -> None:
@@ -139,3 +140,22 @@ async def test_a_named_exchange_that_does_not_exist_says_what_to_do(
     assert "RabbitMQ has no exchange named 'pgonce-missing-" in line
     assert "declare it, or set [outbox] declare = true" in line
     assert "they wait without an attempt counted" in line
+
+
+async def test_a_missing_exchange_is_said_at_the_relays_start_before_any_row(
+    dsn: str, rabbitmq_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgonce.relay")
+    relay = Relay(dsn, RabbitMQPublisher(rabbitmq_url, exchange=fresh("pgonce-missing-")))
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop))
+    try:
+        await wait_until(
+            lambda: any("the rows wait until it is fixed" in m for m in relay_lines(caplog))
+        )
+    finally:
+        stop.set()
+        await running
+    lines = relay_lines(caplog)
+    assert any("publishing the outbox of schema pgonce through rabbitmq" in m for m in lines)
+    assert any("RabbitMQ has no exchange named 'pgonce-missing-" in m for m in lines)

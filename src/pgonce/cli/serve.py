@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any, cast
@@ -89,7 +90,7 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
 def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
     config = service_config(args)
     refuse_idle(config, tuple(parts))
-    logs.configure(config.log_format)
+    logs.configure(config.log_format, level=logging.DEBUG if args.verbose else logging.INFO)
     with announced_database(config.settings, then=f"configuration from {config.origin}") as db:
         with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
             applied = migrate(conn, config.settings.schema)

@@ -84,6 +84,10 @@ class RabbitMQPublisher:
         self._exchange: AbstractExchange | None = None
         self._connecting = asyncio.Lock()
 
+    async def prepare(self) -> None:
+        """Connect and check the exchange now, so that a problem is said at the relay's start."""
+        await self._connect()
+
     async def _connect(self) -> AbstractExchange:
         # The relay's concurrent batch loops share this publisher: one of them connects.
         async with self._connecting:
