@@ -270,13 +270,13 @@ class Relay:
             types = sorted({row.aggregatetype for row in unanswered})
             log.warning(
                 "relay: %s %s for %d outbox rows (aggregate types %s): %s; they wait without "
-                "an attempt counted and are published again after a backoff of at most %s%s",
+                "an attempt counted and are published again after a backoff of at most %g s%s",
                 publisher,
                 "is unavailable" if broker_down else "gave no answer",
                 len(unanswered),
                 ", ".join(types[:5]) + (", ..." if len(types) > 5 else ""),
                 result.lost or "the outcome is unknown",
-                self.outage_backoff[1],
+                self.outage_backoff[1].total_seconds(),
                 held_back(held),
             )
 
