@@ -128,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
     ):
         report = health.check(conn, now=args.now)
         troubles = Inspector(schema=settings.schema).troubles(conn)
-    print(render(report))
-    print(render_troubles(troubles))
+    # The failed rows before the verdict line, which stays last.
+    table, verdict = render(report).rsplit("\n", 1)
+    print("\n".join([table, render_troubles(troubles), "", verdict]))
     stuck = any(t.state in ("parked", "dead") for t in troubles)
     if report.status == "fail" or (args.strict and (report.status == "warn" or stuck)):
         return 1
