@@ -1,7 +1,8 @@
 """The Django payments app of the Django benchmark, served by gunicorn (``bench.django_app``).
 
 One module is the settings, the URLconf and the WSGI application. ``BENCH_DJANGO_VARIANT`` is
-``none`` (the app alone) or ``pgonce`` (the same app behind pgonce's Idempotency-Key middleware);
+``none`` (the app alone), ``atomic`` (the app alone with ``ATOMIC_REQUESTS``: its INSERT in a
+transaction of its own) or ``pgonce`` (the same app behind pgonce's Idempotency-Key middleware);
 ``BENCH_HTTP_DSN`` is the database. The view inserts one row with the ORM and answers 201 with JSON.
 """
 
@@ -50,6 +51,7 @@ def create_app() -> Any:
                 "HOST": params.get("host", ""),
                 "PORT": params.get("port", ""),
                 "CONN_MAX_AGE": None,  # one connection per thread, kept: as a deployment would
+                "ATOMIC_REQUESTS": os.environ.get("BENCH_DJANGO_VARIANT") == "atomic",
             }
         },
         PGONCE={"SCOPE": f"{__name__}.scope"},

@@ -77,6 +77,25 @@ class NewPayment(BaseModel):
     currency: str = Field(min_length=3, max_length=3)
 
 
+async def invalid_request(request: Request, error: RequestValidationError) -> Response:
+    """Say where and what, never echo the input: an RFC 9457 problem.
+
+    FastAPI's own handler echoes the input back, and fails with a 500 on input it cannot
+    serialize (NaN, Infinity).
+    """
+    problems = [
+        {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))}
+        for e in error.errors()
+    ]
+    return Response(
+        problem_body(
+            422, "Invalid request", "the body does not describe a payment", errors=problems
+        ),
+        status_code=422,
+        media_type="application/problem+json",
+    )
+
+
 def create_app(dsn: str | None = None, **idempotency: Any) -> FastAPI:
     """The app on ``dsn`` (default: ``PGONCE_DSN``); ``idempotency`` tunes the middleware."""
     pool = AsyncConnectionPool(dsn or os.environ["PGONCE_DSN"], open=False, min_size=2, max_size=10)
@@ -93,21 +112,7 @@ def create_app(dsn: str | None = None, **idempotency: Any) -> FastAPI:
     app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=key_scope, **idempotency)
     app.state.pool = pool
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, error: RequestValidationError) -> Response:
-        # FastAPI's own handler echoes the input back, and fails with a 500 on input it cannot
-        # serialize (NaN, Infinity). Say where and what, never echo the input: an RFC 9457 problem.
-        problems = [
-            {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))}
-            for e in error.errors()
-        ]
-        return Response(
-            problem_body(
-                422, "Invalid request", "the body does not describe a payment", errors=problems
-            ),
-            status_code=422,
-            media_type="application/problem+json",
-        )
+    app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
 
     @app.post("/payments", status_code=201)
     async def create_payment(

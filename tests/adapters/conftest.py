@@ -23,7 +23,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from tests.conftest import drop_database, new_database
-from tests.http.conftest import FASTAPI, Server, ServerFactory, start_server
+from tests.http.conftest import FASTAPI, Server, ServerFactory, servers_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +45,15 @@ GUNICORN = (
     "tests.django.wsgi",
 )
 DJANGO_UVICORN = (sys.executable, "-m", "bench.servers", "{fd}", "tests.django.asgi:create_app")
+#: FastAPI with SQLAlchemy's async ORM: the middleware on the engine's pool, writes through the
+#: request's AsyncSession.
+SQLALCHEMY = (
+    sys.executable,
+    "-m",
+    "bench.servers",
+    "{fd}",
+    "tests.sqlalchemy_adapter.app:create_app",
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ ADAPTERS = {
     adapter.name: adapter
     for adapter in (
         Adapter("fastapi", FASTAPI),
+        Adapter("fastapi-sqlalchemy", SQLALCHEMY),
         Adapter("django-wsgi", GUNICORN, django_template, unsupported=(_NO_CHUNKED_BODY,)),
         Adapter("django-asgi", DJANGO_UVICORN, django_template),
     )
@@ -131,17 +141,8 @@ def app_dsn(adapter: Adapter, server_dsn: str, template_db: str) -> Iterator[str
 @pytest.fixture
 def make_server(adapter: Adapter, app_dsn: str, tmp_path: Path) -> Iterator[ServerFactory]:
     """Start the adapter's app with middleware options; every server stops at teardown."""
-    servers: list[Server] = []
-
-    def make(**options: Any) -> Server:
-        log = tmp_path / f"{adapter.name}-{len(servers)}.log"
-        server = start_server(app_dsn, log, options, adapter.argv)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
+    with servers_of(app_dsn, tmp_path, adapter.argv) as make:
+        yield make
 
 
 @pytest.fixture

@@ -46,6 +46,30 @@ async def insert_payment(tx: Tx, amount: int = 1) -> int:
     return int(row[0])
 
 
+def with_cookie(payment: int) -> Response:
+    """/cookie's answer: a 201 that sets a cookie (never to be replayed) and a custom header."""
+    response = JSONResponse({"id": payment}, status_code=201)
+    response.headers["Location"] = f"/payments/{payment}"
+    response.headers["X-Custom"] = "kept"
+    response.set_cookie("session", "secret-session-id")
+    return response
+
+
+async def hold(directory: str, payment: int, status: int) -> Response:
+    """/block's wait: say "my write is done" with a file, then keep the transaction open until the
+    test creates the gate file (or kills the server). Every run leaves a line in "runs"."""
+    folder = Path(directory)
+    with (folder / "runs").open("a") as runs:
+        runs.write(f"{payment}\n")
+    (folder / "started").write_text(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while not (folder / "gate").exists():
+        if time.monotonic() > deadline:
+            return JSONResponse({"error": "gate never opened"}, status_code=500)
+        await asyncio.sleep(0.01)
+    return JSONResponse({"id": payment}, status_code=status)
+
+
 def create_app() -> FastAPI:
     options = json.loads(os.environ.get("PGONCE_TEST_HTTP_OPTIONS") or "{}")
     app = payments.create_app(os.environ["PGONCE_TEST_HTTP_DSN"], **middleware_options(options))
@@ -63,12 +87,7 @@ def create_app() -> FastAPI:
 
     @app.post("/cookie")
     async def cookie(tx: Tx = transaction) -> Response:
-        payment = await insert_payment(tx)
-        response = JSONResponse({"id": payment}, status_code=201)
-        response.headers["Location"] = f"/payments/{payment}"
-        response.headers["X-Custom"] = "kept"
-        response.set_cookie("session", "secret-session-id")
-        return response
+        return with_cookie(await insert_payment(tx))
 
     @app.post("/stream")
     async def stream(chunks: int, size: int, tx: Tx = transaction) -> Response:
@@ -93,16 +112,6 @@ def create_app() -> FastAPI:
     async def block(directory: str, status: int = 201, tx: Tx = transaction) -> Response:
         # Signals "my write is done" with a file, then holds the transaction open until the test
         # creates the gate file (or kills the server). Every run leaves a line in "runs".
-        payment = await insert_payment(tx)
-        folder = Path(directory)
-        with (folder / "runs").open("a") as runs:
-            runs.write(f"{payment}\n")
-        (folder / "started").write_text(str(os.getpid()))
-        deadline = time.monotonic() + 60
-        while not (folder / "gate").exists():
-            if time.monotonic() > deadline:
-                return JSONResponse({"error": "gate never opened"}, status_code=500)
-            await asyncio.sleep(0.01)
-        return JSONResponse({"id": payment}, status_code=status)
+        return await hold(directory, await insert_payment(tx), status)
 
     return app

@@ -7,6 +7,7 @@ and the server process can be killed with SIGKILL like any production crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -99,16 +100,25 @@ ServerFactory = Callable[..., Server]
 @pytest.fixture
 def make_server(dsn: str, tmp_path: Path) -> Iterator[ServerFactory]:
     """Start the test app on ``dsn`` with middleware options; every server stops at teardown."""
+    with servers_of(dsn, tmp_path, FASTAPI) as make:
+        yield make
+
+
+@contextlib.contextmanager
+def servers_of(dsn: str, folder: Path, argv: Sequence[str]) -> Iterator[ServerFactory]:
+    """A factory of servers running ``argv`` on ``dsn``, each stopped on exit."""
     servers: list[Server] = []
 
     def make(**options: Any) -> Server:
-        server = start_server(dsn, tmp_path / f"server-{len(servers)}.log", options)
+        server = start_server(dsn, folder / f"server-{len(servers)}.log", options, argv)
         servers.append(server)
         return server
 
-    yield make
-    for server in servers:
-        server.stop()
+    try:
+        yield make
+    finally:
+        for server in servers:
+            server.stop()
 
 
 @pytest.fixture

@@ -1,39 +1,25 @@
 """once() joins the caller's transaction and never ends it; commit=True is the explicit owner.
 
-The shapes a caller's transaction comes in: a raw psycopg connection with autocommit off (psycopg
-opens the transaction at the first statement, and ``conn.commit()`` ends it), a SQLAlchemy
-``Session`` and ``AsyncSession`` (which leave the psycopg connection idle until their first
-statement). In each, an exception after the block in the caller's transaction must roll back the
-claim and the block's writes together with everything else.
+Here a raw psycopg connection with autocommit off (psycopg opens the transaction at the first
+statement, and ``conn.commit()`` ends it); tests/sqlalchemy_adapter/test_joins.py holds the same
+for SQLAlchemy's ``Session`` and ``AsyncSession``, which leave the connection idle until their
+first statement. In each, an exception after the block in the caller's transaction must roll back
+the claim and the block's writes together with everything else.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import IsolationLevel
 from psycopg.pq import TransactionStatus
-from sqlalchemy import Engine, String, create_engine, select, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from pgonce import AsyncKeyStore, KeyStore, NotInTransaction, Response, UsageError, fingerprint
-from tests.keys.helpers import sqlalchemy_url
 
 FP = fingerprint("POST", "/orders", b'{"amount": 42}')
 CREATED = Response(201, (("content-type", "application/json"),), b'{"id": 1}')
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Order(Base):
-    __tablename__ = "orders"
-    key: Mapped[str] = mapped_column(String, primary_key=True)
 
 
 class Failure(Exception):
@@ -159,74 +145,3 @@ class TestRawConnection:
             retry.respond(CREATED)
         await aconn.commit()
         assert state(dsn, "k") == (1, 1)
-
-
-@pytest.fixture
-def engine(dsn: str, orders: None) -> Iterator[Engine]:
-    engine = create_engine(sqlalchemy_url(dsn))
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-async def async_engine(dsn: str, orders: None) -> AsyncIterator[AsyncEngine]:
-    engine = create_async_engine(sqlalchemy_url(dsn))
-    yield engine
-    await engine.dispose()
-
-
-def driver_connection(session: Session) -> psycopg.Connection[Any]:
-    conn = session.connection().connection.driver_connection
-    assert isinstance(conn, psycopg.Connection)
-    return conn
-
-
-class TestSQLAlchemy:
-    def test_session_rollback_undoes_claim_and_writes(
-        self, dsn: str, engine: Engine, store: KeyStore
-    ) -> None:
-        with pytest.raises(Failure), Session(engine) as session, session.begin():
-            conn = driver_connection(session)
-            assert conn.info.transaction_status == TransactionStatus.IDLE
-            with store.once(conn, "s", "k", FP) as op:
-                session.add(Order(key="k"))
-                session.flush()
-                op.respond(CREATED)
-            raise Failure
-        assert state(dsn, "k") == (0, 0)
-
-    def test_session_commit_commits_claim_writes_and_response(
-        self, dsn: str, engine: Engine, store: KeyStore
-    ) -> None:
-        with Session(engine) as session, session.begin():
-            conn = driver_connection(session)
-            with store.once(conn, "s", "k", FP) as op:
-                session.add(Order(key="k"))
-                session.flush()
-                op.respond(CREATED)
-        assert state(dsn, "k") == (1, 1)
-        with Session(engine) as session, session.begin():
-            conn = driver_connection(session)
-            with store.once(conn, "s", "k", FP) as again:
-                assert again.replayed
-            assert session.scalars(select(Order.key)).all() == ["k"]
-        assert again.response == CREATED
-
-    async def test_async_session_rollback_undoes_claim_and_writes(
-        self, dsn: str, async_engine: AsyncEngine, astore: AsyncKeyStore
-    ) -> None:
-        with pytest.raises(Failure):
-            async with AsyncSession(async_engine) as session, session.begin():
-                connection = await session.connection()
-                raw = await connection.get_raw_connection()
-                conn = raw.driver_connection
-                assert isinstance(conn, psycopg.AsyncConnection)
-                async with astore.once(conn, "s", "k", FP) as op:
-                    session.add(Order(key="k"))
-                    await session.flush()
-                    op.respond(CREATED)
-                raise Failure
-        assert state(dsn, "k") == (0, 0)
-        async with AsyncSession(async_engine) as session, session.begin():
-            await session.execute(text("INSERT INTO orders VALUES ('other')"))
-        assert state(dsn, "other") == (1, 0)

@@ -22,6 +22,7 @@ def engine(dsn: str) -> Iterator[Engine]:
 
 @pytest.fixture
 async def async_engine(engine: Engine, dsn: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_async_engine(sqlalchemy_url(dsn))
-    yield engine
-    await engine.dispose()
+    """An async engine on the same database (``engine`` made the tables)."""
+    async_engine = create_async_engine(sqlalchemy_url(dsn))
+    yield async_engine
+    await async_engine.dispose()

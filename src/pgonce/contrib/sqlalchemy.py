@@ -225,6 +225,12 @@ class _BorrowedDialect(PGDialectAsync_psycopg):
     handler's own part, are SQL statements and go through as usual.
     """
 
+    supports_statement_cache = True
+
+    @classmethod
+    def get_async_dialect_cls(cls, url: Any) -> type[_BorrowedDialect]:
+        return cls
+
     def on_connect(self) -> None:
         return None
 

@@ -38,6 +38,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefuncti
 from django.core.exceptions import RequestDataTooBig
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from psycopg.pq import TransactionStatus
 
 from pgonce.contrib.django import conf
 from pgonce.contrib.django.connection import check_backend, psycopg_connection
@@ -216,10 +217,18 @@ class IdempotencyMiddleware:
         self, request: HttpRequest, caller: str, key: str, fingerprint: bytes, view: GetResponse
     ) -> HttpResponseBase:
         using = self.using
+        store = self.store
+        # Outermost, the middleware owns the request's transaction (it opened it), so BEGIN
+        # travels with the claim and the completion with COMMIT: three round trips with the
+        # view's one statement, as in the ASGI middleware. Inside someone else's atomic() block
+        # it joins that transaction instead and never ends it.
+        owned = not connections[using].in_atomic_block
         with transaction.atomic(using=using):
-            claim = self.store.claim(psycopg_connection(using), caller, key, fingerprint)
+            conn = psycopg_connection(using)
+            owned = owned and conn.pgconn.transaction_status == TransactionStatus.IDLE
+            claim = (store.begin if owned else store.claim)(conn, caller, key, fingerprint)
             if not isinstance(claim, Won):
-                # The claim wrote nothing: end the transaction without a commit.
+                # The claim wrote nothing (begin() has already ended its transaction).
                 transaction.set_rollback(True, using=using)
                 if isinstance(claim, Replay):
                     return to_django(self.rules.replay(claim))
@@ -230,10 +239,16 @@ class IdempotencyMiddleware:
             with _marks_begun(using, claimed):
                 response: HttpResponseBase = view(request)
             captured = _capture(response, self.rules.capture())
-            if captured.keep(began=claimed.began, status_kept=self.store.stores_status):
-                self.store.complete(psycopg_connection(using), claim, captured.response())
-            else:
+            # A view that marked its transaction for rollback (set_rollback) must not commit.
+            began = claimed.began and not transaction.get_rollback(using=using)
+            if not captured.keep(began=began, status_kept=store.stores_status):
                 transaction.set_rollback(True, using=using)
+            elif owned:
+                # The completion and COMMIT in one round trip; Django's own COMMIT at the end
+                # of the block then finds the transaction over and sends nothing.
+                store.commit(conn, claim, captured.response())
+            else:
+                store.complete(conn, claim, captured.response())
         # Committed (or rolled back): only now is the answer given out.
         if captured.too_large:
             return to_django(semantics.RESPONSE_TOO_LARGE)

@@ -449,9 +449,9 @@ class AsyncOperation(Generic[Row]):
         """Queue a write that commits with the response, as ``conn.execute(query, params)`` would.
 
         For writes whose result the block does not need (an INSERT, an UPDATE): they run when
-        the block ends, in order, just before the completion -- on an idle connection in the
+        the block ends, in order, just before the completion -- with ``commit=True`` in the
         same round trip as the completion and COMMIT, so a block of such writes costs two round
-        trips in all. An error in one rolls everything back and is raised as psycopg raised it.
+        trips in all. An error in one rolls the block back and is raised as psycopg raised it.
         Statements whose results the block reads go through ``conn`` as usual.
         """
         if not self.won:

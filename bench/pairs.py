@@ -1,0 +1,129 @@
+"""An adapter's app with pgonce against the same app without it: one round's measurement, and the
+side-by-side table with the issue's target (>= 85 %), shared by the adapters' workloads."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+
+import psycopg
+
+from bench.report import Table, Targets, percentile, ratio
+from bench.servers import cpu_seconds
+from bench.workloads.http_middleware import Result, load, probe
+
+#: The two variants every adapter's workload compares: the app alone, and behind pgonce.
+VARIANTS = ("none", "pgonce")
+TARGET = 0.85
+
+
+def prepare_payments(dsn: str, table: str) -> None:
+    """An empty payments table (the apps' one write per request) named ``table``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY,"
+            " principal text NOT NULL, amount bigint NOT NULL, currency text NOT NULL)".encode()
+        )
+        conn.execute(f"TRUNCATE {table}".encode())
+
+
+def cleanup_payments(dsn: str, schema: str, scope: str, table: str) -> None:
+    """Forget the run's keys (of ``scope``) and payments."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {schema}.keys WHERE scope = %s".encode(), (scope,))
+        conn.execute(f"TRUNCATE {table}".encode())
+
+
+def database_pids(dsn: str) -> list[int]:
+    """This database's backends and PostgreSQL's background processes (not other databases'
+    clients: the server may be shared)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+            " AND (datname = current_database() OR backend_type <> 'client backend')"
+        )
+        return [int(pid) for (pid,) in rows.fetchall()]
+
+
+def _cpu_each(pids: list[int]) -> dict[int, float]:
+    return {pid: cpu_seconds([pid]) for pid in pids}
+
+
+def _cpu_spent(before: dict[int, float]) -> float:
+    """CPU seconds spent since ``before`` by the processes still alive (one that exited
+    meanwhile, such as the previous server's backend, would count negative)."""
+    spent = 0.0
+    for pid, seconds in before.items():
+        if os.path.exists(f"/proc/{pid}"):
+            spent += cpu_seconds([pid]) - seconds
+    return spent
+
+
+def measure(
+    port: int, server_pids: list[int], dsn: str, seconds: float, concurrency: int
+) -> tuple[Result, str]:
+    """One round against a started server: a warm-up, then ``seconds`` of load with the CPU the
+    server and PostgreSQL spent on it; and what a retry got (:func:`probe`)."""
+    asyncio.run(load(port, min(1.0, seconds), concurrency))  # warm-up: pools, caches
+    database = database_pids(dsn)
+    server_before, database_before = cpu_seconds(server_pids), _cpu_each(database)
+    result = asyncio.run(load(port, seconds, concurrency))
+    result.server_cpu = cpu_seconds(server_pids) - server_before
+    result.database_cpu = _cpu_spent(database_before)
+    return result, asyncio.run(probe(port))
+
+
+def compare(
+    title: str,
+    labels: Mapping[str, str],
+    runs: Sequence[Mapping[str, Result]],
+    probes: Mapping[str, str],
+    notes: Sequence[str],
+) -> list[Table]:
+    """The table of both variants' best rounds, and the target's table: pgonce's throughput
+    against the app alone's, on the best rounds and on the median of the rounds' ratios."""
+    # Every variant labelled (the pair, and any reference a workload adds beside it).
+    best = {v: max((r[v] for r in runs), key=lambda result: result.rps) for v in labels}
+    ratios = [r["pgonce"].rps / r["none"].rps for r in runs if r["none"].rps > 0]
+    reference = best["none"]
+    table = Table(
+        title,
+        [
+            "variant",
+            "requests/s",
+            "p50 ms",
+            "p99 ms",
+            "throughput",
+            "server CPU µs/req",
+            "PostgreSQL CPU µs/req",
+            "answers",
+            "retry",
+        ],
+    )
+    for variant in labels:
+        result = best[variant]
+        table.add(
+            labels[variant],
+            f"{result.rps:,.0f}",
+            f"{percentile(result.latencies, 50) * 1000:.1f}",
+            f"{percentile(result.latencies, 99) * 1000:.1f}",
+            ratio(result.rps, reference.rps, labels["none"]),
+            result.per_request_us(result.server_cpu),
+            result.per_request_us(result.database_cpu),
+            ", ".join(f"{n}x{s}" for s, n in sorted(result.statuses.items())),
+            probes.get(variant, "?"),
+        )
+    table.notes.extend(notes)
+    mine, alone = labels["pgonce"], labels["none"]
+    targets = Targets(
+        f"{title}: the issue's target", f"{mine} against the same app without it, from above."
+    )
+    targets.table.notes.append(
+        "Round by round: " + ", ".join(f"{100 * r:.0f}" for r in ratios) + " %."
+    )
+    targets.at_least(f"{mine} vs {alone}, best rounds", best["pgonce"].rps / reference.rps, TARGET)
+    if ratios:
+        targets.at_least(f"{mine} vs {alone}, median round", statistics.median(ratios), TARGET)
+    return [table, targets.table]

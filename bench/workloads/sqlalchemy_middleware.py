@@ -1,0 +1,145 @@
+"""FastAPI + SQLAlchemy: the payments app with pgonce's Idempotency-Key middleware and without.
+
+The same FastAPI app on SQLAlchemy's async ORM (POST /payments adds one ``Payment`` and answers
+201 with JSON), one uvicorn process, an ``AsyncEngine`` on psycopg 3 with a pool of
+:data:`POOL_SIZE`, loaded by the ASGI middleware workload's HTTP/1.1 client at the same
+concurrency, each request with a new key:
+
+- ``FastAPI + SQLAlchemy alone``: the reference; the endpoint's ``AsyncSession`` comes from a
+  FastAPI dependency with yield (SQLAlchemy's and FastAPI's documented shape) and commits;
+- ``FastAPI + SQLAlchemy + pgonce``: the middleware on ``EngineConnections(engine)``; the
+  endpoint's session is ``idempotent_session``, on the middleware's connection, and flushes; the
+  claim, the row and the stored response commit in one transaction.
+
+Rounds are interleaved (each variant first in every other round); each variant's best round is
+reported, and the target is also judged on the median over the rounds of the ratio within a round.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy import BigInteger, String
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from bench.context import BenchContext
+from bench.pairs import VARIANTS, cleanup_payments, compare, measure, prepare_payments
+from bench.report import Table
+from bench.servers import serve_process
+from bench.workloads.http_middleware import Result
+from pgonce.contrib.sqlalchemy import EngineConnections, idempotent_session
+from pgonce.http import IdempotencyMiddleware
+
+TITLE = "FastAPI + SQLAlchemy: Idempotency-Key middleware on an AsyncEngine"
+
+FACTORY = "bench.workloads.sqlalchemy_middleware:create_app"
+LABELS = {"none": "FastAPI + SQLAlchemy alone", "pgonce": "FastAPI + SQLAlchemy + pgonce"}
+CONCURRENCY = 8
+POOL_SIZE = 8
+TABLE = "bench_sqlalchemy_payments"
+SCOPE = "bench-sqlalchemy:bench"
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class Payment(_Base):
+    __tablename__ = TABLE
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    principal: Mapped[str] = mapped_column(String)
+    amount: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String)
+
+
+class NewPayment(BaseModel):
+    amount: int
+    currency: str
+
+
+async def plain_session(request: Request) -> AsyncIterator[AsyncSession]:
+    """The reference's session: FastAPI's dependency with yield, on the app's engine."""
+    async with AsyncSession(request.app.state.engine, expire_on_commit=False) as session:
+        yield session
+
+
+# Module level: FastAPI resolves the endpoints' (postponed) annotations in the module's namespace.
+IdempotentSession = Annotated[AsyncSession, Depends(idempotent_session, scope="function")]
+PlainSession = Annotated[AsyncSession, Depends(plain_session)]
+
+
+def create_app() -> FastAPI:
+    """The app for ``BENCH_SQLALCHEMY_VARIANT`` on ``BENCH_HTTP_DSN``."""
+    variant = os.environ["BENCH_SQLALCHEMY_VARIANT"]
+    dsn = os.environ["BENCH_HTTP_DSN"]
+
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(dsn)
+
+    engine = create_async_engine(
+        "postgresql+psycopg://", async_creator=connect, pool_size=POOL_SIZE, max_overflow=0
+    )
+    app = FastAPI()
+    app.state.engine = engine
+
+    async def pay(session: AsyncSession, new: NewPayment, *, commit: bool) -> JSONResponse:
+        payment = Payment(principal="bench", amount=new.amount, currency=new.currency)
+        session.add(payment)
+        await (session.commit() if commit else session.flush())
+        body = {"id": payment.id, "amount": payment.amount, "currency": payment.currency}
+        headers = {"Location": f"/payments/{payment.id}"}
+        return JSONResponse(body, status_code=201, headers=headers)
+
+    if variant == "pgonce":
+        app.add_middleware(
+            IdempotencyMiddleware, pool=EngineConnections(engine), key_scope=lambda _: SCOPE
+        )
+
+        @app.post("/payments", status_code=201)
+        async def create(new: NewPayment, session: IdempotentSession) -> JSONResponse:
+            return await pay(session, new, commit=False)  # the middleware commits
+
+    else:
+
+        @app.post("/payments", status_code=201)
+        async def create_plain(new: NewPayment, session: PlainSession) -> JSONResponse:
+            return await pay(session, new, commit=True)
+
+    return app
+
+
+def run(ctx: BenchContext) -> list[Table]:
+    prepare_payments(ctx.dsn, TABLE)
+    log = Path(tempfile.gettempdir()) / "pgonce-bench-sqlalchemy.log"
+    log.write_text("")
+    rounds = 1 if ctx.quick else 5
+    seconds = ctx.seconds(5)
+    runs: list[dict[str, Result]] = []
+    probes: dict[str, str] = {}
+    for number in range(rounds):
+        runs.append({})
+        for variant in VARIANTS if number % 2 == 0 else VARIANTS[::-1]:
+            env = {"BENCH_SQLALCHEMY_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
+            with serve_process(FACTORY, env, log) as (port, pid):
+                measured = measure(port, [pid], ctx.dsn, seconds, CONCURRENCY)
+            runs[-1][variant], probes[variant] = measured
+    cleanup_payments(ctx.dsn, ctx.schema, SCOPE, TABLE)
+    notes = [
+        f"One uvicorn process per variant, an AsyncEngine on psycopg 3 with a pool of "
+        f"{POOL_SIZE}; {CONCURRENCY} keep-alive client connections, a new key on every request; "
+        f"{rounds} interleaved round(s) of {seconds:g} s, each variant's best round. Server CPU "
+        "is the uvicorn process's; PostgreSQL CPU its backends on this database and its "
+        "background processes, both per request over the measured round.",
+        "With pgonce the request does more: BEGIN and the claim, the ORM's INSERT, the stored "
+        "response and COMMIT in one transaction, against the session's INSERT and COMMIT.",
+    ]
+    return compare(TITLE, LABELS, runs, probes, notes)

@@ -1,0 +1,1 @@
+"""Payments on FastAPI + SQLAlchemy (async ORM), safe to retry with an Idempotency-Key."""

@@ -1,0 +1,76 @@
+"""What only the SQLAlchemy HTTP path has (the conformance suite, tests/adapters, holds the rest):
+the endpoint's session may not commit the request's transaction, and needs the middleware on an
+engine."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import psycopg
+import pytest
+from fastapi import Depends, FastAPI
+from fastapi.testclient import TestClient
+from psycopg_pool import AsyncConnectionPool
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+from examples.payments.app import key_scope
+from examples.sqlalchemy_payments.app import IdempotentSession, create_app
+from pgonce.contrib.sqlalchemy import (
+    EngineConnections,
+    NotPsycopgSession,
+    SessionCommitRefused,
+    idempotent_session,
+)
+from pgonce.errors import UsageError
+from pgonce.http import IdempotencyMiddleware
+from tests.http.test_http_middleware import keys, payments
+from tests.keys.helpers import sqlalchemy_url
+from tests.sqlalchemy_adapter.app import insert_payment
+
+HEADERS = {"Authorization": "Bearer alice-token", "Idempotency-Key": '"k"'}
+
+
+def test_a_session_commit_in_the_endpoint_is_refused_and_nothing_commits(dsn: str) -> None:
+    app = create_app(dsn)
+
+    @app.post("/commit")
+    async def commit(session: IdempotentSession) -> dict[str, Any]:
+        await insert_payment(session)
+        await session.commit()
+        return {}
+
+    with TestClient(app) as client, pytest.raises(SessionCommitRefused, match=r"session\.flush"):
+        client.post("/commit", json={}, headers=HEADERS)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        assert (payments(db), keys(db)) == (0, 0)
+
+
+def test_the_session_needs_the_middleware_on_an_engine(dsn: str) -> None:
+    pool = AsyncConnectionPool(dsn, open=False)
+    app = FastAPI()
+    app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=key_scope)
+
+    @app.post("/payments")
+    async def create(
+        session: Annotated[AsyncSession, Depends(idempotent_session)],
+    ) -> dict[str, Any]:
+        return {}
+
+    with TestClient(app) as client:
+        portal = client.portal
+        assert portal is not None
+        portal.call(pool.open)
+        try:
+            with pytest.raises(UsageError, match="EngineConnections"):
+                client.post("/payments", json={}, headers=HEADERS)
+        finally:
+            portal.call(pool.close)
+
+
+async def test_an_engine_on_another_driver_is_refused_with_the_scheme_to_use(dsn: str) -> None:
+    engine = create_async_engine(sqlalchemy_url(dsn, "asyncpg"))
+    try:
+        with pytest.raises(NotPsycopgSession, match=r"postgresql\+psycopg://"):
+            EngineConnections(engine)
+    finally:
+        await engine.dispose()
