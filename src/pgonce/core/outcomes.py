@@ -45,11 +45,17 @@ class Response:
             )
         if type(self.body) is not bytes:
             object.__setattr__(self, "body", _body(self.body))
-        if type(self.headers) is not tuple or not all(
-            type(h) is tuple and len(h) == 2 and type(h[0]) is str and type(h[1]) is str
-            for h in self.headers
-        ):
-            object.__setattr__(self, "headers", _headers(self.headers))
+        headers = self.headers
+        if type(headers) is tuple:
+            # A plain loop: this runs for every stored response, and a generator costs more.
+            for header in headers:
+                if type(header) is not tuple or len(header) != 2:
+                    break
+                if type(header[0]) is not str or type(header[1]) is not str:
+                    break
+            else:
+                return
+        object.__setattr__(self, "headers", _headers(headers))
 
     @classmethod
     def from_stored(
