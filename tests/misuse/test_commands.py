@@ -3,9 +3,7 @@ silently: each case runs the real command line and asserts the useful part of it
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 from pgonce.errors import UsageError
 from pgonce.service.demo import service_url
 from pgonce.store._sync.outbox import enqueue
+from tests.test_cli import pgonce as run_pgonce
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
@@ -29,16 +28,9 @@ handler = "pgonce.service.demo:record_order"
 def pgonce(
     *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PGONCE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pgonce", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**base, "TEST_SHOP_SECRET": SECRET, **(env or {})},
-        check=False,
-    )
+    """The command line without this process's PGONCE_* settings: each test gives its own."""
+    env = {"TEST_SHOP_SECRET": SECRET, **(env or {})}
+    return run_pgonce(*args, env=env, cwd=cwd, own_settings=True)
 
 
 def one_error(result: subprocess.CompletedProcess[str]) -> str:
