@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pgonce.config import Settings
+from pgonce.config import Settings, own_connect_kwargs
 from pgonce.errors import ConfigError
 from pgonce.service.config import load
 
@@ -39,3 +39,21 @@ def test_an_empty_dsn_variable_is_an_error_unless_a_dsn_is_given() -> None:
     with pytest.raises(ConfigError, match="PGONCE_DSN is set but empty"):
         Settings.from_env({"PGONCE_DSN": " "})
     assert Settings.from_env({"PGONCE_DSN": ""}, dsn="postgresql://h/db").dsn == "postgresql://h/db"
+
+
+def test_connections_pgonce_opens_itself_ignore_the_dsn_variables() -> None:
+    """A worker or relay given its connection reads only the pooler's settings from the
+    environment: an empty PGONCE_DSN or the DSN guard is not its concern."""
+    environ = {
+        "PGONCE_DSN": "",
+        "PGONCE_REQUIRE_DSN": "1",
+        "PGONCE_POOLER": "pgbouncer-transaction",
+        "PGONCE_PREPARE_THRESHOLD": "3",
+    }
+    assert own_connect_kwargs(environ=environ) == {"prepare_threshold": None}
+    assert own_connect_kwargs({"prepare_threshold": 7}, environ={"PGONCE_DSN": ""}) == {
+        "prepare_threshold": 7
+    }
+    assert own_connect_kwargs(environ={"PGONCE_PREPARE_THRESHOLD": "3"}) == {"prepare_threshold": 3}
+    with pytest.raises(ConfigError, match="pooler 'pgbouncer' is not known"):
+        own_connect_kwargs(environ={"PGONCE_POOLER": "pgbouncer"})
