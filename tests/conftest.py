@@ -82,10 +82,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     dsn = os.environ.get("PGONCE_TEST_DSN", "")
+    where = (
+        f" (embedded, data in {ROOT / '.pgonce' / 'test-data'}: no PGONCE_TEST_DSN given)"
+        if _embedded is not None
+        else ""
+    )
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             row = conn.execute("SHOW server_version").fetchone()
-        return f"pgonce: PostgreSQL {row[0] if row else '?'}"
+        return f"pgonce: PostgreSQL {row[0] if row else '?'}{where}"
     except psycopg.Error as error:
         return f"pgonce: PostgreSQL not reachable: {error}"
 

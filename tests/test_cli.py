@@ -15,14 +15,18 @@ from pgonce.cli import COMMANDS
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def pgonce(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def pgonce(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT, own_settings: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run the command line; ``own_settings`` drops the PGONCE_* variables of this process."""
+    base = {k: v for k, v in os.environ.items() if not (own_settings and k.startswith("PGONCE_"))}
     return subprocess.run(
         [sys.executable, "-m", "pgonce", *args],
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=180,
-        env={**os.environ, **(env or {})},
+        env={**base, **(env or {})},
         check=False,
     )
 

@@ -55,7 +55,9 @@ def principal_of(authorization: str | None) -> str | None:
 def key_scope(scope: Mapping[str, Any]) -> str | None:
     """Keys belong to the authenticated principal: alice's key never meets bob's.
 
-    ``None`` (no valid credentials) leaves the request to the app, which answers 401 itself.
+    ``None`` (no valid credentials) passes the request on without a claim: the app's own
+    authentication answers 401 (``principal`` below), and an endpoint that asks for the claim's
+    transaction first gets the middleware's 401, never a 500.
     """
     for name, value in scope["headers"]:
         if name == b"authorization":

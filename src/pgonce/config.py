@@ -79,6 +79,10 @@ class Settings:
     #: A direct connection for LISTEN when ``dsn`` goes through a transaction-mode pooler (where
     #: LISTEN receives nothing); ``None`` listens on ``dsn``.
     listen_dsn: str | None = field(default=None, repr=False)
+    #: Refuse to run without a DSN instead of starting the embedded PostgreSQL: set it on every
+    #: production host, where a DSN lost to a typo must stop pgonce, not send its writes to a
+    #: private database nobody backs up.
+    require_dsn: bool = False
 
     def __post_init__(self) -> None:
         _validate_schema(self.schema)
@@ -92,13 +96,20 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-        """Read ``PGONCE_DSN``, ``_SCHEMA``, ``_DATA_DIR``, ``_PREPARE_THRESHOLD``, ``_POOLER``
-        and ``_LISTEN_DSN``.
+        """Read ``PGONCE_DSN``, ``_SCHEMA``, ``_DATA_DIR``, ``_PREPARE_THRESHOLD``, ``_POOLER``,
+        ``_LISTEN_DSN`` and ``_REQUIRE_DSN``.
 
         Keyword arguments that are not ``None`` win over the environment (the command line's
-        options are passed this way).
+        options are passed this way). ``PGONCE_DSN`` set but empty is an error, not a fallback
+        to the embedded server: it is what ``PGONCE_DSN=$DATABASE_URL`` gives when the variable
+        it copies is unset.
         """
         env = os.environ if environ is None else environ
+        if "PGONCE_DSN" in env and not env["PGONCE_DSN"].strip() and not overrides.get("dsn"):
+            raise ConfigError(
+                "PGONCE_DSN is set but empty (copied from a variable that is unset?): give it a "
+                "connection string, or unset it to use the embedded PostgreSQL"
+            )
         settings = cls(
             dsn=env.get("PGONCE_DSN") or None,
             schema=env.get("PGONCE_SCHEMA") or DEFAULT_SCHEMA,
@@ -108,6 +119,7 @@ class Settings:
             prepare_threshold=_parse_threshold(env.get("PGONCE_PREPARE_THRESHOLD")),
             pooler=env.get("PGONCE_POOLER") or DEFAULT_POOLER,
             listen_dsn=env.get("PGONCE_LISTEN_DSN") or None,
+            require_dsn=_parse_flag("PGONCE_REQUIRE_DSN", env.get("PGONCE_REQUIRE_DSN")),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings  # type: ignore[arg-type]
@@ -120,9 +132,15 @@ def own_connect_kwargs(
     relay's, the receiver's own pool): ``given``, else the environment's settings; behind a
     transaction-mode pooler (``PGONCE_POOLER``) ``prepare_threshold`` is None whatever was given.
     """
-    settings = Settings.from_env(environ)
-    kwargs: dict[str, Any] = dict(settings.connect_kwargs() if given is None else given)
-    if settings.pooler == TRANSACTION_POOLER:
+    # Only the two variables that decide statement preparation are read: a connection the
+    # caller's code names needs no DSN from the environment, so PGONCE_DSN (even set but empty)
+    # and PGONCE_REQUIRE_DSN are none of its business.
+    env = os.environ if environ is None else environ
+    pooler = validate_pooler(env.get("PGONCE_POOLER") or DEFAULT_POOLER)
+    if given is None:
+        given = {"prepare_threshold": _parse_threshold(env.get("PGONCE_PREPARE_THRESHOLD"))}
+    kwargs: dict[str, Any] = dict(given)
+    if pooler == TRANSACTION_POOLER:
         kwargs["prepare_threshold"] = None
     return kwargs
 
@@ -131,6 +149,14 @@ def validate_pooler(pooler: str) -> str:
     if pooler not in POOLERS:
         raise ConfigError(f"pooler {pooler!r} is not known: it is one of {', '.join(POOLERS)}")
     return pooler
+
+
+def _parse_flag(name: str, value: str | None) -> bool:
+    if value is None or value.strip().lower() in ("", "0", "false", "no", "off"):
+        return False
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name} must be 1 or 0 (true or false), not {value!r}")
 
 
 def _parse_threshold(value: str | None) -> int | None:

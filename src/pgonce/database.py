@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from pgonce.config import Settings
-from pgonce.errors import DatabaseUnavailable
+from pgonce.errors import ConfigError, DatabaseUnavailable
 from pgonce.extras import needs
 from pgonce.store.errors import describe_dsn, first_line
 
@@ -70,8 +70,14 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
 def open_database(settings: Settings) -> Iterator[Database]:
     """The database to use: ``settings.dsn``, or the embedded server when it is ``None``.
 
-    Checks that the server answers, so that a wrong DSN fails here with one clear line.
+    Checks that the server answers, so that a wrong DSN fails here with one clear line. With
+    ``settings.require_dsn``, no DSN is a :class:`ConfigError`, never the embedded server.
     """
+    if settings.dsn is None and settings.require_dsn:
+        raise ConfigError(
+            "no database is configured and a DSN is required (require_dsn): set PGONCE_DSN, "
+            "--dsn or [database] dsn; pgonce does not fall back to its embedded PostgreSQL"
+        )
     if settings.dsn is None:
         with embedded_server(settings.data_dir) as dsn:
             database = Database(
@@ -89,6 +95,15 @@ def open_database(settings: Settings) -> Iterator[Database]:
         )
         check_reachable(database.dsn)
         yield database
+
+
+def embedded_notice(data_dir: Path) -> str:
+    """What a command says first when it uses the embedded server: where, and what it is not for."""
+    return (
+        f"embedded PostgreSQL with its data in {data_dir.expanduser().resolve()} (no PGONCE_DSN "
+        "given): for trying pgonce out, not for production data; set PGONCE_DSN to use your "
+        "database, and PGONCE_REQUIRE_DSN=1 to forbid this fallback"
+    )
 
 
 #: Rounds of the shared-session check (see :func:`shares_server_sessions`).

@@ -10,6 +10,7 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     │   └── MissingExtra              a part needs an optional extra that is not installed
     ├── KeyMismatch                   same key, different request: never a silent replay
     ├── InvalidIdempotencyKey         400: an HTTP request's Idempotency-Key is missing or malformed
+    ├── MissingKeyScope               401: a request with a key names no caller (unauthenticated)
     ├── DatabaseError                 PostgreSQL failed; translated once, at the store boundary
     │   ├── DatabaseUnavailable       cannot connect, or the connection died mid-operation
     │   ├── SchemaNotMigrated         pgonce's tables are missing or older than this code
@@ -28,8 +29,8 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
         ├── HandlerSwallowedError     the handler caught a database error; its writes cannot commit
         └── ForwardFailed             the forward target did not accept the event
 
-The class docstring is the default message; every exception keeps the psycopg error it translates
-as ``__cause__``.
+The first paragraph of the class docstring, on one line, is the default message; every exception
+keeps the psycopg error it translates as ``__cause__``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ class PgonceError(Exception):
     """pgonce failed."""
 
     def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+        super().__init__(message or _default_message(type(self)))
+
+
+def _default_message(kind: type[BaseException]) -> str:
+    """The first paragraph of the class docstring, on one line and without markup."""
+    first = (kind.__doc__ or kind.__name__).strip().split("\n\n")[0]
+    return " ".join(first.replace("``", "").split())
 
 
 class ConfigError(PgonceError):
@@ -51,10 +58,11 @@ class UsageError(PgonceError):
 
 
 class NotInTransaction(UsageError):
-    """The connection is in autocommit mode outside a transaction.
+    """The connection is in autocommit mode outside a transaction, where this write would commit
+    alone: open a transaction first (with conn.transaction(): ...).
 
-    A claim must commit together with the caller's writes; on an autocommit connection it would
-    commit alone, so pgonce refuses. Open a transaction first (``with conn.transaction(): ...``).
+    A claim, an inbox mark or an outbox row must commit together with the caller's writes, so
+    pgonce refuses to write on its own.
     """
 
 
@@ -97,6 +105,18 @@ class InvalidIdempotencyKey(PgonceError):
 
     status = 400
     title = "Invalid Idempotency-Key"
+
+
+class MissingKeyScope(PgonceError):
+    """This request names no caller, so its Idempotency-Key cannot be claimed: authenticate.
+
+    The key scope returned ``None`` (no credentials), so the adapter passed the request on
+    without a claim; an endpoint that then asks for the claim's transaction raises this, and the
+    adapter answers 401, never a 500.
+    """
+
+    status = 401
+    title = "Authentication required"
 
 
 class DatabaseError(PgonceError):

@@ -47,7 +47,8 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA, own_connect_kwargs
-from pgonce.core.outbox import RetryPolicy, refuse, settle
+from pgonce.core.outbox import OutboxMessage, Refusal, RetryPolicy, refuse, settle
+from pgonce.core.throttle import Throttle, held_back
 from pgonce.errors import BrokerUnavailable, ConfigError, PgonceError
 from pgonce.publishers.base import Publisher, PublishResult
 from pgonce.store._async.outbox import AsyncOutboxStore
@@ -104,6 +105,13 @@ class RelayStats:
     out_of_order: int = 0
     errors: int = 0
     last_error: str | None = field(default=None)
+    #: Rows that failed to publish, by reason: the refusals' kinds ("unroutable", "nacked",
+    #: "refused", ...), "no_answer" (the broker did not settle them) and "unavailable" (the broker
+    #: could not be reached); each row counts once per failed attempt.
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def fail(self, reason: str, rows: int = 1) -> None:
+        self.failures[reason] = self.failures.get(reason, 0) + rows
 
     def add(self, report: BatchReport) -> None:
         self.batches += 1
@@ -160,6 +168,8 @@ class Relay:
         ]
         self.outage_backoff = outage_backoff
         self.stats = RelayStats()
+        #: Holds back repeated reports of one failure: per (aggregate type, reason).
+        self.throttle = Throttle()
         #: Names this relay in outbox_waiting_relays; unique per instance.
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = asyncio.Event()
@@ -178,8 +188,7 @@ class Relay:
             try:
                 result = await self.publisher.publish(batch)
             except BrokerUnavailable as error:
-                log.warning("relay: %s; %d rows wait", error, len(batch))
-                result, broker_down = PublishResult(), True
+                result, broker_down = PublishResult(lost=str(error)), True
             # The backoff is computed on this host's clock and compared with the database's in
             # the claim; a skew of a few seconds shifts a retry by as much, nothing worse.
             settled_at = now or datetime.now(UTC)
@@ -196,11 +205,9 @@ class Relay:
                 for row, error in settlement.refused
             ]
             await self.store.record_refusals(conn, refusals)
+        # Reported after the commit: what the log says happened has happened.
+        self._report(batch, result, refusals, broker_down, settled_at)
         parked = sum(1 for r in refusals if r.parked_at is not None)
-        if parked:
-            log.error(
-                "relay: parked %d outbox rows after %d attempts", parked, self.policy.max_attempts
-            )
         if settlement.out_of_order:
             log.warning(
                 "relay: %d rows acknowledged after an earlier row of their aggregate was refused",
@@ -216,11 +223,84 @@ class Relay:
             broker_down=broker_down,
         )
 
+    def _report(
+        self,
+        batch: list[OutboxMessage],
+        result: PublishResult,
+        refusals: list[Refusal],
+        broker_down: bool,
+        now: datetime,
+    ) -> None:
+        """Log each kind of failure of a batch once (then throttled) and count every row of it."""
+        publisher = self.publisher.name
+        rows = {row.id: row for row in batch}
+        for refusal in refusals:
+            row = rows[refusal.id]
+            kind = result.kinds.get(refusal.id, "refused")
+            self.stats.fail(kind)
+            if refusal.parked_at is not None:
+                next_step = (
+                    f"parked after {refusal.attempts} attempts; replay it with "
+                    f"`pgonce replay --outbox --id {refusal.id}` once the cause is fixed"
+                )
+            else:
+                next_step = (
+                    f"attempt {refusal.attempts} of {self.policy.max_attempts}, "
+                    f"retry at {refusal.next_attempt_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z"
+                )
+            held = self.throttle.admit((row.aggregatetype, kind, refusal.parked_at is None), now)
+            if held is not None:
+                (log.error if refusal.parked_at else log.warning)(
+                    "relay: %s %s outbox row %d (aggregate %s/%s, event %s): %s; %s%s",
+                    publisher,
+                    kind,
+                    row.id,
+                    row.aggregatetype,
+                    row.aggregateid,
+                    row.type,
+                    refusal.last_error,
+                    next_step,
+                    held_back(held),
+                )
+        answered = result.acked.union(result.refused)
+        unanswered = [row for row in batch if row.id not in answered]
+        if not unanswered:
+            return
+        reason = "unavailable" if broker_down else "no_answer"
+        self.stats.fail(reason, len(unanswered))
+        held = self.throttle.admit(("*", reason), now)
+        if held is not None:
+            types = sorted({row.aggregatetype for row in unanswered})
+            log.warning(
+                "relay: %s %s for %d outbox rows (aggregate types %s): %s; they wait without "
+                "an attempt counted and are published again after a backoff of at most %g s%s",
+                publisher,
+                "is unavailable" if broker_down else "gave no answer",
+                len(unanswered),
+                ", ".join(types[:5]) + (", ..." if len(types) > 5 else ""),
+                result.lost or "the outcome is unknown",
+                self.outage_backoff[1].total_seconds(),
+                held_back(held),
+            )
+
     async def run(self, stop: asyncio.Event | None = None) -> RelayStats:
         """Publish until ``stop`` is set (forever without one); survive database and broker
         outages by waiting and reconnecting. ``concurrency`` batch loops run at once, each on
         its own connection, sharing the publisher and the LISTEN connection."""
         stop = stop or asyncio.Event()
+        log.info(
+            "relay: publishing the outbox of schema %s through %s",
+            self.store.schema,
+            self.publisher.name,
+        )
+        # A publisher that can check its destination does it now: what is wrong is said at the
+        # start, not with the first row. The rows wait meanwhile; the loops retry.
+        prepare = getattr(self.publisher, "prepare", None)
+        if prepare is not None:
+            try:
+                await prepare()
+            except BrokerUnavailable as error:
+                log.warning("relay: %s; the rows wait until it is fixed", error)
         listener = asyncio.create_task(self._listen(stop)) if self.listen else None
         try:
             await asyncio.gather(

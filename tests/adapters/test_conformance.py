@@ -219,3 +219,17 @@ def test_a_server_killed_mid_request_leaves_no_key(
     assert again.content == retry.content
     assert payments(db) == 1
     assert keys(db) == 1
+
+
+def test_a_key_without_a_caller_is_401_never_a_500(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    # No credentials: the key scope names no caller, so nothing can be claimed. The endpoint asks
+    # for the claim's transaction (/no-db) and the adapter answers 401, not the helper's 500.
+    anonymous = {"Authorization": ""}
+    document = assert_problem(post(server, "/no-db", new_key(), headers=anonymous), 401)
+    assert document["title"] == "Authentication required"
+    assert "names no caller" in document["detail"]
+    # The app's own 401 comes first where the app checks credentials itself.
+    assert post(server, "/payments", new_key(), headers=anonymous).status_code == 401
+    assert keys(db) == 0

@@ -44,6 +44,11 @@ def create_app() -> FastAPI:
     async def cookie(session: IdempotentSession) -> Response:
         return with_cookie(await insert_payment(session))
 
+    @app.post("/no-db")
+    async def no_db(session: IdempotentSession) -> Response:
+        # Asks for the session (so the request's claim) and writes nothing.
+        return JSONResponse({"nonce": os.urandom(8).hex()}, status_code=201)
+
     @app.post("/block")
     async def block(directory: str, session: IdempotentSession, status: int = 201) -> Response:
         return await hold(directory, await insert_payment(session), status)

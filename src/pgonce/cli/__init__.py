@@ -24,7 +24,13 @@ from pgonce.cli import (
     sweep,
     worker,
 )
-from pgonce.cli.common import Command
+from pgonce.cli.common import (
+    DATABASE_OPTIONS,
+    Command,
+    add_database_options,
+    add_global_options,
+    fill_defaults,
+)
 from pgonce.errors import PgonceError
 
 #: The commands, in the order ``--help`` lists them. A command module has NAME, HELP,
@@ -55,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
     parser.add_argument("--version", action="version", version=f"pgonce {__version__}")
+    add_global_options(parser)
+    add_database_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         child = sub.add_parser(
@@ -65,14 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
             description=command.__doc__,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        add_global_options(child)
         command.configure(child)
-        child.set_defaults(run=command.run)
+        takes = {action.dest for action in child._actions}
+        child.set_defaults(run=command.run, takes=takes)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # A database option before a command that has no database (send) is refused, not ignored.
+    for name in DATABASE_OPTIONS:
+        if hasattr(args, name) and name not in args.takes:
+            parser.error(f"pgonce {args.command} does not take --{name.replace('_', '-')}")
+    fill_defaults(args)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

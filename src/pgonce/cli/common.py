@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 
 from pgonce.config import Settings
-from pgonce.database import Database, open_database
+from pgonce.database import Database, embedded_notice, open_database
 from pgonce.store.errors import translate_errors
 from pgonce.store.migrate import migrate
 
@@ -26,28 +28,94 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
+#: The options of add_database_options(), by their names in Settings.
+DATABASE_OPTIONS = ("dsn", "schema", "data_dir", "require_dsn")
+
+
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    """Options accepted before and after the command: given on both the top-level parser and each
+    command's, without a default (argparse.SUPPRESS), so that neither erases the other's value;
+    :func:`fill_defaults` sets the ones given nowhere."""
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log debug details"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help="TOML configuration file (default: $PGONCE_CONFIG; none: defaults and environment)",
+    )
+
+
 def add_database_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("database")
     group.add_argument(
         "--dsn",
-        help="PostgreSQL connection string (default: $PGONCE_DSN; none: the embedded server)",
+        default=argparse.SUPPRESS,
+        help="PostgreSQL connection string (default: $PGONCE_DSN or [database] dsn; none: the "
+        "embedded server)",
     )
     group.add_argument(
-        "--schema", help="schema of pgonce's tables (default: $PGONCE_SCHEMA or pgonce)"
+        "--schema",
+        default=argparse.SUPPRESS,
+        help="schema of pgonce's tables (default: $PGONCE_SCHEMA or pgonce)",
     )
     group.add_argument(
         "--data-dir",
         type=Path,
+        default=argparse.SUPPRESS,
         help="data folder of the embedded server (default: $PGONCE_DATA_DIR or .pgonce/data)",
     )
+    group.add_argument(
+        "--require-dsn",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="refuse to start without a DSN instead of using the embedded server "
+        "(default: $PGONCE_REQUIRE_DSN or [database] require_dsn; set it in production)",
+    )
+
+
+def fill_defaults(args: argparse.Namespace) -> None:
+    """Set the global and database options that were given nowhere."""
+    for name in ("verbose", "config", *DATABASE_OPTIONS):
+        if not hasattr(args, name):
+            setattr(args, name, False if name == "verbose" else None)
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    return Settings.from_env(
-        dsn=getattr(args, "dsn", None),
-        schema=getattr(args, "schema", None),
-        data_dir=getattr(args, "data_dir", None),
-    )
+    """The database settings: the configuration file's when one is given (--config or
+    $PGONCE_CONFIG), else the environment's, with the command line's options on top."""
+    if getattr(args, "config", None) is not None or os.environ.get("PGONCE_CONFIG"):
+        from pgonce.service.config import load
+
+        return replace(load(getattr(args, "config", None)).settings, **database_options(args))
+    return Settings.from_env(**database_options(args))
+
+
+def database_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The database options given on the command line (those not given are left out)."""
+    given = {name: getattr(args, name, None) for name in DATABASE_OPTIONS}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+@contextlib.contextmanager
+def announced_database(
+    settings: Settings, *, then: str | None = None, quiet: bool = False
+) -> Iterator[Database]:
+    """:func:`open_database`, saying which database it is on the first line.
+
+    The embedded server is announced before it starts (a first run takes a few seconds), with its
+    data folder and that it is not for production data, even when ``quiet``; ``quiet`` drops
+    the line for a configured database. ``then`` is a line said after it.
+    """
+    if settings.dsn is None and not settings.require_dsn:
+        say(f"pgonce: using an {embedded_notice(settings.data_dir)}")
+    with open_database(settings) as db:
+        if not db.embedded and not quiet:
+            say(f"pgonce: using {db.description}")
+        if then:
+            say(f"pgonce: {then}")
+        yield db
 
 
 def say(message: str) -> None:
@@ -61,8 +129,7 @@ def database(
 ) -> Iterator[tuple[Settings, Database]]:
     """Open the database the options name, say which one it is, and migrate it if asked."""
     settings = settings_from(args)
-    with open_database(settings) as db:
-        say(f"pgonce: using {db.description}")
+    with announced_database(settings) as db:
         if migrated:
             with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
                 applied = migrate(conn, settings.schema)

@@ -21,16 +21,14 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from psycopg import sql
 
-from pgonce.cli.common import add_database_options, database, print_proof, say
+from pgonce.cli.common import add_database_options, announced_database, database, print_proof, say
 from pgonce.cli.serve import fire_storm, service_config
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Response
-from pgonce.database import open_database
 from pgonce.extras import needs
 from pgonce.store._async.keys import AsyncKeyStore
 
@@ -79,9 +77,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     service = parser.add_argument_group("against a running service")
     service.add_argument("--url", help="fire a signed webhook storm at this running pgonce serve")
-    service.add_argument(
-        "--config", type=Path, help="the service's configuration (default: $PGONCE_CONFIG)"
-    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,10 +87,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("pgonce demo: --crash-rate must be in [0, 1)")
     if args.url:
         config = service_config(args)
-        with open_database(config.settings) as db:
-            say(f"pgonce: counting effects in {db.description}")
+        with announced_database(config.settings, then="counting effects there") as db:
             ok = asyncio.run(
-                fire_storm(config, db.dsn, args.url.rstrip("/"), args.orders, args.copies)
+                fire_storm(config, db.dsn, args.url, args.orders, args.copies, where=db.description)
             )
         return 0 if ok else 1
     with database(args) as (settings, db):

@@ -12,10 +12,13 @@
 - listen: whether LISTEN reaches the server directly. Through a transaction-mode pooler it
   receives nothing, and the inbox and outbox fall back to polling: give $PGONCE_LISTEN_DSN (or
   [database] listen_dsn) a direct connection.
+- failed rows: outbox rows the broker refused (waiting for a retry, or parked) and inbox events
+  whose handler failed (retrying, or dead), by aggregate type or source, with the newest reason.
+  Parked and dead rows wait for a person: fix the cause, then `pgonce replay`.
 
 Give the same retention options as `pgonce sweep` so that both judge by the same policy.
-Exit status: 0 when every check passes or only warns, 1 when a check fails (also warnings with
---strict) or the database cannot be read.
+Exit status: 0 when every check passes or only warns, 1 when a check fails (also warnings, and
+parked or dead rows, with --strict) or the database cannot be read.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import replace
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, say, settings_from
+from pgonce.cli.common import add_database_options, announced_database, settings_from
 from pgonce.cli.sweep import add_retention_options, duration_arg, policies_from
 from pgonce.core.retention import (
     DEFAULT_SLACK,
@@ -36,8 +39,9 @@ from pgonce.core.retention import (
     format_duration,
 )
 from pgonce.core.topology import judge_listen
-from pgonce.database import POLLING_COST, open_database, shares_server_sessions
+from pgonce.database import POLLING_COST, shares_server_sessions
 from pgonce.store._sync.health import HealthCheck
+from pgonce.store._sync.inspect import Inspector, Trouble
 from pgonce.store.errors import translate_errors
 
 NAME = "doctor"
@@ -84,6 +88,25 @@ def render(report: HealthReport) -> str:
     return "\n".join([*lines, "", *notes, *([""] if notes else []), checked])
 
 
+def render_troubles(troubles: Sequence[Trouble]) -> str:
+    """Failed rows, one line per group, each with what happens next and its newest reason."""
+    if not troubles:
+        return "failed rows: none (no refused outbox row, no failed inbox event)"
+    lines = ["failed rows:"]
+    for t in troubles:
+        what = "aggregate type" if t.part == "outbox" else "source"
+        if t.next_attempt_at is not None:
+            next_step = f"next attempt {t.next_attempt_at:%Y-%m-%d %H:%M:%S %Z}"
+        else:
+            option = "--outbox --aggregatetype" if t.part == "outbox" else "--source"
+            next_step = f"waiting for `pgonce replay {option} {t.name}` after a fix"
+        lines.append(
+            f"  {t.part} {what} {t.name!r}: {t.rows} {t.state} ({next_step}); "
+            f"last error: {t.last_error or 'none recorded'}"
+        )
+    return "\n".join(lines)
+
+
 def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
 
@@ -106,10 +129,13 @@ def run(args: argparse.Namespace) -> int:
         stuck_after=args.stuck_after,
         slack=args.slack,
     )
-    with open_database(settings) as db:
-        say(f"pgonce: using {db.description}")
-        with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
-            report = health.check(conn, now=args.now)
+    with (
+        announced_database(settings) as db,
+        translate_errors("connecting"),
+        psycopg.connect(db.dsn, autocommit=True) as conn,
+    ):
+        report = health.check(conn, now=args.now)
+        troubles = Inspector(schema=settings.schema).troubles(conn)
         listen_dsn = settings.listen_dsn
         listening = judge_listen(
             POLLING_COST,
@@ -118,7 +144,10 @@ def run(args: argparse.Namespace) -> int:
             listen_pooled=listen_dsn is not None and shares_server_sessions(listen_dsn),
         )
         report = replace(report, findings=(*report.findings, listening))
-    print(render(report))
-    if report.status == "fail" or (args.strict and report.status == "warn"):
+    # The failed rows before the verdict line, which stays last.
+    table, verdict = render(report).rsplit("\n", 1)
+    print("\n".join([table, render_troubles(troubles), "", verdict]))
+    stuck = any(t.state in ("parked", "dead") for t in troubles)
+    if report.status == "fail" or (args.strict and (report.status == "warn" or stuck)):
         return 1
     return 0

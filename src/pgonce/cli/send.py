@@ -5,8 +5,8 @@ try a source without the provider. The body is --body (JSON text), --body-file, 
 event; --copies sends the same delivery several times at once (a duplicate storm in miniature).
 
 Examples:
-  pgonce send --config examples/pgonce.toml --source shop
-  pgonce send --config examples/pgonce.toml --source shop --copies 5 \\
+  pgonce send --config pgonce.toml --source shop
+  pgonce send --config pgonce.toml --source shop --copies 5 \\
       --body '{"data":{"order":"o-1"}}'
 """
 
@@ -29,9 +29,6 @@ HELP = "sign and send a test webhook to a running service"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", type=Path, help="the service's configuration (default: $PGONCE_CONFIG)"
-    )
     parser.add_argument("--source", required=True, help="the configured source to sign for")
     parser.add_argument(
         "--url", default="http://127.0.0.1:8000", help="the service (default %(default)s)"

@@ -1,9 +1,22 @@
 """Run the service: webhook inbox, inbox workers, outbox relay, sweeper, health, metrics, admin.
 
 One process runs every part; `pgonce worker` and `pgonce relay` run one part alone, so that a
-deployment scales each separately. The configuration is a TOML file (--config or $PGONCE_CONFIG;
-see examples/pgonce.toml); every value can be overridden from the environment as
-PGONCE__SECTION__KEY. Invalid configuration is refused with every problem listed.
+deployment scales each separately. The configuration is a TOML file (--config or $PGONCE_CONFIG);
+every value can be overridden from the environment as PGONCE__SECTION__KEY, and secrets are given
+as "env:NAME". Invalid configuration is refused with every problem listed. A small one:
+
+  [database]
+  dsn = "env:DATABASE_URL"
+  require_dsn = true                         # never fall back to the embedded PostgreSQL
+
+  [sources.shop]                             # POST /webhooks/shop
+  scheme = "standard-webhooks"
+  secrets = ["env:SHOP_WEBHOOK_SECRET"]
+  handler = "myapp.webhooks:on_shop_event"   # async def on_shop_event(event, conn)
+
+  [outbox]                                   # the relay publishes the outbox here
+  publisher = "rabbitmq"                     # or nats, redis, http
+  url = "env:BROKER_URL"
 
 HTTP: POST /webhooks/{source}, GET /healthz (alive), GET /readyz (database reachable and migrated),
 GET /metrics (Prometheus), /admin (only when [admin] token is configured).
@@ -16,15 +29,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, print_proof, say
-from pgonce.database import open_database
+from pgonce.cli.common import (
+    add_database_options,
+    announced_database,
+    database_options,
+    print_proof,
+    say,
+)
 from pgonce.errors import ConfigError
 from pgonce.extras import needs
 from pgonce.store.errors import translate_errors
@@ -43,9 +61,6 @@ HELP = "run the service: webhook inbox, workers, relay, sweeper, metrics, admin"
 
 
 def add_service_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", type=Path, help="TOML configuration file (default: $PGONCE_CONFIG)"
-    )
     add_database_options(parser)
 
 
@@ -68,15 +83,7 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
     from pgonce.service.config import load
 
     config = load(args.config)
-    settings = config.settings
-    overrides = {
-        "dsn": getattr(args, "dsn", None),
-        "schema": getattr(args, "schema", None),
-        "data_dir": getattr(args, "data_dir", None),
-    }
-    given = {k: v for k, v in overrides.items() if v is not None}
-    if given:
-        settings = replace(settings, **given)
+    settings = replace(config.settings, **database_options(args))
     top = {
         k: v
         for k, v in (("host", getattr(args, "host", None)), ("port", getattr(args, "port", None)))
@@ -89,9 +96,9 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
     from pgonce.service import logs, runner
 
     config = service_config(args)
-    logs.configure(config.log_format)
-    with open_database(config.settings) as db:
-        say(f"pgonce: using {db.description}; configuration from {config.origin}")
+    refuse_idle(config, tuple(parts))
+    logs.configure(config.log_format, level=logging.DEBUG if args.verbose else logging.INFO)
+    with announced_database(config.settings, then=f"configuration from {config.origin}") as db:
         with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
             applied = migrate(conn, config.settings.schema)
         if applied:
@@ -105,6 +112,26 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
     return 0
 
 
+def refuse_idle(config: ServiceConfig, parts: tuple[str, ...]) -> None:
+    """Refuse to start a command that has nothing to do, naming the section to add."""
+    where = (
+        f"the configuration ({config.origin})"
+        if config.origin != "environment"
+        else "no configuration file was given (--config or $PGONCE_CONFIG), so it"
+    )
+    if parts == ("relay",) and config.outbox is None:
+        raise ConfigError(
+            f"pgonce relay has nothing to publish: {where} has no [outbox] section; add one "
+            'naming the broker, e.g. [outbox] publisher = "rabbitmq" (or nats, redis, http) '
+            'with url = "env:BROKER_URL"'
+        )
+    if parts == ("workers",) and not any(s.source.handles for s in config.sources):
+        raise ConfigError(
+            f"pgonce worker has no handler to run: {where} has no source with a handler; add "
+            'one, e.g. [sources.shop] with handler = "myapp.webhooks:on_shop_event"'
+        )
+
+
 async def _setup_demo(dsn: str) -> None:
     from pgonce.service import demo as service_demo
 
@@ -116,13 +143,19 @@ def demo_source(config: ServiceConfig) -> tuple[str, SigningScheme]:
     """The source a demo storm goes to: the first with a handler, whose scheme can sign."""
     chosen = next((s.source for s in config.sources if s.source.handles), None)
     if chosen is None:
-        raise ConfigError("the demo needs a source with a handler (see examples/pgonce.toml)")
+        raise ConfigError(
+            "the demo needs a source with a handler, e.g. [sources.shop] with scheme = "
+            '"standard-webhooks", secrets = ["env:NAME"] and handler = '
+            '"pgonce.service.demo:record_order"'
+        )
     if not hasattr(chosen.scheme, "sign"):
         raise ConfigError(f"the demo: the scheme of source {chosen.name!r} cannot sign")
     return chosen.name, cast(SigningScheme, chosen.scheme)
 
 
-async def fire_storm(config: ServiceConfig, dsn: str, url: str, orders: int, copies: int) -> bool:
+async def fire_storm(
+    config: ServiceConfig, dsn: str, url: str, orders: int, copies: int, *, where: str = ""
+) -> bool:
     """A signed retry storm at the service at ``url``; prints the proof, True when exactly once."""
     from pgonce.service import demo as service_demo
 
@@ -130,8 +163,13 @@ async def fire_storm(config: ServiceConfig, dsn: str, url: str, orders: int, cop
         from psycopg_pool import AsyncConnectionPool
 
     name, scheme = demo_source(config)
-    say(f"pgonce demo: {orders * copies} signed deliveries of {orders} orders to {url} ({name})")
+    url = service_demo.service_url(url, name)
     async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        async with pool.connection() as conn:
+            await service_demo.check_setup(conn, where or "the database")
+        say(
+            f"pgonce demo: {orders * copies} signed deliveries of {orders} orders to {url} ({name})"
+        )
         report = await service_demo.storm(url, name, scheme, pool, orders=orders, copies=copies)
     print_proof(
         report.proof(), seconds=report.seconds, items=report.deliveries, ok=report.exactly_once

@@ -1,9 +1,12 @@
 """Delete expired rows once, in bounded batches: the run for cron.
 
-Every sweep target (the key store; the inbox and the outbox once they exist) is swept in batches,
-each its own short transaction with a statement timeout, pausing between batches, until the first
-short batch or the batch cap. Completed keys older than their retention go; a claim still in flight
-never does. Several sweeps may run at once (from cron on several hosts): they take disjoint rows.
+Every sweep target (--target: keys, inbox, outbox, outbox_aggregates) is swept in batches, each
+its own short transaction with a statement timeout, pausing between batches, until the first short
+batch or the batch cap. What goes, once older than its retention: completed keys (never a claim in
+flight); handled inbox events (never a pending event or a dead letter); published outbox rows
+(never a row waiting for the broker, nor a parked one); the lock rows of outbox aggregates idle
+for the retention. Several sweeps may run at once (from cron on several hosts): they take disjoint
+rows.
 
 A retention shorter than the retry horizon it must cover is refused before anything is deleted.
 
@@ -22,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, say, settings_from
+from pgonce.cli.common import add_database_options, announced_database, settings_from
 from pgonce.core.retention import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCHES,
@@ -37,7 +40,6 @@ from pgonce.core.retention import (
     parse_duration,
     policy_from_text,
 )
-from pgonce.database import open_database
 from pgonce.errors import ConfigError
 from pgonce.store._sync.sweeper import Sweeper
 from pgonce.store.errors import translate_errors
@@ -190,14 +192,15 @@ def run(args: argparse.Namespace) -> int:
     )
     interactive = sys.stderr.isatty() and not args.quiet
     progress = Progress(interactive)
-    with open_database(settings_from(args)) as db:
-        if interactive:
-            say(f"pgonce: using {db.description}")
-        with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
-            try:
-                result = sweeper.sweep(conn, now=args.now, on_batch=progress)
-            finally:
-                progress.close()
+    with (
+        announced_database(settings_from(args), quiet=not interactive) as db,
+        translate_errors("connecting"),
+        psycopg.connect(db.dsn, autocommit=True) as conn,
+    ):
+        try:
+            result = sweeper.sweep(conn, now=args.now, on_batch=progress)
+        finally:
+            progress.close()
     if not args.quiet:
         print(result.summary(), flush=True)
     return 0

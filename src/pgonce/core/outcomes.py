@@ -8,7 +8,7 @@ fourth, a mismatch (same key, another request), is an error: :class:`~pgonce.err
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -27,12 +27,35 @@ class Response:
     """What the caller answered, stored at completion and replayed verbatim.
 
     ``status`` is an HTTP status for HTTP callers and any integer (or ``None``) for others.
-    ``headers`` keep their order and repeated names.
+    ``headers`` keep their order and repeated names: a sequence of ``(name, value)`` pairs of
+    str (a mapping is accepted and taken as its items). ``body`` is bytes. Anything else is
+    refused here with :class:`~pgonce.errors.UsageError`, not at the commit.
     """
 
     status: int | None = None
     headers: tuple[Header, ...] = ()
     body: bytes = b""
+
+    def __post_init__(self) -> None:
+        # Checked here, not at the commit, where a wrong type would surface as psycopg's error far
+        # from the mistake. Shapes that mean the same are normalised so that equality holds.
+        if self.status is not None and (type(self.status) is not int):
+            raise UsageError(
+                f"Response status must be an int or None, not {type(self.status).__name__}"
+            )
+        if type(self.body) is not bytes:
+            object.__setattr__(self, "body", _body(self.body))
+        headers = self.headers
+        if type(headers) is tuple:
+            # A plain loop: this runs for every stored response, and a generator costs more.
+            for header in headers:
+                if type(header) is not tuple or len(header) != 2:
+                    break
+                if type(header[0]) is not str or type(header[1]) is not str:
+                    break
+            else:
+                return
+        object.__setattr__(self, "headers", _headers(headers))
 
     @classmethod
     def from_stored(
@@ -43,6 +66,47 @@ class Response:
             headers=tuple((str(name), str(value)) for name, value in headers or ()),
             body=bytes(body or b""),
         )
+
+
+def _body(body: object) -> bytes:
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body)
+    if isinstance(body, str):
+        raise UsageError(
+            "Response body must be bytes, not str: encode it (body=text.encode()) "
+            "and say which encoding in a Content-Type header"
+        )
+    raise UsageError(f"Response body must be bytes, not {type(body).__name__}")
+
+
+def _headers(headers: object) -> tuple[Header, ...]:
+    """Headers as a tuple of (name, value) str pairs; a mapping is taken as its items."""
+    if isinstance(headers, Mapping):
+        headers = list(headers.items())
+    if isinstance(headers, str | bytes) or not isinstance(headers, Iterable):
+        raise UsageError(
+            "Response headers must be a sequence of (name, value) pairs of str, not "
+            f"{type(headers).__name__}"
+        )
+    pairs = []
+    for header in headers:
+        if (
+            not isinstance(header, tuple | list)
+            or len(header) != 2
+            or not all(isinstance(part, str) for part in header)
+        ):
+            raise UsageError(
+                "Response headers must be (name, value) pairs of str; got "
+                f"{_shown(header)} among them"
+            )
+        pairs.append((header[0], header[1]))
+    return tuple(pairs)
+
+
+def _shown(header: object) -> str:
+    if isinstance(header, tuple | list):
+        return "(" + ", ".join(type(part).__name__ for part in header) + ")"
+    return f"a {type(header).__name__} {header!r}"[:80]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +183,23 @@ def validate_fingerprint(value: bytes) -> None:
         raise UsageError(
             f"a fingerprint is {FINGERPRINT_SIZE} bytes of SHA-256 (pgonce.fingerprint() makes one)"
         )
+
+
+def validate_response(response: object) -> None:
+    """Refuse anything but a :class:`Response` or ``None`` as what a claim completes with."""
+    if response is not None and not isinstance(response, Response):
+        raise UsageError(
+            f"the response must be a pgonce Response or None, not {type(response).__name__}: "
+            "build one with Response(status, headers, body)"
+        )
+
+
+def validate_claim(claim: object, *, won: bool = False) -> None:
+    """Refuse anything but a claim outcome (only :class:`Won` when ``won``)."""
+    expected = Won if won else (Won, Replay, InFlight)
+    if not isinstance(claim, expected):
+        what = "a won claim (the Won that claim() or begin() returned)" if won else "a claim"
+        raise UsageError(f"{what} is expected, not {type(claim).__name__}")
 
 
 @dataclass(frozen=True, slots=True)

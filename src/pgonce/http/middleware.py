@@ -51,7 +51,13 @@ from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.outcomes import InFlight, Replay, Won
-from pgonce.errors import DatabaseUnavailable, InvalidIdempotencyKey, KeyMismatch, UsageError
+from pgonce.errors import (
+    DatabaseUnavailable,
+    InvalidIdempotencyKey,
+    KeyMismatch,
+    MissingKeyScope,
+    UsageError,
+)
 from pgonce.extras import needs
 from pgonce.http import semantics
 from pgonce.http.keys import HEADER as KEY_HEADER
@@ -213,7 +219,7 @@ class IdempotencyMiddleware:
         if caller is not None and not isinstance(caller, str):
             caller = await caller  # an async key scope
         if caller is None:
-            await self.app(scope, receive, send)
+            await self._unscoped(scope, receive, send)
             return
         body = await self._read_body(receive, send, content_length)
         if body is None:
@@ -222,6 +228,25 @@ class IdempotencyMiddleware:
             scope["method"], scope["path"], scope.get("query_string", b""), body, content_type
         )
         await self._handle(scope, receive, send, caller, key, fingerprint, body)
+
+    async def _unscoped(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the application without a claim: the key scope named no caller. An endpoint that
+        asks for the claim's transaction gets the 401 of :data:`semantics.MISSING_SCOPE`."""
+        app_scope = dict(scope)
+        app_scope["state"] = {**(scope.get("state") or {}), STATE_KEY: semantics.UNSCOPED}
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(app_scope, receive, watched)
+        except MissingKeyScope:
+            if started:
+                raise
+            await _send(send, semantics.MISSING_SCOPE)
 
     async def _read_body(
         self, receive: Receive, send: Send, declared: bytes | None

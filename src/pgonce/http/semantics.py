@@ -12,6 +12,7 @@ back in its framework's response type. So the answers are the same whichever ada
 413    the request body exceeds ``max_request_bytes`` (checked from ``Content-Length`` before the
        body is read, then on the bytes read)
 422    the key was first used with another request (method, path, query or body)
+401    the key scope named no caller and the endpoint asked for the claim's transaction
 500    the response exceeded ``max_response_bytes``: it cannot be stored, so it is not given out
        and the endpoint's work is rolled back
 503    the database could not be reached; nothing committed; ``Retry-After``
@@ -108,6 +109,17 @@ MISMATCH = problem(
     "this Idempotency-Key was first used with a different request (method, path, query or "
     "body); retry only with the identical request, or use a new key",
 )
+#: The endpoint asked for the claim of a request whose key scope named no caller (see UNSCOPED).
+MISSING_SCOPE = problem(
+    401,
+    "Authentication required",
+    "this request carries an Idempotency-Key but names no caller, so the key cannot be claimed; "
+    "send the credentials the key belongs to",
+)
+#: What an adapter records on a request it passes on without a claim because the key scope
+#: returned None: the endpoint's helper then raises MissingKeyScope, which the adapter answers
+#: with MISSING_SCOPE (401), not as a failure of its own (500).
+UNSCOPED = "pgonce: no key scope"
 RESPONSE_TOO_LARGE = problem(
     500,
     "Response too large to store",

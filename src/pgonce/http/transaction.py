@@ -33,8 +33,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from pgonce.errors import UsageError
+from pgonce.errors import MissingKeyScope, UsageError
 from pgonce.extras import needs
+from pgonce.http.semantics import UNSCOPED
 
 with needs("asgi", "the Idempotency-Key middleware"):
     from starlette.requests import HTTPConnection
@@ -72,9 +73,13 @@ class IdempotentTransaction:
 def transaction_of(request: HTTPConnection) -> IdempotentTransaction:
     """Starlette helper: the request's :class:`IdempotentTransaction`.
 
-    Raises :class:`UsageError` when the middleware did not claim a key for this request.
+    Raises :class:`UsageError` when the middleware did not claim a key for this request, and
+    :class:`MissingKeyScope` (answered 401 by the middleware) when it could not, because the key
+    scope named no caller.
     """
     tx = (request.scope.get("state") or {}).get(STATE_KEY)
+    if tx == UNSCOPED:
+        raise MissingKeyScope()  # the middleware answers 401
     if not isinstance(tx, IdempotentTransaction):
         raise UsageError(
             "this request has no idempotent transaction: the route must be covered by "

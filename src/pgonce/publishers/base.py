@@ -23,10 +23,17 @@ from pgonce.core.outbox import OutboxMessage
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """The broker's answer to a batch: acknowledged ids, and refused ids with the reason."""
+    """The broker's answer to a batch: acknowledged ids, and refused ids with the reason.
+
+    ``kinds`` names the kind of each refusal for logs and metrics (``"unroutable"``,
+    ``"nacked"``, ...; ``"refused"`` when absent); ``lost`` says why the rows that got no answer
+    got none (``"timeout: ..."``, a dropped connection), when the publisher knows.
+    """
 
     acked: frozenset[int] = frozenset()
     refused: Mapping[int, str] = field(default_factory=dict)
+    kinds: Mapping[int, str] = field(default_factory=dict)
+    lost: str | None = None
 
 
 class Publisher(Protocol):

@@ -199,7 +199,7 @@ class NatsPublisher:
         connection = await self._connect()
         pending = _Pending(len(batch))
         tokens: list[str] = []
-        lost = False
+        lost: str | None = None
         client, waiting, inbox, next_token = (
             connection.client,
             connection.waiting,
@@ -216,20 +216,21 @@ class NatsPublisher:
                 await client.publish(
                     self.routing(message), body(message), reply=f"{inbox}.{token}", headers=headers
                 )
-        except (OSError, nats.errors.Error):
+        except (OSError, nats.errors.Error) as error:
             # The connection broke mid-batch: what was not sent is unsettled, and no answer
             # comes for what was.
-            lost = True
+            lost = f"NATS: the connection broke mid-batch ({short_error(error)})"
         if not lost:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.ack_timeout.total_seconds()):
                     await pending.done.wait()
         for token in tokens:
-            if waiting.pop(token, None) is not None:
-                lost = True
+            if waiting.pop(token, None) is not None and lost is None:
+                seconds = self.ack_timeout.total_seconds()
+                lost = f"no acknowledgement from JetStream within {seconds:g} s"
         if lost or not connection.client.is_connected:
             await self.close()
-        return PublishResult(frozenset(pending.acked), pending.refused)
+        return PublishResult(frozenset(pending.acked), pending.refused, lost=lost)
 
     async def close(self) -> None:
         connection, self._connection = self._connection, None

@@ -6,12 +6,20 @@ acknowledged only when the broker's ``basic.ack`` for it arrived. A ``basic.nack
 return (no queue bound for the routing key) is a refusal; a lost connection leaves the messages
 unsettled (they are published again, with the same message id). RabbitMQ keeps the publish order
 of one channel on each queue, which is what per-aggregate order needs.
+
+What it publishes to is checked before it is used, and the answer logged: a named exchange must
+exist (or is declared, with ``declare``); on the default exchange, where a routing key names a
+queue, each routing key is checked for its queue before its first message (or the queue is
+declared, with ``declare``). A missing queue is a warning at once, not half an hour of silent
+retries before the rows are parked. Bindings of a named exchange cannot be read over AMQP: a
+routing key bound to nothing shows as unroutable returns, which the relay logs as they happen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -32,7 +40,10 @@ with needs("rabbitmq", "the RabbitMQ publisher"):
     import aio_pika
     import aiormq
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+    from aiormq.exceptions import ChannelNotFoundEntity
     from pamqp.commands import Basic
+
+log = logging.getLogger("pgonce.relay")
 
 #: The machine's RabbitMQ in development; in production this comes from configuration.
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -43,7 +54,12 @@ DEFAULT_CONFIRM_TIMEOUT = timedelta(seconds=10)
 
 class RabbitMQPublisher:
     """Publishes to ``exchange`` (default: the default exchange, so the routing key names the
-    queue) with the routing key ``routing(message)`` (default: the aggregate type)."""
+    queue) with the routing key ``routing(message)`` (default: the aggregate type).
+
+    With ``declare`` the publisher declares what it publishes to: the exchange (durable, of
+    ``exchange_type``), or on the default exchange a durable queue per routing key. Without it,
+    it only checks that they exist and says what it found.
+    """
 
     name = "rabbitmq"
 
@@ -54,15 +70,25 @@ class RabbitMQPublisher:
         exchange: str = "",
         routing: Routing | None = None,
         confirm_timeout: timedelta = DEFAULT_CONFIRM_TIMEOUT,
+        declare: bool = False,
+        exchange_type: str = "topic",
     ) -> None:
         self.url = url
         self.exchange_name = exchange
+        self.declare = declare
+        self.exchange_type = aio_pika.ExchangeType(exchange_type)
+        #: Routing keys checked on the current connection: whether a queue takes them.
+        self._routes: dict[str, bool] = {}
         self.routing = routing or by_aggregatetype("")
         self.confirm_timeout = confirm_timeout
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
         self._connecting = asyncio.Lock()
+
+    async def prepare(self) -> None:
+        """Connect and check the exchange now, so that a problem is said at the relay's start."""
+        await self._connect()
 
     async def _connect(self) -> AbstractExchange:
         # The relay's concurrent batch loops share this publisher: one of them connects.
@@ -76,17 +102,77 @@ class RabbitMQPublisher:
         try:
             self._connection = await aio_pika.connect(self.url, timeout=5)
             self._channel = await self._connection.channel(publisher_confirms=True)
-            if self.exchange_name:
-                self._exchange = await self._channel.get_exchange(self.exchange_name)
-            else:
+            self._routes = {}
+            if not self.exchange_name:
                 self._exchange = self._channel.default_exchange
+            elif self.declare:
+                self._exchange = await self._channel.declare_exchange(
+                    self.exchange_name, self.exchange_type, durable=True
+                )
+                log.info("RabbitMQ: declared the exchange %r", self.exchange_name)
+            else:
+                self._exchange = await self._channel.get_exchange(self.exchange_name)
+                log.info(
+                    "RabbitMQ: publishing to the exchange %r; a routing key bound to no queue "
+                    "shows as unroutable returns",
+                    self.exchange_name,
+                )
+        except ChannelNotFoundEntity as error:
+            await self.close()
+            raise BrokerUnavailable(
+                f"RabbitMQ has no exchange named {self.exchange_name!r}: declare it, or set "
+                "[outbox] declare = true to let pgonce declare it"
+            ) from error
         except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
             await self.close()
             raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
         return self._exchange
 
+    async def _check_routes(self, batch: Sequence[OutboxMessage]) -> None:
+        """On the default exchange, check (or declare) the queue of each new routing key."""
+        if self.exchange_name:
+            return
+        new: dict[str, str] = {}
+        for message in batch:
+            key = self.routing(message)
+            if key not in self._routes:
+                new.setdefault(key, message.aggregatetype)
+        for key, aggregatetype in new.items():
+            self._routes[key] = await self._queue_exists(key, aggregatetype)
+
+    async def _queue_exists(self, key: str, aggregatetype: str) -> bool:
+        assert self._connection is not None
+        try:
+            # A passive declare that fails closes its channel: a short-lived one of its own.
+            async with self._connection.channel() as channel:
+                queue = await channel.declare_queue(key, durable=True, passive=not self.declare)
+        except ChannelNotFoundEntity:
+            log.warning(
+                "RabbitMQ: no queue named %r, and the default exchange routes a message only to "
+                "the queue its routing key names: events of aggregate type %r will be returned "
+                "unroutable, retried and then parked; declare the queue (or bind one), or set "
+                "[outbox] declare = true",
+                key,
+                aggregatetype,
+            )
+            return False
+        except aiormq.exceptions.ChannelPreconditionFailed:
+            log.info("RabbitMQ: the queue %r exists with other settings; using it", key)
+            return True
+        except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
+            raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
+        declared = queue.declaration_result
+        log.info(
+            "RabbitMQ: events of aggregate type %r go to the queue %r (%s)",
+            aggregatetype,
+            key,
+            "declared" if self.declare else f"{declared.consumer_count} consumers",
+        )
+        return True
+
     async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
         exchange = await self._connect()
+        await self._check_routes(batch)
         timeout = self.confirm_timeout.total_seconds()
         # Started in order on one channel: the broker sees them in id order; confirms come back
         # in any grouping, and each future resolves with its own message's answer.
@@ -99,23 +185,29 @@ class RabbitMQPublisher:
         )
         acked: set[int] = set()
         refused: dict[int, str] = {}
-        lost = False
+        kinds: dict[int, str] = {}
+        lost: str | None = None
         for message, result in zip(batch, results, strict=True):
             if isinstance(result, Basic.Ack):
                 acked.add(message.id)
             elif isinstance(result, aio_pika.exceptions.DeliveryError):
                 refused[message.id] = f"RabbitMQ refused the message: {short_error(result)}"
+                kinds[message.id] = "nacked"
+            elif isinstance(result, TimeoutError):
+                lost = f"no confirm from RabbitMQ within {timeout:g} s"
             elif isinstance(result, BaseException):
-                # A dropped connection or a timeout: the broker may or may not have it.
-                lost = True
+                # A dropped connection: the broker may or may not have it.
+                lost = f"RabbitMQ: {short_error(result)}"
             else:
                 refused[message.id] = (
                     f"RabbitMQ returned the message as unroutable (routing key "
-                    f"{self.routing(message)!r} on exchange {self.exchange_name!r})"
+                    f"{self.routing(message)!r} on exchange {self.exchange_name!r}: no queue "
+                    "is bound for it)"
                 )
+                kinds[message.id] = "unroutable"
         if lost:
             await self.close()
-        return PublishResult(frozenset(acked), refused)
+        return PublishResult(frozenset(acked), refused, kinds, lost)
 
     async def close(self) -> None:
         connection, self._connection, self._channel, self._exchange = (

@@ -95,6 +95,9 @@ class OutboxConfig:
     url: str = field(repr=False)
     #: RabbitMQ: the exchange ("" is the default exchange: the routing key names the queue).
     exchange: str = ""
+    #: RabbitMQ: declare the exchange (or, on the default exchange, a queue per routing key)
+    #: instead of only checking that it exists.
+    declare: bool = False
     #: "http": the Standard Webhooks signing secret (whsec_...), from the environment.
     secret: str | None = field(default=None, repr=False)
     #: Relays in this process; several share the rows without double publishing.
@@ -501,6 +504,7 @@ def _outbox(section: _Section) -> OutboxConfig | None:
         publisher=publisher,
         url=url,
         exchange=section.text("exchange", ""),
+        declare=section.boolean("declare", False),
         secret=secret,
         relays=section.integer("relays", 1, high=64),
         retention=section.duration("retention", timedelta(days=7)),
@@ -567,6 +571,8 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
             schema=database.optional_text("schema"),
             data_dir=Path(d) if (d := database.optional_text("data_dir")) else None,
             pooler=pooler,
+            # True only: false in the file leaves PGONCE_REQUIRE_DSN=1 of the host in force.
+            require_dsn=database.boolean("require_dsn", False) or None,
         ),
     )
     pool = _pool(database)

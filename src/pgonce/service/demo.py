@@ -19,10 +19,12 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from psycopg import AsyncConnection, sql
 
 from pgonce.core.inbox import InboxEvent
+from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import SigningScheme
 
@@ -30,6 +32,7 @@ with needs("server", "the pgonce service"):
     import httpx
     from psycopg_pool import AsyncConnectionPool
 
+EXAMPLE_URL = "http://127.0.0.1:8000"
 TABLE = sql.Identifier("pgonce_demo", "webhook_orders")
 SETUP = sql.SQL(
     "CREATE SCHEMA IF NOT EXISTS pgonce_demo; "
@@ -44,6 +47,42 @@ INSERT = sql.SQL(
 COUNT = sql.SQL("SELECT count(*), count(DISTINCT order_ref) FROM {} WHERE run_id = %s").format(
     TABLE
 )
+
+
+EXISTS = sql.SQL("SELECT to_regclass('pgonce_demo.webhook_orders') IS NOT NULL")
+
+
+def service_url(url: str, source: str) -> str:
+    """The service's base URL from what a user gives: the base, or the source's endpoint.
+
+    ``http://host:8000`` and ``http://host:8000/webhooks/shop`` both name the service; the storm
+    appends ``/webhooks/<source>`` itself. An endpoint of another source is refused.
+    """
+    parsed = urlsplit(url.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise UsageError(f"--url must be the service's http(s) URL, such as {EXAMPLE_URL}")
+    path = parsed.path.rstrip("/")
+    prefix, sep, named = path.rpartition("/webhooks/")
+    if sep and named:
+        if named != source:
+            raise UsageError(
+                f"--url names the endpoint of source {named!r}, but the demo storms {source!r} "
+                "(the first configured source with a handler): give the service's base URL"
+            )
+        path = prefix
+    return urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
+
+
+async def check_setup(conn: AsyncConnection[Any], where: str) -> None:
+    """Refuse to storm when the demo handler's table is missing: every event would fail."""
+    cur = await conn.execute(EXISTS)
+    row = await cur.fetchone()
+    if not (row and row[0]):
+        raise ConfigError(
+            f"the demo's table pgonce_demo.webhook_orders does not exist in {where}: start the "
+            "service with `pgonce serve --demo` (it creates the table), and give pgonce demo "
+            "the service's database (--dsn, or the same --config)"
+        )
 
 
 async def setup(conn: AsyncConnection[Any]) -> None:

@@ -57,6 +57,19 @@ class _RelayCollector(Collector):
             family = CounterMetricFamily(f"pgonce_relay_{name}", doc)
             family.add_metric([], sum(getattr(s, name) for s in stats))
             yield family
+        failures = CounterMetricFamily(
+            "pgonce_relay_failures",
+            "Outbox rows that failed to publish, by reason (unroutable, nacked, refused, "
+            "no_answer, unavailable, ...); a row counts once per failed attempt",
+            labels=["reason"],
+        )
+        totals: dict[str, int] = {}
+        for s in stats:
+            for reason, count in s.failures.items():
+                totals[reason] = totals.get(reason, 0) + count
+        for reason, count in sorted(totals.items()):
+            failures.add_metric([reason], count)
+        yield failures
 
 
 class ServiceMetrics:
@@ -84,6 +97,13 @@ class ServiceMetrics:
             "pgonce_inbox_events_handled",
             "Inbox events the workers finished, by outcome (done, skipped, retry, dead)",
             ["outcome"],
+            registry=r,
+        )
+        self.handler_failures = Counter(
+            "pgonce_inbox_handler_failures",
+            "Inbox handler runs that failed, by source and reason (the exception's class: "
+            "HandlerTimeout, ForwardFailed, HandlerSwallowedError, or the handler's own)",
+            ["source", "reason"],
             registry=r,
         )
         self.batch_seconds = Histogram(
@@ -220,6 +240,9 @@ class ServiceMetrics:
             if count:
                 self.handler_runs.labels(outcome).inc(count)
         self.batch_seconds.observe(seconds)
+
+    def record_handler_failure(self, source: str, reason: str) -> None:
+        self.handler_failures.labels(source, reason).inc()
 
     def record_sweep(self, result: SweepResult) -> None:
         for swept in result.targets:

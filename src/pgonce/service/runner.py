@@ -60,7 +60,7 @@ def build_publisher(config: ServiceConfig) -> Publisher:
     if outbox.publisher == "rabbitmq":
         from pgonce.publishers.rabbitmq import RabbitMQPublisher
 
-        return RabbitMQPublisher(outbox.url, exchange=outbox.exchange)
+        return RabbitMQPublisher(outbox.url, exchange=outbox.exchange, declare=outbox.declare)
     if outbox.publisher == "nats":
         from pgonce.publishers.nats import NatsPublisher
 
@@ -151,6 +151,7 @@ async def run(
                 listen_dsn=found.listen_dsn,
                 connect_kwargs=connect,
                 on_batch=metrics.record_batch,
+                on_failure=metrics.record_handler_failure,
             )
             tasks.append(asyncio.create_task(worker.run(stop), name="inbox-workers"))
         for relay in relays:

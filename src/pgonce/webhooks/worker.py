@@ -54,6 +54,7 @@ from pgonce.core.inbox import (
     needs_watermark,
     parse_json,
 )
+from pgonce.core.throttle import Throttle, held_back
 from pgonce.errors import (
     DatabaseUnavailable,
     HandlerSwallowedError,
@@ -140,6 +141,7 @@ class InboxWorker:
         connect_kwargs: dict[str, Any] | None = None,
         clock: Callable[[], datetime] = _utcnow,
         on_batch: Callable[[BatchResult, float], None] | None = None,
+        on_failure: Callable[[str, str], None] | None = None,
     ) -> None:
         if batch_size < 1 or concurrency < 1:
             raise UsageError("batch_size and concurrency must be positive")
@@ -160,6 +162,11 @@ class InboxWorker:
         self.clock = clock
         #: Called after every batch the loops ran, with its result and its seconds (metrics).
         self.on_batch = on_batch
+        #: Called for every failed handler run with its source and reason (the exception's
+        #: class name), for metrics.
+        self.on_failure = on_failure
+        #: Holds back repeated reports of one failure: per (source, reason).
+        self.throttle = Throttle()
         self._names = sorted(self.sources)
         self._turn = 0
         self._one_at_a_time = 0
@@ -312,21 +319,32 @@ class InboxWorker:
         await self.store.fail(
             conn, event, decision, describe_error(error), claimed=claimed, now=now
         )
+        reason = type(error).__qualname__
+        if self.on_failure is not None:
+            self.on_failure(event.source, reason)
+        dead = isinstance(decision, DeadLetter)
+        held = self.throttle.admit((event.source, reason, dead), now or self.clock())
+        if held is None:
+            return decision
         if isinstance(decision, DeadLetter):
-            log.error(
-                "inbox event %s/%s dead-lettered after %d attempts: %s",
-                event.source,
-                event.id,
-                event.attempts + 1,
-                type(error).__qualname__,
+            next_step = (
+                f"dead-lettered after {event.attempts + 1} attempts; replay it with "
+                f"`pgonce replay --source {event.source} --event-id {event.id}` once the cause "
+                "is fixed"
             )
         else:
-            log.info(
-                "inbox event %s/%s failed (%s); retrying",
-                event.source,
-                event.id,
-                type(error).__qualname__,
+            next_step = (
+                f"attempt {event.attempts + 1}, retry at "
+                f"{decision.at.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z"
             )
+        (log.error if dead else log.warning)(
+            "inbox: the handler of %s event %s failed: %s; %s%s",
+            event.source,
+            event.id,
+            describe_error(error),
+            next_step,
+            held_back(held),
+        )
         return decision
 
     async def _run_handler(

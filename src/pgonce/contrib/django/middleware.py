@@ -43,7 +43,13 @@ from psycopg.pq import TransactionStatus
 from pgonce.contrib.django import conf
 from pgonce.contrib.django.connection import check_backend, psycopg_connection
 from pgonce.core.outcomes import InFlight, Replay, Won
-from pgonce.errors import DatabaseUnavailable, InvalidIdempotencyKey, KeyMismatch, UsageError
+from pgonce.errors import (
+    DatabaseUnavailable,
+    InvalidIdempotencyKey,
+    KeyMismatch,
+    MissingKeyScope,
+    UsageError,
+)
 from pgonce.http import semantics
 from pgonce.http.semantics import NO_WAIT, Answer, CapturedResponse, IdempotencyRules
 from pgonce.store._sync.keys import KeyStore
@@ -75,6 +81,8 @@ def begin(request: HttpRequest) -> None:
     Raises :class:`UsageError` when the middleware claimed no key for this request.
     """
     claimed = getattr(request, REQUEST_ATTRIBUTE, None)
+    if claimed == semantics.UNSCOPED:
+        raise MissingKeyScope()  # the middleware answers 401
     if not isinstance(claimed, ClaimedRequest):
         raise UsageError(
             "this request has no claimed Idempotency-Key: the route must be covered by "
@@ -152,6 +160,12 @@ class IdempotencyMiddleware:
         handle = sync_to_async(self._handle, thread_sensitive=True)
         return await handle(request, checked, async_to_sync(self.get_response))
 
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        """A view that asked for the claim of a request whose key scope named no caller: 401."""
+        if isinstance(exception, MissingKeyScope):
+            return to_django(semantics.MISSING_SCOPE)
+        return None
+
     def _check(self, request: HttpRequest) -> str | Answer | None:
         """The request's key; an answer to give at once; ``None``: pass the request through."""
         rules = self.rules
@@ -171,6 +185,7 @@ class IdempotencyMiddleware:
     def _handle(self, request: HttpRequest, key: str, view: GetResponse) -> HttpResponseBase:
         caller = self.settings.scope(request)
         if caller is None:
+            setattr(request, REQUEST_ATTRIBUTE, semantics.UNSCOPED)
             response: HttpResponseBase = view(request)
             return response
         try:

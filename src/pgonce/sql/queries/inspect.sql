@@ -64,3 +64,35 @@ SELECT scope, key, claimed_at
 -- name: schema_version
 -- What /readyz compares with the latest migration this code knows.
 SELECT coalesce(max(version), 0) FROM {schema}.schema_migrations
+
+-- name: troubles
+-- What failed and waits for a person or a retry, for `pgonce doctor`: outbox rows the broker
+-- refused (waiting out a backoff, or parked) by aggregate type, and inbox events whose handler
+-- failed (retrying, or dead) by source; each group with its count, its next attempt and the
+-- newest failure's reason. Each branch matches a partial index (outbox_pending, outbox_parked,
+-- inbox_pending, inbox_dead), so the retained published rows and handled events are never read.
+SELECT 'outbox' AS part, aggregatetype AS name, 'waiting' AS state, count(*) AS rows,
+       min(next_attempt_at) AS next_attempt_at,
+       (array_agg(left(last_error, 300) ORDER BY next_attempt_at DESC))[1] AS last_error
+  FROM {schema}.outbox
+ WHERE published_at IS NULL AND parked_at IS NULL AND attempts > 0
+ GROUP BY aggregatetype
+UNION ALL
+SELECT 'outbox', aggregatetype, 'parked', count(*), NULL,
+       (array_agg(left(last_error, 300) ORDER BY parked_at DESC))[1]
+  FROM {schema}.outbox
+ WHERE parked_at IS NOT NULL AND published_at IS NULL
+ GROUP BY aggregatetype
+UNION ALL
+SELECT 'inbox', source, 'retrying', count(*), min(next_attempt_at),
+       (array_agg(left(last_error, 300) ORDER BY next_attempt_at DESC))[1]
+  FROM {schema}.inbox
+ WHERE status = 'pending' AND attempts > 0
+ GROUP BY source
+UNION ALL
+SELECT 'inbox', source, 'dead', count(*), NULL,
+       (array_agg(left(last_error, 300) ORDER BY processed_at DESC NULLS LAST))[1]
+  FROM {schema}.inbox
+ WHERE status = 'dead'
+ GROUP BY source
+ ORDER BY 1 DESC, 2, 3

@@ -60,6 +60,19 @@ class StuckClaim:
     claimed_at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class Trouble:
+    """A group of rows that failed and wait: outbox rows of an aggregate type ("waiting" out a
+    backoff, or "parked"), or inbox events of a source ("retrying", or "dead")."""
+
+    part: str
+    name: str
+    state: str
+    rows: int
+    next_attempt_at: datetime | None
+    last_error: str | None
+
+
 class AsyncInspector:
     """Queries that show what pgonce holds; each runs in its own short read."""
 
@@ -84,6 +97,11 @@ class AsyncInspector:
         """Pending events and dead letters by source, from the partial indexes (any size)."""
         rows = await self._rows(conn, self._sql.inbox_backlog, {}, "reading the inbox backlog")
         return [SourceStatus(*row) for row in rows]
+
+    async def troubles(self, conn: AsyncConnection[Row]) -> list[Trouble]:
+        """Refused outbox rows and failed inbox events, grouped, with the newest reason."""
+        rows = await self._rows(conn, self._sql.troubles, {}, "reading failed rows")
+        return [Trouble(*row) for row in rows]
 
     async def table_estimates(self, conn: AsyncConnection[Row]) -> dict[str, int]:
         """PostgreSQL's estimate of the rows in the keys, inbox and outbox tables.

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.channels import notify_channel
+from pgonce.core.checks import check_connection, check_ids, check_instance, check_int, check_str
 from pgonce.core.outbox import (
     OutboxBacklog,
     OutboxCounts,
@@ -56,6 +57,7 @@ async def enqueue(
     transaction enqueueing for the same aggregate waits here until the first one ends, so that
     the id order of an aggregate's events is their commit order.
     """
+    check_connection(conn, AsyncConnection, "enqueue()")
     validate_event(aggregatetype, aggregateid, type)
     require_transaction(conn)
     params = {
@@ -76,11 +78,19 @@ async def enqueue(
 
 
 def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    if not headers:
+    if headers is None:
         return {}
+    if not isinstance(headers, Mapping):
+        raise UsageError(
+            f"outbox headers must be a mapping of str to str, not {type(headers).__name__}: "
+            "pass a dict such as {'traceparent': '00-...'}"
+        )
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
-            raise UsageError("outbox headers are str names with str values")
+            raise UsageError(
+                "outbox headers must be str names with str values, not "
+                f"{type(name).__name__}: {type(value).__name__}"
+            )
     return dict(headers)
 
 
@@ -88,7 +98,7 @@ class AsyncOutboxStore:
     """The relay's statements on the ``outbox`` table; each runs in the caller's transaction."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        self.schema = schema
+        self.schema = check_str(schema, "the schema")
         self.channel = notify_channel(schema, "outbox")
         self._sql = Queries("outbox", schema)
 
@@ -130,9 +140,10 @@ class AsyncOutboxStore:
         part, and that row stays locked until the transaction ends; so two relays never publish
         one aggregate at once.
         """
+        check_connection(conn, AsyncConnection, self)
         per_aggregate = limit if per_aggregate is None else per_aggregate
-        if limit < 1 or per_aggregate < 1:
-            raise UsageError("a batch holds at least one row")
+        check_int(limit, "a batch's limit")
+        check_int(per_aggregate, "per_aggregate")
         require_transaction(conn)
         params = {"limit": limit, "per_aggregate": per_aggregate, "now": now}
         with translate_errors("claiming outbox rows"):
@@ -145,6 +156,8 @@ class AsyncOutboxStore:
         self, conn: AsyncConnection[Row], ids: Sequence[int], *, now: datetime | None = None
     ) -> int:
         """Mark rows the broker acknowledged; returns how many changed."""
+        check_connection(conn, AsyncConnection, self)
+        ids = check_ids(ids, "the ids")
         if not ids:
             return 0
         require_transaction(conn)
@@ -157,6 +170,9 @@ class AsyncOutboxStore:
 
     async def record_refusals(self, conn: AsyncConnection[Row], refusals: Sequence[Refusal]) -> int:
         """Write the core's decisions for refused rows (next attempt, or parked)."""
+        check_connection(conn, AsyncConnection, self)
+        for refusal in refusals:
+            check_instance(refusal, Refusal, "each refusal", "core.outbox.refuse() makes them")
         if not refusals:
             return 0
         require_transaction(conn)
@@ -184,7 +200,12 @@ class AsyncOutboxStore:
         The rows are due at once with their attempts reset, and the relays are woken when the
         transaction commits. Returns the ids replayed.
         """
+        check_connection(conn, AsyncConnection, self)
         require_transaction(conn)
+        if ids is not None:
+            ids = check_ids(ids, "the ids")
+        if aggregatetype is not None:
+            check_str(aggregatetype, "the aggregatetype")
         params = {
             "ids": list(ids) if ids is not None else None,
             "aggregatetype": aggregatetype,
@@ -202,12 +223,14 @@ class AsyncOutboxStore:
         """Register (or unregister) ``relay`` as waiting for notifications; enqueue() sends NOTIFY
         only while some relay is registered (NOTIFY serializes commits). Runs as its own
         statement: call it on the relay's connection outside a batch."""
+        check_connection(conn, AsyncConnection, self)
         statement = self._sql.register_waiting if waiting else self._sql.unregister_waiting
         with translate_errors("registering a waiting relay"):
             await cursor(conn).execute(statement, {"relay": relay})
 
     async def listen(self, conn: AsyncConnection[Row]) -> None:
         """Subscribe ``conn`` to the outbox channel (see :mod:`.notify`)."""
+        check_connection(conn, AsyncConnection, self)
         await listen(conn, self.channel, "outbox")
 
     async def counts(
@@ -233,6 +256,7 @@ class AsyncOutboxStore:
     async def _one_row(
         self, conn: AsyncConnection[Row], statement: bytes, now: datetime | None
     ) -> tuple[Any, ...]:
+        check_connection(conn, AsyncConnection, self)
         with translate_errors("counting outbox rows"):
             cur = cursor(conn)
             await cur.execute(statement, {"now": now})

@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.channels import notify_channel
+from pgonce.core.checks import check_connection, check_instance, check_int, check_str, check_strs
 from pgonce.core.inbox import (
     DeadLetter,
     Delivery,
@@ -42,7 +43,7 @@ class InboxStore:
     """Stores, claims, completions, failures and replays of events in pgonce's ``inbox`` table."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        self.schema = schema
+        self.schema = check_str(schema, "the schema")
         #: The LISTEN/NOTIFY channel: one notification per stored batch wakes the workers.
         self.channel = notify_channel(schema, "inbox")
         self._sql = Queries("inbox", schema)
@@ -61,7 +62,10 @@ class InboxStore:
         (the stored row vanished while being read: retry). Workers are notified once, at commit,
         when anything was stored.
         """
+        check_connection(conn, Connection, self)
         require_transaction(conn)
+        for delivery in deliveries:
+            check_instance(delivery, Delivery, "each delivery", "the receiver builds them")
         if not deliveries:
             return []
         params: dict[str, Any] = {
@@ -104,9 +108,10 @@ class InboxStore:
         by other workers are skipped, not waited for. The locks last until the transaction ends:
         a crashed worker's rows are free again as soon as PostgreSQL notices the lost connection.
         """
+        check_connection(conn, Connection, self)
         require_transaction(conn)
-        if limit < 1:
-            raise UsageError("the claim limit must be positive")
+        check_str(source, "the source")
+        check_int(limit, "the claim limit")
         params = {"source": source, "blocking": blocking, "limit": limit, "now": now}
         with translate_errors("claiming inbox events"):
             cur = cursor(conn)
@@ -149,6 +154,8 @@ class InboxStore:
 
     def skip(self, conn: Connection[Row], event: InboxEvent) -> None:
         """Record a claimed event as ``"skipped"`` (dropped as out of order; no handler ran)."""
+        check_connection(conn, Connection, self)
+        _check_event(event)
         require_transaction(conn)
         with translate_errors("skipping an inbox event"):
             cursor(conn).execute(self._sql.skip, {"source": event.source, "event_id": event.id})
@@ -168,6 +175,8 @@ class InboxStore:
         ``claimed`` says the event was claimed in the current transaction (its row is marked
         done and locked); false after the claiming transaction rolled back.
         """
+        check_connection(conn, Connection, self)
+        _check_event(event)
         require_transaction(conn)
         params = {
             "expected": "done" if claimed else "pending",
@@ -190,6 +199,8 @@ class InboxStore:
     ) -> bool:
         """Move the watermark of the event's ordering key to its version; False when the event is
         older than the version already applied (the out-of-order policy then skips it)."""
+        check_connection(conn, Connection, self)
+        _check_event(event)
         require_transaction(conn)
         if event.ordering_key is None or event.version is None:
             raise UsageError("only an event with an ordering key and a version has a watermark")
@@ -215,7 +226,11 @@ class InboxStore:
     ) -> list[str]:
         """Put dead letters of ``source`` (all, or those in ``event_ids``) back to pending with a
         fresh retry budget, in the current transaction; returns the replayed ids."""
+        check_connection(conn, Connection, self)
+        check_str(source, "the source")
         require_transaction(conn)
+        if event_ids is not None:
+            check_strs(event_ids, "event_ids")
         params = {
             "source": source,
             "event_ids": None if event_ids is None else list(event_ids),
@@ -231,10 +246,14 @@ class InboxStore:
 
     def listen(self, conn: Connection[Row]) -> None:
         """Subscribe ``conn`` to the inbox channel (see :mod:`.notify`)."""
+        check_connection(conn, Connection, self)
         listen(conn, self.channel, "inbox")
 
     def get(self, conn: Connection[Row], source: str, event_id: str) -> dict[str, Any] | None:
         """One event's bookkeeping (no body), for inspection and tests; None when unknown."""
+        check_connection(conn, Connection, self)
+        check_str(source, "the source")
+        check_str(event_id, "the event id")
         with translate_errors("reading an inbox event"):
             cur = cursor(conn)
             cur.execute(self._sql.get, {"source": source, "event_id": event_id})
@@ -244,7 +263,12 @@ class InboxStore:
 
     def counts(self, conn: Connection[Row]) -> dict[tuple[str, str], int]:
         """``{(source, status): count}`` over the whole inbox."""
+        check_connection(conn, Connection, self)
         with translate_errors("counting inbox events"):
             cur = cursor(conn)
             cur.execute(self._sql.counts)
             return {(source, status): n for source, status, n in cur.fetchall()}
+
+
+def _check_event(event: object) -> None:
+    check_instance(event, InboxEvent, "the event", "pass an event that claim() returned")

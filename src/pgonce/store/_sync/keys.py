@@ -30,6 +30,13 @@ from pgonce.config import (
     TRANSACTION_POOLER,
     validate_pooler,
 )
+from pgonce.core.checks import (
+    check_bool,
+    check_connection,
+    check_duration,
+    check_int,
+    check_str,
+)
 from pgonce.core.outcomes import (
     Claim,
     ClaimRow,
@@ -38,8 +45,10 @@ from pgonce.core.outcomes import (
     Response,
     Won,
     decide,
+    validate_claim,
     validate_fingerprint,
     validate_key,
+    validate_response,
 )
 from pgonce.errors import NotInTransaction, PgonceError, UsageError
 from pgonce.sql import Queries, positional
@@ -62,7 +71,7 @@ _COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now", "row")
 
 
 def _check_wait(wait: timedelta) -> None:
-    if wait < MIN_CLAIM_WAIT:
+    if check_duration(wait, "a claim's wait") < MIN_CLAIM_WAIT:
         raise UsageError(
             f"a claim's wait must be at least {MIN_CLAIM_WAIT.total_seconds() * 1000:.0f} ms: it "
             "bounds every lock the claim's INSERT waits for, and under load a new key's INSERT "
@@ -93,6 +102,9 @@ class KeyStore:
         store_server_errors: bool = False,
         pooler: str = DEFAULT_POOLER,
     ) -> None:
+        check_str(schema, "the schema")
+        check_int(retry_after, "retry_after", low=0)
+        check_bool(store_server_errors, "store_server_errors")
         _check_wait(wait)
         self.pooler = validate_pooler(pooler)
         #: Whether this store's batches may use prepared statements.
@@ -143,7 +155,7 @@ class KeyStore:
         :class:`~pgonce.errors.NotInTransaction` on an autocommit connection. The transaction stays
         usable whatever the outcome.
         """
-        wait_ms = self._checked_wait_ms(scope, key, fingerprint, wait)
+        wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         require_transaction(conn)
         self._check_pooled(conn)
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
@@ -154,9 +166,15 @@ class KeyStore:
         return self._decide(claim_row(row), scope, key, fingerprint)
 
     def _checked_wait_ms(
-        self, scope: str, key: str, fingerprint: bytes, wait: timedelta | None
+        self,
+        conn: Connection[Row],
+        scope: str,
+        key: str,
+        fingerprint: bytes,
+        wait: timedelta | None,
     ) -> int:
-        """Refuse a bad scope, key, fingerprint or wait; the claim's wait in milliseconds."""
+        """Refuse a bad connection, scope, key, fingerprint or wait; the wait in milliseconds."""
+        check_connection(conn, Connection, self)
         validate_key(scope, key)
         validate_fingerprint(fingerprint)
         if wait is None:
@@ -200,7 +218,7 @@ class KeyStore:
         again, and :meth:`commit` knows. Outcomes and errors are those of :meth:`claim`; after
         an error the transaction has been rolled back.
         """
-        wait_ms = self._checked_wait_ms(scope, key, fingerprint, wait)
+        wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
             raise UsageError(
                 "begin() opens a transaction of its own: it needs an idle connection, outside "
@@ -265,6 +283,7 @@ class KeyStore:
         anything fails, the transaction is rolled back and the error raised: a write's own
         error as psycopg raised it, the completion's as a pgonce error.
         """
+        self._check_completion(conn, claim, response, won=False)
         commands: list[Command] = []
         if not isinstance(claim, Won):
             if conn.pgconn.transaction_status == TransactionStatus.IDLE:
@@ -320,8 +339,7 @@ class KeyStore:
         the response is a 5xx that is not stored; then the claim is released instead, and the
         key is free once this transaction commits.
         """
-        if not isinstance(claim, Won):
-            raise UsageError("only a won claim can be completed")
+        self._check_completion(conn, claim, response, won=True)
         require_transaction(conn)
         if not self.stores(response):
             self.release(conn, claim)
@@ -329,6 +347,13 @@ class KeyStore:
         with translate_errors("completing a key"):
             cur = cursor(conn).execute(self._sql.complete, self._completion(claim, response, now))
         return cur.rowcount == 1
+
+    def _check_completion(
+        self, conn: Connection[Row], claim: Claim, response: object, *, won: bool
+    ) -> None:
+        check_connection(conn, Connection, self)
+        validate_claim(claim, won=won)
+        validate_response(response)
 
     @staticmethod
     def _completion(claim: Won, response: Response | None, now: datetime | None) -> dict[str, Any]:
@@ -344,6 +369,7 @@ class KeyStore:
 
     def release(self, conn: Connection[Row], claim: Won) -> None:
         """Give up ``claim`` in the current transaction, so that a retry runs the work anew."""
+        self._check_completion(conn, claim, None, won=True)
         require_transaction(conn)
         with translate_errors("releasing a key"):
             cursor(conn).execute(self._sql.release, {"scope": claim.scope, "key": claim.key})
@@ -390,6 +416,7 @@ class KeyStore:
         stored response, having written nothing. It refuses a connection inside a transaction
         with :class:`~pgonce.errors.UsageError`: committing there would commit the caller's work.
         """
+        self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         return Operation(self, conn, scope, key, fingerprint, commit=commit, wait=wait, now=now)
 
 
@@ -445,6 +472,7 @@ class Operation(Generic[Row]):
         """Set the response that completes this claim when the block ends."""
         if not self.won:
             raise UsageError("only the operation that won the claim can respond")
+        validate_response(response)
         self.response = response
 
     def execute(self, query: Query, params: Params | None = None) -> None:

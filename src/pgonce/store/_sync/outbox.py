@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.channels import notify_channel
+from pgonce.core.checks import check_connection, check_ids, check_instance, check_int, check_str
 from pgonce.core.outbox import (
     OutboxBacklog,
     OutboxCounts,
@@ -58,6 +59,7 @@ def enqueue(
     transaction enqueueing for the same aggregate waits here until the first one ends, so that
     the id order of an aggregate's events is their commit order.
     """
+    check_connection(conn, Connection, "enqueue()")
     validate_event(aggregatetype, aggregateid, type)
     require_transaction(conn)
     params = {
@@ -78,11 +80,19 @@ def enqueue(
 
 
 def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    if not headers:
+    if headers is None:
         return {}
+    if not isinstance(headers, Mapping):
+        raise UsageError(
+            f"outbox headers must be a mapping of str to str, not {type(headers).__name__}: "
+            "pass a dict such as {'traceparent': '00-...'}"
+        )
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
-            raise UsageError("outbox headers are str names with str values")
+            raise UsageError(
+                "outbox headers must be str names with str values, not "
+                f"{type(name).__name__}: {type(value).__name__}"
+            )
     return dict(headers)
 
 
@@ -90,7 +100,7 @@ class OutboxStore:
     """The relay's statements on the ``outbox`` table; each runs in the caller's transaction."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        self.schema = schema
+        self.schema = check_str(schema, "the schema")
         self.channel = notify_channel(schema, "outbox")
         self._sql = Queries("outbox", schema)
 
@@ -132,9 +142,10 @@ class OutboxStore:
         part, and that row stays locked until the transaction ends; so two relays never publish
         one aggregate at once.
         """
+        check_connection(conn, Connection, self)
         per_aggregate = limit if per_aggregate is None else per_aggregate
-        if limit < 1 or per_aggregate < 1:
-            raise UsageError("a batch holds at least one row")
+        check_int(limit, "a batch's limit")
+        check_int(per_aggregate, "per_aggregate")
         require_transaction(conn)
         params = {"limit": limit, "per_aggregate": per_aggregate, "now": now}
         with translate_errors("claiming outbox rows"):
@@ -147,6 +158,8 @@ class OutboxStore:
         self, conn: Connection[Row], ids: Sequence[int], *, now: datetime | None = None
     ) -> int:
         """Mark rows the broker acknowledged; returns how many changed."""
+        check_connection(conn, Connection, self)
+        ids = check_ids(ids, "the ids")
         if not ids:
             return 0
         require_transaction(conn)
@@ -159,6 +172,9 @@ class OutboxStore:
 
     def record_refusals(self, conn: Connection[Row], refusals: Sequence[Refusal]) -> int:
         """Write the core's decisions for refused rows (next attempt, or parked)."""
+        check_connection(conn, Connection, self)
+        for refusal in refusals:
+            check_instance(refusal, Refusal, "each refusal", "core.outbox.refuse() makes them")
         if not refusals:
             return 0
         require_transaction(conn)
@@ -186,7 +202,12 @@ class OutboxStore:
         The rows are due at once with their attempts reset, and the relays are woken when the
         transaction commits. Returns the ids replayed.
         """
+        check_connection(conn, Connection, self)
         require_transaction(conn)
+        if ids is not None:
+            ids = check_ids(ids, "the ids")
+        if aggregatetype is not None:
+            check_str(aggregatetype, "the aggregatetype")
         params = {
             "ids": list(ids) if ids is not None else None,
             "aggregatetype": aggregatetype,
@@ -204,12 +225,14 @@ class OutboxStore:
         """Register (or unregister) ``relay`` as waiting for notifications; enqueue() sends NOTIFY
         only while some relay is registered (NOTIFY serializes commits). Runs as its own
         statement: call it on the relay's connection outside a batch."""
+        check_connection(conn, Connection, self)
         statement = self._sql.register_waiting if waiting else self._sql.unregister_waiting
         with translate_errors("registering a waiting relay"):
             cursor(conn).execute(statement, {"relay": relay})
 
     def listen(self, conn: Connection[Row]) -> None:
         """Subscribe ``conn`` to the outbox channel (see :mod:`.notify`)."""
+        check_connection(conn, Connection, self)
         listen(conn, self.channel, "outbox")
 
     def counts(self, conn: Connection[Row], *, now: datetime | None = None) -> OutboxCounts:
@@ -231,6 +254,7 @@ class OutboxStore:
     def _one_row(
         self, conn: Connection[Row], statement: bytes, now: datetime | None
     ) -> tuple[Any, ...]:
+        check_connection(conn, Connection, self)
         with translate_errors("counting outbox rows"):
             cur = cursor(conn)
             cur.execute(statement, {"now": now})
