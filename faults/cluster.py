@@ -93,7 +93,13 @@ def _kill_tree(process: subprocess.Popen[bytes]) -> None:
 
 
 class PgBouncer:
-    """A PgBouncer of the suite's own in transaction pooling mode, in front of one server."""
+    """A PgBouncer of the suite's own in transaction pooling mode, in front of one server.
+
+    The one launcher of the project: the fault scenarios, the test suite's pooled variants
+    (``tests/pgbouncer.py``) and the benchmarks start PgBouncer through it. Its output goes to a
+    file: a pipe nobody reads fills after a few hundred log lines, and PgBouncer, blocked on that
+    write, then stops answering logins.
+    """
 
     def __init__(self, folder: Path, *, host: str, port: int, pool_size: int = 20) -> None:
         self.binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -108,7 +114,9 @@ class PgBouncer:
         self.config = folder / "pgbouncer.ini"
         # auth_type any: the loopback test server trusts its clients; PgBouncer logs in as the
         # server's superuser whatever the client names. Transaction pooling: a server connection
-        # is another client's after every COMMIT, which is what pgonce must survive.
+        # is another client's after every COMMIT, which is what pgonce must survive. A server
+        # login refused meanwhile (too many clients) is tried again after a second, not after
+        # PgBouncer's default 15 s, during which its clients' logins wait.
         self.config.write_text(
             "[databases]\n"
             f"* = host={host} port={port} user=postgres\n"
@@ -120,7 +128,8 @@ class PgBouncer:
             "pool_mode = transaction\n"
             f"default_pool_size = {pool_size}\n"
             "max_client_conn = 1000\n"
-            "ignore_startup_parameters = extra_float_digits\n"
+            "server_login_retry = 1\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {folder / 'pgbouncer.server.log'}\n"
         )
         self.process: subprocess.Popen[bytes] | None = None
@@ -145,7 +154,7 @@ class PgBouncer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"pgbouncer exited with {self.process.returncode}: see {self.log}"
+                    f"pgbouncer exited with {self.process.returncode}: {self.tail()}"
                 )
             with (
                 contextlib.suppress(psycopg.Error),
@@ -169,10 +178,24 @@ class PgBouncer:
     def dsn(self, database: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}?connect_timeout=5"
 
+    def tail(self, lines: int = 30) -> str:
+        """The last lines PgBouncer wrote, for a failure's message."""
+        text = []
+        for path in (self.log, self.folder / "pgbouncer.server.log"):
+            with contextlib.suppress(OSError):
+                text.extend(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(text)
 
-def _owner(path: str) -> str:
-    """The user owning ``path`` (a server's socket folder): who may connect through it."""
-    return pwd.getpwuid(os.stat(path).st_uid).pw_name
+
+def _owner(host: str) -> str:
+    """Who may connect to ``host``: the owner of a server's socket folder; for an address, the
+    ``postgres`` account when there is one."""
+    if host.startswith("/"):
+        return pwd.getpwuid(os.stat(host).st_uid).pw_name
+    try:
+        return pwd.getpwnam("postgres").pw_name
+    except KeyError:
+        return "nobody"
 
 
 class _Server(Protocol):
@@ -199,9 +222,13 @@ def _started(prefix: str, build: Callable[[Path], S]) -> Iterator[S]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def pgbouncer(*, host: str, port: int) -> contextlib.AbstractContextManager[PgBouncer]:
+def pgbouncer(
+    *, host: str, port: int, pool_size: int = 20
+) -> contextlib.AbstractContextManager[PgBouncer]:
     """A started :class:`PgBouncer` in front of ``host:port`` (a socket folder or an address)."""
-    return _started("pgonce-faults-pgbouncer-", lambda f: PgBouncer(f, host=host, port=port))
+    return _started(
+        "pgonce-pgbouncer-", lambda f: PgBouncer(f, host=host, port=port, pool_size=pool_size)
+    )
 
 
 # ## pg_auto_failover
