@@ -47,6 +47,7 @@ ROOT_URLCONF = "examples.django_payments.urls"
 USE_TZ = True
 TIME_ZONE = "UTC"
 
+# --8<-- [start:settings]
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
@@ -65,11 +66,22 @@ DATABASES = {"default": database(os.environ.get("PGONCE_DSN", "dbname=payments")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 PGONCE = {
-    # Keys belong to the authenticated principal: alice's key never meets bob's.
+    # Required: whose key a request carries. Here the authenticated principal, so that alice's
+    # key never meets bob's (pgonce.contrib.django.scopes has user_scope and authorization_scope).
     "SCOPE": "examples.django_payments.payments.auth.principal_scope",
+    # The rest are the defaults, spelled out.
+    "DATABASE": "default",  # the alias whose transaction the claim joins
     "SCHEMA": "pgonce",
     "METHODS": ["POST", "PATCH"],
+    "REQUIRE_KEY": True,  # 400 for a covered request without a key
+    "WAIT": None,  # seconds a duplicate waits for the original; None: 409 at once
+    "RETENTION": 86400,  # seconds, advertised in Idempotency-Key-Expires
+    "MAX_REQUEST_BYTES": 1048576,
+    "MAX_RESPONSE_BYTES": 1048576,
+    "CANONICALIZE_JSON": True,  # JSON bodies that differ only in spacing or key order match
+    "STORE_SERVER_ERRORS": False,  # a 5xx is rolled back, so the retry runs again
 }
+# --8<-- [end:settings]
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

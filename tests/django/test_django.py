@@ -7,6 +7,7 @@ database, never trusted from a response.
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,8 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client
 
-from examples.django_payments.payments.models import Payment
+from examples.django_payments.payments.models import Payment, Refund
+from examples.django_payments.payments.services import record_payment
 from pgonce.contrib.django import conf
 from pgonce.contrib.django.connection import check_backend, psycopg_connection
 from pgonce.contrib.django.inbox import process_batch
@@ -199,13 +201,13 @@ def test_enqueue_outside_atomic_is_refused() -> None:
     assert scalar("SELECT count(*) FROM pgonce.outbox") == before
 
 
-def _deliver(*bodies: dict[str, Any]) -> None:
+def _deliver(*bodies: dict[str, Any], source: str = "shop") -> None:
     store = InboxStore()
     with transaction.atomic():
         store.store(
             psycopg_connection("default"),
             [
-                Delivery("shop", f"evt-{n}", json.dumps(body).encode(), {}, b"\0" * 32)
+                Delivery(source, f"evt-{n}", json.dumps(body).encode(), {}, b"\0" * 32)
                 for n, body in enumerate(bodies)
             ],
         )
@@ -275,3 +277,57 @@ def test_the_claim_runs_on_djangos_own_psycopg_connection() -> None:
         assert isinstance(psycopg_connection("default"), psycopg.Connection)
     with pytest.raises(NotInTransaction):
         psycopg_connection("default")
+
+
+# --- the example project's services and command, as the how-to page shows them -----------------
+
+
+def test_the_views_payment_and_its_outbox_event_commit_once_with_the_claim(
+    client: Client, atomic_requests: bool
+) -> None:
+    before = scalar("SELECT count(*) FROM pgonce.outbox")
+    key = new_key()
+    first = post(client, "/payments", key)
+    assert post(client, "/payments", key).content == first.content
+    payment = Payment.objects.get()
+    events = scalar(
+        "SELECT count(*) FROM pgonce.outbox WHERE aggregateid = %s AND type = 'payment.created'",
+        str(payment.pk),
+    )
+    assert (events, scalar("SELECT count(*) FROM pgonce.outbox")) == (1, before + 1)
+
+
+def test_a_failing_view_leaves_neither_payment_nor_event(client: Client) -> None:
+    before = scalar("SELECT count(*) FROM pgonce.outbox")
+    with transaction.atomic():
+        record_payment("alice", 5, "EUR")
+        transaction.set_rollback(True)
+    assert Payment.objects.count() == 0
+    assert scalar("SELECT count(*) FROM pgonce.outbox") == before
+
+
+def test_process_refunds_handles_each_event_once_and_retries_a_failing_one() -> None:
+    paid = Payment.objects.create(principal="alice", amount=1000, currency="EUR")
+    # The second refund names a payment that does not exist: its handler fails (the foreign
+    # key), its savepoint is rolled back and it waits for its retry; the others commit.
+    _deliver(
+        {"payment": paid.pk, "amount": 300},
+        {"payment": paid.pk + 1000, "amount": 1},
+        {"payment": paid.pk, "amount": 200},
+        source="refunds",
+    )
+    out = io.StringIO()
+    call_command("process_refunds", stdout=out)
+    assert "3 refund event(s) handled" in out.getvalue()
+    assert sorted(Refund.objects.values_list("event_id", "amount")) == [
+        ("evt-0", 300),
+        ("evt-2", 200),
+    ]
+    call_command("process_refunds", stdout=io.StringIO())  # nothing due: each ran once
+    assert Refund.objects.count() == 2
+    statuses = {
+        event_id: status
+        for event_id, status, _ in _inbox_rows()
+        if event_id in {"evt-0", "evt-1", "evt-2"}
+    }
+    assert statuses == {"evt-0": "done", "evt-1": "pending", "evt-2": "done"}

@@ -7,13 +7,15 @@ database of its own (migrated), which it finds where a user's code would: ``PGON
 A fence may say what the block needs: ```{.python data-requires="redis"}`` (or ``rabbitmq``,
 ``nats``) skips it unless that broker answers (and fails under ``PGONCE_REQUIRE_SERVICES=1``, as
 in CI). A block that cannot run on its own is marked ```python title="..."`` and is only checked
-for syntax.
+for syntax. A block that includes code from the repository (``--8<-- "examples/...:section"``)
+shows files the suite runs elsewhere: the included section must exist and parse.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+import textwrap
 import types
 from pathlib import Path
 
@@ -45,6 +47,10 @@ def docs_env(dsn: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("example", examples(), ids=_id)
 def test_example_runs(example: CodeExample, docs_env: Path) -> None:
     settings = example.prefix_settings()
+    included = _included(example.source)
+    if included is not None:
+        ast.parse(included)
+        return
     if "title" in settings:
         ast.parse(example.source)  # shown, not run: it must still be Python
         return
@@ -60,6 +66,27 @@ def test_example_runs(example: CodeExample, docs_env: Path) -> None:
         exec(code, module.__dict__)
     finally:
         del sys.modules[module.__name__]
+
+
+def _included(source: str) -> str | None:
+    """The code a block made only of ``--8<-- "path[:section]"`` lines includes; None for a
+    block of its own. Only tested code may be included: files under ``examples/``."""
+    lines = [line.strip() for line in source.splitlines() if line.strip()]
+    if not lines or not all(line.startswith("--8<--") for line in lines):
+        return None
+    parts = []
+    for line in lines:
+        target = line.removeprefix("--8<--").strip().strip('"')
+        path, _, section = target.partition(":")
+        assert path.startswith("examples/"), f"{path}: only tested code (examples/) is included"
+        text = (ROOT / path).read_text()
+        if section:
+            start, end = f"# --8<-- [start:{section}]", f"# --8<-- [end:{section}]"
+            assert start in text, f"{path} has no section {section!r}"
+            assert end in text, f"{path} does not end its section {section!r}"
+            text = text.split(start, 1)[1].split(end, 1)[0]
+        parts.append(textwrap.dedent(text))
+    return "\n".join(parts)
 
 
 def test_examples_are_found() -> None:

@@ -14,3 +14,15 @@ class Payment(models.Model):
     class Meta:
         app_label = "payments"
         db_table = "payments"
+
+
+class Refund(models.Model):
+    """A refund, written by the inbox handler of the ``refunds`` source (one per event)."""
+
+    event_id = models.TextField(unique=True)
+    payment = models.ForeignKey(Payment, on_delete=models.PROTECT)
+    amount = models.BigIntegerField()
+
+    class Meta:
+        app_label = "payments"
+        db_table = "refunds"

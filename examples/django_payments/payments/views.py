@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from examples.django_payments.payments.auth import principal_of
 from examples.django_payments.payments.models import Payment
+from examples.django_payments.payments.services import record_payment
 from pgonce.http.problem import CONTENT_TYPE, problem_body
 
 
@@ -50,14 +51,18 @@ def _created(payment: Payment) -> JsonResponse:
     return JsonResponse(body, status=201, headers={"Location": f"/payments/{payment.pk}"})
 
 
+# --8<-- [start:view]
 def create_payment(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return problem(405, "Method Not Allowed", "POST a payment")
-    parsed = _parsed(request)
+    parsed = _parsed(request)  # 401 or 422 before any query: such answers are not stored
     if isinstance(parsed, HttpResponse):
         return parsed
     who, fields = parsed
-    return _created(Payment.objects.create(principal=who, **fields))
+    return _created(record_payment(who, fields["amount"], fields["currency"]))
+
+
+# --8<-- [end:view]
 
 
 async def create_payment_async(request: HttpRequest) -> HttpResponse:

@@ -5,9 +5,10 @@ connection of its own; Django's ORM cannot join that transaction (the ORM runs o
 connection). So here the claim runs on Django's connection instead: :func:`process_batch` claims a
 batch of a source's pending events inside ``transaction.atomic()`` and runs each handler in a
 nested ``atomic()`` (a savepoint), so each handler's ORM writes and its event's "done" commit
-together. A handler that raises has its savepoint rolled back and its failure recorded (retry
-with backoff, then dead letter: the source's :class:`~pgonce.core.inbox.RetryPolicy`); the other
-events of the batch commit.
+together. A handler that raises, or leaves a deferred constraint broken (Django's foreign keys
+are deferred until COMMIT; they are checked before the handler's savepoint is released), has its
+savepoint rolled back and its failure recorded (retry with backoff, then dead letter: the
+source's :class:`~pgonce.core.inbox.RetryPolicy`); the other events of the batch commit.
 
 ::
 
@@ -30,7 +31,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.contrib.django.connection import psycopg_connection
@@ -82,6 +83,11 @@ def process_batch(
             try:
                 with transaction.atomic(using=alias):
                     handler(_payload(event))
+                    # Django makes foreign keys DEFERRABLE INITIALLY DEFERRED: a handler's
+                    # broken reference would surface at the batch's COMMIT and take every
+                    # event of the batch down with it, batch after batch. Checked here, it
+                    # fails this handler's savepoint only.
+                    connections[alias].check_constraints()
             except Exception as error:
                 decision = after_failure(policy, event.attempts, now=now or datetime.now(UTC))
                 log.info(
