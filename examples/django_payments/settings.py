@@ -80,6 +80,10 @@ PGONCE = {
     "MAX_RESPONSE_BYTES": 1048576,
     "CANONICALIZE_JSON": True,  # JSON bodies that differ only in spacing or key order match
     "STORE_SERVER_ERRORS": False,  # a 5xx is rolled back, so the retry runs again
+    # pgonce prepares its statements on a connection that reaches PostgreSQL itself (checked
+    # once per connection), though Django turns psycopg's preparing off: "none" always,
+    # "pgbouncer-transaction" never.
+    "POOLER": "auto",
 }
 # --8<-- [end:settings]
 

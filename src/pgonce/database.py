@@ -22,6 +22,7 @@ import psycopg
 from pgonce.config import Settings
 from pgonce.errors import ConfigError, DatabaseUnavailable
 from pgonce.extras import needs
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import describe_dsn, first_line
 
 log = logging.getLogger("pgonce.database")
@@ -148,6 +149,20 @@ def shares_server_sessions(dsn: str, connect_timeout: int = 5) -> bool:
             f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {first_line(error)}"
         ) from error
     return False
+
+
+def reaches_server_directly(conn: psycopg.Connection[Any]) -> bool:
+    """Whether ``conn`` talks to PostgreSQL itself rather than to a pooler or proxy in front of it.
+
+    The server says which port it listens on; a connection that asked for another one (PgBouncer's
+    6432, a proxy's) reached something in between. One ``SHOW`` on the connection: in autocommit
+    it leaves no transaction behind; inside one it changes nothing. A pooler that listens on the
+    server's own port number (on another host) passes for the server: the store's batches then
+    still switch to unnamed statements when they meet its shared sessions.
+    """
+    with cursor(conn) as cur:
+        row = cur.execute("SHOW port").fetchone()
+    return row is not None and str(row[0]) == str(conn.info.port)
 
 
 def _backend_pid(conn: psycopg.Connection[Any]) -> int | None:

@@ -105,6 +105,22 @@ def test_inside_an_outer_atomic_block_the_claim_joins_it_and_never_commits(
     assert stored_keys(key) == 1
 
 
+def test_on_a_direct_connection_pgonce_prepares_its_statements_though_django_does_not() -> None:
+    # Django connects with prepare_threshold=None; the server would otherwise parse and plan
+    # BEGIN with the claim and the completion with COMMIT again on every request.
+    kept = connection.settings_dict["CONN_MAX_AGE"]
+    connection.settings_dict["CONN_MAX_AGE"] = None  # keep the connection across requests
+    try:
+        for _ in range(2):
+            assert post(Client(), "/payments", new_key()).status_code == 201
+        assert connection.connection.prepare_threshold is None
+        names = scalar("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE '_pgonce_%%'")
+    finally:
+        connection.settings_dict["CONN_MAX_AGE"] = kept
+        connection.close()
+    assert names == 4  # BEGIN, the claim, the completion, COMMIT: once each
+
+
 def test_a_view_that_raises_rolls_back_its_writes_and_the_claim(
     atomic_requests: bool,
 ) -> None:

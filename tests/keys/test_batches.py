@@ -281,6 +281,18 @@ def test_without_prepared_statements(dsn: str, pooler: str) -> None:
         assert row == (0,)
 
 
+def test_told_there_is_no_pooler_it_prepares_whatever_the_connection_says(dsn: str) -> None:
+    # Django turns psycopg's preparing off on every connection, pooler or not: pooler="none"
+    # is how a caller that knows better keeps the server from planning each claim again.
+    store = KeyStore(pooler="none")
+    with psycopg.connect(dsn, prepare_threshold=None) as conn:
+        for key in ("a", "b", "a"):
+            with store.once(conn, "s", key, FP, commit=True) as op:
+                if op.won:
+                    op.respond(Response(201))
+        assert len(_prepared_statements(conn)) == 5
+
+
 def test_prepared_once_per_connection(conn: psycopg.Connection[Any], store: KeyStore) -> None:
     for key in ("a", "b", "c", "a", "b"):
         with store.once(conn, "s", key, FP, commit=True) as op:

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Response, Won, fingerprint
-from pgonce.database import shares_server_sessions
+from pgonce.database import reaches_server_directly, shares_server_sessions
 from pgonce.errors import DatabaseError
 from pgonce.store import wire
 from pgonce.webhooks.worker import InboxWorker
@@ -50,6 +50,9 @@ def test_the_pooler_is_recognised_and_a_direct_connection_is_not(
 ) -> None:
     assert shares_server_sessions(pooled_dsn) is True
     assert shares_server_sessions(direct_dsn) is False
+    for dsn, direct in ((pooled_dsn, False), (direct_dsn, True)):
+        with psycopg.connect(dsn, prepare_threshold=None, autocommit=True) as conn:
+            assert reaches_server_directly(conn) is direct
 
 
 async def test_with_default_settings_claims_switch_to_unnamed_and_none_is_lost(

@@ -225,11 +225,13 @@ def _queue(
     session: _Session,
     commands: Iterable[Command],
     named: bool,
+    always: bool = False,
 ) -> tuple[int, list[tuple[int, bytes]]]:
     """Queue the commands in pipeline mode and send them with a sync.
 
     Statements are named (prepared once) only when ``named``, the connection lets psycopg
-    prepare, and no pooler was met in this process.
+    prepare (or ``always``: the caller knows there is no pooler, whatever the connection's
+    ``prepare_threshold`` says), and no pooler was met in this process.
 
     Returns how many results will come, and which of them answer a statement's preparation
     (their position and the name). A preparation is recorded only once it succeeded
@@ -238,7 +240,7 @@ def _queue(
     pgconn = conn.pgconn
     prepared = (
         session.prepared
-        if named and conn.prepare_threshold is not None and not _naming.unnamed
+        if named and (always or conn.prepare_threshold is not None) and not _naming.unnamed
         else None
     )
     preparing: list[tuple[int, bytes]] = []
@@ -392,16 +394,21 @@ def _naming_failed(conn: psycopg.BaseConnection[Any], error: psycopg.Error) -> N
 
 
 def round_trip(
-    conn: psycopg.Connection[Any], commands: Sequence[Command], *, named: bool = True
+    conn: psycopg.Connection[Any],
+    commands: Sequence[Command],
+    *,
+    named: bool = True,
+    always: bool = False,
 ) -> list[PGresult]:
     """Run ``commands`` in one round trip; return one result per command (see :func:`failure`).
 
-    ``named`` false sends every statement unnamed (see :func:`_queue`).
+    ``named`` false sends every statement unnamed; ``always`` names them on a connection whose
+    ``prepare_threshold`` is None too (see :func:`_queue`).
     """
     with conn.lock:
         session = _begin_batch(conn)
         try:
-            count, preparing = _queue(conn, session, commands, named)
+            count, preparing = _queue(conn, session, commands, named, always)
             results = conn.wait(exchange(conn.pgconn, count))
         except BaseException:
             _abandon(conn, session)
@@ -410,16 +417,21 @@ def round_trip(
 
 
 async def async_round_trip(
-    conn: psycopg.AsyncConnection[Any], commands: Sequence[Command], *, named: bool = True
+    conn: psycopg.AsyncConnection[Any],
+    commands: Sequence[Command],
+    *,
+    named: bool = True,
+    always: bool = False,
 ) -> list[PGresult]:
     """Run ``commands`` in one round trip; return one result per command (see :func:`failure`).
 
-    ``named`` false sends every statement unnamed (see :func:`_queue`).
+    ``named`` false sends every statement unnamed; ``always`` names them on a connection whose
+    ``prepare_threshold`` is None too (see :func:`_queue`).
     """
     async with conn.lock:
         session = _begin_batch(conn)
         try:
-            count, preparing = _queue(conn, session, commands, named)
+            count, preparing = _queue(conn, session, commands, named, always)
             results = await _drive(exchange(conn.pgconn, count), conn.pgconn, session)
         except BaseException:
             _abandon(conn, session)

@@ -15,7 +15,15 @@
         "MAX_RESPONSE_BYTES": 1048576,
         "CANONICALIZE_JSON": True,
         "STORE_SERVER_ERRORS": False,
+        "POOLER": "auto",             # or "none", "pgbouncer-transaction"
     }
+
+``POOLER`` decides whether pgonce prepares its statements on Django's connection. Django turns
+psycopg's preparing off by default (``prepare_threshold = None``, for the sake of poolers), which
+would make the server parse and plan pgonce's claim and completion on every request. ``"auto"``
+checks each connection once (:func:`pgonce.database.reaches_server_directly`) and prepares them on
+a connection that reaches PostgreSQL itself; ``"none"`` prepares them always;
+``"pgbouncer-transaction"`` never.
 
 Durations are seconds (int or float) or :class:`~datetime.timedelta`. Every problem found is
 reported at once, in one :class:`~pgonce.errors.ConfigError`, when the middleware is built (at
@@ -33,7 +41,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from pgonce.config import DEFAULT_SCHEMA
+from pgonce.config import DEFAULT_POOLER, DEFAULT_SCHEMA, POOLERS
 from pgonce.errors import ConfigError
 from pgonce.http.semantics import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -59,6 +67,7 @@ _KNOWN = frozenset(
         "MAX_RESPONSE_BYTES",
         "CANONICALIZE_JSON",
         "STORE_SERVER_ERRORS",
+        "POOLER",
     }
 )
 
@@ -77,6 +86,7 @@ class PgonceSettings:
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     canonicalize_json: bool = True
     store_server_errors: bool = False
+    pooler: str = DEFAULT_POOLER
 
 
 def _duration(name: str, value: Any, problems: list[str]) -> timedelta | None:
@@ -147,6 +157,10 @@ def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
                 str(prefix): _methods(f"ROUTES'][{prefix!r}", methods, problems)
                 for prefix, methods in routes.items()
             }
+    if "POOLER" in raw:
+        if raw["POOLER"] not in POOLERS:
+            problems.append(f"PGONCE['POOLER'] must be one of {', '.join(map(repr, POOLERS))}")
+        values["pooler"] = raw["POOLER"]
     if raw.get("WAIT") is not None:
         values["wait"] = _duration("WAIT", raw["WAIT"], problems)
     if "RETENTION" in raw:

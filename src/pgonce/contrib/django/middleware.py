@@ -29,6 +29,7 @@ header repeated in a response (Django keeps one value per header name).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -43,6 +44,7 @@ from psycopg.pq import TransactionStatus
 from pgonce.contrib.django import conf
 from pgonce.contrib.django.connection import check_backend, psycopg_connection
 from pgonce.core.outcomes import InFlight, Replay, Won
+from pgonce.database import reaches_server_directly
 from pgonce.errors import (
     DatabaseUnavailable,
     InvalidIdempotencyKey,
@@ -129,10 +131,18 @@ class IdempotencyMiddleware:
             max_response_bytes=settings.max_response_bytes,
             retention=settings.retention,
         )
-        self.store = KeyStore(
-            schema=settings.schema,
-            wait=settings.wait if settings.wait is not None else NO_WAIT,
-            store_server_errors=settings.store_server_errors,
+        self.store, self.direct_store = (
+            KeyStore(
+                schema=settings.schema,
+                wait=settings.wait if settings.wait is not None else NO_WAIT,
+                store_server_errors=settings.store_server_errors,
+                pooler=pooler,
+            )
+            for pooler in (settings.pooler, "none")
+        )
+        #: Per psycopg connection, the store that runs on it (POOLER "auto": checked once).
+        self._stores: weakref.WeakKeyDictionary[psycopg.Connection[Any], KeyStore] = (
+            weakref.WeakKeyDictionary()
         )
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
@@ -213,11 +223,26 @@ class IdempotencyMiddleware:
             )
             return to_django(semantics.unavailable(self.store.retry_after))
 
+    def _store_for(self, using: str) -> KeyStore:
+        """The key store for Django's connection now: with POOLER "auto", one that prepares its
+        statements where the connection reaches PostgreSQL itself (checked once per
+        connection), since Django turns psycopg's preparing off for every connection."""
+        if self.settings.pooler != "auto":
+            return self.store
+        wrapper = connections[using]
+        wrapper.ensure_connection()
+        conn = wrapper.connection
+        store = self._stores.get(conn)
+        if store is None:
+            direct = conn.prepare_threshold is None and reaches_server_directly(conn)
+            store = self._stores[conn] = self.direct_store if direct else self.store
+        return store
+
     def _transact(
         self, request: HttpRequest, caller: str, key: str, fingerprint: bytes, view: GetResponse
     ) -> HttpResponseBase:
         using = self.using
-        store = self.store
+        store = self._store_for(using)
         # Outermost, the middleware owns the request's transaction (it opened it), so BEGIN
         # travels with the claim and the completion with COMMIT: three round trips with the
         # view's one statement, as in the ASGI middleware. Inside someone else's atomic() block

@@ -89,6 +89,10 @@ class AsyncKeyStore:
     pooler that cannot keep prepared statements (PgBouncer before 1.21): the store's batches are
     then sent unnamed, and a connection that still lets psycopg prepare statements is refused
     with a :class:`~pgonce.errors.UsageError` (psycopg's would be crossed between clients).
+    ``pooler="none"`` says that they do not: the store prepares its statements once per
+    connection even where the connection's ``prepare_threshold`` is None (Django sets it so by
+    default). With ``"auto"``, the default, it prepares them where psycopg may prepare its own,
+    and sends them unnamed for the rest of the process once it meets a pooler's shared sessions.
     """
 
     def __init__(
@@ -105,8 +109,11 @@ class AsyncKeyStore:
         check_bool(store_server_errors, "store_server_errors")
         _check_wait(wait)
         self.pooler = validate_pooler(pooler)
-        #: Whether this store's batches may use prepared statements.
+        #: Whether this store's batches may use prepared statements, and whether they do so on
+        #: a connection with ``prepare_threshold = None`` too (``pooler="none"``: the caller
+        #: says there is no pooler; Django, for one, turns psycopg's preparing off by default).
         self._named = pooler != TRANSACTION_POOLER
+        self._always = pooler == "none"
         self.schema = schema
         self.wait = wait
         self.retry_after = retry_after
@@ -234,7 +241,9 @@ class AsyncKeyStore:
         ]
         for attempt in range(1, _ATTEMPTS + 1):
             try:
-                results = await async_round_trip(conn, claim, named=self._named)
+                results = await async_round_trip(
+                    conn, claim, named=self._named, always=self._always
+                )
                 if failed := wire.failure(conn, results):
                     raise failed[1]
                 inserted = results[1]
@@ -245,7 +254,10 @@ class AsyncKeyStore:
                 # Another claim has the key: read it and end this transaction, which wrote
                 # nothing, in one round trip.
                 results = await async_round_trip(
-                    conn, [(self._claim_read, (scope_param, key_param)), _COMMIT], named=self._named
+                    conn,
+                    [(self._claim_read, (scope_param, key_param)), _COMMIT],
+                    named=self._named,
+                    always=self._always,
                 )
                 if failed := wire.failure(conn, results):
                     raise failed[1]
@@ -308,7 +320,7 @@ class AsyncKeyStore:
                 commands.append((self._complete_claimed, (*completion, claim.row)))
             commands.append(_COMMIT)
         try:
-            results = await async_round_trip(conn, commands, named=self._named)
+            results = await async_round_trip(conn, commands, named=self._named, always=self._always)
             failed = wire.failure(conn, results)
         except BaseException:
             await rollback_quietly(conn)
