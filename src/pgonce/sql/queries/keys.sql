@@ -4,6 +4,14 @@
 SELECT state, fingerprint, claimed_at, completed_at, response_status, response_headers, response_body
   FROM {schema}.claim(%(scope)s, %(key)s, %(fingerprint)s, %(wait_ms)s, %(now)s)
 
+-- name: claim_completed
+-- once()'s claim in the caller's transaction: the row is born with completed_at set (0013), as
+-- begin()'s is, so that its completion is a HOT update. once()'s savepoint ends with the
+-- completion or is rolled back with the claim; a bare claim() may be committed without a
+-- response, and keeps completed_at NULL for the stuck-claims check.
+SELECT state, fingerprint, claimed_at, completed_at, response_status, response_headers, response_body
+  FROM {schema}.claim(%(scope)s, %(key)s, %(fingerprint)s, %(wait_ms)s, %(now)s, true)
+
 -- name: claim_insert
 -- begin()'s claim: the INSERT travels with BEGIN in the round trip that opens the transaction. The
 -- claim() function above does the same in one statement, but a PL/pgSQL call costs the server more

@@ -153,13 +153,27 @@ class AsyncKeyStore:
         :class:`~pgonce.errors.NotInTransaction` on an autocommit connection. The transaction stays
         usable whatever the outcome.
         """
+        return await self._claim(conn, scope, key, fingerprint, wait, now, self._sql.claim)
+
+    async def _claim(
+        self,
+        conn: AsyncConnection[Row],
+        scope: str,
+        key: str,
+        fingerprint: bytes,
+        wait: timedelta | None,
+        now: datetime | None,
+        statement: Query,
+    ) -> Claim:
+        # claim(), and once() in the caller's transaction with claim_completed (a row born
+        # completed: once()'s savepoint ends with the completion or rolls the claim back).
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         require_transaction(conn)
         self._check_pooled(conn)
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
             cur = cursor(conn)
-            await cur.execute(self._sql.claim, {**params, "now": now})
+            await cur.execute(statement, {**params, "now": now})
             row = await cur.fetchone()
         return self._decide(claim_row(row), scope, key, fingerprint)
 
@@ -514,8 +528,9 @@ class AsyncOperation(Generic[Row]):
             self._savepoint = savepoint = conn.transaction()
             await savepoint.__aenter__()
             try:
-                self._claim = await self._store.claim(
-                    conn, scope, key, fingerprint, wait=self._wait, now=self._now
+                store = self._store
+                self._claim = await store._claim(
+                    conn, scope, key, fingerprint, self._wait, self._now, store._sql.claim_completed
                 )
             except BaseException as error:
                 await savepoint.__aexit__(type(error), error, error.__traceback__)

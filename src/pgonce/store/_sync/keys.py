@@ -155,13 +155,27 @@ class KeyStore:
         :class:`~pgonce.errors.NotInTransaction` on an autocommit connection. The transaction stays
         usable whatever the outcome.
         """
+        return self._claim(conn, scope, key, fingerprint, wait, now, self._sql.claim)
+
+    def _claim(
+        self,
+        conn: Connection[Row],
+        scope: str,
+        key: str,
+        fingerprint: bytes,
+        wait: timedelta | None,
+        now: datetime | None,
+        statement: Query,
+    ) -> Claim:
+        # claim(), and once() in the caller's transaction with claim_completed (a row born
+        # completed: once()'s savepoint ends with the completion or rolls the claim back).
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         require_transaction(conn)
         self._check_pooled(conn)
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
             cur = cursor(conn)
-            cur.execute(self._sql.claim, {**params, "now": now})
+            cur.execute(statement, {**params, "now": now})
             row = cur.fetchone()
         return self._decide(claim_row(row), scope, key, fingerprint)
 
@@ -512,8 +526,9 @@ class Operation(Generic[Row]):
             self._savepoint = savepoint = conn.transaction()
             savepoint.__enter__()
             try:
-                self._claim = self._store.claim(
-                    conn, scope, key, fingerprint, wait=self._wait, now=self._now
+                store = self._store
+                self._claim = store._claim(
+                    conn, scope, key, fingerprint, self._wait, self._now, store._sql.claim_completed
                 )
             except BaseException as error:
                 savepoint.__exit__(type(error), error, error.__traceback__)
