@@ -246,7 +246,8 @@ def _updates(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     conn.execute("SELECT pg_stat_force_next_flush()")  # flushed when the session goes idle
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
-        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'pgonce.keys'::regclass"
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+        " WHERE relid = 'pgonce.keys'::regclass"
     ).fetchone()
     assert row is not None
     return row[0], row[1]

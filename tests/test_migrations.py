@@ -209,7 +209,7 @@ def test_keys_stored_before_the_hot_completions_migration_replay_after_it(empty_
     # 0013 sets the key store's and the inbox's fillfactor and gives claim() p_completed. What was
     # stored before it must read the same after it: completed keys replay their own responses
     # byte for byte, a claim committed without a response is still in flight and still stuck.
-    from datetime import datetime, timedelta, timezone
+    from datetime import UTC, datetime, timedelta
 
     from pgonce import InFlight, KeyStore, Response, Won, fingerprint
     from pgonce.store._sync.health import HealthCheck
@@ -217,9 +217,9 @@ def test_keys_stored_before_the_hot_completions_migration_replay_after_it(empty_
 
     fp = fingerprint("POST", "/orders", b"{}")
     store = KeyStore()
-    hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
     responses = {
-        f"k{i}": Response(201, [("content-type", "application/json")], b'{"n": %d}' % i)
+        f"k{i}": Response(201, (("content-type", "application/json"),), b'{"n": %d}' % i)
         for i in range(5)
     }
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -255,4 +255,6 @@ def test_keys_stored_before_the_hot_completions_migration_replay_after_it(empty_
             assert op.won
             op.respond(Response(200, body=b"new"))
         with store.once(conn, "tenant", "new", fp, commit=True) as op:
-            assert op.replayed and op.response is not None and op.response.body == b"new"
+            assert op.replayed
+            assert op.response is not None
+            assert op.response.body == b"new"
