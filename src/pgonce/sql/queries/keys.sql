@@ -32,8 +32,9 @@ SELECT state, fingerprint, claimed_at, completed_at, response_status, response_h
 -- The row is born with completed_at set: begin()'s transaction either stores the response
 -- (commit()) or rolls back, so nobody ever reads the row without it, and the completion then
 -- changes no column that an index reads (keys_incomplete and keys_completed_by_age filter on
--- completed_at): a HOT update, which writes no index entry and a smaller WAL record. Whether a
--- response was stored is response_headers IS NULL or not (see the keys table).
+-- completed_at): a HOT update, which writes no index entry and a smaller WAL record, as long as
+-- the new version fits on the row's page (the table's fillfactor keeps room for it, 0013).
+-- Whether a response was stored is response_headers IS NULL or not (see the keys table).
 --
 -- RETURNING also gives the row's ctid: commit() completes the row by it (see complete).
 INSERT INTO {schema}.keys (scope, key, fingerprint, claimed_at, completed_at)
@@ -57,8 +58,9 @@ SELECT k.fingerprint::bytea, k.claimed_at, k.completed_at, k.response_status,
 
 -- name: complete
 -- Only a claim without a response is completed: a second completion changes nothing. A claim of
--- begin() keeps the completed_at it was born with (unless a time is given), so that nothing an
--- index reads changes and the update is HOT; a claim of claim() gets its completion time here.
+-- begin() or once() keeps the completed_at it was born with (unless a time is given), so that
+-- nothing an index reads changes and the update is HOT; a bare claim() gets its completion time
+-- here (and moves from keys_incomplete to keys_completed_by_age).
 --
 -- commit() appends `AND ctid = $row::tid` for a claim of begin(): the row is reached by the ctid
 -- its INSERT returned (a TID scan) instead of descending the primary key. The row cannot have
