@@ -292,3 +292,22 @@ def test_a_bare_claims_completion_moves_it_between_the_partial_indexes(dsn: str)
         _complete(conn, "claim", "k")
         after = _updates(conn)
     assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+
+
+def test_a_bare_claim_committed_without_a_response_is_still_a_stuck_claim(dsn: str) -> None:
+    # What keys_incomplete is kept for: the born-completed claims of once() and begin() cannot
+    # be committed without their response, a bare claim()'s can.
+    from datetime import UTC, datetime
+
+    from pgonce import KeyStore, Won
+    from pgonce.store._sync.health import HealthCheck
+
+    store, hour_ago = KeyStore(), datetime.now(UTC) - timedelta(hours=1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            assert isinstance(store.claim(conn, "s", "bare", bytes(32), now=hour_ago), Won)
+        with conn.transaction(), store.once(conn, "s", "once", bytes(32), now=hour_ago) as op:
+            assert op.won  # completed with no response when the block ends
+        report = HealthCheck(targets=["keys"]).check(conn)
+    found = [f for f in report.findings if f.check == "stuck claims"]
+    assert [(f.status, f.value.split(" ")[0]) for f in found] == [("fail", "1")]
