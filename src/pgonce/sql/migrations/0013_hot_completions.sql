@@ -17,7 +17,7 @@
 --
 -- The completion makes a row longer by its response; with pages filled to the brim by the
 -- claims, the new version often does not fit and the update is not HOT (8 connections, bodies
--- of 1 KB: 82 per cent HOT at the default fillfactor of 100, 100 per cent at 80). The inbox's
+-- of 1 KB: 82 per cent HOT at the default fillfactor of 100, 99.8 at 80). The inbox's
 -- done mark cannot be HOT (the row leaves inbox_pending), but a new version on the row's own
 -- page is WAL-logged as its difference from the old one: a body is not written again (bodies
 -- of 200 bytes, 4,000 events: 1,342 WAL bytes per done mark at fillfactor 100, 906 at 80).
