@@ -8,7 +8,7 @@
 -- claim()'s are, moves between them when completed: a new primary-key entry, a new
 -- keys_completed_by_age entry and the row's new version on another page (PostgreSQL 15, 8
 -- connections, a fresh key through once(): 1,145 WAL bytes, 5 index entries; born completed,
--- 881 bytes, 3 entries, pg_walinspect). begin()'s claims have been born completed since its
+-- 886 bytes, 3 entries, pg_walinspect). begin()'s claims have been born completed since its
 -- INSERT exists (its transaction stores the response or rolls back); a claim made inside once()
 -- is as safe: the block's savepoint ends with the completion, or is rolled back with the claim.
 -- claim() gets p_completed for it. A bare claim() keeps completed_at NULL until its completion:
