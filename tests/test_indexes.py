@@ -233,3 +233,81 @@ def test_the_metrics_read_the_backlog_and_never_the_retained_rows(
         scans = [node["Node Type"] for node in nodes if node.get("Relation Name") == table]
         assert scans, "the statement reads no table"
         assert "Seq Scan" not in scans, scans
+
+
+# A completion that changes no column an index reads, and whose new version fits on the row's
+# page, is a HOT update: no index entry, a smaller WAL record (0013). Responses of 1 KB: on pages
+# filled to the brim (fillfactor 100) the longer new version often no longer fits.
+BODY = b'{"pad": "' + b"x" * 1000 + b'"}'
+
+
+def _updates(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """(updates, HOT updates) of pgonce.keys so far, this session's included."""
+    conn.execute("SELECT pg_stat_force_next_flush()")  # flushed when the session goes idle
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+        " WHERE relid = 'pgonce.keys'::regclass"
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def _complete(conn: psycopg.Connection[Any], path: str, key: str) -> None:
+    from pgonce import KeyStore, Response, Won
+
+    store, response = KeyStore(), Response(201, body=BODY)
+    if path == "once":
+        with conn.transaction(), store.once(conn, "s", key, bytes(32)) as op:
+            op.respond(response)
+    elif path == "once(commit=True)":
+        with store.once(conn, "s", key, bytes(32), commit=True) as op:
+            op.respond(response)
+    elif path == "begin":
+        claim = store.begin(conn, "s", key, bytes(32))
+        assert store.commit(conn, claim, response)
+    else:  # a bare claim(): completed_at is set by its completion
+        with conn.transaction():
+            claim = store.claim(conn, "s", key, bytes(32))
+            assert isinstance(claim, Won)
+            assert store.complete(conn, claim, response)
+
+
+@pytest.mark.parametrize("path", ["once", "once(commit=True)", "begin"])
+def test_the_completions_of_once_and_begin_are_hot_updates(dsn: str, path: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        before = _updates(conn)
+        for i in range(60):  # several pages' worth
+            _complete(conn, path, f"k{i}")
+        after = _updates(conn)
+    assert (after[0] - before[0], after[1] - before[1]) == (60, 60)
+
+
+def test_a_bare_claims_completion_moves_it_between_the_partial_indexes(dsn: str) -> None:
+    # A bare claim() is born with completed_at NULL, in keys_incomplete, for the stuck-claims
+    # check (its caller may commit it without a response); its completion moves it to
+    # keys_completed_by_age, which no HOT update can do.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        before = _updates(conn)
+        _complete(conn, "claim", "k")
+        after = _updates(conn)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+
+
+def test_a_bare_claim_committed_without_a_response_is_still_a_stuck_claim(dsn: str) -> None:
+    # What keys_incomplete is kept for: the born-completed claims of once() and begin() cannot
+    # be committed without their response, a bare claim()'s can.
+    from datetime import UTC, datetime
+
+    from pgonce import KeyStore, Won
+    from pgonce.store._sync.health import HealthCheck
+
+    store, hour_ago = KeyStore(), datetime.now(UTC) - timedelta(hours=1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            assert isinstance(store.claim(conn, "s", "bare", bytes(32), now=hour_ago), Won)
+        with conn.transaction(), store.once(conn, "s", "once", bytes(32), now=hour_ago) as op:
+            assert op.won  # completed with no response when the block ends
+        report = HealthCheck(targets=["keys"]).check(conn)
+    found = [f for f in report.findings if f.check == "stuck claims"]
+    assert [(f.status, f.value.split(" ")[0]) for f in found] == [("fail", "1")]

@@ -27,7 +27,8 @@ CATALOG = {
           LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
          WHERE n.nspname = %(schema)s AND a.attnum > 0 AND NOT a.attisdropped""",
     "relations": """
-        SELECT c.relname, c.relkind::text || ' ' || c.relpersistence::text
+        SELECT c.relname, c.relkind::text || ' ' || c.relpersistence::text || ' '
+               || coalesce(c.reloptions::text, '')
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = %(schema)s""",
     "constraints": """
@@ -155,7 +156,7 @@ def test_identifiers_stored_before_the_bytewise_migrations_are_found_after_them(
     # identifiers that differ only in bytes (NFC and NFD, case) stay apart.
     from hashlib import sha256
 
-    from pgonce import KeyStore, Response, fingerprint
+    from pgonce import KeyStore, Response, Won, fingerprint
     from pgonce.core.inbox import Delivery
     from pgonce.store._sync.inbox import InboxStore
     from pgonce.store._sync.outbox import enqueue
@@ -174,8 +175,11 @@ def test_identifiers_stored_before_the_bytewise_migrations_are_found_after_them(
                 _apply_one(conn, "pgonce", m.text, m.version, m.name)
         conn.autocommit = False
         for name in names:
-            with store.once(conn, "tenant", name, fp) as op:
-                op.respond(Response(201, body=name.encode()))
+            # claim() and complete(): what a client of that schema could call (once()'s claim
+            # needs 0013's claim()).
+            claim = store.claim(conn, "tenant", name, fp)
+            assert isinstance(claim, Won)
+            store.complete(conn, claim, Response(201, body=name.encode()))
         assert inbox.store(conn, [delivery(n) for n in names]) == ["stored"] * len(names)
         for name in names:
             enqueue(conn, name, name, "created", {})
@@ -199,3 +203,58 @@ def test_identifiers_stored_before_the_bytewise_migrations_are_found_after_them(
                       (SELECT count(*) FROM pgonce.outbox_aggregates)"""
         ).fetchone()
         assert counts == (len(names), len(names), [2], len(names))
+
+
+def test_keys_stored_before_the_hot_completions_migration_replay_after_it(empty_dsn: str) -> None:
+    # 0013 sets the key store's and the inbox's fillfactor and gives claim() p_completed. What was
+    # stored before it must read the same after it: completed keys replay their own responses
+    # byte for byte, a claim committed without a response is still in flight and still stuck.
+    from datetime import UTC, datetime, timedelta
+
+    from pgonce import InFlight, KeyStore, Response, Won, fingerprint
+    from pgonce.store._sync.health import HealthCheck
+    from pgonce.store.migrate import _apply_one
+
+    fp = fingerprint("POST", "/orders", b"{}")
+    store = KeyStore()
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    responses = {
+        f"k{i}": Response(201, (("content-type", "application/json"),), b'{"n": %d}' % i)
+        for i in range(5)
+    }
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for m in pgsql.migrations():
+            if m.version < 13:
+                _apply_one(conn, "pgonce", m.text, m.version, m.name)
+        for name, response in responses.items():
+            if name in ("k0", "k1"):  # begin()'s statements: born completed
+                claim = store.begin(conn, "tenant", name, fp)
+                assert store.commit(conn, claim, response)
+            else:
+                with conn.transaction():
+                    claim = store.claim(conn, "tenant", name, fp)
+                    assert isinstance(claim, Won)
+                    assert store.complete(conn, claim, response)
+        with conn.transaction():
+            assert isinstance(store.claim(conn, "tenant", "stuck", fp, now=hour_ago), Won)
+        assert migrate(conn, "pgonce") == [m.version for m in pgsql.migrations() if m.version >= 13]
+        for name, response in responses.items():
+            with store.once(conn, "tenant", name, fp, commit=True) as op:
+                assert op.replayed, name
+                assert op.response == response
+            with conn.transaction(), store.once(conn, "tenant", name, fp) as op:
+                assert op.replayed, name
+                assert op.response == response
+        with store.once(conn, "tenant", "stuck", fp, commit=True) as op:
+            assert isinstance(op.claim, InFlight)
+        report = HealthCheck(targets=["keys"]).check(conn)
+        stuck = [f for f in report.findings if f.check == "stuck claims"]
+        assert [(f.status, f.value.split(" ")[0]) for f in stuck] == [("fail", "1")]
+        # And a new key after it: claimed, completed, replayed.
+        with conn.transaction(), store.once(conn, "tenant", "new", fp) as op:
+            assert op.won
+            op.respond(Response(200, body=b"new"))
+        with store.once(conn, "tenant", "new", fp, commit=True) as op:
+            assert op.replayed
+            assert op.response is not None
+            assert op.response.body == b"new"

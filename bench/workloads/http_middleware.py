@@ -55,6 +55,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
 from bench.context import BenchContext
+from bench.database_cost import MIDDLEWARE, wal_position
 from bench.report import Table, Targets, percentile, ratio
 from bench.servers import cpu_seconds, serve_process
 from pgonce import AsyncKeyStore, Replay, Response, Won, fingerprint
@@ -284,6 +285,8 @@ class Result:
     #: CPU seconds spent meanwhile by the server process and by PostgreSQL's processes.
     server_cpu: float = 0.0
     database_cpu: float = 0.0
+    #: WAL the server wrote meanwhile (its WAL position before and after).
+    wal_bytes: int = 0
 
     def per_request_us(self, cpu: float) -> str:
         return f"{cpu / len(self.latencies) * 1e6:.0f}" if self.latencies else "-"
@@ -443,9 +446,11 @@ def run(ctx: BenchContext) -> list[Table]:
                     asyncio.run(load(port, min(1.0, seconds)))  # warm-up: pools, caches, JIT-less
                     database = _database_pids(ctx.dsn)
                     server_before, database_before = cpu_seconds([pid]), cpu_seconds(database)
+                    wal_before = wal_position(ctx.dsn)
                     result = asyncio.run(load(port, seconds))
                     result.server_cpu = cpu_seconds([pid]) - server_before
                     result.database_cpu = cpu_seconds(database) - database_before
+                    result.wal_bytes = wal_position(ctx.dsn) - wal_before
                     runs[-1][variant] = result
                     if variant not in probes:
                         probes[variant] = asyncio.run(probe(port))
@@ -472,6 +477,7 @@ def run(ctx: BenchContext) -> list[Table]:
             "p99",
             "server CPU µs/req",
             "PostgreSQL CPU µs/req",
+            "WAL bytes/req",
             "answers",
             "retry",
         ],
@@ -491,6 +497,7 @@ def run(ctx: BenchContext) -> list[Table]:
             ratio(p99, percentile(reference.latencies, 99), "no middleware"),
             result.per_request_us(result.server_cpu),
             result.per_request_us(result.database_cpu),
+            f"{result.wal_bytes / len(result.latencies):,.0f}" if result.latencies else "-",
             ", ".join(f"{n}x{s}" for s, n in sorted(result.statuses.items())),
             probes.get(variant, "?"),
         )
@@ -528,9 +535,31 @@ def run(ctx: BenchContext) -> list[Table]:
         f"loop {_installed('uvloop', 'asyncio')}'s. A faster HTTP layer shrinks every variant's "
         "server time by the same amount, so the middleware's share of what is left grows."
     )
+    table.notes.append(
+        "WAL bytes per request: the server's WAL position before and after the round (any other "
+        "writer's share included)."
+    )
     for variant, reason in skipped.items():
         table.notes.append(f"{LABELS[variant]} skipped: {reason}.")
+    _database_cost(results, runs)
     return [table, _targets(results, runs)]
+
+
+def _database_cost(results: dict[str, Result], runs: list[dict[str, Result]]) -> None:
+    """The middleware's figures for the key store's "database cost per request" tables: pgonce
+    (FastAPI dependency) and the same app without it, each over its best round."""
+    pgonce, bare = results.get("pgonce"), results.get("none-dependency")
+    if not (pgonce and bare and pgonce.latencies and bare.latencies):
+        return
+    MIDDLEWARE.update(
+        cpu=pgonce.database_cpu / len(pgonce.latencies) * 1e6,
+        cpu_bare=bare.database_cpu / len(bare.latencies) * 1e6,
+        wal=pgonce.wal_bytes / len(pgonce.latencies),
+        wal_bare=bare.wal_bytes / len(bare.latencies),
+        best=pgonce.rps / bare.rps if bare.rps else 0.0,
+    )
+    if (median := paired(runs, "pgonce", "none-dependency")) is not None:
+        MIDDLEWARE["median"] = median
 
 
 def _installed(preferred: str, fallback: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 from psycopg.pq.abc import PGresult
 
+from bench import database_cost
 from bench.clients import (
     Measurement,
     Transaction,
@@ -33,6 +34,7 @@ from bench.clients import (
     run_pgbench,
 )
 from bench.context import BenchContext
+from bench.database_cost import MIDDLEWARE, Cost
 from bench.report import Table, Targets, ratio
 from pgonce import AsyncKeyStore, Response, fingerprint
 from pgonce.store import wire
@@ -169,11 +171,88 @@ TWO_TRIPS_NO_KEYS = (
 HEADERS = (("content-type", "application/json"),)
 
 
+# once() in the caller's transaction (its default): a savepoint around the claim() function, the
+# business insert and the completion. once() claims with p_completed (the row born completed, a
+# HOT completion); a bare claim() without it (born incomplete: its completion moves the row
+# between the partial indexes).
+def _once_in_transaction(completed: bool) -> str:
+    flag = ", true" if completed else ""
+    scope = "bench-once" if completed else "bench-bare"
+    return (
+        FRESH_KEY
+        + f"""BEGIN;
+SAVEPOINT pgonce_once;
+SELECT state FROM pgonce.claim('{scope}', :k::text, decode('{FP_HEX}', 'hex'), 2000, NULL{flag});
+{BUSINESS_INSERT}"""
+        + COMPLETION.replace("'bench-own'", f"'{scope}'")
+        + "RELEASE SAVEPOINT pgonce_once;\nCOMMIT;\n"
+    )
+
+
+ONCE_IN_TRANSACTION = _once_in_transaction(True)
+BARE_CLAIM = _once_in_transaction(False)
+
+# The inbox, one event at a time: stored (inbox_store(), as the receiver does), then taken and
+# marked done by the worker's claim (queries/inbox.sql), each its own transaction. Beside it a
+# bare queue: the same body inserted into a table with a pending index, taken with the same
+# FOR UPDATE SKIP LOCKED and marked done.
+EVENT_BODY = (
+    b'{"type":"payment.succeeded","data":{"id":"pay_1","amount":4200,"pad":"'
+    + (b"x" * 500)
+    + b'"}}'
+)
+INBOX_SETUP = """
+CREATE TABLE IF NOT EXISTS bench.queue (id bigserial PRIMARY KEY, event_id text NOT NULL,
+    body bytea NOT NULL, status text NOT NULL DEFAULT 'pending', processed_at timestamptz);
+CREATE INDEX IF NOT EXISTS queue_pending ON bench.queue (id) WHERE status = 'pending';
+"""
+_EVENT = f"convert_to('{EVENT_BODY.decode()}', 'UTF8')"
+INBOX_EVENT = (
+    FRESH_KEY
+    + f"""SELECT ord, outcome FROM pgonce.inbox_store(ARRAY['bench-src'], ARRAY[:k::text],
+    ARRAY[{_EVENT}], ARRAY['{{"content-type": "application/json"}}']::jsonb[],
+    ARRAY[sha256({_EVENT})], ARRAY[NULL]::text[], ARRAY[NULL]::bigint[], NULL, 'bench_inbox');
+BEGIN;
+UPDATE pgonce.inbox AS u
+   SET status = 'done', processed_at = now()
+  FROM (SELECT i.source, i.event_id
+          FROM pgonce.inbox AS i
+         WHERE i.status = 'pending' AND i.source = 'bench-src' AND i.next_attempt_at <= now()
+           AND (i.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM pgonce.inbox AS h
+                 WHERE h.source = i.source AND h.ordering_key = i.ordering_key
+                   AND h.status IN ('pending', 'dead')
+                   AND (h.received_at, h.seq) < (i.received_at, i.seq)
+                   AND (h.status = 'pending' OR false)))
+         ORDER BY i.next_attempt_at
+         LIMIT 1
+           FOR UPDATE OF i SKIP LOCKED) AS c
+ WHERE u.source = c.source AND u.event_id = c.event_id
+RETURNING u.source, u.event_id, u.body, u.headers, u.attempts, u.received_at, u.ordering_key,
+          u.version, u.next_attempt_at, u.seq;
+COMMIT;
+"""
+)
+QUEUE_EVENT = (
+    FRESH_KEY
+    + f"""INSERT INTO bench.queue (event_id, body) VALUES (:k::text, {_EVENT});
+BEGIN;
+UPDATE bench.queue SET status = 'done', processed_at = now()
+ WHERE id IN (SELECT id FROM bench.queue WHERE status = 'pending' ORDER BY id LIMIT 1
+                 FOR UPDATE SKIP LOCKED)
+RETURNING id, event_id, body;
+COMMIT;
+"""
+)
+
+
 def _setup(ctx: BenchContext) -> None:
     with psycopg.connect(ctx.dsn, autocommit=True) as conn:
         conn.execute(SETUP)
+        conn.execute(INBOX_SETUP)
         conn.execute("DELETE FROM pgonce.keys WHERE scope LIKE 'bench-%'")
-        conn.execute("TRUNCATE bench.orders")
+        conn.execute("DELETE FROM pgonce.inbox WHERE source = 'bench-src'")
+        conn.execute("TRUNCATE bench.orders, bench.queue")
         conn.execute(
             """INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at,
                                        response_status, response_headers, response_body)
@@ -309,7 +388,8 @@ def run(ctx: BenchContext) -> list[Table]:
         "transaction alone. The targets were calibrated on PostgreSQL 15: "
         "`PGONCE_BENCH_DSN=postgresql://postgres@127.0.0.1:5432/postgres` runs there.",
     )
-    layers, floors = _layers(ctx, store, seconds)
+    layers, floors, client_floors = _layers(ctx, store, seconds)
+    two_trip_shape = 0.0
     targets.table.notes.append(
         "The least any Python client of psycopg reaches on the same statements (the Python "
         "floor of the layer tables below: psycopg's libpq layer on one epoll loop, no asyncio, "
@@ -378,6 +458,7 @@ def run(ctx: BenchContext) -> list[Table]:
                     _times(m, business, "business transaction"),
                 )
             if level == 16:
+                two_trip_shape = _over(own_queued, two_trips)
                 targets.at_least(
                     "fresh key vs pgbench's naive five statements", _over(queued, naive), 1.10
                 )
@@ -396,6 +477,7 @@ def run(ctx: BenchContext) -> list[Table]:
                     0.95,
                     "×",
                 )
+    cost, fresh_wal = _database_cost(ctx, seconds)
     return [
         fresh,
         duplicate,
@@ -403,7 +485,134 @@ def run(ctx: BenchContext) -> list[Table]:
         targets.table,
         _claim_forms(ctx, seconds),
         *layers,
+        cost,
+        _cost_targets(fresh_wal, two_trip_shape, client_floors),
     ]
+
+
+def _database_cost(ctx: BenchContext, seconds: float) -> tuple[Table, float]:
+    """PostgreSQL's CPU and WAL per operation, each beside its bare reference (pgbench).
+
+    Also the WAL of a fresh key (begin() + commit()) over the business transaction's.
+    """
+    conns = _conns(ctx)
+    rounds = ctx.pick(3, short=2, quick=1)
+    business, begin, once, bare, replay, queue, inbox = database_cost.alternated(
+        ctx.dsn,
+        [
+            BUSINESS_TX,
+            OWN_QUEUED,
+            ONCE_IN_TRANSACTION,
+            BARE_CLAIM,
+            OWN_DUPLICATE,
+            QUEUE_EVENT,
+            INBOX_EVENT,
+        ],
+        conns,
+        seconds,
+        rounds,
+    )
+    table = Table(
+        "Database cost per request",
+        ["operation", "PostgreSQL CPU µs/op", "WAL bytes/op", "CPU", "WAL"],
+        notes=[
+            "What each operation costs PostgreSQL, on the server's side: the CPU time of all its "
+            "processes (the backends, those that exited during the run included, and the "
+            "background writers) and the WAL it wrote, over the operations pgbench ran "
+            f"({conns} connections, {rounds} alternating rounds of {seconds:g} s, summed). A "
+            "fresh key is the business insert with the key store around it; a replay is set "
+            "beside running the request again, which is what a retry costs without a key store. "
+            "The inbox's event is its storage (inbox_store()) and the worker's claim, which "
+            "marks it done, one event per transaction; the bare queue stores the same body in a "
+            "table with a pending index and takes it with the same FOR UPDATE SKIP LOCKED. "
+            "Server-wide figures: on a shared server, a neighbour's work lands in them, in every "
+            "row alike (the rows take turns).",
+        ],
+    )
+
+    def add(name: str, m: Cost, reference: Cost | None) -> None:
+        table.add(
+            name,
+            f"{m.cpu_us:.0f}",
+            f"{m.wal:,.0f}",
+            _cost_times(m.cpu_us, reference.cpu_us) if reference else "reference",
+            _cost_times(m.wal, reference.wal) if reference else "reference",
+        )
+
+    add("business transaction alone (BEGIN; insert; COMMIT)", business, None)
+    add("fresh key, begin() + commit() (once(commit=True), the middleware)", begin, business)
+    add("fresh key, once() in the caller's transaction", once, business)
+    add("fresh key, a bare claim() + complete() (born incomplete)", bare, business)
+    add("replay of a stored response (begin())", replay, business)
+    add("bare queue: an event stored, taken and marked done", queue, None)
+    add("inbox: an event stored (inbox_store()), claimed and marked done", inbox, queue)
+    if MIDDLEWARE:
+        table.add(
+            "no middleware, connection from a FastAPI dependency (HTTP workload)",
+            f"{MIDDLEWARE['cpu_bare']:.0f}",
+            f"{MIDDLEWARE['wal_bare']:,.0f}",
+            "reference",
+            "reference",
+        )
+        table.add(
+            "pgonce, FastAPI dependency (HTTP workload)",
+            f"{MIDDLEWARE['cpu']:.0f}",
+            f"{MIDDLEWARE['wal']:,.0f}",
+            _cost_times(MIDDLEWARE["cpu"], MIDDLEWARE["cpu_bare"]),
+            _cost_times(MIDDLEWARE["wal"], MIDDLEWARE["wal_bare"]),
+        )
+        table.notes.append(
+            "The HTTP workload's rows: per request over that workload's best round, its "
+            "PostgreSQL processes' CPU and the server's WAL (see that table)."
+        )
+    return table, begin.wal / business.wal if business.wal else 0.0
+
+
+def _cost_times(value: float, reference: float) -> str:
+    return f"{value / reference:.2f} ×" if reference else "n/a"
+
+
+def _cost_targets(
+    fresh_wal: float, two_trip_shape: float, client_floors: tuple[float, float]
+) -> Table:
+    """The targets of the issue on the database's cost per request, from this run."""
+    targets = Targets(
+        "Database cost per request: the issue's targets",
+        "From this run: the middleware's rows of the HTTP workload (its PostgreSQL CPU per "
+        "request over the same app's without the middleware, and its throughput, best round and "
+        "median round), the WAL of the table above, pgbench's two-round-trip shape over the same "
+        "two round trips without the key store (the database-level table, 16 connections), and "
+        "the client's layer tables (once() over the Python floor).",
+    )
+    if MIDDLEWARE:
+        targets.at_most(
+            "PostgreSQL CPU per request, middleware vs the bare app",
+            MIDDLEWARE["cpu"] / MIDDLEWARE["cpu_bare"],
+            1.5,
+            "×",
+        )
+    else:
+        targets.table.add(
+            "PostgreSQL CPU per request, middleware vs the bare app", "≤ 1.50 ×", "not run", "no"
+        )
+    targets.at_most("WAL bytes per fresh key vs the bare business transaction", fresh_wal, 2.5, "×")
+    targets.at_least(
+        "pgbench: pgonce's two-round-trip shape vs the same two trips without the key store",
+        two_trip_shape,
+        0.85,
+        "×",
+    )
+    targets.at_least(
+        "fresh key through once() + op.execute() vs the Python floor", client_floors[0], 0.90
+    )
+    targets.at_least("replay through once() vs the Python floor", client_floors[1], 0.85)
+    for name, figure in (("best round", "best"), ("median round", "median")):
+        label = f"middleware throughput vs no middleware ({name})"
+        if figure in MIDDLEWARE:
+            targets.at_least(label, MIDDLEWARE[figure], 0.95)
+        else:
+            targets.table.add(label, "≥ 95 %", "not run", "no")
+    return targets.table
 
 
 def _over(m: Measurement, reference: Measurement) -> float:
@@ -510,11 +719,12 @@ Row = tuple[str, Callable[[], Measurement]]
 
 def _layers(
     ctx: BenchContext, store: AsyncKeyStore, seconds: float
-) -> tuple[list[Table], tuple[float, float, float, float]]:
+) -> tuple[list[Table], tuple[float, float, float, float], tuple[float, float]]:
     """Where the client's CPU goes: the same statements through thinner and thinner layers.
 
     Also the fractions of pgbench's rate that the Python floor and the batches on the event loop
-    reached: (floor fresh, floor replay, batches fresh, batches replay).
+    reached: (floor fresh, floor replay, batches fresh, batches replay); and once()'s rate over
+    the Python floor's (fresh key, replay).
     """
     conns = _conns(ctx)
 
@@ -567,7 +777,9 @@ def _layers(
         OWN_DUPLICATE,
     )
     floors = (fresh_ratios[0], duplicate_ratios[0], fresh_ratios[1], duplicate_ratios[1])
-    return [fresh, duplicate], floors
+    # once()'s rate over the Python floor's: the last row of each table over its first.
+    over_floor = (fresh_ratios[-1] / fresh_ratios[0], duplicate_ratios[-1] / duplicate_ratios[0])
+    return [fresh, duplicate], floors, over_floor
 
 
 def _layer_rounds(ctx: BenchContext) -> int:

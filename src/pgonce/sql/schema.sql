@@ -26,9 +26,10 @@ CREATE TABLE keys (
     -- SHA-256 of the request. The same key with another fingerprint is a mismatch, never a replay.
     fingerprint      sha256_digest NOT NULL,
     claimed_at       timestamptz NOT NULL,
-    -- Set in the same transaction as the response. A claim of claim() has it NULL until then; a
-    -- claim of begin() is born with it (its transaction stores the response or rolls back), so
-    -- that its completion changes nothing an index reads and is a HOT update.
+    -- Set in the same transaction as the response. A claim of a bare claim() has it NULL until
+    -- then; a claim of begin() or once() is born with it (its transaction, or once()'s savepoint,
+    -- stores the response or rolls back), so that its completion changes nothing an index reads
+    -- and is a HOT update (0013).
     completed_at     timestamptz,
     response_status  integer,
     -- [[name, value], ...]: a JSON array keeps order and repeated names. NULL exactly while no
@@ -38,12 +39,16 @@ CREATE TABLE keys (
     -- and a replay must be byte-identical. The keys_readable view shows JSON bodies as jsonb.
     response_body    bytea,
     CONSTRAINT keys_pkey PRIMARY KEY (scope, key)
-);
+)
+-- Room on each page for the completion's new version, which is longer by the response: a HOT
+-- update needs it on the same page (0013).
+WITH (fillfactor = 80);
 
--- Claims that never completed: the health check's stuck-claims query reads only these. A claim
--- of begin() is never one (it commits with its response), unless its transaction was committed by
--- hand between begin() and commit(): a retry then reads it as in flight (no response stored), and
--- the sweeper removes it by age like a completed key.
+-- Claims that never completed: the health check's stuck-claims query reads only these. Only a
+-- bare claim() makes one, whose caller may commit without a response. A claim of begin() or
+-- once() is never one (it commits with its response), unless its transaction was committed by
+-- hand inside the block: a retry then reads it as in flight (no response stored), and the
+-- sweeper removes it by age like a completed key.
 CREATE INDEX keys_incomplete ON keys (claimed_at) WHERE completed_at IS NULL;
 
 -- claim(): the one statement of a claim.
@@ -60,8 +65,10 @@ CREATE INDEX keys_incomplete ON keys (claimed_at) WHERE completed_at IS NULL;
 --   gone      the conflicting row vanished before it could be read (released, or swept).
 -- The EXCEPTION block is a subtransaction: a timeout leaves the caller's transaction usable. A
 -- duplicate that finds a committed row writes nothing and takes no transaction id.
+-- p_completed: the row is born with completed_at set, for a caller whose completion (or rollback)
+-- is certain, so that the completion is a HOT update (see the keys table).
 CREATE FUNCTION claim(p_scope text, p_key text, p_fingerprint bytea, p_wait_ms integer,
-                      p_now timestamptz)
+                      p_now timestamptz, p_completed boolean DEFAULT false)
 RETURNS TABLE (state text, fingerprint bytea, claimed_at timestamptz, completed_at timestamptz,
                response_status integer, response_headers jsonb, response_body bytea)
 LANGUAGE plpgsql
@@ -73,8 +80,9 @@ DECLARE
 BEGIN
     PERFORM set_config('lock_timeout', greatest(p_wait_ms, 1)::text, true);
     BEGIN
-        INSERT INTO keys AS k (scope, key, fingerprint, claimed_at)
-        VALUES (p_scope, p_key, p_fingerprint, v_claimed_at)
+        INSERT INTO keys AS k (scope, key, fingerprint, claimed_at, completed_at)
+        VALUES (p_scope, p_key, p_fingerprint, v_claimed_at,
+                CASE WHEN p_completed THEN v_claimed_at END)
         ON CONFLICT (scope, key) DO NOTHING;
         IF FOUND THEN
             RETURN QUERY SELECT 'won'::text, p_fingerprint, v_claimed_at, NULL::timestamptz,
@@ -273,7 +281,10 @@ CREATE TABLE inbox (
     CONSTRAINT inbox_digest_sha256 CHECK (octet_length(digest) = 32),
     CONSTRAINT inbox_status_valid CHECK (status IN ('pending', 'done', 'dead', 'skipped')),
     CONSTRAINT inbox_processed_when_final CHECK ((status = 'pending') = (processed_at IS NULL))
-);
+)
+-- Room on each page for the done mark's new version: on the row's own page it is WAL-logged as
+-- its difference from the old one, without the body (0013).
+WITH (fillfactor = 80);
 
 -- The worker's claim, one source at a time: its pending rows in next_attempt_at order. Finished
 -- rows are not in the index, and other sources' backlogs are not in the way (on Citus the claim

@@ -4,6 +4,14 @@
 SELECT state, fingerprint, claimed_at, completed_at, response_status, response_headers, response_body
   FROM {schema}.claim(%(scope)s, %(key)s, %(fingerprint)s, %(wait_ms)s, %(now)s)
 
+-- name: claim_completed
+-- once()'s claim in the caller's transaction: the row is born with completed_at set (0013), as
+-- begin()'s is, so that its completion is a HOT update. once()'s savepoint ends with the
+-- completion or is rolled back with the claim; a bare claim() may be committed without a
+-- response, and keeps completed_at NULL for the stuck-claims check.
+SELECT state, fingerprint, claimed_at, completed_at, response_status, response_headers, response_body
+  FROM {schema}.claim(%(scope)s, %(key)s, %(fingerprint)s, %(wait_ms)s, %(now)s, true)
+
 -- name: claim_insert
 -- begin()'s claim: the INSERT travels with BEGIN in the round trip that opens the transaction. The
 -- claim() function above does the same in one statement, but a PL/pgSQL call costs the server more
@@ -24,8 +32,9 @@ SELECT state, fingerprint, claimed_at, completed_at, response_status, response_h
 -- The row is born with completed_at set: begin()'s transaction either stores the response
 -- (commit()) or rolls back, so nobody ever reads the row without it, and the completion then
 -- changes no column that an index reads (keys_incomplete and keys_completed_by_age filter on
--- completed_at): a HOT update, which writes no index entry and a smaller WAL record. Whether a
--- response was stored is response_headers IS NULL or not (see the keys table).
+-- completed_at): a HOT update, which writes no index entry and a smaller WAL record, as long as
+-- the new version fits on the row's page (the table's fillfactor keeps room for it, 0013).
+-- Whether a response was stored is response_headers IS NULL or not (see the keys table).
 --
 -- RETURNING also gives the row's ctid: commit() completes the row by it (see complete).
 INSERT INTO {schema}.keys (scope, key, fingerprint, claimed_at, completed_at)
@@ -49,8 +58,9 @@ SELECT k.fingerprint::bytea, k.claimed_at, k.completed_at, k.response_status,
 
 -- name: complete
 -- Only a claim without a response is completed: a second completion changes nothing. A claim of
--- begin() keeps the completed_at it was born with (unless a time is given), so that nothing an
--- index reads changes and the update is HOT; a claim of claim() gets its completion time here.
+-- begin() or once() keeps the completed_at it was born with (unless a time is given), so that
+-- nothing an index reads changes and the update is HOT; a bare claim() gets its completion time
+-- here (and moves from keys_incomplete to keys_completed_by_age).
 --
 -- commit() appends `AND ctid = $row::tid` for a claim of begin(): the row is reached by the ctid
 -- its INSERT returned (a TID scan) instead of descending the primary key. The row cannot have

@@ -161,12 +161,28 @@ class AsyncKeyStore:
         usable whatever the outcome.
         """
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        return await self._claim(conn, scope, key, fingerprint, wait_ms, now, self._sql.claim)
+
+    async def _claim(
+        self,
+        conn: AsyncConnection[Row],
+        scope: str,
+        key: str,
+        fingerprint: bytes,
+        wait_ms: int,
+        now: datetime | None,
+        statement: Query,
+    ) -> Claim:
+        # claim(), and once() in the caller's transaction with claim_completed (a row born
+        # completed: once()'s savepoint ends with the completion or rolls the claim back). The
+        # arguments were checked by the caller (_checked_wait_ms); the connection's state is
+        # checked here, where it counts.
         require_transaction(conn)
         self._check_pooled(conn)
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
             cur = cursor(conn)
-            await cur.execute(self._sql.claim, {**params, "now": now})
+            await cur.execute(statement, {**params, "now": now})
             row = await cur.fetchone()
         return self._decide(claim_row(row), scope, key, fingerprint)
 
@@ -224,6 +240,18 @@ class AsyncKeyStore:
         an error the transaction has been rolled back.
         """
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        return await self._begin(conn, scope, key, fingerprint, wait_ms, now)
+
+    async def _begin(
+        self,
+        conn: AsyncConnection[Row],
+        scope: str,
+        key: str,
+        fingerprint: bytes,
+        wait_ms: int,
+        now: datetime | None,
+    ) -> Claim:
+        # begin() once its arguments were checked (by begin(), or by once() when it was called).
         if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
             raise UsageError(
                 "begin() opens a transaction of its own: it needs an idle connection, outside "
@@ -294,6 +322,18 @@ class AsyncKeyStore:
         error as psycopg raised it, the completion's as a pgonce error.
         """
         self._check_completion(conn, claim, response, won=False)
+        return await self._commit(conn, claim, response, writes, now)
+
+    async def _commit(
+        self,
+        conn: AsyncConnection[Row],
+        claim: Claim,
+        response: Response | None,
+        writes: Sequence[tuple[Query, Params | None]],
+        now: datetime | None,
+    ) -> bool:
+        # commit() for once()'s block: its claim is begin()'s own, its response was checked by
+        # respond().
         commands: list[Command] = []
         if not isinstance(claim, Won):
             if conn.pgconn.transaction_status == TransactionStatus.IDLE:
@@ -428,9 +468,9 @@ class AsyncKeyStore:
         stored response, having written nothing. It refuses a connection inside a transaction
         with :class:`~pgonce.errors.UsageError`: committing there would commit the caller's work.
         """
-        self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         return AsyncOperation(
-            self, conn, scope, key, fingerprint, commit=commit, wait=wait, now=now
+            self, conn, scope, key, fingerprint, commit=commit, wait_ms=wait_ms, now=now
         )
 
 
@@ -446,14 +486,16 @@ class AsyncOperation(Generic[Row]):
         fingerprint: bytes,
         *,
         commit: bool,
-        wait: timedelta | None,
+        wait_ms: int,
         now: datetime | None,
     ) -> None:
         self._store = store
         self._conn = conn
         self._args = (scope, key, fingerprint)
         self._owned = commit
-        self._wait = wait
+        # once() checked the arguments when it was called; entering the block checks the
+        # connection's state.
+        self._wait_ms = wait_ms
         self._now = now
         # When the block joins the caller's transaction: its savepoint. None when the block owns
         # its transaction (commit=True: begin() and commit()).
@@ -512,8 +554,8 @@ class AsyncOperation(Generic[Row]):
                     "once(commit=True) commits a transaction of its own and needs an idle "
                     "connection; inside the caller's transaction, call once() without commit=True"
                 )
-            self._claim = await self._store.begin(
-                conn, scope, key, fingerprint, wait=self._wait, now=self._now
+            self._claim = await self._store._begin(
+                conn, scope, key, fingerprint, self._wait_ms, self._now
             )
         else:
             if idle:
@@ -526,8 +568,10 @@ class AsyncOperation(Generic[Row]):
             self._savepoint = savepoint = conn.transaction()
             await savepoint.__aenter__()
             try:
-                self._claim = await self._store.claim(
-                    conn, scope, key, fingerprint, wait=self._wait, now=self._now
+                store = self._store
+                completed = store._sql.claim_completed
+                self._claim = await store._claim(
+                    conn, scope, key, fingerprint, self._wait_ms, self._now, completed
                 )
             except BaseException as error:
                 await savepoint.__aexit__(type(error), error, error.__traceback__)
@@ -548,8 +592,8 @@ class AsyncOperation(Generic[Row]):
             if exc is not None:
                 await rollback_quietly(self._conn)
             else:
-                self.stored = await self._store.commit(
-                    self._conn, self._claim, self.response, writes=self._writes, now=self._now
+                self.stored = await self._store._commit(
+                    self._conn, self._claim, self.response, self._writes, self._now
                 )
             return None
         if exc is None and isinstance(self._claim, Won):

@@ -163,12 +163,28 @@ class KeyStore:
         usable whatever the outcome.
         """
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        return self._claim(conn, scope, key, fingerprint, wait_ms, now, self._sql.claim)
+
+    def _claim(
+        self,
+        conn: Connection[Row],
+        scope: str,
+        key: str,
+        fingerprint: bytes,
+        wait_ms: int,
+        now: datetime | None,
+        statement: Query,
+    ) -> Claim:
+        # claim(), and once() in the caller's transaction with claim_completed (a row born
+        # completed: once()'s savepoint ends with the completion or rolls the claim back). The
+        # arguments were checked by the caller (_checked_wait_ms); the connection's state is
+        # checked here, where it counts.
         require_transaction(conn)
         self._check_pooled(conn)
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
             cur = cursor(conn)
-            cur.execute(self._sql.claim, {**params, "now": now})
+            cur.execute(statement, {**params, "now": now})
             row = cur.fetchone()
         return self._decide(claim_row(row), scope, key, fingerprint)
 
@@ -226,6 +242,18 @@ class KeyStore:
         an error the transaction has been rolled back.
         """
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        return self._begin(conn, scope, key, fingerprint, wait_ms, now)
+
+    def _begin(
+        self,
+        conn: Connection[Row],
+        scope: str,
+        key: str,
+        fingerprint: bytes,
+        wait_ms: int,
+        now: datetime | None,
+    ) -> Claim:
+        # begin() once its arguments were checked (by begin(), or by once() when it was called).
         if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
             raise UsageError(
                 "begin() opens a transaction of its own: it needs an idle connection, outside "
@@ -294,6 +322,18 @@ class KeyStore:
         error as psycopg raised it, the completion's as a pgonce error.
         """
         self._check_completion(conn, claim, response, won=False)
+        return self._commit(conn, claim, response, writes, now)
+
+    def _commit(
+        self,
+        conn: Connection[Row],
+        claim: Claim,
+        response: Response | None,
+        writes: Sequence[tuple[Query, Params | None]],
+        now: datetime | None,
+    ) -> bool:
+        # commit() for once()'s block: its claim is begin()'s own, its response was checked by
+        # respond().
         commands: list[Command] = []
         if not isinstance(claim, Won):
             if conn.pgconn.transaction_status == TransactionStatus.IDLE:
@@ -426,8 +466,10 @@ class KeyStore:
         stored response, having written nothing. It refuses a connection inside a transaction
         with :class:`~pgonce.errors.UsageError`: committing there would commit the caller's work.
         """
-        self._checked_wait_ms(conn, scope, key, fingerprint, wait)
-        return Operation(self, conn, scope, key, fingerprint, commit=commit, wait=wait, now=now)
+        wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        return Operation(
+            self, conn, scope, key, fingerprint, commit=commit, wait_ms=wait_ms, now=now
+        )
 
 
 class Operation(Generic[Row]):
@@ -442,14 +484,16 @@ class Operation(Generic[Row]):
         fingerprint: bytes,
         *,
         commit: bool,
-        wait: timedelta | None,
+        wait_ms: int,
         now: datetime | None,
     ) -> None:
         self._store = store
         self._conn = conn
         self._args = (scope, key, fingerprint)
         self._owned = commit
-        self._wait = wait
+        # once() checked the arguments when it was called; entering the block checks the
+        # connection's state.
+        self._wait_ms = wait_ms
         self._now = now
         # When the block joins the caller's transaction: its savepoint. None when the block owns
         # its transaction (commit=True: begin() and commit()).
@@ -508,8 +552,8 @@ class Operation(Generic[Row]):
                     "once(commit=True) commits a transaction of its own and needs an idle "
                     "connection; inside the caller's transaction, call once() without commit=True"
                 )
-            self._claim = self._store.begin(
-                conn, scope, key, fingerprint, wait=self._wait, now=self._now
+            self._claim = self._store._begin(
+                conn, scope, key, fingerprint, self._wait_ms, self._now
             )
         else:
             if idle:
@@ -522,8 +566,10 @@ class Operation(Generic[Row]):
             self._savepoint = savepoint = conn.transaction()
             savepoint.__enter__()
             try:
-                self._claim = self._store.claim(
-                    conn, scope, key, fingerprint, wait=self._wait, now=self._now
+                store = self._store
+                completed = store._sql.claim_completed
+                self._claim = store._claim(
+                    conn, scope, key, fingerprint, self._wait_ms, self._now, completed
                 )
             except BaseException as error:
                 savepoint.__exit__(type(error), error, error.__traceback__)
@@ -544,8 +590,8 @@ class Operation(Generic[Row]):
             if exc is not None:
                 rollback_quietly(self._conn)
             else:
-                self.stored = self._store.commit(
-                    self._conn, self._claim, self.response, writes=self._writes, now=self._now
+                self.stored = self._store._commit(
+                    self._conn, self._claim, self.response, self._writes, self._now
                 )
             return None
         if exc is None and isinstance(self._claim, Won):
