@@ -65,11 +65,35 @@ def pgbench_binary() -> str:
     return found
 
 
-def _wal_position(dsn: str) -> int:
+def wal_position(dsn: str) -> int:
+    """The server's WAL insert position, in bytes from the start."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def pgbench_command(
+    script: Path, dsn: str, clients: int, seconds: float, *options: str
+) -> list[str]:
+    """pgbench running ``script`` (prepared statements) on ``clients`` connections for
+    ``seconds``, with ``options`` added."""
+    return [
+        pgbench_binary(),
+        "-n",
+        "-M",
+        "prepared",
+        "-f",
+        str(script),
+        "-c",
+        str(clients),
+        "-j",
+        str(min(clients, 2)),
+        "-T",
+        str(max(1, round(seconds))),
+        *options,
+        dsn,
+    ]
 
 
 def run_pgbench(
@@ -79,29 +103,13 @@ def run_pgbench(
 
     ``wal``: also measure the WAL written meanwhile (:attr:`Measurement.wal_bytes`).
     """
-    wal_before = _wal_position(dsn) if wal else 0
+    wal_before = wal_position(dsn) if wal else 0
     with tempfile.TemporaryDirectory() as tmp:
         script_file = Path(tmp) / "script.sql"
         script_file.write_text(script)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = subprocess.run(
-            [
-                pgbench_binary(),
-                "-n",
-                "-M",
-                "prepared",
-                "-f",
-                str(script_file),
-                "-c",
-                str(clients),
-                "-j",
-                str(min(clients, 2)),
-                "-T",
-                str(max(1, round(seconds))),
-                "-l",
-                f"--log-prefix={tmp}/log",
-                dsn,
-            ],
+            pgbench_command(script_file, dsn, clients, seconds, "-l", f"--log-prefix={tmp}/log"),
             capture_output=True,
             text=True,
             check=False,
@@ -123,7 +131,7 @@ def run_pgbench(
         p50_ms=percentile(latencies, 50),
         p99_ms=percentile(latencies, 99),
         cpu_us_per_tx=cpu / tx * 1e6 if tx else 0.0,
-        wal_bytes=_wal_position(dsn) - wal_before if wal else 0,
+        wal_bytes=wal_position(dsn) - wal_before if wal else 0,
     )
 
 

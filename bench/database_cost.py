@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.clients import pgbench_binary
+from bench.clients import pgbench_command, wal_position
 
 
 @dataclass(frozen=True)
@@ -83,13 +83,6 @@ def server_cpu(pm: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def wal_position(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:
     """pgbench ``script`` for ``seconds``; the server's CPU and WAL over its transactions."""
     pm = postmaster(dsn)
@@ -99,21 +92,7 @@ def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:
         wal_before = wal_position(dsn)
         cpu_before = server_cpu(pm) if pm else 0.0
         result = subprocess.run(
-            [
-                pgbench_binary(),
-                "-n",
-                "-M",
-                "prepared",
-                "-f",
-                str(script_file),
-                "-c",
-                str(clients),
-                "-j",
-                str(min(clients, 2)),
-                "-T",
-                str(max(1, round(seconds))),
-                dsn,
-            ],
+            pgbench_command(script_file, dsn, clients, seconds),
             capture_output=True,
             text=True,
             check=False,

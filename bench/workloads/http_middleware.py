@@ -54,8 +54,9 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
+from bench.clients import wal_position
 from bench.context import BenchContext
-from bench.database_cost import MIDDLEWARE, wal_position
+from bench.database_cost import MIDDLEWARE
 from bench.report import Table, Targets, percentile, ratio
 from bench.servers import cpu_seconds, serve_process
 from pgonce import AsyncKeyStore, Replay, Response, Won, fingerprint
