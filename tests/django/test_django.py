@@ -26,7 +26,7 @@ from pgonce.contrib.django import conf
 from pgonce.contrib.django.connection import check_backend, psycopg_connection
 from pgonce.contrib.django.inbox import process_batch
 from pgonce.contrib.django.outbox import enqueue
-from pgonce.core.inbox import Delivery, RetryPolicy
+from pgonce.core.inbox import Delivery, Ordering, RetryPolicy
 from pgonce.errors import ConfigError, NotInTransaction
 from pgonce.store._sync.inbox import InboxStore
 
@@ -217,16 +217,25 @@ def test_enqueue_outside_atomic_is_refused() -> None:
     assert scalar("SELECT count(*) FROM pgonce.outbox") == before
 
 
-def _deliver(*bodies: dict[str, Any], source: str = "shop") -> None:
+def _deliver(
+    *bodies: dict[str, Any], source: str = "shop", ordering: list[Ordering] | None = None
+) -> None:
     store = InboxStore()
-    with transaction.atomic():
-        store.store(
-            psycopg_connection("default"),
-            [
-                Delivery(source, f"evt-{n}", json.dumps(body).encode(), {}, b"\0" * 32)
-                for n, body in enumerate(bodies)
-            ],
-        )
+    for n, body in enumerate(bodies):  # one by one: arrival order is delivery order
+        with transaction.atomic():
+            store.store(
+                psycopg_connection("default"),
+                [
+                    Delivery(
+                        source,
+                        f"evt-{n}",
+                        json.dumps(body).encode(),
+                        {},
+                        b"\0" * 32,
+                        ordering[n] if ordering else None,
+                    )
+                ],
+            )
 
 
 def test_inbox_handlers_write_with_the_orm_in_the_events_transaction() -> None:
@@ -246,9 +255,13 @@ def test_inbox_handlers_write_with_the_orm_in_the_events_transaction() -> None:
     assert process_batch("shop", handler, now=now) == 0  # the failed one waits for its backoff
 
 
-def _inbox_rows() -> list[tuple[str, str, int]]:
+def _inbox_rows(source: str = "shop") -> list[tuple[str, str, int]]:
     with connection.cursor() as cur:
-        cur.execute("SELECT event_id, status, attempts FROM pgonce.inbox ORDER BY event_id")
+        cur.execute(
+            "SELECT event_id, status, attempts FROM pgonce.inbox WHERE source = %s "
+            "ORDER BY event_id",
+            [source],
+        )
         return [(str(a), str(b), int(c)) for a, b, c in cur.fetchall()]
 
 
@@ -341,9 +354,25 @@ def test_process_refunds_handles_each_event_once_and_retries_a_failing_one() -> 
     ]
     call_command("process_refunds", stdout=io.StringIO())  # nothing due: each ran once
     assert Refund.objects.count() == 2
-    statuses = {
-        event_id: status
-        for event_id, status, _ in _inbox_rows()
-        if event_id in {"evt-0", "evt-1", "evt-2"}
-    }
+    statuses = {event_id: status for event_id, status, _ in _inbox_rows("refunds")}
     assert statuses == {"evt-0": "done", "evt-1": "pending", "evt-2": "done"}
+
+
+def test_process_batch_drops_an_older_version_of_an_object_when_asked() -> None:
+    versions = [1, 3, 2, 3, 4]
+    _deliver(
+        *({"version": v} for v in versions),
+        source="versions",
+        ordering=[Ordering("cus_1", v) for v in versions],
+    )
+    seen: list[int] = []
+
+    def handler(event: Any) -> None:
+        seen.append(event.payload["version"])
+
+    while process_batch("versions", handler, out_of_order="drop"):
+        pass
+    assert seen == [1, 3, 3, 4]  # the same version is not older; 2 arrived after 3
+    statuses = {event_id: status for event_id, status, _ in _inbox_rows("versions")}
+    assert statuses["evt-2"] == "skipped"
+    assert [statuses[f"evt-{n}"] for n in (0, 1, 3, 4)] == ["done"] * 4

@@ -19,8 +19,8 @@ source's :class:`~pgonce.core.inbox.RetryPolicy`); the other events of the batch
         pass
 
 Run it from a management command or a periodic task; several processes may run it at once (rows
-are claimed with ``FOR UPDATE SKIP LOCKED``). Not supported here: the ``"drop"`` out-of-order
-policy (use the async worker for versioned sources), LISTEN wake-ups and handler timeouts.
+are claimed with ``FOR UPDATE SKIP LOCKED``). Not supported here: LISTEN wake-ups and handler
+timeouts (the async worker has them).
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ from pgonce.config import DEFAULT_SCHEMA
 from pgonce.contrib.django.connection import psycopg_connection
 from pgonce.core.inbox import (
     InboxEvent,
+    OutOfOrderPolicy,
     RetryPolicy,
     after_failure,
     describe_error,
+    needs_watermark,
     parse_json,
 )
 from pgonce.errors import BadPayload
@@ -64,10 +66,15 @@ def process_batch(
     *,
     limit: int = 50,
     retry: RetryPolicy | None = None,
+    out_of_order: OutOfOrderPolicy = "process",
     using: str | None = None,
     now: datetime | None = None,
 ) -> int:
     """Claim up to ``limit`` pending events of ``source`` and run ``handler`` on each.
+
+    ``out_of_order="drop"``: an event whose ordering key has already seen a newer version is
+    recorded as skipped and its handler does not run (the watermark moves in the event's own
+    savepoint, so a handler that fails leaves it where it was), as in ``pgonce worker``.
 
     Returns how many events were claimed (0: nothing was due). ``now`` fixes the clock of the
     claim and of the backoff (tests).
@@ -82,6 +89,11 @@ def process_batch(
         for event in events:
             try:
                 with transaction.atomic(using=alias):
+                    if needs_watermark(out_of_order, event) and not store.advance_watermark(
+                        conn, event, now=now
+                    ):
+                        store.skip(conn, event)
+                        continue
                     handler(_payload(event))
                     # Django makes foreign keys DEFERRABLE INITIALLY DEFERRED: a handler's
                     # broken reference would surface at the batch's COMMIT and take every
