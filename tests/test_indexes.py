@@ -59,6 +59,9 @@ FILL = {
     "outbox_waiting_relays": """
         INSERT INTO pgonce.outbox_waiting_relays (relay, since)
         SELECT g::text, now() FROM generate_series(1, 100) AS g""",
+    "sweep_marks": """
+        INSERT INTO pgonce.sweep_marks (target, scope, deleted, newest, swept_at)
+        SELECT 'keys', g::text, 1, now(), now() FROM generate_series(1, 100) AS g""",
 }
 
 RELAY_CLAIM = {"now": None, "limit": 100, "per_aggregate": 10}
@@ -109,6 +112,10 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
     },
     "outbox_waiting_relays": {
         "outbox_waiting_relays_pkey": ("outbox", "unregister_waiting", {"relay": "r"}),
+    },
+    "sweep_marks": {
+        # The upsert of every sweep batch; health reads one target's few rows.
+        "sweep_marks_pkey": ("sweep", "delete_keys", SWEEP),
     },
 }
 
