@@ -208,6 +208,7 @@ async def _serve_http(
         schema=schema,
         health=health,
         stuck_after=lambda: health.stuck_after,
+        sources=[source.name for source in sources],
     )
     app = ServiceApp(
         pool=pool, schema=schema, receiver=receiver, metrics=metrics, health=health, admin=admin
