@@ -34,7 +34,6 @@ from pgonce.extras import needs
 from pgonce.service.console import charts
 from pgonce.service.console.html import HEADERS, body_block, hidden, link, page, status, table, when
 from pgonce.store._async.console import (
-    EVENT_LISTS,
     PAGE,
     AsyncConsoleReader,
     EventCursor,
@@ -443,7 +442,7 @@ class Admin:
         q = request.query_params
         source = q.get("source") or None
         state = q.get("status") or None
-        if state not in EVENT_LISTS:
+        if state not in STATUSES:
             state = None
         event_id = q.get("id") or None
         after = None
@@ -549,7 +548,7 @@ class Admin:
         # Any status: the first rows of each index path, merged (each is in the same order, so
         # the merge's first rows are the first rows overall).
         merged: list[EventSummary] = []
-        for each in ("dead", "pending", "done"):
+        for each in ("dead", "pending", "finished"):
             merged += await self.reader.events(
                 conn, each, source=source, after=after, limit=PAGE + 1
             )

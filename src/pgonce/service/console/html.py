@@ -20,7 +20,7 @@ BODY_PREVIEW = 64 * 1024
 
 #: No inline script or style, nothing from another origin, no framing, forms post here only.
 CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 HEADERS = {

@@ -32,6 +32,7 @@ EVENT_LISTS = {
     "pending": "events_pending",
     "done": "events_finished",
     "skipped": "events_finished",
+    "finished": "events_finished",  # done and skipped
 }
 
 
@@ -156,7 +157,7 @@ class AsyncConsoleReader:
         name = EVENT_LISTS[status]
         params = {
             "source": source,
-            "status": status,
+            "status": status if status in ("done", "skipped") else None,
             "after_at": after.received_at if after else _FAR_FUTURE,
             "after_source": after.source if after else "",
             "after_id": after.event_id if after else "",
