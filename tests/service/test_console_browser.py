@@ -23,6 +23,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from pgonce.service.admin import AdminAuth
 from tests.service.handlers import FIX
 from tests.service.test_admin_browser import (  # noqa: F401 (fixtures)
     browser,
@@ -290,3 +291,43 @@ def test_a_bulk_replay_reaches_a_worker_and_the_events_are_done(
     assert cross.status == 403
     assert status_of(dsn, "flaky", ids[2]) == "dead"
     assert errors == []
+
+
+BAD_INPUT = [
+    "/admin/keys?scope=%00&prefix=%00",
+    "/admin/keys?scope=api&prefix=a%ffb&after=%00",
+    "/admin/key?scope=%00&key=" + "k" * 5000,
+    "/admin/events?status=nope&source=%00&after_at=not-a-time",
+    "/admin/events?id=%00",
+    "/admin/events?after_at=2026-13-45&after_source=x",
+    "/admin/event?source=%00&id=%00",
+    "/admin/outbox?state=%00&aggregatetype=%00&after=99999999999999999999999",
+    "/admin/outbox/row?id=-1",
+    "/admin/outbox/row?id=abc",
+    "/admin/outbox/row?id=99999999999999999999999",
+    "/admin/static/../admin.py",
+    "/admin?window=%00",
+]
+
+
+def test_bad_input_gets_a_page_never_a_500(service: Service) -> None:  # noqa: F811
+    import httpx
+
+    auth = ("admin", TOKEN)
+    for path in BAD_INPUT:
+        answer = httpx.get(f"{service.url}{path}", auth=auth)
+        assert answer.status_code in (200, 400, 404), (path, answer.status_code, answer.text)
+        assert "Traceback" not in answer.text
+    # Forms: a NUL, ids that are no ids, nothing selected; each refused with a page.
+    csrf = AdminAuth(TOKEN).csrf
+    for form in (
+        {"csrf": csrf, "event": '["fl\u0000aky", "x"]', "confirm": "yes"},
+        {"csrf": csrf, "all_of": "fl\x00aky", "confirm": "yes"},
+        {"csrf": csrf, "event": "not json", "confirm": "yes"},
+        {"csrf": csrf},
+    ):
+        answer = httpx.post(f"{service.url}/admin/replay", data=form, auth=auth)
+        assert answer.status_code == 400, (form, answer.status_code, answer.text)
+    for form in ({"csrf": csrf, "id": "abc", "confirm": "yes"}, {"csrf": csrf, "id": "-5"}):
+        answer = httpx.post(f"{service.url}/admin/outbox/replay", data=form, auth=auth)
+        assert answer.status_code == 400, (form, answer.status_code, answer.text)

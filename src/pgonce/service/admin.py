@@ -138,10 +138,12 @@ def _unpair(value: str) -> tuple[str, str] | None:
 
 
 def _int(value: str | None) -> int | None:
+    """A row id from a parameter: a positive bigint, else None."""
     try:
-        return int(value) if value else None
+        number = int(value) if value else None
     except ValueError:
         return None
+    return number if number is not None and 0 < number < 2**63 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +211,9 @@ class Admin:
                     headers={"www-authenticate": 'Basic realm="pgonce admin", charset="UTF-8"'},
                     media_type="text/plain",
                 )
+            if any("\x00" in k or "\x00" in v for k, v in request.query_params.multi_items()):
+                # PostgreSQL's text holds no NUL: refused here, not turned into a database error.
+                return _html("Bad request", "<p>A parameter holds a NUL character.</p>", code=400)
             return await view(request)
 
         return guarded
@@ -610,6 +615,8 @@ class Admin:
         if len(raw) > MAX_FORM:
             return Response("form too large", status_code=413, media_type="text/plain")
         form = _Form(parse_qs(raw.decode("utf-8", "replace")))
+        if any("\x00" in v for values in form.fields.values() for v in values):
+            return _html("Bad request", "<p>A field holds a NUL character.</p>", code=400)
         if not self.auth.csrf_ok(form.one("csrf")):
             return Response("bad form token", status_code=403, media_type="text/plain")
         return form
@@ -792,7 +799,7 @@ class Admin:
     async def outbox_row(self, request: Request) -> Response:
         row_id = _int(request.query_params.get("id"))
         found: OutboxDetail | None = None
-        if row_id is not None and 0 < row_id < 2**63:
+        if row_id is not None:
             async with self.pool.connection() as conn:
                 found = await self.reader.outbox_row(conn, row_id)
                 await conn.rollback()
@@ -836,7 +843,7 @@ class Admin:
         form = await self._form(request)
         if isinstance(form, Response):
             return form
-        ids = [i for i in (_int(v) for v in form.all("id")[:MAX_SELECTED]) if i and i < 2**63]
+        ids = [i for i in (_int(v) for v in form.all("id")[:MAX_SELECTED]) if i is not None]
         aggregatetype = form.one("aggregatetype") or None
         if not ids and not aggregatetype:
             return _html("Nothing to replay", "<p>No parked row was selected.</p>", code=400)
