@@ -197,3 +197,25 @@ def test_doctor_refuses_a_retention_shorter_than_the_horizon(dsn: str) -> None:
     done = pgonce("doctor", "--dsn", dsn, "--retention", "1d")
     assert done.returncode == 1
     assert "every scope is 1d, shorter than its retry horizon of 3d" in done.stderr
+
+
+def test_early_deletion_of_inbox_events_is_caught(dsn: str) -> None:
+    # Handled deliveries of 2 days, swept by a sweeper that keeps the inbox 1 day.
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            """INSERT INTO pgonce.inbox (source, event_id, body, headers, digest, received_at,
+                                         status, next_attempt_at, processed_at)
+               SELECT 'github', g::text, '{}', '{}', sha256(g::text::bytea), %(at)s, 'done',
+                      %(at)s, %(at)s
+                 FROM generate_series(1, 3) AS g""",
+            {"at": NOW - 2 * DAY},
+        )
+    short = RetentionPolicy("inbox", Retention(keep=DAY, retry_horizon=DAY))
+    with psycopg.connect(dsn) as conn:
+        assert AnySweeper([short], targets=["inbox"]).sweep(conn, now=NOW).deleted == 3
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        report = AnyHealthCheck(targets=["inbox"]).check(conn, now=NOW)
+        marks = conn.execute("SELECT target, scope, deleted FROM pgonce.sweep_marks").fetchall()
+    assert marks == [("inbox", "github", 3)]
+    (early,) = [f for f in report.findings if f.check == "oldest row vs retry horizon"]
+    assert early.status == "fail"

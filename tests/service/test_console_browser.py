@@ -247,6 +247,18 @@ def test_every_page_loads_clean_and_shows_bodies_inert(
 
     visit(page, f"{url}/admin/health", "health")
     assert "oldest row vs retry horizon" in page.inner_text("main")
+
+    # The overview's counts follow the database without a reload.
+    visit(page, f"{url}/admin")
+    assert page.locator("[data-live=inbox_dead]").inner_text() == "1"
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            "UPDATE pgonce.inbox SET status = 'dead' WHERE source = 'shop' AND event_id = 'hist_1'"
+        )
+    from playwright.sync_api import expect
+
+    # Polled by Playwright from outside the page: the page's CSP forbids evaluating strings.
+    expect(page.locator("[data-live=inbox_dead]")).to_have_text("2", timeout=15_000)
     assert errors == []
 
 
