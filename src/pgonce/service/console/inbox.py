@@ -78,7 +78,7 @@ class InboxPages(ConsoleBase):
             "<button type=submit>filter</button></form>"
         )
         notice = ""
-        if q.get("replayed"):
+        if q.get("replayed", "").isdigit():
             notice = f"<p class=notice>Replayed {escape(q['replayed'])} event(s).</p>"
         assert self.auth is not None
         rows = []

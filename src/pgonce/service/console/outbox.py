@@ -70,7 +70,7 @@ class OutboxPages(ConsoleBase):
             "nothing waits to be published",
         )
         notice = ""
-        if q.get("replayed"):
+        if q.get("replayed", "").isdigit():
             notice = f"<p class=notice>Replayed {escape(q['replayed'])} parked row(s).</p>"
         rows = [
             [
