@@ -219,3 +219,25 @@ def test_early_deletion_of_inbox_events_is_caught(dsn: str) -> None:
     assert marks == [("inbox", "github", 3)]
     (early,) = [f for f in report.findings if f.check == "oldest row vs retry horizon"]
     assert early.status == "fail"
+
+
+def test_metrics_carry_the_newest_deleted_row_and_a_quiet_young_table(dsn: str) -> None:
+    from pgonce.service.metrics import ServiceMetrics
+
+    add_keys(dsn, 2, age=DAY)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        young = HealthCheck().check(conn, now=NOW)
+    metrics = ServiceMetrics()
+    metrics.set_health(young)
+    text = metrics.render().decode()
+    assert "pgonce_health_status 0.0" in text
+    assert "pgonce_health_newest_deleted_seconds{" not in text
+    add_keys(dsn, 2, age=2 * DAY, prefix="old-")
+    short = RetentionPolicy(default=Retention(keep=DAY, retry_horizon=DAY))
+    with psycopg.connect(dsn) as conn:
+        Sweeper([short]).sweep(conn, now=NOW)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        metrics.set_health(HealthCheck().check(conn, now=NOW))
+    text = metrics.render().decode()
+    assert "pgonce_health_status 2.0" in text
+    assert 'pgonce_health_newest_deleted_seconds{group="*",target="keys"} 172800.0' in text
