@@ -302,6 +302,13 @@ def test_a_bulk_replay_reaches_a_worker_and_the_events_are_done(
     )
     assert cross.status == 403
     assert status_of(dsn, "flaky", ids[2]) == "dead"
+    # A redelivery is a duplicate: an answer, not a row; the overview counts what was answered.
+    deliver(service.url, "flaky", ids[0])
+    visit(page, f"{service.url}/admin")
+    answered = page.locator("tr", has_text="duplicate").locator("td").all_inner_texts()
+    assert answered == ["flaky", "duplicate", "1"]
+    stored = page.locator("tr", has_text="stored").locator("td").all_inner_texts()
+    assert stored == ["flaky", "stored", "3"]
     assert errors == []
 
 

@@ -54,6 +54,7 @@ class Admin(OverviewPages, KeyPages, InboxPages, OutboxPages, HealthPages):
         health: AsyncHealthCheck,
         stuck_after: Callable[[], Any],
         sources: list[str] | None = None,
+        answered: Callable[[], list[tuple[str, str, int]]] = list,
     ) -> None:
         self.auth = AdminAuth(token) if token else None
         self.pool = pool
@@ -64,6 +65,7 @@ class Admin(OverviewPages, KeyPages, InboxPages, OutboxPages, HealthPages):
         self.health = health
         self.stuck_after = stuck_after
         self.sources = sorted(sources or [])
+        self.answered = answered
 
     def routes(self) -> list[Route]:
         return [

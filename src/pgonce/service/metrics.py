@@ -258,6 +258,15 @@ class ServiceMetrics:
         for swept in result.targets:
             self.swept.labels(swept.target).inc(swept.deleted)
 
+    def answered(self) -> list[tuple[str, str, int]]:
+        """Webhook deliveries answered since the process started: (source, outcome, count)."""
+        return sorted(
+            (sample.labels["source"], sample.labels["outcome"], int(sample.value))
+            for metric in self.deliveries.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -209,6 +209,7 @@ async def _serve_http(
         health=health,
         stuck_after=lambda: health.stuck_after,
         sources=[source.name for source in sources],
+        answered=metrics.answered,
     )
     app = ServiceApp(
         pool=pool, schema=schema, receiver=receiver, metrics=metrics, health=health, admin=admin

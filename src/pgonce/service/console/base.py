@@ -121,6 +121,9 @@ class ConsoleBase:
     health: AsyncHealthCheck
     stuck_after: Callable[[], Any]
     sources: list[str]
+    #: Webhook deliveries this process answered, as (source, outcome, count): duplicates are
+    #: answers, not rows, so only the process counts them.
+    answered: Callable[[], list[tuple[str, str, int]]]
 
     async def _form(self, request: Request) -> Form | Response:
         assert self.auth is not None

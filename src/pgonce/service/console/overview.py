@@ -16,7 +16,7 @@ from pgonce.service.console.base import (
     ConsoleBase,
     respond,
 )
-from pgonce.service.console.html import link, table, when
+from pgonce.service.console.html import link, status, table, when
 from pgonce.store._async.inspect import SourceStatus
 
 with needs("server", "the pgonce service"):
@@ -123,6 +123,12 @@ class OverviewPages(ConsoleBase):
             f"<div class=cards>{card_html}</div><p>{switch} <span class=note>(counts refresh every "
             "5 seconds)</span></p>"
             f"<div class=charts>{''.join(figures)}</div>"
+            + "<h2>Webhook deliveries answered since this process started</h2>"
+            + table(
+                ["source", "outcome", "deliveries"],
+                [[escape(src), status(outcome), str(n)] for src, outcome, n in self.answered()],
+                "none yet",
+            )
             + "<h2>Inbox backlog by source</h2>"
             + table(
                 ["source", "status", "events", "oldest"],
