@@ -12,12 +12,14 @@ import pytest
 from pgonce.core.retention import Retention, RetentionPolicy
 from pgonce.store._async.health import AsyncHealthCheck as AnyAsyncHealthCheck
 from pgonce.store._sync.health import HealthCheck as AnyHealthCheck
+from pgonce.store._sync.sweeper import Sweeper as AnySweeper
 from tests.test_cli import pgonce
 from tests.test_sweeper import DAY, NOW, add_keys
 
 # These tests judge the key store's rows; the inbox and outbox targets have their own tests.
 HealthCheck = functools.partial(AnyHealthCheck, targets=["keys"])
 AsyncHealthCheck = functools.partial(AnyAsyncHealthCheck, targets=["keys"])
+Sweeper = functools.partial(AnySweeper, targets=["keys"])
 
 MINUTE = timedelta(minutes=1)
 
@@ -58,11 +60,63 @@ def test_rows_past_retention_and_slack_mean_the_sweeper_stalled(dsn: str) -> Non
     assert found[("overdue rows", "*")] == ("ok", "6")
 
 
-def test_a_young_oldest_row_warns(dsn: str) -> None:
+def test_a_young_table_is_quiet(dsn: str) -> None:
+    # A new deployment: the oldest row is a day old, and the sweeper has deleted nothing.
     add_keys(dsn, 3, age=DAY)
+    with psycopg.connect(dsn) as conn:
+        Sweeper().sweep(conn, now=NOW)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        report = HealthCheck().check(conn, now=NOW)
+    assert report.status == "ok"
+    (young,) = [f for f in report.findings if f.check == "oldest row vs retry horizon"]
+    assert (young.status, young.value) == ("ok", "1d")
+    assert "young table" in young.detail
+
+
+def test_a_quiet_spell_after_old_rows_were_swept_is_not_early_deletion(dsn: str) -> None:
+    # Rows of 40 days were swept; traffic then paused, and the oldest row left is a day old.
+    add_keys(dsn, 4, age=40 * DAY)
+    add_keys(dsn, 2, age=DAY, prefix="new-")
+    with psycopg.connect(dsn) as conn:
+        assert Sweeper().sweep(conn, now=NOW).deleted == 4
     found = check(dsn)
-    assert found[("oldest row vs retry horizon", "*")] == ("warn", "1d")
-    assert found[("oldest row vs retention", "*")] == ("ok", "1d")
+    assert found[("oldest row vs retry horizon", "*")] == ("ok", "1d")
+
+
+def test_early_deletion_is_caught(dsn: str) -> None:
+    # One sweeper runs with a retention of 1d (its own horizon 1d): it deletes keys of 2d that
+    # this check's senders (3d) still retry.
+    add_keys(dsn, 3, age=2 * DAY)
+    add_keys(dsn, 1, age=DAY // 2, prefix="new-")
+    short = RetentionPolicy(default=Retention(keep=DAY, retry_horizon=DAY))
+    with psycopg.connect(dsn) as conn:
+        assert Sweeper([short]).sweep(conn, now=NOW).deleted == 3
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        report = HealthCheck().check(conn, now=NOW)
+    assert report.status == "fail"
+    (early,) = [f for f in report.findings if f.check == "oldest row vs retry horizon"]
+    assert (early.status, early.value) == ("fail", "12h; one deleted at 2d")
+    assert "a retry of it would run again" in early.detail
+    # Once the retry horizon has passed since that row's first delivery, no retry can come.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        later = HealthCheck().check(conn, now=NOW + 2 * DAY)
+    assert [f.status for f in later.findings if f.check == "oldest row vs retry horizon"] == ["ok"]
+
+
+def test_early_deletion_is_judged_per_scope_group(dsn: str) -> None:
+    # "fast" keeps 1d by design; its deletions say nothing about the other scopes.
+    add_keys(dsn, 2, age=2 * DAY, scope="fast")
+    add_keys(dsn, 2, age=DAY, prefix="o")
+    fast = {"fast": Retention(keep=DAY, retry_horizon=DAY)}
+    with psycopg.connect(dsn) as conn:
+        assert Sweeper([RetentionPolicy(scopes=fast)]).sweep(conn, now=NOW).deleted == 2
+    found = check(dsn, HealthCheck([RetentionPolicy(scopes=fast)]))
+    assert found[("oldest row vs retry horizon", "fast")][0] == "ok"
+    assert found[("oldest row vs retry horizon", "*")] == ("ok", "1d")
+    # A check that believes "fast" is retried for 3d sees the early deletion there only.
+    strict = check(dsn, HealthCheck([RetentionPolicy(scopes={"fast": Retention()})]))
+    assert strict[("oldest row vs retry horizon", "fast")][0] == "fail"
+    assert strict[("oldest row vs retry horizon", "*")][0] == "ok"
 
 
 def test_each_scope_group_is_judged_by_its_own_retention(dsn: str) -> None:
@@ -113,16 +167,77 @@ def test_doctor_exits_1_and_says_why_when_a_check_fails(dsn: str) -> None:
 
 
 @pytest.mark.parametrize(("strict", "code"), [((), 0), (("--strict",), 1)])
-def test_doctor_warnings_fail_only_with_strict(
+def test_doctor_parked_rows_fail_only_with_strict(
     dsn: str, strict: tuple[str, ...], code: int
 ) -> None:
-    add_keys(dsn, 2, age=DAY)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO pgonce.outbox (aggregatetype, aggregateid, type, payload, parked_at, "
+            "attempts, last_error) VALUES ('order', '1', 'placed', '{}', now(), 5, 'refused')"
+        )
     exit_code, out = doctor(dsn, *strict)
     assert exit_code == code
-    assert "WARN oldest row vs retry horizon (keys, *)" in out
+    assert "parked" in out
+
+
+def test_doctor_passes_a_young_table_and_fails_early_deletion(dsn: str) -> None:
+    add_keys(dsn, 2, age=DAY)
+    code, out = doctor(dsn, "--strict")
+    assert code == 0, out
+    add_keys(dsn, 2, age=2 * DAY, prefix="old-")
+    short = RetentionPolicy(default=Retention(keep=DAY, retry_horizon=DAY))
+    with psycopg.connect(dsn) as conn:
+        Sweeper([short]).sweep(conn, now=NOW)
+    code, out = doctor(dsn)
+    assert code == 1
+    assert "FAIL oldest row vs retry horizon (keys, *)" in out
 
 
 def test_doctor_refuses_a_retention_shorter_than_the_horizon(dsn: str) -> None:
     done = pgonce("doctor", "--dsn", dsn, "--retention", "1d")
     assert done.returncode == 1
     assert "every scope is 1d, shorter than its retry horizon of 3d" in done.stderr
+
+
+def test_early_deletion_of_inbox_events_is_caught(dsn: str) -> None:
+    # Handled deliveries of 2 days, swept by a sweeper that keeps the inbox 1 day.
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            """INSERT INTO pgonce.inbox (source, event_id, body, headers, digest, received_at,
+                                         status, next_attempt_at, processed_at)
+               SELECT 'github', g::text, '{}', '{}', sha256(g::text::bytea), %(at)s, 'done',
+                      %(at)s, %(at)s
+                 FROM generate_series(1, 3) AS g""",
+            {"at": NOW - 2 * DAY},
+        )
+    short = RetentionPolicy("inbox", Retention(keep=DAY, retry_horizon=DAY))
+    with psycopg.connect(dsn) as conn:
+        assert AnySweeper([short], targets=["inbox"]).sweep(conn, now=NOW).deleted == 3
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        report = AnyHealthCheck(targets=["inbox"]).check(conn, now=NOW)
+        marks = conn.execute("SELECT target, scope, deleted FROM pgonce.sweep_marks").fetchall()
+    assert marks == [("inbox", "github", 3)]
+    (early,) = [f for f in report.findings if f.check == "oldest row vs retry horizon"]
+    assert early.status == "fail"
+
+
+def test_metrics_carry_the_newest_deleted_row_and_a_quiet_young_table(dsn: str) -> None:
+    from pgonce.service.metrics import ServiceMetrics
+
+    add_keys(dsn, 2, age=DAY)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        young = HealthCheck().check(conn, now=NOW)
+    metrics = ServiceMetrics()
+    metrics.set_health(young)
+    text = metrics.render().decode()
+    assert "pgonce_health_status 0.0" in text
+    assert "pgonce_health_newest_deleted_seconds{" not in text
+    add_keys(dsn, 2, age=2 * DAY, prefix="old-")
+    short = RetentionPolicy(default=Retention(keep=DAY, retry_horizon=DAY))
+    with psycopg.connect(dsn) as conn:
+        Sweeper([short]).sweep(conn, now=NOW)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        metrics.set_health(HealthCheck().check(conn, now=NOW))
+    text = metrics.render().decode()
+    assert "pgonce_health_status 2.0" in text
+    assert 'pgonce_health_newest_deleted_seconds{group="*",target="keys"} 172800.0' in text

@@ -59,6 +59,9 @@ FILL = {
     "outbox_waiting_relays": """
         INSERT INTO pgonce.outbox_waiting_relays (relay, since)
         SELECT g::text, now() FROM generate_series(1, 100) AS g""",
+    "sweep_marks": """
+        INSERT INTO pgonce.sweep_marks (target, scope, deleted, newest, swept_at)
+        SELECT 'keys', g::text, 1, now(), now() FROM generate_series(1, 100) AS g""",
 }
 
 RELAY_CLAIM = {"now": None, "limit": 100, "per_aggregate": 10}
@@ -109,6 +112,10 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
     },
     "outbox_waiting_relays": {
         "outbox_waiting_relays_pkey": ("outbox", "unregister_waiting", {"relay": "r"}),
+    },
+    "sweep_marks": {
+        # The upsert of every sweep batch; health reads one target's few rows.
+        "sweep_marks_pkey": ("sweep", "delete_keys", SWEEP),
     },
 }
 
@@ -311,3 +318,60 @@ def test_a_bare_claim_committed_without_a_response_is_still_a_stuck_claim(dsn: s
         report = HealthCheck(targets=["keys"]).check(conn)
     found = [f for f in report.findings if f.check == "stuck claims"]
     assert [(f.status, f.value.split(" ")[0]) for f in found] == [("fail", "1")]
+
+
+# The console's reads (queries/console.sql): each statement, on a filled table with sequential
+# scans priced out, reads the index it is written for, and no statement is left unlisted.
+FAR = "9999-01-01T00:00:00+00:00"
+EVENTS = {"source": None, "status": None, "after_at": FAR, "after_source": "", "after_id": ""}
+OUTBOX_PAGE = {"after_id": 2**62, "aggregatetype": None, "aggregateid": None, "limit": 50}
+CHART = {"since": "2000-01-01T00:00:00+00:00", "step_s": 60.0, "span": timedelta(hours=1)}
+CONSOLE: dict[str, tuple[str, set[str], dict[str, Any]]] = {
+    "keys_page": (
+        "keys",
+        {"keys_pkey"},
+        {"scope": "s", "prefix": "12", "after": "", "limit": 50},
+    ),
+    "key_detail": ("keys", {"keys_pkey"}, {"scope": "s", "key": "12"}),
+    "events_dead": ("inbox", {"inbox_dead"}, {**EVENTS, "limit": 50}),
+    "events_pending": ("inbox", {"inbox_pending"}, {**EVENTS, "limit": 50}),
+    "events_finished": ("inbox", {"inbox_finished_by_age"}, {**EVENTS, "limit": 50}),
+    "event_by_id": ("inbox", {"inbox_pkey"}, {"sources": ["github", "x"], "event_id": "7"}),
+    "outbox_page": ("outbox", {"outbox_pkey"}, {**OUTBOX_PAGE, "published": False}),
+    "outbox_page_pending": ("outbox", {"outbox_pending"}, OUTBOX_PAGE),
+    "outbox_page_parked": ("outbox", {"outbox_parked"}, OUTBOX_PAGE),
+    "outbox_detail": ("outbox", {"outbox_pkey"}, {"id": 7}),
+    "outbox_counts_by_type": ("outbox", {"outbox_parked"}, {}),
+    "chart_keys": ("keys", {"keys_completed_by_age"}, CHART),
+    "chart_inbox": (
+        "inbox",
+        {"inbox_finished_by_age", "inbox_pending", "inbox_dead"},
+        CHART,
+    ),
+    "chart_inbox_backlog": (
+        "inbox",
+        {"inbox_finished_by_age", "inbox_pending", "inbox_dead"},
+        CHART,
+    ),
+    "chart_outbox": ("outbox", {"outbox_published_at"}, CHART),
+    "chart_outbox_backlog": ("outbox", {"outbox_published_at", "outbox_pending"}, CHART),
+    "sweep_marks": ("sweep_marks", {"sweep_marks_pkey"}, {}),
+}
+
+
+def test_every_console_statement_is_held_to_an_index() -> None:
+    assert set(pgsql.parse_named(pgsql._read("queries", "console.sql"))) == set(CONSOLE)
+
+
+@pytest.mark.parametrize("name", sorted(CONSOLE))
+def test_the_console_reads_index_ranges(dsn: str, name: str) -> None:
+    table, indexes, params = CONSOLE[name]
+    with psycopg.connect(dsn) as conn:
+        conn.execute(FILL[table].encode())
+        conn.execute(f"ANALYZE pgonce.{table}".encode())
+        conn.execute("SET LOCAL enable_seqscan = off")
+        statement = getattr(pgsql.Queries("console", "pgonce"), name)
+        nodes = list(_plan_nodes(conn, statement, params))
+        assert indexes <= _indexes_read(conn, statement, params), name
+        scans = [n["Node Type"] for n in nodes if n.get("Relation Name") == table]
+        assert "Seq Scan" not in scans, (name, scans)

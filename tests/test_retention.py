@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -204,13 +205,22 @@ def test_an_empty_table_is_healthy() -> None:
     assert assess(T0, [group(None)], [stuck(0)]).status == "ok"
 
 
-def test_a_young_oldest_row_warns_only() -> None:
+def test_a_young_table_is_healthy() -> None:
     report = assess(T0, [group(HOUR)], [stuck(0)])
-    assert report.status == "warn"
-    assert report.ok
-    (young,) = [f for f in report.findings if f.status == "warn"]
-    assert young.check == "oldest row vs retry horizon"
-    assert "deleted too early" in young.detail
+    assert report.status == "ok"
+    (young,) = [f for f in report.findings if f.check == "oldest row vs retry horizon"]
+    assert "young table" in young.detail
+
+
+def test_a_row_deleted_within_the_retry_horizon_fails() -> None:
+    early = replace(group(HOUR), deleted_age=DEFAULT_RETRY_HORIZON - timedelta(seconds=1))
+    report = assess(T0, [early], [stuck(0)])
+    assert not report.ok
+    (finding,) = [f for f in report.findings if f.status == "fail"]
+    assert finding.check == "oldest row vs retry horizon"
+    assert "a retry of it would run again" in finding.detail
+    on_time = replace(early, deleted_age=DEFAULT_RETRY_HORIZON)
+    assert assess(T0, [on_time], [stuck(0)]).status == "ok"
 
 
 def test_rows_past_retention_plus_slack_mean_a_stalled_sweeper() -> None:

@@ -186,6 +186,9 @@ def test_replay_a_dead_letter_from_the_admin_page(
     with psycopg.connect(dsn) as conn:
         conn.execute(FIX)
     page.get_by_role("button", name="replay").click()
+    page.wait_for_url("**/admin/replay")
+    assert f"flaky / {dead_id}" in page.inner_text("main")
+    page.get_by_role("button", name="confirm replay").click()
     page.wait_for_url("**/admin/event?*")
     wait_until(lambda: status_of(dsn, "flaky", dead_id) == "done", "the replayed event is done")
     assert effects(dsn, dead_id) == 1

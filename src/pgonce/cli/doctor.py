@@ -2,8 +2,9 @@
 
 - stuck claims: claims committed without a response and older than --stuck-after. A handful, and
   recent, is normal; an old one answers every retry of its key "in flight" until someone acts.
-- oldest row vs retry horizon: the oldest completed key must be older than the retry horizon, else
-  keys die while senders still retry them. A young table looks the same, so this only warns.
+- oldest row vs retry horizon: no row may be deleted while its sender may still retry it. The
+  sweeper notes the newest row it deleted (sweep_marks); one younger than the retry horizon fails.
+  A young oldest row with nothing deleted that young is a young table, and passes.
 - oldest row vs retention: the oldest completed key must be younger than retention + --slack, else
   the sweeper stalled.
 - overdue rows: rows past their retention, still waiting for the sweeper.

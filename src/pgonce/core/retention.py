@@ -415,6 +415,9 @@ class GroupFacts:
     oldest_age: timedelta | None
     #: Rows past their retention that are still there (the sweeper's backlog).
     overdue: int
+    #: Age at ``checked_at`` of the newest row the sweeper deleted (``sweep_marks``); ``None`` when
+    #: it deleted none. Younger than the retry horizon: a row went while its sender may retry it.
+    deleted_age: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,24 +463,33 @@ def judge_stuck(facts: StuckFacts) -> Finding:
 def judge_horizon(facts: GroupFacts, slack: timedelta) -> list[Finding]:
     """Both ends of the retention horizon, and the overdue rows, for one scope group.
 
-    - The oldest key must be older than the retry horizon, else keys die while they are still
-      retried. A young table looks the same (nothing has been kept that long yet), so this is a
-      warning, never a failure on its own.
+    - No row may be deleted while its sender may still retry it. The sweeper notes the newest row
+      it deleted; if that row is younger than the retry horizon, the retry would run again: a
+      failure. A young oldest row alone is a young table (or a quiet spell), never an alarm: every
+      new deployment has one for as long as the retry horizon.
     - The oldest key must be younger than retention plus ``slack``, else the sweeper stalled.
     """
     retention = facts.retention
+    horizon = format_duration(retention.retry_horizon)
     findings = []
     age = facts.oldest_age
     value = format_duration(age) if age is not None else "no rows"
-    if age is None or age >= retention.retry_horizon:
-        status: Status = "ok"
-        detail = ""
-    else:
-        status = "warn"
+    deleted = facts.deleted_age
+    status: Status = "ok"
+    detail = ""
+    if deleted is not None and deleted < retention.retry_horizon:
+        status = "fail"
+        value = f"{value}; one deleted at {format_duration(deleted)}"
         detail = (
-            f"the oldest row is younger than the {format_duration(retention.retry_horizon)} its "
-            "senders keep retrying: either the table is that young, or rows are deleted too early "
-            "(check the retention every sweeper runs with)"
+            f"the sweeper deleted a row {format_duration(deleted)} old, within the {horizon} its "
+            "senders keep retrying: a retry of it would run again. A sweeper runs with a retention "
+            "shorter than this check's retry horizon: give every sweeper the same retention"
+        )
+    elif age is not None and age < retention.retry_horizon:
+        detail = (
+            f"a young table: nothing the sweeper deleted is younger than {horizon}"
+            if deleted is not None
+            else "a young table: the sweeper has deleted nothing yet"
         )
     findings.append(
         Finding(
@@ -486,7 +498,7 @@ def judge_horizon(facts: GroupFacts, slack: timedelta) -> list[Finding]:
             facts.scope,
             status,
             value,
-            f">= {format_duration(retention.retry_horizon)}",
+            f">= {horizon}",
             detail,
         )
     )

@@ -166,6 +166,13 @@ class ServiceMetrics:
             ["target", "group"],
             registry=r,
         )
+        self.deleted_age = Gauge(
+            "pgonce_health_newest_deleted_seconds",
+            "Age of the newest row the sweeper deleted, by target and scope group (absent when it "
+            "deleted none); below the retry horizon, a row went while its sender may retry it",
+            ["target", "group"],
+            registry=r,
+        )
         self.overdue = Gauge(
             "pgonce_health_overdue_rows",
             "Rows past their retention still present (the sweeper's backlog)",
@@ -218,6 +225,7 @@ class ServiceMetrics:
         self.stuck_claims.clear()
         self.oldest_retained.clear()
         self.overdue.clear()
+        self.deleted_age.clear()
         for stuck in report.stuck:
             self.stuck_claims.labels(stuck.target).set(stuck.count)
         for group in report.groups:
@@ -225,6 +233,8 @@ class ServiceMetrics:
             age = group.oldest_age.total_seconds() if group.oldest_age else 0.0
             self.oldest_retained.labels(group.target, label).set(age)
             self.overdue.labels(group.target, label).set(group.overdue)
+            if group.deleted_age is not None:
+                self.deleted_age.labels(group.target, label).set(group.deleted_age.total_seconds())
         self.health_status.set(_STATUS_VALUE[report.status])
         if report.durability is not None:
             self.sync_standby_configured.set(int(report.durability.configured))
@@ -247,6 +257,15 @@ class ServiceMetrics:
     def record_sweep(self, result: SweepResult) -> None:
         for swept in result.targets:
             self.swept.labels(swept.target).inc(swept.deleted)
+
+    def answered(self) -> list[tuple[str, str, int]]:
+        """Webhook deliveries answered since the process started: (source, outcome, count)."""
+        return sorted(
+            (sample.labels["source"], sample.labels["outcome"], int(sample.value))
+            for metric in self.deliveries.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

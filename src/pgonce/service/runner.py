@@ -208,6 +208,8 @@ async def _serve_http(
         schema=schema,
         health=health,
         stuck_after=lambda: health.stuck_after,
+        sources=[source.name for source in sources],
+        answered=metrics.answered,
     )
     app = ServiceApp(
         pool=pool, schema=schema, receiver=receiver, metrics=metrics, health=health, admin=admin

@@ -33,6 +33,8 @@ DISTRIBUTION: Mapping[str, str | None] = {
     "outbox_aggregates": "aggregateid",
     # Relays waiting for a notification: a handful of rows, read by every enqueue.
     "outbox_waiting_relays": None,
+    # What the sweeper deleted, per target and scope: one row each, written by sweep batches.
+    "sweep_marks": None,
     # The migrations applied: written by `pgonce migrate` only.
     "schema_migrations": None,
 }

@@ -398,3 +398,19 @@ CREATE INDEX inbox_finished_by_age ON inbox (received_at) WHERE status IN ('done
 
 -- Aggregates by the time of their last enqueue: an idle aggregate's lock row can go.
 CREATE INDEX outbox_aggregates_by_age ON outbox_aggregates (last_enqueued_at);
+
+-- ## What the sweeper deleted (0015)
+--
+-- Per target and scope, the newest age-column value a sweep batch deleted and how many rows it
+-- deleted, noted in the same statement as the DELETE: health tells a young table (nothing deleted
+-- that a sender may still retry) from early deletion (a deleted row younger than the retry
+-- horizon). `newest` only grows, so it stays one row per target and scope. '' is the scope of
+-- tables without one. Deletions outside the sweeper are not noted.
+CREATE TABLE sweep_marks (
+    target      text        COLLATE "C" NOT NULL,
+    scope       text        COLLATE "C" NOT NULL,
+    deleted     bigint      NOT NULL,
+    newest      timestamptz NOT NULL,
+    swept_at    timestamptz NOT NULL,
+    CONSTRAINT sweep_marks_pkey PRIMARY KEY (target, scope)
+);

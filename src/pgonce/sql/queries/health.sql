@@ -6,6 +6,9 @@
 --   scope       the scope with its own retention, or NULL for every other scope
 --   oldest_age  age of the oldest of those rows at `now` (NULL when there are none)
 --   overdue     rows already past their retention
+--   deleted_age age at `now` of the newest row the sweeper deleted (sweep_marks.newest), NULL when
+--               it deleted none: younger than the retry horizon means a row was deleted while its
+--               sender may still retry it; otherwise a young oldest row is only a young table
 -- A target whose rows can get stuck also has `stuck_<target>` (count, age of the oldest).
 -- Every statement here reads an index range, not the table, so a metrics scrape stays cheap.
 
@@ -29,7 +32,14 @@ SELECT g.scope,
            AND k.claimed_at < coalesce(%(now)s::timestamptz, now()) - g.keep
            AND CASE WHEN g.scope IS NULL THEN k.scope <> ALL (%(scopes)s::text[])
                     ELSE k.scope = g.scope END
-       ) AS overdue
+       ) AS overdue,
+       coalesce(%(now)s::timestamptz, now()) - (
+           SELECT max(m.newest)
+             FROM {schema}.sweep_marks AS m
+            WHERE m.target = 'keys'
+              AND CASE WHEN g.scope IS NULL THEN m.scope <> ALL (%(scopes)s::text[])
+                       ELSE m.scope = g.scope END
+       ) AS deleted_age
   FROM (SELECT p.scope, p.keep FROM unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
         UNION ALL
         SELECT NULL, %(default_keep)s::interval) AS g(scope, keep)
@@ -57,7 +67,14 @@ SELECT g.scope,
            AND i.received_at < coalesce(%(now)s::timestamptz, now()) - g.keep
            AND CASE WHEN g.scope IS NULL THEN i.source <> ALL (%(scopes)s::text[])
                     ELSE i.source = g.scope END
-       ) AS overdue
+       ) AS overdue,
+       coalesce(%(now)s::timestamptz, now()) - (
+           SELECT max(m.newest)
+             FROM {schema}.sweep_marks AS m
+            WHERE m.target = 'inbox'
+              AND CASE WHEN g.scope IS NULL THEN m.scope <> ALL (%(scopes)s::text[])
+                       ELSE m.scope = g.scope END
+       ) AS deleted_age
   FROM (SELECT p.scope, p.keep FROM unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
         UNION ALL
         SELECT NULL, %(default_keep)s::interval) AS g(scope, keep)
@@ -71,7 +88,9 @@ SELECT NULL::text AS scope,
        (SELECT count(*) FROM {schema}.outbox
          WHERE published_at IS NOT NULL
            AND published_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval)
-         AS overdue
+         AS overdue,
+       coalesce(%(now)s::timestamptz, now())
+         - (SELECT max(newest) FROM {schema}.sweep_marks WHERE target = 'outbox') AS deleted_age
 
 -- name: horizon_outbox_aggregates
 SELECT NULL::text AS scope,
@@ -79,7 +98,9 @@ SELECT NULL::text AS scope,
          - (SELECT min(last_enqueued_at) FROM {schema}.outbox_aggregates) AS oldest_age,
        (SELECT count(*) FROM {schema}.outbox_aggregates
          WHERE last_enqueued_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval)
-         AS overdue
+         AS overdue,
+       coalesce(%(now)s::timestamptz, now())
+         - (SELECT max(newest) FROM {schema}.sweep_marks WHERE target = 'outbox_aggregates') AS deleted_age
 
 -- name: sync_standby
 -- Whether the server is configured to wait for a synchronous standby, and how many standbys are

@@ -21,6 +21,11 @@
 --   * Oldest first (ORDER BY the age column, with an index on it, partial to deletable rows): a
 --     batch costs the rows it deletes, not the table, and a capped run leaves the youngest behind.
 --   * The sweeper runs each batch in its own transaction, under its own `statement_timeout`.
+--   * The same statement notes what it deleted in sweep_marks (CTE `noted`: per scope, the rows
+--     deleted and the newest age-column value among them), from `doomed`: the rows it locked are
+--     exactly the rows it deletes. Health reads the note to tell a young table from a sweeper that
+--     deletes rows its senders may still retry (migration 0015). One row per target and scope,
+--     written in scope order, so two batches touching the same scopes queue, never deadlock.
 --   * A table without scopes (the outbox) uses %(default_keep)s alone; unused parameters are fine.
 --
 -- Registering another table is one statement in this shape, e.g. for the inbox:
@@ -48,7 +53,7 @@ SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus'
 -- claimed_at ages a key: a provider's retry horizon runs from its first delivery. Oldest first,
 -- through keys_completed_by_age: a batch reads the rows it deletes, not the table.
 WITH doomed AS MATERIALIZED (
-    SELECT k.ctid, k.scope, k.key
+    SELECT k.ctid, k.scope, k.key, k.claimed_at
       FROM {schema}.keys AS k
       LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
              ON p.scope = k.scope
@@ -59,6 +64,17 @@ WITH doomed AS MATERIALIZED (
      ORDER BY k.claimed_at
      LIMIT %(batch_size)s
        FOR UPDATE OF k SKIP LOCKED
+),
+noted AS (
+    INSERT INTO {schema}.sweep_marks AS m (target, scope, deleted, newest, swept_at)
+    SELECT 'keys', d.scope, count(*), max(d.claimed_at), coalesce(%(now)s::timestamptz, now())
+      FROM doomed AS d
+     GROUP BY 2
+     ORDER BY 2
+    ON CONFLICT (target, scope) DO UPDATE
+       SET deleted = m.deleted + excluded.deleted,
+           newest = greatest(m.newest, excluded.newest),
+           swept_at = greatest(m.swept_at, excluded.swept_at)
 )
 DELETE FROM {schema}.keys AS k
  USING doomed
@@ -67,7 +83,7 @@ DELETE FROM {schema}.keys AS k
 -- name: delete_keys_by_ctid
 -- delete_keys, joined on ctid: plain PostgreSQL only (see the header).
 WITH doomed AS MATERIALIZED (
-    SELECT k.ctid, k.scope, k.key
+    SELECT k.ctid, k.scope, k.key, k.claimed_at
       FROM {schema}.keys AS k
       LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
              ON p.scope = k.scope
@@ -78,6 +94,17 @@ WITH doomed AS MATERIALIZED (
      ORDER BY k.claimed_at
      LIMIT %(batch_size)s
        FOR UPDATE OF k SKIP LOCKED
+),
+noted AS (
+    INSERT INTO {schema}.sweep_marks AS m (target, scope, deleted, newest, swept_at)
+    SELECT 'keys', d.scope, count(*), max(d.claimed_at), coalesce(%(now)s::timestamptz, now())
+      FROM doomed AS d
+     GROUP BY 2
+     ORDER BY 2
+    ON CONFLICT (target, scope) DO UPDATE
+       SET deleted = m.deleted + excluded.deleted,
+           newest = greatest(m.newest, excluded.newest),
+           swept_at = greatest(m.swept_at, excluded.swept_at)
 )
 DELETE FROM {schema}.keys AS k
  USING doomed
@@ -88,7 +115,7 @@ DELETE FROM {schema}.keys AS k
 -- received_at ages a delivery: the provider's retry horizon runs from its first delivery, and a
 -- redelivery after the row is gone would be stored and handled again. Retention per source.
 WITH doomed AS MATERIALIZED (
-    SELECT i.ctid, i.source, i.event_id
+    SELECT i.ctid, i.source, i.event_id, i.received_at
       FROM {schema}.inbox AS i
       LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
              ON p.scope = i.source
@@ -99,6 +126,17 @@ WITH doomed AS MATERIALIZED (
      ORDER BY i.received_at
      LIMIT %(batch_size)s
        FOR UPDATE OF i SKIP LOCKED
+),
+noted AS (
+    INSERT INTO {schema}.sweep_marks AS m (target, scope, deleted, newest, swept_at)
+    SELECT 'inbox', d.source, count(*), max(d.received_at), coalesce(%(now)s::timestamptz, now())
+      FROM doomed AS d
+     GROUP BY 2
+     ORDER BY 2
+    ON CONFLICT (target, scope) DO UPDATE
+       SET deleted = m.deleted + excluded.deleted,
+           newest = greatest(m.newest, excluded.newest),
+           swept_at = greatest(m.swept_at, excluded.swept_at)
 )
 DELETE FROM {schema}.inbox AS i
  USING doomed
@@ -108,13 +146,24 @@ DELETE FROM {schema}.inbox AS i
 -- Published rows only: a row still waiting for the broker, or parked, is never deleted. The outbox
 -- has no scope: %(default_keep)s alone, aged by published_at (through outbox_published_at).
 WITH doomed AS MATERIALIZED (
-    SELECT o.id
+    SELECT o.id, o.published_at
       FROM {schema}.outbox AS o
      WHERE o.published_at IS NOT NULL
        AND o.published_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval
      ORDER BY o.published_at
      LIMIT %(batch_size)s
        FOR UPDATE OF o SKIP LOCKED
+),
+noted AS (
+    INSERT INTO {schema}.sweep_marks AS m (target, scope, deleted, newest, swept_at)
+    SELECT 'outbox', ''::text, count(*), max(d.published_at), coalesce(%(now)s::timestamptz, now())
+      FROM doomed AS d
+     GROUP BY 2
+     ORDER BY 2
+    ON CONFLICT (target, scope) DO UPDATE
+       SET deleted = m.deleted + excluded.deleted,
+           newest = greatest(m.newest, excluded.newest),
+           swept_at = greatest(m.swept_at, excluded.swept_at)
 )
 DELETE FROM {schema}.outbox AS o
  USING doomed
@@ -132,7 +181,7 @@ DELETE FROM {schema}.outbox AS o
 -- dead letters and would read them all for every aggregate (1,000,000 comparisons, 83 ms, a
 -- batch of 500 against 2,000 dead letters; 500 probes instead).
 WITH doomed AS MATERIALIZED (
-    SELECT a.aggregatetype, a.aggregateid
+    SELECT a.aggregatetype, a.aggregateid, a.last_enqueued_at
       FROM {schema}.outbox_aggregates AS a
      WHERE a.last_enqueued_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval
        AND NOT EXISTS (
@@ -147,6 +196,17 @@ WITH doomed AS MATERIALIZED (
      ORDER BY a.last_enqueued_at
      LIMIT %(batch_size)s
        FOR UPDATE OF a SKIP LOCKED
+),
+noted AS (
+    INSERT INTO {schema}.sweep_marks AS m (target, scope, deleted, newest, swept_at)
+    SELECT 'outbox_aggregates', ''::text, count(*), max(d.last_enqueued_at), coalesce(%(now)s::timestamptz, now())
+      FROM doomed AS d
+     GROUP BY 2
+     ORDER BY 2
+    ON CONFLICT (target, scope) DO UPDATE
+       SET deleted = m.deleted + excluded.deleted,
+           newest = greatest(m.newest, excluded.newest),
+           swept_at = greatest(m.swept_at, excluded.swept_at)
 )
 DELETE FROM {schema}.outbox_aggregates AS a
  USING doomed

@@ -109,11 +109,14 @@ class AsyncHealthCheck:
 
 
 def _group_facts(
-    policy: RetentionPolicy, rows: list[tuple[str | None, timedelta | None, int]]
+    policy: RetentionPolicy,
+    rows: list[tuple[str | None, timedelta | None, int, timedelta | None]],
 ) -> list[GroupFacts]:
     """One entry per scope group of the policy, in the policy's order."""
-    found = {scope: (oldest, overdue) for scope, oldest, overdue in rows}
+    found = {scope: (oldest, overdue, deleted) for scope, oldest, overdue, deleted in rows}
     return [
-        GroupFacts(policy.target, scope, policy.for_scope(scope), *found.get(scope, (None, 0)))
+        GroupFacts(
+            policy.target, scope, policy.for_scope(scope), *found.get(scope, (None, 0, None))
+        )
         for scope in policy.groups()
     ]
