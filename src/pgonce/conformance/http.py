@@ -28,7 +28,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pgonce.conformance.effects import Effects
 from pgonce.conformance.report import Finding, Report, digest
-from pgonce.conformance.runner import DEFAULT_BUDGET, Suite, client, is_problem, shown
+from pgonce.conformance.runner import (
+    DEFAULT_BUDGET,
+    Suite,
+    client,
+    is_problem,
+    request,
+    shown,
+)
 from pgonce.errors import UsageError
 from pgonce.extras import needs
 
@@ -116,8 +123,8 @@ class HttpRun:
             sent[KEY_HEADER] = key
         method = method or self.target.method
         content = None if method in ("GET", "HEAD") else (body or self.target.body)
-        response = await self.client.request(
-            method, url or self.target.url, content=content, headers=sent
+        response = await request(
+            self.client, method, url or self.target.url, content=content, headers=sent
         )
         self.client.cookies.clear()  # a cookie set by one check must not reach the next
         return response

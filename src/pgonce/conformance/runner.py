@@ -100,6 +100,21 @@ def client(**options: Any) -> httpx.AsyncClient:
     )
 
 
+async def request(
+    session: httpx.AsyncClient, method: str, url: str, **options: Any
+) -> httpx.Response:
+    """One request, sent again once if a kept-alive connection was closed under it.
+
+    A server may close its connection after an error answer while the pool is about to reuse it;
+    the request then never reached it. Sending it once more is what any client (and provider)
+    does, and the checks' requests are safe to repeat: each carries its key or its event id.
+    """
+    try:
+        return await session.request(method, url, **options)
+    except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+        return await session.request(method, url, **options)
+
+
 def shown(response: httpx.Response) -> str:
     """A response as evidence: status, media type and body digest."""
     from pgonce.conformance.report import digest
