@@ -175,7 +175,7 @@ def refused(
 @suite.check(
     "key-required",
     "a request without a key on an endpoint that requires one must not run unprotected",
-    f"{DRAFT} §2.7 (400 Bad Request)",
+    f"{DRAFT}, Error Scenarios (400)",
 )
 async def key_required(run: HttpRun) -> Finding:
     finding = Finding()
@@ -199,7 +199,7 @@ async def refused_keys(run: HttpRun, keys: Mapping[str, str]) -> Finding:
 @suite.check(
     "key-empty",
     "an empty key names no operation: accepting it makes every such request one operation",
-    f"{DRAFT} §2.1 (the key is a non-empty sf-string); §2.7",
+    f"{DRAFT}, Syntax (a non-empty sf-string) and Error Scenarios",
 )
 async def key_empty(run: HttpRun) -> Finding:
     return await refused_keys(run, {"an empty key": "", 'the sf-string ""': '""'})
@@ -217,7 +217,7 @@ async def key_too_long(run: HttpRun) -> Finding:
 @suite.check(
     "key-control-characters",
     "a key with control characters is not an sf-string and would corrupt logs and stores",
-    f"{DRAFT} §2.1; RFC 8941 §3.3.3 (sf-string: visible ASCII and space)",
+    f"{DRAFT}, Syntax; RFC 8941 §3.3.3 (sf-string: visible ASCII and space)",
 )
 async def key_control_characters(run: HttpRun) -> Finding:
     return await refused_keys(run, {"a key with a tab": '"conformance\tkey"'})
@@ -226,7 +226,7 @@ async def key_control_characters(run: HttpRun) -> Finding:
 @suite.check(
     "key-structured-field",
     "the key is an RFC 8941 sf-string: escapes are decoded, a broken string is refused",
-    f"{DRAFT} §2.1; RFC 8941 §3.3.3",
+    f"{DRAFT}, Syntax; RFC 8941 §3.3.3",
 )
 async def key_structured_field(run: HttpRun) -> Finding:
     finding = Finding()
@@ -251,7 +251,7 @@ async def key_structured_field(run: HttpRun) -> Finding:
 @suite.check(
     "replay-identical",
     "a retry gets the stored answer, byte for byte with the original status, and no new effect",
-    f"{DRAFT} §2.6; {STRIPE} (same status code and body)",
+    f"{DRAFT}, Idempotency Enforcement; {STRIPE} (same status code and body)",
 )
 async def replay_identical(run: HttpRun) -> Finding:
     finding = Finding()
@@ -278,7 +278,7 @@ async def replay_identical(run: HttpRun) -> Finding:
 @suite.check(
     "replay-keeps-location",
     "a replay points the client at the same created resource as the original",
-    f"{DRAFT} §2.6 (the stored response); RFC 9110 §10.2.2 (Location)",
+    f"{DRAFT}, Idempotency Enforcement; RFC 9110 §10.2.2 (Location)",
 )
 async def replay_keeps_location(run: HttpRun) -> Finding:
     finding = Finding()
@@ -315,7 +315,7 @@ async def replay_drops_set_cookie(run: HttpRun) -> Finding:
 @suite.check(
     "key-lifetime-header",
     "the client learns how long the key is honoured, so it never retries after the store forgot",
-    f"{DRAFT} §2.3 (expiry policy); {STRIPE} (keys kept 24 hours)",
+    f"{DRAFT}, Idempotency Key Validity and Expiry; {STRIPE} (24 hours)",
 )
 async def key_lifetime_header(run: HttpRun) -> Finding:
     finding = Finding()
@@ -350,7 +350,7 @@ def other_body(target: HttpTarget) -> bytes | None:
 @suite.check(
     "mismatch-other-body",
     "the same key with another body is a client bug: refused, never answered with the first reply",
-    f"{DRAFT} §2.4 (fingerprint), §2.7 (422 Unprocessable Content); {STRIPE}",
+    f"{DRAFT}, Idempotency Fingerprint and Error Scenarios (422); {STRIPE}",
 )
 async def mismatch_other_body(run: HttpRun) -> Finding:
     finding = Finding()
@@ -363,7 +363,7 @@ async def mismatch_other_body(run: HttpRun) -> Finding:
 @suite.check(
     "mismatch-other-query",
     "the query string is part of the request: another query with the same key is refused",
-    f"{DRAFT} §2.4, §2.7",
+    f"{DRAFT}, Idempotency Fingerprint and Error Scenarios (422)",
 )
 async def mismatch_other_query(run: HttpRun) -> Finding:
     url = str(httpx.URL(run.target.url).copy_merge_params({"conformance": "another-query"}))
@@ -400,7 +400,7 @@ def reformatted(body: bytes) -> bytes | None:
 @suite.check(
     "canonical-json-same-request",
     "a client that re-serializes the same JSON (key order, spacing) is retrying, not changing it",
-    f"{STRIPE} (incoming parameters are compared, not bytes); {DRAFT} §2.4",
+    f"{STRIPE} (parameters are compared, not bytes); {DRAFT}, Idempotency Fingerprint",
 )
 async def canonical_json(run: HttpRun) -> Finding:
     finding = Finding()
@@ -439,7 +439,7 @@ def statuses(answers: list[httpx.Response]) -> str:
 @suite.check(
     "concurrent-once",
     "identical requests racing each other (client retries, proxies) must execute once",
-    f"{DRAFT} §2.6, §2.7 (concurrent requests); {STRIPE}",
+    f"{DRAFT}, Error Scenarios (concurrent requests); {STRIPE}",
 )
 async def concurrent_once(run: HttpRun) -> Finding:
     finding = Finding()
@@ -466,7 +466,7 @@ async def concurrent_once(run: HttpRun) -> Finding:
 @suite.check(
     "in-flight-409",
     "a retry while the original still runs is told to come back later, never run twice",
-    f"{DRAFT} §2.7 (409 Conflict); RFC 9110 §10.2.3 (Retry-After); RFC 9457",
+    f"{DRAFT}, Error Scenarios (409); RFC 9110 §10.2.3 (Retry-After); RFC 9457",
 )
 async def in_flight_409(run: HttpRun) -> Finding:
     finding = Finding()
@@ -522,7 +522,7 @@ async def while_in_flight(run: HttpRun, finding: Finding) -> list[httpx.Response
 @suite.check(
     "server-error-not-stored",
     "a 5xx is a transient failure: storing it would turn one outage into a permanent error",
-    f"pgonce semantics (a 5xx is rolled back, the key stays free); {DRAFT} §2.6",
+    "pgonce semantics (a 5xx is rolled back and the key stays free; Stripe stores them)",
 )
 async def server_error_not_stored(run: HttpRun) -> Finding:
     finding = Finding()
@@ -549,7 +549,7 @@ async def server_error_not_stored(run: HttpRun) -> Finding:
 @suite.check(
     "principal-scopes",
     "keys belong to a caller: another caller's equal key is another operation, never a replay",
-    f"{DRAFT} §2.2 (uniqueness); {STRIPE} (keys are scoped to the account)",
+    f"{DRAFT}, Uniqueness of Idempotency Key; {STRIPE} (keys are per account)",
 )
 async def principal_scopes(run: HttpRun) -> Finding:
     finding = Finding()
@@ -586,7 +586,7 @@ async def body_too_large(run: HttpRun) -> Finding:
 @suite.check(
     "safe-methods-untouched",
     "GET is idempotent by definition: a key on it is neither refused nor replayed",
-    "RFC 9110 §9.2.1 (safe methods); " + DRAFT + " §1",
+    "RFC 9110 §9.2.1 (safe methods); " + DRAFT + ", Introduction",
 )
 async def safe_methods_untouched(run: HttpRun) -> Finding:
     finding = Finding()

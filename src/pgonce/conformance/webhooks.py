@@ -194,7 +194,7 @@ suite: Suite[WebhookRun] = Suite("webhooks")
 @suite.check(
     "signed-accepted",
     "a delivery signed as the provider signs it, on its raw bytes, is acknowledged with a 2xx",
-    f"{STANDARD} §Verifying; {STRIPE} (verify the raw body); {GITHUB}",
+    f"{STANDARD}, Verifying webhook authenticity; {STRIPE} (the raw body); {GITHUB}",
 )
 async def signed_accepted(run: WebhookRun) -> Finding:
     finding = Finding()
