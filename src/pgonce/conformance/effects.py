@@ -24,6 +24,10 @@ from psycopg import sql
 
 from pgonce.errors import UsageError
 
+#: How many times the count may still move before it is judged anyway (a count that never holds
+#: still is an application doing other work: the check then judges the last value read).
+SETTLE_ROUNDS = 20
+
 
 class Effects(Protocol):
     """A source of the effect count."""
@@ -126,7 +130,7 @@ async def settled_count(
     while value < reach and time.monotonic() < deadline:
         await asyncio.sleep(poll)
         value = await effects.count()
-    while settle > 0:
+    for _ in range(SETTLE_ROUNDS if settle > 0 else 0):
         await asyncio.sleep(settle)
         again = await effects.count()
         if again == value:
