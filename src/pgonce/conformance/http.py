@@ -126,7 +126,8 @@ class HttpRun:
         response = await request(
             self.client, method, url or self.target.url, content=content, headers=sent
         )
-        self.client.cookies.clear()  # a cookie set by one check must not reach the next
+        # A cookie set by one check must not reach the next: the kit's requests carry none.
+        self.client.cookies.clear()
         return response
 
     async def count(self) -> int | None:
@@ -160,13 +161,11 @@ class HttpRun:
 suite: Suite[HttpRun] = Suite("http")
 
 
-def refused(
-    finding: Finding, response: httpx.Response, status: int, what: str, *, problem: bool = True
-) -> None:
+def refused(finding: Finding, response: httpx.Response, status: int, what: str) -> None:
     """Expect ``response`` to refuse ``what`` with ``status`` and a problem document."""
     finding.saw(f"{what}: {shown(response)}")
     finding.expect(response.status_code == status, f"{what} answered {response.status_code}")
-    if problem and response.status_code == status:
+    if response.status_code == status:
         finding.expect(
             is_problem(response), f"{what}: the {status} is not application/problem+json"
         )
