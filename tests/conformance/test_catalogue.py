@@ -19,4 +19,11 @@ def test_every_check_is_explained_with_its_source(suite: Suite[object]) -> None:
     for check in suite.catalogue():
         assert check.why
         assert check.source
-        assert f"| `{check.name}` |" in page, f"{check.name} is not in {PAGE.name}"
+        assert f"\n| `{check.name}` |" in page, f"{check.name} is not in {PAGE.name}"
+
+
+def test_the_checks_run_in_the_documented_order() -> None:
+    page = PAGE.read_text()
+    for suite in (http_suite, webhook_suite):
+        names = [check.name for check in suite.catalogue()]
+        assert names == sorted(names, key=lambda name: page.index(f"\n| `{name}` |"))
