@@ -158,6 +158,9 @@ def cli_reference() -> str:
             child = children[command.NAME]
             parts += ["", f"## pgonce {command.NAME}", "", "```text"]
             parts += [child.format_help().rstrip(), "```"]
+            for name, grandchild in _subcommands(child).items():
+                parts += ["", f"### pgonce {command.NAME} {name}", "", "```text"]
+                parts += [grandchild.format_help().rstrip(), "```"]
     return "\n".join(parts)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from pgonce._version import __version__
 from pgonce.cli import (
+    conformance,
     demo,
     doctor,
     events,
@@ -46,6 +47,7 @@ COMMANDS: tuple[Command, ...] = (
     events,
     send,
     replay,
+    conformance,
 )
 
 EPILOG = """\

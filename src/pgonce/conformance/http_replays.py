@@ -1,0 +1,386 @@
+"""The checks of what a key does: replays, mismatches, races, failures, scopes and limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+# The key checks register (and so run) first.
+from pgonce.conformance import http_keys  # noqa: F401
+from pgonce.conformance.http_run import (
+    DRAFT,
+    STRIPE,
+    HttpRun,
+    HttpTarget,
+    new_key,
+    refused,
+    same_origin,
+    suite,
+)
+from pgonce.conformance.report import Finding, digest
+from pgonce.conformance.runner import is_problem, shown
+from pgonce.extras import needs
+
+with needs("http", "pgonce conformance"):
+    import httpx
+
+
+@suite.check(
+    "replay-identical",
+    "a retry gets the stored answer, byte for byte with the original status, and no new effect",
+    f"{DRAFT}, Idempotency Enforcement; {STRIPE} (same status code and body)",
+)
+async def replay_identical(run: HttpRun) -> Finding:
+    finding = Finding()
+    first, second, effects = await run.first_pair()
+    finding.saw(f"original {shown(first)}, retry {shown(second)}")
+    finding.expect(
+        second.status_code == first.status_code,
+        f"the retry answered {second.status_code}, the original {first.status_code}",
+    )
+    finding.expect(second.content == first.content, "the retry's body differs from the original's")
+    finding.expect(
+        second.headers.get("content-type") == first.headers.get("content-type"),
+        "the retry's Content-Type differs",
+    )
+    if run.replayed(second):
+        finding.saw(f"retry marked {run.target.replay_header}: true")
+    if effects is not None:
+        finding.expect(effects == 1, f"effects +{effects} for one operation, not +1")
+        if effects == 1:
+            finding.saw("effects +1")
+    return finding
+
+
+@suite.check(
+    "replay-keeps-location",
+    "a replay points the client at the same created resource as the original",
+    f"{DRAFT}, Idempotency Enforcement; RFC 9110 §10.2.2 (Location)",
+)
+async def replay_keeps_location(run: HttpRun) -> Finding:
+    finding = Finding()
+    first, second, _ = await run.first_pair()
+    location = first.headers.get("location")
+    if location is None:
+        return finding.skip("the endpoint's answer carries no Location header")
+    finding.saw(f"original Location {location}, retry {second.headers.get('location')}")
+    finding.expect(second.headers.get("location") == location, "the replay's Location differs")
+    return finding
+
+
+@suite.check(
+    "replay-drops-set-cookie",
+    "a replay must not hand the original caller's session cookie to whoever retries",
+    "RFC 6265 §8 (cookies carry credentials); pgonce replay rules",
+)
+async def replay_drops_set_cookie(run: HttpRun) -> Finding:
+    finding = Finding()
+    url = same_origin(run.target.url, run.target.cookie_path) if run.target.cookie_path else None
+    key = new_key()
+    first = await run.send(key, url=url)
+    if "set-cookie" not in first.headers:
+        return finding.skip(
+            f"{shown(first)} without Set-Cookie: give --cookie-path, an endpoint that sets one"
+        )
+    second = await run.send(key, url=url)
+    finding.saw(f"original {shown(first)} with Set-Cookie, retry {shown(second)}")
+    finding.expect(second.content == first.content, "the retry was not a replay")
+    finding.expect("set-cookie" not in second.headers, "the replay carries Set-Cookie")
+    return finding
+
+
+@suite.check(
+    "key-lifetime-header",
+    "the client learns how long the key is honoured, so it never retries after the store forgot",
+    f"{DRAFT}, Idempotency Key Validity and Expiry; {STRIPE} (24 hours)",
+)
+async def key_lifetime_header(run: HttpRun) -> Finding:
+    finding = Finding()
+    first, second, _ = await run.first_pair()
+    name = run.target.expires_header
+    values = [first.headers.get(name), second.headers.get(name)]
+    if not finding.expect(values[0] is not None, f"no {name} header on the original"):
+        return finding
+    finding.saw(f"{name}: {values[0]}")
+    try:
+        when = parsedate_to_datetime(values[0])
+    except (TypeError, ValueError):
+        when = None
+    if finding.expect(when is not None, f"{name} is not an HTTP-date") and when is not None:
+        finding.expect(when > datetime.now(UTC), f"{name} is in the past")
+    finding.expect(values[1] == values[0], f"the replay's {name} differs from the original's")
+    return finding
+
+
+def other_body(target: HttpTarget) -> bytes | None:
+    if target.other_body is not None:
+        return target.other_body
+    try:
+        document = json.loads(target.body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    return json.dumps({**document, "conformance": "another request"}).encode()
+
+
+@suite.check(
+    "mismatch-other-body",
+    "the same key with another body is a client bug: refused, never answered with the first reply",
+    f"{DRAFT}, Idempotency Fingerprint and Error Scenarios (422); {STRIPE}",
+)
+async def mismatch_other_body(run: HttpRun) -> Finding:
+    finding = Finding()
+    body = other_body(run.target)
+    if body is None:
+        return finding.skip("the body is not a JSON object: give --other-body")
+    return await mismatch(run, finding, body=body)
+
+
+@suite.check(
+    "mismatch-other-query",
+    "the query string is part of the request: another query with the same key is refused",
+    f"{DRAFT}, Idempotency Fingerprint and Error Scenarios (422)",
+)
+async def mismatch_other_query(run: HttpRun) -> Finding:
+    url = str(httpx.URL(run.target.url).copy_merge_params({"conformance": "another-query"}))
+    return await mismatch(run, Finding(), url=url)
+
+
+async def mismatch(
+    run: HttpRun, finding: Finding, *, body: bytes | None = None, url: str | None = None
+) -> Finding:
+    before = await run.count()
+    key = new_key()
+    first = await run.send(key)
+    other = await run.send(key, body=body, url=url)
+    refused(finding, other, 422, "the other request")
+    finding.expect(other.content != first.content, "the other request got the original's answer")
+    again = await run.send(key)
+    finding.expect(again.content == first.content, "the original's retry no longer replays")
+    await run.effects_since(before, 1, finding)
+    return finding
+
+
+def reformatted(body: bytes) -> bytes | None:
+    """The same JSON value written differently (key order, spacing), or None if not JSON."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(document, dict):
+        document = dict(reversed(list(document.items())))
+    other = json.dumps(document, indent=2, ensure_ascii=False).encode()
+    return other if other != body else json.dumps(document, separators=(",", ":")).encode()
+
+
+@suite.check(
+    "canonical-json-same-request",
+    "a client that re-serializes the same JSON (key order, spacing) is retrying, not changing it",
+    f"{STRIPE} (parameters are compared, not bytes); {DRAFT}, Idempotency Fingerprint",
+)
+async def canonical_json(run: HttpRun) -> Finding:
+    finding = Finding()
+    other = reformatted(run.target.body)
+    if other is None or other == run.target.body:
+        return finding.skip("the body is not JSON that can be written another way")
+    before = await run.count()
+    key = new_key()
+    first = await run.send(key)
+    second = await run.send(key, body=other)
+    finding.saw(f"original {shown(first)}, reformatted retry {shown(second)}")
+    finding.expect(
+        second.status_code == first.status_code and second.content == first.content,
+        "the reformatted retry was not answered with the stored response",
+    )
+    await run.effects_since(before, 1, finding)
+    return finding
+
+
+async def burst(run: HttpRun) -> tuple[list[httpx.Response], int | None]:
+    before = await run.count()
+    key = new_key()
+    answers = await asyncio.gather(*(run.send(key) for _ in range(run.target.concurrency)))
+    after = await run.count()
+    run.bursts.append(list(answers))
+    return list(answers), None if before is None else (after or 0) - before
+
+
+def statuses(answers: list[httpx.Response]) -> str:
+    counted: dict[int, int] = {}
+    for answer in answers:
+        counted[answer.status_code] = counted.get(answer.status_code, 0) + 1
+    return ", ".join(f"{n}× {status}" for status, n in sorted(counted.items()))
+
+
+@suite.check(
+    "concurrent-once",
+    "identical requests racing each other (client retries, proxies) must execute once",
+    f"{DRAFT}, Error Scenarios (concurrent requests); {STRIPE}",
+)
+async def concurrent_once(run: HttpRun) -> Finding:
+    finding = Finding()
+    answers, effects = await burst(run)
+    finding.saw(f"{len(answers)} concurrent copies: {statuses(answers)}")
+    succeeded = [a for a in answers if a.is_success]
+    bodies = {a.content for a in succeeded}
+    finding.expect(bool(succeeded), "no copy succeeded")
+    finding.expect(len(bodies) <= 1, f"{len(bodies)} different successful bodies")
+    others = [a for a in answers if not a.is_success and a.status_code != 409]
+    finding.expect(not others, f"answers other than 2xx or 409: {statuses(others)}")
+    if effects is None:
+        if not finding.faults:
+            return finding.skip(
+                f"{finding.seen[0]}; effects not counted: give --count-url or --count-sql"
+            )
+        return finding
+    finding.expect(effects == 1, f"effects +{effects}, not +1")
+    if effects == 1:
+        finding.saw("effects +1")
+    return finding
+
+
+@suite.check(
+    "in-flight-409",
+    "a retry while the original still runs is told to come back later, never run twice",
+    f"{DRAFT}, Error Scenarios (409); RFC 9110 §10.2.3 (Retry-After); RFC 9457",
+)
+async def in_flight_409(run: HttpRun) -> Finding:
+    finding = Finding()
+    if run.target.slow_path is not None:
+        conflicts = await while_in_flight(run, finding)
+    else:
+        conflicts = [a for answers in run.bursts for a in answers if a.status_code == 409]
+        seen = sum(len(answers) for answers in run.bursts)
+        if not conflicts:
+            return finding.skip(
+                f"none of {seen} concurrent copies arrived while its original ran: give "
+                "--slow-path, an endpoint that takes a while"
+            )
+        finding.saw(f"{len(conflicts)} of {seen} concurrent copies answered 409")
+    without = [a for a in conflicts if not a.headers.get("retry-after", "").strip()]
+    finding.expect(not without, f"{len(without)} of the 409s carry no Retry-After")
+    plain = [a for a in conflicts if not is_problem(a)]
+    finding.expect(not plain, f"{len(plain)} of the 409s are not application/problem+json")
+    return finding
+
+
+async def while_in_flight(run: HttpRun, finding: Finding) -> list[httpx.Response]:
+    """Send a slow request and, while it runs, its retry; then retry once more after both.
+
+    Whichever of the two the server claimed first is the original: the other must be the 409
+    (so a loaded machine that delays the first request cannot turn the verdict around).
+    """
+    assert run.target.slow_path is not None
+    url = same_origin(run.target.url, run.target.slow_path)
+    key = new_key()
+    before = await run.count()
+    original = asyncio.ensure_future(run.send(key, url=url))
+    # Let the original reach the server first; the retry then arrives while it still runs.
+    await asyncio.wait({original}, timeout=0.2)
+    retry = await run.send(key, url=url)
+    first = await original
+    after = await run.send(key, url=url)
+    finding.saw(f"original {shown(first)}, retry while it ran {shown(retry)}")
+    finding.saw(f"retry after it {shown(after)}")
+    answers = [first, retry]
+    conflicts = [a for a in answers if a.status_code == 409]
+    done = [a for a in answers if a.is_success]
+    finding.expect(
+        len(conflicts) == 1 and len(done) == 1,
+        "one of the two should have run and the other answered 409; they answered "
+        f"{first.status_code} and {retry.status_code}",
+    )
+    if done:
+        finding.expect(after.content == done[0].content, "the retry after it was not a replay")
+    await run.effects_since(before, 1, finding)
+    return conflicts
+
+
+@suite.check(
+    "server-error-not-stored",
+    "a 5xx is a transient failure: storing it would turn one outage into a permanent error",
+    "pgonce semantics (a 5xx is rolled back and the key stays free; Stripe stores them)",
+)
+async def server_error_not_stored(run: HttpRun) -> Finding:
+    finding = Finding()
+    if run.target.fail_path is None:
+        return finding.skip("give --fail-path, an endpoint that answers 5xx")
+    url = same_origin(run.target.url, run.target.fail_path)
+    before = await run.count()
+    key = new_key()
+    first = await run.send(key, url=url)
+    second = await run.send(key, url=url)
+    finding.saw(f"original {shown(first)}, retry {shown(second)}")
+    if not finding.expect(first.status_code >= 500, "the --fail-path did not answer 5xx"):
+        return finding
+    finding.expect(
+        not run.replayed(second),
+        f"the retry of a 5xx was replayed ({run.target.replay_header}: true)",
+    )
+    if second.content != first.content:
+        finding.saw("the retry ran again (another body)")
+    await run.effects_since(before, 0, finding)
+    return finding
+
+
+@suite.check(
+    "principal-scopes",
+    "keys belong to a caller: another caller's equal key is another operation, never a replay",
+    f"{DRAFT}, Uniqueness of Idempotency Key; {STRIPE} (keys are per account)",
+)
+async def principal_scopes(run: HttpRun) -> Finding:
+    finding = Finding()
+    if run.target.other_headers is None:
+        return finding.skip("give --other-header, the credentials of another caller")
+    before = await run.count()
+    key = new_key()
+    first = await run.send(key)
+    other = await run.send(key, headers=run.target.other_headers)
+    finding.saw(f"first caller {shown(first)}, second caller {shown(other)}")
+    finding.expect(other.is_success, f"the second caller's request answered {other.status_code}")
+    finding.expect(not run.replayed(other), "the second caller got a replay")
+    finding.expect(other.content != first.content, "the second caller got the first one's answer")
+    await run.effects_since(before, 2, finding)
+    return finding
+
+
+@suite.check(
+    "body-too-large-413",
+    "the body is read whole to fingerprint it: an unbounded one is a memory attack",
+    "RFC 9110 §15.5.14 (413 Content Too Large); RFC 9457",
+)
+async def body_too_large(run: HttpRun) -> Finding:
+    finding = Finding()
+    size = run.target.max_body_bytes + 1
+    padding = "x" * max(0, size - len('{"conformance":""}'))
+    body = json.dumps({"conformance": padding}, separators=(",", ":")).encode()
+    before = await run.count()
+    refused(finding, await run.send(new_key(), body=body), 413, f"a body of {digest(body)}")
+    await run.effects_since(before, 0, finding)
+    return finding
+
+
+@suite.check(
+    "safe-methods-untouched",
+    "GET is idempotent by definition: a key on it is neither refused nor replayed",
+    "RFC 9110 §9.2.1 (safe methods); " + DRAFT + ", Introduction",
+)
+async def safe_methods_untouched(run: HttpRun) -> Finding:
+    finding = Finding()
+    url = same_origin(run.target.url, run.target.safe_path) if run.target.safe_path else None
+    before = await run.count()
+    bad = await run.send("", url=url, method="GET")
+    key = new_key()
+    first = await run.send(key, url=url, method="GET")
+    second = await run.send(key, url=url, method="GET")
+    finding.saw(f"GET with an empty key {shown(bad)}; GET twice with a key {shown(second)}")
+    finding.expect(
+        bad.status_code not in (400, 409, 422), f"GET with an empty key answered {bad.status_code}"
+    )
+    finding.expect(not run.replayed(second), "the second GET was marked as a replay")
+    finding.expect(first.status_code == second.status_code, "the two GETs answered differently")
+    await run.effects_since(before, 0, finding)
+    return finding

@@ -1,0 +1,129 @@
+"""Running a suite of checks in order, within one time budget.
+
+Checks run one after the other (the effect count is read around each, so two checks must never
+overlap). Each gets what is left of the budget: a check still waiting when the budget runs out
+fails with that said, and the ones after it are not started. A check that cannot reach the server
+fails with the transport error; a broken count contract stops the run with a usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, Literal, TypeVar
+
+from pgonce.conformance.report import Check, Finding, Report, Result
+from pgonce.extras import needs
+
+with needs("http", "pgonce conformance"):
+    import httpx
+
+#: The default time budget of a whole run, in seconds: the kit belongs in CI, next to unit tests.
+DEFAULT_BUDGET = 55.0
+
+#: How long one request may take, in seconds. A server that needs longer to answer one request is
+#: not one an idempotency check can judge.
+REQUEST_TIMEOUT = 10.0
+
+Context = TypeVar("Context")
+CheckBody = Callable[[Context], Awaitable[Finding]]
+
+
+class Suite(Generic[Context]):
+    """The checks of one kind, registered in the order they run with :meth:`check`."""
+
+    def __init__(self, kind: Literal["http", "webhooks"]) -> None:
+        self.kind: Literal["http", "webhooks"] = kind
+        self.checks: list[tuple[Check, CheckBody[Context]]] = []
+
+    def check(
+        self, name: str, why: str, source: str
+    ) -> Callable[[CheckBody[Context]], CheckBody[Context]]:
+        def register(body: CheckBody[Context]) -> CheckBody[Context]:
+            if any(known.name == name for known, _ in self.checks):
+                raise ValueError(f"two checks are named {name}")
+            self.checks.append((Check(name, why, source), body))
+            return body
+
+        return register
+
+    def catalogue(self) -> list[Check]:
+        return [check for check, _ in self.checks]
+
+    def selected(self, only: Sequence[str] = ()) -> list[tuple[Check, CheckBody[Context]]]:
+        if not only:
+            return list(self.checks)
+        known = {check.name for check, _ in self.checks}
+        unknown = sorted(set(only) - known)
+        if unknown:
+            from pgonce.errors import UsageError
+
+            raise UsageError(
+                f"no {self.kind} check named {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        return [(check, body) for check, body in self.checks if check.name in only]
+
+    async def run(
+        self, context: Context, target: str, *, budget: float, only: Sequence[str] = ()
+    ) -> Report:
+        started = time.monotonic()
+        deadline = started + budget
+        results: list[Result] = []
+        for check, body in self.selected(only):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                results.append(Result(check, "FAIL", "not run: the time budget ran out"))
+                continue
+            try:
+                finding = await asyncio.wait_for(body(context), timeout=left)
+            except TimeoutError:
+                finding = Finding()
+                finding.expect(False, f"no verdict within the time budget ({budget:.0f} s)")
+            except httpx.HTTPError as error:
+                finding = Finding()
+                finding.expect(False, f"no answer: {type(error).__name__}: {error}")
+            results.append(finding.result(check))
+        return Report(self.kind, target, tuple(results), time.monotonic() - started)
+
+
+def client(**options: Any) -> httpx.AsyncClient:
+    """The kit's HTTP client: no redirects followed (a check judges the server's own answer),
+    bounded timeouts, room for a burst of concurrent requests, no cookies kept between requests."""
+    return httpx.AsyncClient(
+        timeout=REQUEST_TIMEOUT,
+        follow_redirects=False,
+        limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        cookies=None,
+        **options,
+    )
+
+
+async def request(
+    session: httpx.AsyncClient, method: str, url: str, **options: Any
+) -> httpx.Response:
+    """One request, sent again once if a kept-alive connection was closed under it.
+
+    A server may close its connection after an error answer while the pool is about to reuse it;
+    the request then never reached it. Sending it once more is what any client (and provider)
+    does, and the checks' requests are safe to repeat: each carries its key or its event id.
+    """
+    try:
+        return await session.request(method, url, **options)
+    except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+        return await session.request(method, url, **options)
+
+
+def shown(response: httpx.Response) -> str:
+    """A response as evidence: status, media type and body digest."""
+    from pgonce.conformance.report import digest
+
+    media = response.headers.get("content-type", "no content-type").split(";")[0]
+    return f"{response.status_code} {media} {digest(response.content)}"
+
+
+def is_problem(response: httpx.Response) -> bool:
+    """Whether the response is an RFC 9457 problem document (``application/problem+json``)."""
+    media = str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
+    return media == "application/problem+json"
