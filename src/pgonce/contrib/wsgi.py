@@ -40,7 +40,7 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from http import HTTPStatus
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg import Connection
@@ -54,7 +54,6 @@ from pgonce.errors import (
     MissingKeyScope,
     UsageError,
 )
-from pgonce.extras import needs
 from pgonce.http import semantics
 from pgonce.http.semantics import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -68,8 +67,10 @@ from pgonce.http.semantics import (
 )
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
 
-with needs("wsgi", "the WSGI Idempotency-Key middleware"):
-    from psycopg_pool import ConnectionPool, PoolTimeout
+if TYPE_CHECKING:
+    # Only a type here: the middleware takes any ConnectionSource (the ``wsgi`` extra installs
+    # psycopg_pool, whose ConnectionPool is the usual one).
+    from psycopg_pool import ConnectionPool
 
 log = logging.getLogger("pgonce.http")
 
@@ -107,8 +108,9 @@ class ConnectionSource(Protocol):
 
 
 #: Failures that mean "the database went away", not "the code is wrong" (as in the ASGI
-#: middleware): a lost or refused connection, the pool's timeout, and pgonce's translation.
-_UNAVAILABLE = (PoolTimeout, DatabaseUnavailable, psycopg.OperationalError)
+#: middleware): a lost or refused connection, the pool's timeout (psycopg_pool's PoolTimeout is
+#: an OperationalError), and pgonce's translation.
+_UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError)
 
 
 class IdempotentTransaction:
