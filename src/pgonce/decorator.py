@@ -283,6 +283,19 @@ class _Call(Generic[P]):
             else None
         )
         self.headers = (("content-type", str(getattr(options.codec, "content_type", ""))),)
+        parameters = signature.parameters.values()
+        kinds = inspect.Parameter
+        self.plain = all(
+            p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD) for p in parameters
+        )
+        self.positional = [
+            p.name
+            for p in parameters
+            if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        ]
+        self.keywords = frozenset(p.name for p in parameters if p.kind != kinds.POSITIONAL_ONLY)
+        self.defaults = {p.name: p.default for p in parameters if p.default is not kinds.empty}
+        self.required = frozenset(p.name for p in parameters if p.default is kinds.empty)
 
     def claim(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, bytes]:
         """The call's connection, key and fingerprint."""
@@ -297,10 +310,29 @@ class _Call(Generic[P]):
         elif options.payload is not None:
             payload = options.payload(*args, **kwargs)  # type: ignore[operator]
         else:
-            bound = self.signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            payload = {n: v for n, v in bound.arguments.items() if n != self.conn.name}
+            payload = self.arguments(args, kwargs)
         return conn, key, fingerprint(_canonical_bytes(payload, "the call's arguments"))
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Every argument by name, defaults included, but the connection.
+
+        Without binding the signature when the call is plain (no ``*args``/``**kwargs`` in the
+        signature, every name known, none given twice): binding costs more than the rest of the
+        fingerprint. Any other call is bound, which raises the TypeError the function would.
+        """
+        names = self.positional
+        if self.plain and len(args) <= len(names):
+            given = dict(zip(names, args, strict=False))
+            keywords = kwargs.keys()
+            if keywords <= self.keywords and not keywords & given.keys():
+                given.update(kwargs)
+                if self.required <= given.keys():
+                    payload = {**self.defaults, **given}
+                    del payload[self.conn.name]
+                    return payload
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return {n: v for n, v in bound.arguments.items() if n != self.conn.name}
 
     def _stored(self, result: object) -> Response:
         return Response(headers=self.headers, body=self.options.codec.encode(result))

@@ -317,3 +317,25 @@ def test_the_fingerprint_is_the_key_stores_own(dsn: str, db: psycopg.Connection[
     expected = fingerprint(b'{"amount":7,"order_id":"o-11"}')
     with psycopg.connect(dsn) as conn, KeyStore().once(conn, "charges", "o-11", expected) as op:
         assert op.replayed
+
+
+def test_a_default_given_or_left_out_and_any_call_shape_is_the_same_call(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    ran: list[int] = []
+
+    @idempotent(key="order_id", connection="db", commit=True)
+    def pay(order_id: str, db: psycopg.Connection[Any], amount: int = 5, *, note: str = "") -> int:
+        ran.append(amount)
+        return amount
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert pay("o-12", conn) == 5
+        assert pay("o-12", conn, 5) == 5
+        assert pay(order_id="o-12", db=conn, amount=5, note="") == 5
+        assert pay("o-12", amount=5, db=conn) == 5
+        with pytest.raises(KeyMismatch):
+            pay("o-12", conn, note="other")
+        with pytest.raises(TypeError):
+            pay("o-12", conn, 5, db=conn)  # type: ignore[misc]
+    assert ran == [5]
