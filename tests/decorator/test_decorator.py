@@ -339,3 +339,22 @@ def test_a_default_given_or_left_out_and_any_call_shape_is_the_same_call(
         with pytest.raises(TypeError):
             pay("o-12", conn, 5, db=conn)  # type: ignore[misc]
     assert ran == [5]
+
+
+def test_in_flight_inside_the_callers_transaction_leaves_it_usable(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    @idempotent(key="order_id", scope="charges", wait=SHORT)
+    def joined(conn: psycopg.Connection[Any], order_id: str) -> int:
+        conn.execute("INSERT INTO charges VALUES (%s, 1)", (order_id,))
+        return 1
+
+    with psycopg.connect(dsn) as holder:
+        assert joined(holder, "o-13") == 1  # claimed, not committed: the key is held
+        with psycopg.connect(dsn) as conn:
+            conn.execute("INSERT INTO charges VALUES ('caller', 1)")
+            with pytest.raises(KeyInFlight):
+                joined(conn, "o-13")
+            conn.execute("INSERT INTO charges VALUES ('caller', 2)")  # still usable
+        holder.rollback()
+    assert sorted(r[0] for r in db.execute("SELECT order_id FROM charges")) == ["caller"] * 2
