@@ -82,7 +82,7 @@ def test_the_core_works_with_every_extra_missing() -> None:
 @pytest.mark.parametrize(
     ("module", "extra"),
     [
-        ("pgonce.http", "asgi"),
+        ("pgonce.http.transaction", "asgi"),
         ("pgonce.http.middleware", "asgi"),
         ("pgonce.webhooks.receiver", "asgi"),
         ("pgonce.service.app", "server"),
@@ -92,6 +92,7 @@ def test_the_core_works_with_every_extra_missing() -> None:
         ("pgonce.publishers.redis_streams", "redis"),
         ("pgonce.publishers.http", "http"),
         ("pgonce.webhooks.forward", "http"),
+        ("pgonce.contrib.flask", "flask"),
     ],
 )
 def test_a_part_without_its_extra_names_the_install_command(module: str, extra: str) -> None:
@@ -110,6 +111,24 @@ def test_a_part_without_its_extra_names_the_install_command(module: str, extra: 
     name, _, message = result.stdout.strip().partition(" | ")
     assert name == extra
     assert f"pip install 'pgonce[{extra}]'" in message
+
+
+def test_the_wsgi_and_django_adapters_need_no_asgi_library() -> None:
+    """The HTTP semantics they share live in pgonce.http, whose ASGI parts load only when named."""
+    result = run_python(
+        """
+        import pgonce.contrib.wsgi, pgonce.contrib.flask
+        from pgonce.http import semantics
+        from pgonce.errors import MissingExtra
+        try:
+            from pgonce.http import IdempotencyMiddleware
+        except MissingExtra as error:
+            print(error.extra)
+        """,
+        blocked=EXTRAS["asgi"][:1],  # starlette; psycopg_pool is the wsgi extra's too
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "asgi"  # the ASGI middleware, named, still says what to add
 
 
 def test_a_v1a_key_without_cryptography_names_the_ed25519_extra() -> None:

@@ -9,11 +9,13 @@ from pgonce.config import Settings
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won
 from pgonce.core.retention import HealthReport, Retention, RetentionPolicy, SweepLimits, SweepResult
+from pgonce.decorator import idempotent
 from pgonce.errors import (
     BrokerUnavailable,
     ConfigError,
     DatabaseError,
     DatabaseUnavailable,
+    KeyInFlight,
     KeyMismatch,
     MissingExtra,
     NotInTransaction,
@@ -45,6 +47,7 @@ __all__ = [
     "HealthCheck",
     "HealthReport",
     "InFlight",
+    "KeyInFlight",
     "KeyMismatch",
     "KeyStore",
     "MissingExtra",
@@ -67,5 +70,6 @@ __all__ = [
     "__version__",
     "enqueue",
     "fingerprint",
+    "idempotent",
     "sweep_every",
 ]

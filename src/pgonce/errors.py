@@ -9,6 +9,7 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     │   ├── NotInTransaction          a write that must commit with the caller's data got autocommit
     │   └── MissingExtra              a part needs an optional extra that is not installed
     ├── KeyMismatch                   same key, different request: never a silent replay
+    ├── KeyInFlight                   an idempotent function's key is held by a running call
     ├── InvalidIdempotencyKey         400: an HTTP request's Idempotency-Key is missing or malformed
     ├── MissingKeyScope               401: a request with a key names no caller (unauthenticated)
     ├── DatabaseError                 PostgreSQL failed; translated once, at the store boundary
@@ -95,6 +96,25 @@ class KeyMismatch(PgonceError):
         )
         self.scope = scope
         self.key = key
+
+
+class KeyInFlight(PgonceError):
+    """Another call with this key is still running; retry after ``retry_after`` seconds.
+
+    What :func:`pgonce.idempotent` raises where the key store returns
+    :class:`~pgonce.InFlight`: a decorated function must return its result or raise. Nothing ran
+    and nothing was written; a message handler that gets it requeues the message.
+    """
+
+    def __init__(self, scope: str, key: str, retry_after: int, reason: str) -> None:
+        super().__init__(
+            f"key {key!r} in scope {scope!r} is held by a call that has not finished "
+            f"({reason}); retry after {retry_after} s"
+        )
+        self.scope = scope
+        self.key = key
+        self.retry_after = retry_after
+        self.reason = reason
 
 
 class InvalidIdempotencyKey(PgonceError):

@@ -31,6 +31,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "ed25519": ("cryptography",),
     "sqlalchemy": ("sqlalchemy",),
     "django": ("django",),
+    "wsgi": ("psycopg_pool",),
+    "flask": ("flask", "psycopg_pool"),
 }
 
 

@@ -44,6 +44,22 @@ GUNICORN = (
     "--no-control-socket",
     "tests.django.wsgi",
 )
+#: The Flask example under gunicorn's threads, the same way: pgonce's WSGI middleware on a pool.
+FLASK_GUNICORN = (
+    sys.executable,
+    "-m",
+    "gunicorn",
+    "--bind",
+    "fd://{fd}",
+    "--worker-class",
+    "gthread",
+    "--workers",
+    "1",
+    "--threads",
+    "16",
+    "--no-control-socket",
+    "tests.flask.app:create_app()",
+)
 DJANGO_UVICORN = (sys.executable, "-m", "bench.servers", "{fd}", "tests.django.asgi:create_app")
 #: FastAPI with SQLAlchemy's async ORM: the middleware on the engine's pool, writes through the
 #: request's AsyncSession.
@@ -114,6 +130,7 @@ ADAPTERS = {
         Adapter("fastapi-sqlalchemy", SQLALCHEMY),
         Adapter("django-wsgi", GUNICORN, django_template, unsupported=(_NO_CHUNKED_BODY,)),
         Adapter("django-asgi", DJANGO_UVICORN, django_template),
+        Adapter("flask-wsgi", FLASK_GUNICORN),
     )
 }
 

@@ -49,7 +49,6 @@ except ModuleNotFoundError:  # pragma: no cover - the core and [sqlalchemy] with
     Request = Any  # type: ignore[misc,assignment]
 from pgonce.core.inbox import InboxEvent
 from pgonce.errors import DatabaseUnavailable, UsageError
-from pgonce.http.transaction import transaction_of
 from pgonce.store._async.keys import AsyncKeyStore, AsyncOperation
 from pgonce.store._async.outbox import enqueue as _async_enqueue
 from pgonce.store._sync.keys import KeyStore, Operation
@@ -400,6 +399,9 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
     response is stored): flush instead. Asking for the session marks the endpoint as begun, so
     its response is stored. Needs the middleware on :class:`EngineConnections`.
     """
+    # Imported here: the sync parts of this module (used by WSGI apps) need no ASGI library.
+    from pgonce.http.transaction import transaction_of
+
     tx = transaction_of(request)
     bound = _checked_out.get(tx.connection)
     if bound is None:

@@ -1,0 +1,57 @@
+"""The Flask payments app of the Flask benchmark, served by gunicorn (``bench.flask_app``).
+
+``BENCH_FLASK_VARIANT`` is ``none`` (the app alone: its INSERT commits on its own), ``tx`` (the
+app alone with its INSERT in a transaction of its own: BEGIN, INSERT, COMMIT) or ``pgonce`` (the
+same app behind :mod:`pgonce.contrib.flask`: the claim, the row and the stored response in one
+transaction); ``BENCH_HTTP_DSN`` is the database. The view inserts one row and answers 201 with
+JSON, on a ``psycopg_pool.ConnectionPool`` of one connection per server thread.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from flask import Flask, request
+from psycopg_pool import ConnectionPool
+
+from pgonce.contrib.flask import Idempotency, connection
+
+TABLE = "bench_flask_payments"
+SCOPE = "bench-flask:bench"
+INSERT = (
+    f"INSERT INTO {TABLE} (principal, amount, currency) VALUES ('bench', %s, %s) RETURNING id"
+).encode()
+
+
+def create_app() -> Flask:
+    """The WSGI application for ``BENCH_FLASK_VARIANT`` (gunicorn's ``create_app()``)."""
+    variant = os.environ.get("BENCH_FLASK_VARIANT", "none")
+    threads = int(os.environ.get("BENCH_FLASK_THREADS", "4"))
+    pool = ConnectionPool(
+        os.environ["BENCH_HTTP_DSN"],
+        min_size=threads,
+        max_size=threads,
+        kwargs={"autocommit": variant != "tx"},
+        open=True,
+    )
+    app = Flask("bench")
+    if variant == "pgonce":
+        Idempotency(app, pool=pool, key_scope=lambda environ: SCOPE)
+
+    def insert(conn: Any, data: dict[str, Any]) -> int:
+        row = conn.execute(INSERT, (data["amount"], data["currency"])).fetchone()
+        return int(row[0])
+
+    @app.post("/payments")
+    def create_payment() -> tuple[dict[str, Any], int, dict[str, str]]:
+        data = request.get_json()
+        if variant == "pgonce":
+            payment = insert(connection(), data)
+        else:
+            with pool.connection() as conn:  # "tx": the pool commits at the block's end
+                payment = insert(conn, data)
+        body = {"id": payment, "amount": data["amount"], "currency": data["currency"]}
+        return body, 201, {"Location": f"/payments/{payment}"}
+
+    return app

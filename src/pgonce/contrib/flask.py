@@ -1,0 +1,261 @@
+"""Idempotency-Key for Flask: the WSGI middleware of :mod:`pgonce.contrib.wsgi` and Flask accessors.
+
+::
+
+    pool = ConnectionPool(dsn, open=True)
+    app = Flask(__name__)
+    Idempotency(app, pool=pool, key_scope=header_scope("Authorization"))
+
+    @app.post("/payments")
+    def create_payment():
+        connection().execute("INSERT INTO payments ...")  # commits with the key, or not at all
+        return {"id": ...}, 201
+
+:class:`Idempotency` wraps ``app.wsgi_app`` in the middleware (so it sees every request before
+Flask does, and Flask's whole answer, error pages included) and registers two error handlers for
+covered requests: a view that asks for the claim of a request whose key scope named no caller is
+answered 401 (never a 500), and a view whose database went away is answered 503 with
+``Retry-After`` (nothing committed; the retry runs). :func:`connection` and :func:`transaction`
+are the request-scoped accessors: the claim's connection is the view's, inside the claim's
+transaction. Every HTTP rule is :mod:`pgonce.http.semantics`'s; nothing here decides one.
+
+With SQLAlchemy (Flask-SQLAlchemy's ``db.engine``, or any ``postgresql+psycopg://`` engine): pass
+``pool=EngineConnections(engine)`` and write through :func:`session`, a ``Session`` on the claim's
+connection and transaction (the extra ``pgonce[sqlalchemy]`` too). Flask-SQLAlchemy's own
+``db.session`` runs on another connection of the pool, outside the claim's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
+
+import psycopg
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.contrib.wsgi import (
+    ENVIRON_KEY,
+    ConnectionSource,
+    IdempotencyMiddleware,
+    IdempotentTransaction,
+    KeyScope,
+    header_scope,
+    transaction_of,
+)
+from pgonce.errors import DatabaseUnavailable, MissingKeyScope, UsageError
+from pgonce.extras import needs
+from pgonce.http import semantics
+from pgonce.http.semantics import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_METHODS,
+    DEFAULT_RETENTION,
+    Answer,
+)
+from pgonce.store._sync.keys import KeyStore
+
+with needs("flask", "the Flask Idempotency-Key integration"):
+    from flask import Flask, Response, after_this_request, g, has_request_context, request
+    from psycopg_pool import ConnectionPool
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection as SAConnection
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.orm import Session
+
+__all__ = [
+    "EngineConnections",
+    "Idempotency",
+    "connection",
+    "header_scope",
+    "session",
+    "transaction",
+]
+
+#: Where a request's SQLAlchemy session is kept (``flask.g``), closed when the request ends.
+_SESSION = "pgonce_session"
+
+
+def transaction() -> IdempotentTransaction:
+    """The current request's :class:`~pgonce.contrib.wsgi.IdempotentTransaction`.
+
+    Raises :class:`UsageError` outside a request or on a request the middleware claimed no key
+    for, and :class:`MissingKeyScope` (answered 401) when the key scope named no caller.
+    """
+    if not has_request_context():
+        raise UsageError("pgonce.contrib.flask.transaction() is for use inside a Flask request")
+    return transaction_of(request.environ)
+
+
+def connection() -> psycopg.Connection[Any]:
+    """The claim's connection, inside its transaction: write on it and the writes commit with the
+    key and the stored response. Call it in the view (it marks the view as begun); never commit
+    or roll back on it."""
+    return transaction().connection
+
+
+# The SQLAlchemy connection under each psycopg connection that EngineConnections handed out.
+_checked_out: WeakKeyDictionary[psycopg.Connection[Any], SAConnection] = WeakKeyDictionary()
+
+
+class EngineConnections:
+    """The middleware's connections from a SQLAlchemy ``Engine``'s pool (``db.engine``).
+
+    ``Idempotency(app, pool=EngineConnections(db.engine), ...)``: the middleware owns the
+    transaction on the connection (BEGIN and the claim, then the completion and COMMIT), and
+    :func:`session` gives the view a ``Session`` on that same connection and transaction. The
+    engine must be on ``postgresql+psycopg://``.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        with needs("sqlalchemy", "EngineConnections"):
+            from sqlalchemy.engine import Engine
+
+            from pgonce.contrib.sqlalchemy import NotPsycopgSession
+        if not isinstance(engine, Engine):
+            raise UsageError("EngineConnections takes a SQLAlchemy Engine (create_engine())")
+        if engine.dialect.driver != "psycopg":
+            raise NotPsycopgSession(f"{engine.dialect.name}+{engine.dialect.driver}")
+        self.engine = engine
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        import sqlalchemy.exc
+
+        try:
+            bound = self.engine.connect()
+        except (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError) as error:
+            raise DatabaseUnavailable(f"connecting through the engine failed: {error}") from error
+        try:
+            conn = bound.connection.driver_connection
+            if not isinstance(conn, psycopg.Connection):
+                raise UsageError("the engine's connections are not psycopg 3 connections")
+            # SQLAlchemy's view of the transaction the middleware opens: no SQL is sent. When
+            # the connection goes back to the pool the middleware has ended the transaction,
+            # and SQLAlchemy's reset finds nothing to roll back.
+            bound.begin()
+            _checked_out[conn] = bound
+            try:
+                yield conn
+            finally:
+                _checked_out.pop(conn, None)
+        finally:
+            bound.close()
+
+
+def session() -> Session:
+    """The request's SQLAlchemy ``Session``, on the claim's connection and transaction.
+
+    The ORM's writes, the claim and the stored response commit together, after the response is
+    stored. Pending writes are flushed when the view returns (a flush that fails answers 500 and
+    rolls everything back). ``session.commit()`` raises
+    :class:`~pgonce.contrib.sqlalchemy.SessionCommitRefused`: the middleware commits. Asking for
+    it marks the view as begun. Needs ``pool=EngineConnections(engine)``.
+    """
+    existing = g.get(_SESSION)
+    if existing is not None:
+        return existing  # type: ignore[no-any-return]
+    with needs("sqlalchemy", "pgonce.contrib.flask.session()"):
+        from pgonce.contrib.sqlalchemy import _RequestSession
+    bound = _checked_out.get(transaction().connection)
+    if bound is None:
+        raise UsageError(
+            "session() needs the idempotency middleware on EngineConnections(engine): this "
+            "request's connection did not come from a SQLAlchemy engine"
+        )
+    opened = _RequestSession(bind=bound, join_transaction_mode="rollback_only")
+    setattr(g, _SESSION, opened)
+
+    @after_this_request
+    def flush(response: Response) -> Response:
+        opened.flush()
+        return response
+
+    return opened
+
+
+def _close_session(error: BaseException | None) -> None:
+    opened = g.pop(_SESSION, None)
+    if opened is not None:
+        opened.close()
+
+
+class Idempotency:
+    """The Flask extension: ``Idempotency(app, pool=..., key_scope=...)`` or ``init_app()``.
+
+    The options are :class:`~pgonce.contrib.wsgi.IdempotencyMiddleware`'s; ``key_scope`` is a
+    function of the WSGI environ (it runs before Flask's request context exists).
+    """
+
+    def __init__(self, app: Flask | None = None, **options: Any) -> None:
+        self.middleware: IdempotencyMiddleware | None = None
+        if app is not None:
+            self.init_app(app, **options)
+
+    def init_app(
+        self,
+        app: Flask,
+        *,
+        pool: ConnectionPool[Any] | ConnectionSource,
+        key_scope: KeyScope,
+        store: KeyStore | None = None,
+        schema: str = DEFAULT_SCHEMA,
+        methods: Collection[str] = DEFAULT_METHODS,
+        routes: Mapping[str, Collection[str]] | None = None,
+        require_key: bool = True,
+        wait: timedelta | None = None,
+        canonicalize_json: bool = True,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        retention: timedelta = DEFAULT_RETENTION,
+    ) -> IdempotencyMiddleware:
+        if not isinstance(app, Flask):
+            raise UsageError(f"Idempotency needs a Flask app, not {type(app).__name__}")
+        self.middleware = middleware = IdempotencyMiddleware(
+            app.wsgi_app,
+            pool=pool,
+            key_scope=key_scope,
+            store=store,
+            schema=schema,
+            methods=methods,
+            routes=routes,
+            require_key=require_key,
+            wait=wait,
+            canonicalize_json=canonicalize_json,
+            max_request_bytes=max_request_bytes,
+            max_response_bytes=max_response_bytes,
+            retention=retention,
+        )
+        app.wsgi_app = middleware  # type: ignore[method-assign]
+        app.extensions["pgonce"] = self
+        app.register_error_handler(MissingKeyScope, _missing_scope)
+        app.register_error_handler(psycopg.OperationalError, _unavailable(middleware))
+        app.register_error_handler(DatabaseUnavailable, _unavailable(middleware))
+        app.teardown_request(_close_session)
+        return middleware
+
+
+def _response(answer: Answer) -> Response:
+    return Response(
+        answer.body,
+        status=answer.status,
+        headers=[
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in answer.headers
+        ],
+    )
+
+
+def _missing_scope(error: MissingKeyScope) -> Response:
+    return _response(semantics.MISSING_SCOPE)
+
+
+def _unavailable(middleware: IdempotencyMiddleware) -> Any:
+    def answer(error: Exception) -> Response:
+        if ENVIRON_KEY not in request.environ:
+            raise error  # not a covered request: the app's own error handling decides
+        return _response(semantics.unavailable(middleware.store.retry_after))
+
+    return answer

@@ -1,0 +1,441 @@
+"""Idempotency-Key for any WSGI application, on the sync key store and a psycopg connection pool.
+
+For a request that needs idempotency (POST and PATCH by default, per route configurable) the
+middleware reads the request body, takes a connection from the application's
+:class:`~psycopg_pool.ConnectionPool`, opens a transaction and claims ``(scope, key)`` in it
+(BEGIN and the claim in one round trip). On a won claim it runs the application with that
+transaction in the environ (:func:`transaction_of`), buffers the response, stores it and commits --
+the claim, the application's writes and the stored response commit in ONE transaction -- and only
+then answers. A worker killed at any point leaves either everything or nothing: PostgreSQL rolls
+back the dead connection's transaction, and the key is free for the retry.
+
+Every decision and every answer (400, 401, 409, 413, 422, 500 for a response too large to store,
+503, replays and ``Idempotency-Key-Expires``) comes from :mod:`pgonce.http.semantics`, shared with
+the ASGI middleware and the Django adapter; this module only translates WSGI's environ,
+``start_response`` and body iterable onto it.
+
+Why a framework-neutral middleware with a thin Flask module beside it (:mod:`pgonce.contrib.flask`)
+rather than a Flask-only one: nothing in the translation needs Flask -- the environ, the response
+iterable and the connection are all WSGI's -- so Bottle, Falcon, Pyramid or a bare WSGI callable
+get the same middleware, and Flask adds only what is Flask's (the request-scoped accessor and the
+401 for a view that asks for the claim of an anonymous request).
+
+The endpoint *began*, and its answer is stored, once it took the claim's connection (or called
+:meth:`IdempotentTransaction.begin`): a 400 or 401 that the application gives before touching
+the database is not kept, so the corrected retry runs.
+
+Not supported: a repeated Idempotency-Key header is indistinguishable from one key containing a
+comma, because WSGI servers join repeated headers with a comma before the middleware sees them; a
+request body without ``Content-Length`` is read only when the server says the input is
+terminated (``wsgi.input_terminated``: gunicorn, Werkzeug's server), as PEP 3333 has it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from http import HTTPStatus
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
+from psycopg import Connection
+
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.outcomes import InFlight, Replay, Won
+from pgonce.errors import (
+    DatabaseUnavailable,
+    InvalidIdempotencyKey,
+    KeyMismatch,
+    MissingKeyScope,
+    UsageError,
+)
+from pgonce.http import semantics
+from pgonce.http.semantics import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_METHODS,
+    DEFAULT_RETENTION,
+    NO_WAIT,
+    Answer,
+    CapturedResponse,
+    IdempotencyRules,
+)
+from pgonce.store._sync.keys import KeyStore, rollback_quietly
+
+if TYPE_CHECKING:
+    # Only a type here: the middleware takes any ConnectionSource (the ``wsgi`` extra installs
+    # psycopg_pool, whose ConnectionPool is the usual one).
+    from psycopg_pool import ConnectionPool
+
+log = logging.getLogger("pgonce.http")
+
+Environ = dict[str, Any]
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+Headers = list[tuple[str, str]]
+Write = Callable[[bytes], object]
+StartResponse = Callable[..., Write]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+#: Names the key store scope of a request (the caller: principal, API key, tenant) from the
+#: WSGI environ, or ``None`` to pass the request on without a claim (no credentials).
+KeyScope = Callable[[Environ], "str | None"]
+
+#: Where the middleware puts the request's :class:`IdempotentTransaction` in the environ.
+ENVIRON_KEY = "pgonce.transaction"
+
+__all__ = [
+    "ENVIRON_KEY",
+    "ConnectionSource",
+    "IdempotencyMiddleware",
+    "IdempotentTransaction",
+    "connection_of",
+    "header_scope",
+    "transaction_of",
+]
+
+
+class ConnectionSource(Protocol):
+    """Where the middleware takes a connection for a request: a ``ConnectionPool``, or anything
+    with the same ``connection()``. The connection must come idle; the middleware owns the
+    transaction it opens on it and ends it before giving the connection back."""
+
+    def connection(self) -> AbstractContextManager[Connection[Any]]: ...
+
+
+#: Failures that mean "the database went away", not "the code is wrong" (as in the ASGI
+#: middleware): a lost or refused connection, the pool's timeout (psycopg_pool's PoolTimeout is
+#: an OperationalError), and pgonce's translation.
+_UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError)
+
+
+class IdempotentTransaction:
+    """The claimed key's transaction, handed to one request's application."""
+
+    __slots__ = ("_connection", "began", "key", "scope")
+
+    def __init__(self, connection: Connection[Any], scope: str, key: str) -> None:
+        self._connection = connection
+        self.scope = scope
+        self.key = key
+        #: True once the application took the connection or called :meth:`begin`.
+        self.began = False
+
+    @property
+    def connection(self) -> Connection[Any]:
+        """The connection, inside the claim's transaction; taking it marks the endpoint as begun.
+
+        Never commit or roll back on it: the middleware commits after storing the response.
+        """
+        self.began = True
+        return self._connection
+
+    def begin(self) -> None:
+        """Mark the endpoint as begun without using the database (its response will be stored)."""
+        self.began = True
+
+
+def transaction_of(environ: Mapping[str, Any]) -> IdempotentTransaction:
+    """The request's :class:`IdempotentTransaction`, from its WSGI environ.
+
+    Raises :class:`UsageError` when the middleware claimed no key for this request, and
+    :class:`MissingKeyScope` (answered 401 by the middleware) when it could not, because the key
+    scope named no caller.
+    """
+    tx = environ.get(ENVIRON_KEY)
+    if tx == semantics.UNSCOPED:
+        raise MissingKeyScope()
+    if not isinstance(tx, IdempotentTransaction):
+        raise UsageError(
+            "this request has no idempotent transaction: the route must be covered by "
+            "pgonce's WSGI IdempotencyMiddleware and carry an Idempotency-Key (check its "
+            "methods and routes)"
+        )
+    return tx
+
+
+def connection_of(environ: Mapping[str, Any]) -> Connection[Any]:
+    """The claim's connection, from the WSGI environ (marks the endpoint as begun)."""
+    return transaction_of(environ).connection
+
+
+def header_scope(name: str, *, prefix: str = "") -> KeyScope:
+    """A key scope from a request header (an API key, a tenant id); ``None`` when it is absent.
+
+    The value is stored as its SHA-256, so that a credential never lands in the key store.
+    """
+    wanted = "HTTP_" + name.upper().replace("-", "_")
+
+    def scope_of(environ: Environ) -> str | None:
+        value = environ.get(wanted)
+        if not value:
+            return None
+        return prefix + hashlib.sha256(value.encode("latin-1")).hexdigest()
+
+    return scope_of
+
+
+class IdempotencyMiddleware:
+    """WSGI middleware that makes POST and PATCH safe to retry with an Idempotency-Key.
+
+    ``pool`` is the application's opened :class:`~psycopg_pool.ConnectionPool` (size it for the
+    server's threads: each covered request holds a connection while the application runs), or
+    another :class:`ConnectionSource`. ``key_scope`` is required: it names whose key a request
+    carries from the environ (:func:`header_scope` makes one from a header). The other options
+    are the ASGI middleware's: ``routes`` maps path prefixes to methods (the longest prefix
+    wins; an empty collection turns a route off), ``require_key`` answers 400 to a covered
+    request without a key, ``wait`` lets a duplicate wait that long for the original and then
+    replay (``None``: 409 at once), ``store`` defaults to a :class:`~pgonce.KeyStore` on
+    ``schema`` with that wait.
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        pool: ConnectionPool[Any] | ConnectionSource,
+        key_scope: KeyScope,
+        store: KeyStore | None = None,
+        schema: str = DEFAULT_SCHEMA,
+        methods: Collection[str] = DEFAULT_METHODS,
+        routes: Mapping[str, Collection[str]] | None = None,
+        require_key: bool = True,
+        wait: timedelta | None = None,
+        canonicalize_json: bool = True,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        retention: timedelta = DEFAULT_RETENTION,
+    ) -> None:
+        if not callable(app):
+            raise UsageError("IdempotencyMiddleware wraps a WSGI application (a callable)")
+        if not callable(key_scope):
+            raise UsageError("key_scope must be a function of the WSGI environ")
+        if not callable(getattr(pool, "connection", None)):
+            raise UsageError("pool must be a psycopg_pool.ConnectionPool (or have connection())")
+        if store is not None and not isinstance(store, KeyStore):
+            raise UsageError(
+                f"store must be a pgonce KeyStore (the sync one), not {type(store).__name__}"
+            )
+        self.app = app
+        self.pool = pool
+        self.key_scope = key_scope
+        self.rules = IdempotencyRules(
+            methods=methods,
+            routes=routes,
+            require_key=require_key,
+            canonicalize_json=canonicalize_json,
+            max_request_bytes=max_request_bytes,
+            max_response_bytes=max_response_bytes,
+            retention=retention,
+        )
+        self.wait = wait if wait is not None else NO_WAIT
+        self.store = store or KeyStore(schema=schema, wait=self.wait)
+        # None: the store's own wait, which it checked once, not at every claim.
+        self._claim_wait = None if self.wait == self.store.wait else self.wait
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        checked = self._check(environ)
+        if checked is None:
+            return self.app(environ, start_response)
+        if isinstance(checked, Answer):
+            return _answer(start_response, checked)
+        caller = self.key_scope(environ)
+        if caller is None:
+            return self._unscoped(environ, start_response)
+        body = self._read_body(environ)
+        if body is None:
+            return _answer(start_response, self.rules.request_too_large)
+        fingerprint = self.rules.fingerprint(
+            environ["REQUEST_METHOD"],
+            environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""),
+            environ.get("QUERY_STRING", "").encode("latin-1"),
+            body,
+            environ.get("CONTENT_TYPE"),
+        )
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        return self._handle(environ, start_response, caller, checked, fingerprint)
+
+    def _check(self, environ: Environ) -> str | Answer | None:
+        """The request's key; an answer to give at once; ``None``: pass the request through."""
+        rules = self.rules
+        if not rules.applies(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")):
+            return None
+        header = environ.get("HTTP_IDEMPOTENCY_KEY")
+        try:
+            key = rules.key([header.encode("latin-1")] if header is not None else [])
+        except InvalidIdempotencyKey as error:
+            return semantics.invalid_key(error)
+        if key is None:
+            return semantics.MISSING_KEY if rules.require_key else None
+        if rules.declared_too_large(environ.get("CONTENT_LENGTH")):
+            return rules.request_too_large
+        return key
+
+    def _read_body(self, environ: Environ) -> bytes | None:
+        """The whole request body; ``None`` when it exceeds ``max_request_bytes``."""
+        limit = self.rules.max_request_bytes
+        stream = environ["wsgi.input"]
+        declared = environ.get("CONTENT_LENGTH")
+        if declared and declared.isdigit():
+            body: bytes = stream.read(int(declared))
+            return body if len(body) <= limit else None
+        if not environ.get("wsgi.input_terminated"):
+            return b""  # PEP 3333: without a Content-Length there is no body to read
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := stream.read(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _unscoped(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Run the application without a claim: the key scope named no caller. An endpoint that
+        asks for the claim's transaction gets the 401 of :data:`semantics.MISSING_SCOPE`."""
+        environ[ENVIRON_KEY] = semantics.UNSCOPED
+        try:
+            return self.app(environ, start_response)
+        except MissingKeyScope:
+            return _answer(start_response, semantics.MISSING_SCOPE)
+
+    def _handle(
+        self,
+        environ: Environ,
+        start_response: StartResponse,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+    ) -> Iterable[bytes]:
+        captured: _Captured | None = None
+        try:
+            with self.pool.connection() as conn:
+                claim = self.store.begin(conn, caller, key, fingerprint, wait=self._claim_wait)
+                if isinstance(claim, Won):
+                    try:
+                        captured = self._run(environ, conn, claim)
+                        if captured.response.stored:
+                            # The completion and COMMIT in one round trip; a failed completion
+                            # raises, and the transaction is rolled back.
+                            self.store.commit(conn, claim, captured.response.response())
+                        else:
+                            conn.rollback()
+                    except _UNAVAILABLE as error:
+                        rollback_quietly(conn)
+                        if captured is None:
+                            raise
+                        captured.response.unavailable = True
+                        _log_unavailable(claim, error)
+                    except BaseException:
+                        rollback_quietly(conn)
+                        raise
+        except KeyMismatch:
+            return _answer(start_response, semantics.MISMATCH)
+        except _UNAVAILABLE:
+            # Before the endpoint began: the claim (or the pool) could not reach the database.
+            return _answer(start_response, semantics.unavailable(self.store.retry_after))
+        # Everything below runs after the commit (or the rollback): the client never sees an
+        # answer that did not commit.
+        if captured is not None:
+            assert isinstance(claim, Won)
+            return self._give(start_response, captured, claim)
+        if isinstance(claim, Replay):
+            return _answer(start_response, self.rules.replay(claim))
+        assert isinstance(claim, InFlight)
+        return _answer(start_response, semantics.in_flight(claim))
+
+    def _run(self, environ: Environ, conn: Connection[Any], claim: Won) -> _Captured:
+        """Run the application in the claim's transaction and capture its whole response.
+
+        An exception from the application propagates (the transaction rolls back, and the
+        server answers 500).
+        """
+        tx = IdempotentTransaction(conn, claim.scope, claim.key)
+        environ[ENVIRON_KEY] = tx
+        captured = _Captured(self.rules.capture())
+        result = self.app(environ, captured.start_response)
+        try:
+            for chunk in result:
+                captured.response.add(chunk, more=True)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        captured.response.add(b"", more=False)
+        captured.response.keep(began=tx.began, status_kept=self.store.stores_status)
+        return captured
+
+    def _give(
+        self, start_response: StartResponse, captured: _Captured, claim: Won
+    ) -> Iterable[bytes]:
+        """The application's own answer, after its transaction committed or rolled back."""
+        response = captured.response
+        if response.unavailable:
+            return _answer(start_response, semantics.unavailable(self.store.retry_after))
+        if response.too_large:
+            return _answer(start_response, semantics.RESPONSE_TOO_LARGE)
+        if not response.answered:
+            raise UsageError("the WSGI application returned without calling start_response()")
+        headers = list(captured.headers)
+        if response.stored:
+            name, value = self.rules.expires_header(claim.claimed_at)
+            headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        start_response(captured.status_line, headers)
+        return response.body
+
+
+class _Captured:
+    """The application's ``start_response`` call and body, held back until the commit."""
+
+    __slots__ = ("headers", "response", "status_line")
+
+    def __init__(self, response: CapturedResponse) -> None:
+        self.response = response
+        self.status_line = ""
+        self.headers: Headers = []
+
+    def start_response(
+        self, status: str, headers: Headers, exc_info: ExcInfo | None = None
+    ) -> Write:
+        # Nothing was sent yet, so a second call (an error page after a failure, with exc_info)
+        # replaces the first, as PEP 3333 allows before the headers went out.
+        self.status_line = status
+        self.headers = list(headers)
+        self.response.status = int(status.split(" ", 1)[0])
+        self.response.headers = [
+            (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers
+        ]
+        return self._write
+
+    def _write(self, data: bytes) -> None:
+        # The legacy write() callable: its bytes come before the iterable's, as a server sends them.
+        self.response.add(data, more=True)
+
+
+def _status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+def _answer(start_response: StartResponse, answer: Answer) -> Iterator[bytes]:
+    start_response(
+        _status_line(answer.status),
+        [(name.decode("latin-1"), value.decode("latin-1")) for name, value in answer.headers],
+    )
+    return iter((answer.body,))
+
+
+def _log_unavailable(claim: Won, error: BaseException) -> None:
+    # One line, no traceback: an outage is an event to count, not a bug to debug.
+    log.warning(
+        "idempotent request rolled back, the database went away: %s",
+        type(error).__name__,
+        extra={"scope": claim.scope, "outcome": "unavailable"},
+    )

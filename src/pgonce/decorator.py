@@ -1,0 +1,400 @@
+"""``@idempotent``: a function or message handler that runs once per key, its result replayed.
+
+::
+
+    @idempotent(key="order_id")
+    def charge(conn: psycopg.Connection, order_id: str, amount: int) -> dict[str, int]:
+        conn.execute("INSERT INTO charges (order_id, amount) VALUES (%s, %s)", (order_id, amount))
+        return {"amount": amount}
+
+    with pool.connection() as conn:        # the pool commits when the block ends
+        charge(conn, "order-42", 1000)     # runs: the charge, the claim and the result commit
+    with pool.connection() as conn:
+        charge(conn, "order-42", 1000)     # a replay: the stored result, nothing ran
+
+The call is the key store's :meth:`~pgonce.KeyStore.once` block around the function, so it has
+the key store's semantics and nothing of its own:
+
+- **the key** is ``key``: the name of an argument (its value is the key: a str as it is, an int
+  or a UUID as text, anything else as the SHA-256 of its canonical JSON, as Powertools hashes its
+  payload), or a function called with the decorated function's arguments. The claims' scope is
+  ``scope`` (default: the function's module and qualified name; set it to keep the keys valid
+  across a rename).
+- **the connection** is the argument named ``connection`` (``"conn"`` by default): a psycopg
+  ``Connection`` for a plain function, an ``AsyncConnection`` for a coroutine function. The
+  function writes on it, and its writes, the claim and the stored result commit together. By
+  default the call joins the caller's transaction (a savepoint in it; the caller commits, e.g. the
+  end of ``pool.connection()``); with ``commit=True`` the call owns a transaction of its own on an
+  idle connection and has committed when it returns (what a message handler needs before it
+  acknowledges).
+- **the result** is stored with ``codec`` (JSON by default: tuples come back as lists, a
+  dataclass needs a codec of its own) and a replay returns the stored result, decoded, without
+  calling the function. A result the codec cannot encode raises :class:`~pgonce.UsageError`, and
+  nothing commits.
+- **mismatch**: the same key with other arguments (``payload``: by default every argument but the
+  connection, as canonical JSON; or an argument's name, or a function of the arguments) raises
+  :class:`~pgonce.KeyMismatch`; never a silent replay.
+- **in flight**: another call holds the key (it has not committed yet) and ``wait`` ran out:
+  :class:`~pgonce.errors.KeyInFlight`, with ``retry_after``. Nothing ran.
+- **rollback**: the function raises, and its writes and the claim roll back (the savepoint, or
+  the owned transaction): the key is free and a retry runs the function again.
+
+Message handlers: decorate the broker callback with ``commit=True`` and acknowledge when it
+returns, requeue on :class:`~pgonce.errors.KeyInFlight`, and let the broker redeliver on any other
+exception; or run the decorated function inside :meth:`pgonce.consumers.IdempotentConsumer.handle`,
+where it joins the consumer's transaction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import functools
+import hashlib
+import inspect
+import json
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
+
+from pgonce.core.fingerprint import fingerprint
+from pgonce.core.outcomes import InFlight, Response
+from pgonce.errors import KeyInFlight, UsageError
+from pgonce.store._async.keys import AsyncKeyStore
+from pgonce.store._sync.keys import KeyStore
+
+__all__ = ["Codec", "JSONCodec", "idempotent"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+#: An argument's name, or a function of the decorated function's arguments.
+ArgumentSource = str | Callable[..., object]
+
+
+class Codec(Protocol[T]):
+    """How a result is stored and read back; ``content_type`` is stored with it."""
+
+    content_type: str
+
+    def encode(self, value: T, /) -> bytes: ...
+
+    def decode(self, data: bytes, /) -> T: ...
+
+
+class JSONCodec:
+    """Results as JSON (the default): what ``json.dumps`` takes, NaN and infinities refused."""
+
+    content_type = "application/json"
+
+    def encode(self, value: Any, /) -> bytes:
+        try:
+            text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as error:
+            raise UsageError(
+                f"the result cannot be stored as JSON ({error}); return JSON data, or give "
+                "@idempotent a codec= that encodes and decodes this type"
+            ) from None
+        return text.encode("utf-8", "surrogatepass")
+
+    def decode(self, data: bytes, /) -> Any:
+        return json.loads(data.decode("utf-8", "surrogatepass"))
+
+
+_JSON = JSONCodec()
+
+
+def _plain(value: object) -> object:
+    """A JSON shape for the argument types that have one obvious; anything else is refused."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$bytes": bytes(value).hex()}
+    if isinstance(value, uuid.UUID | Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=_canonical)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    dump = getattr(value, "model_dump", None)  # a pydantic model
+    if callable(dump):
+        return dump(mode="json")
+    raise TypeError(f"{type(value).__name__} has no canonical JSON form")
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
+    )
+
+
+def _canonical_bytes(value: object, what: str) -> bytes:
+    try:
+        return _canonical(value).encode("utf-8", "surrogatepass")
+    except (TypeError, ValueError) as error:
+        raise UsageError(
+            f"{what} cannot be fingerprinted ({error}): name an argument that can as "
+            "@idempotent(payload=...), or give a function that returns what makes two calls the "
+            "same"
+        ) from None
+
+
+def _key_text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | uuid.UUID) and not isinstance(value, bool):
+        return str(value)
+    return "sha256:" + hashlib.sha256(_canonical_bytes(value, "the key's value")).hexdigest()
+
+
+class _Arguments:
+    """Reads the decorated function's arguments by name without binding the whole signature."""
+
+    __slots__ = ("default", "index", "name")
+
+    def __init__(self, signature: inspect.Signature, name: str, role: str) -> None:
+        parameter = signature.parameters.get(name)
+        if parameter is None or parameter.kind in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
+            raise UsageError(
+                f"@idempotent({role}={name!r}) names no parameter of the function; its "
+                f"parameters are: {', '.join(signature.parameters) or 'none'}"
+            )
+        self.name = name
+        positional = list(signature.parameters).index(name)
+        self.index = positional if parameter.kind != inspect.Parameter.KEYWORD_ONLY else None
+        self.default = parameter.default
+
+    def of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        if self.name in kwargs:
+            return kwargs[self.name]
+        if self.index is not None and self.index < len(args):
+            return args[self.index]
+        if self.default is inspect.Parameter.empty:
+            raise TypeError(f"missing the argument {self.name!r}")
+        return self.default
+
+
+class Idempotent:
+    """The decorator :func:`idempotent` returns; apply it to a function or a coroutine function."""
+
+    def __init__(
+        self,
+        *,
+        key: ArgumentSource,
+        connection: str,
+        scope: str | None,
+        payload: ArgumentSource | None,
+        codec: Codec[Any] | None,
+        commit: bool,
+        store: KeyStore | AsyncKeyStore | None,
+        wait: timedelta | None,
+    ) -> None:
+        if not (isinstance(key, str) and key) and not callable(key):
+            raise UsageError("key must name an argument, or be a function of the arguments")
+        if (
+            payload is not None
+            and not (isinstance(payload, str) and payload)
+            and not (callable(payload))
+        ):
+            raise UsageError("payload must name an argument, or be a function of the arguments")
+        if not isinstance(connection, str) or not connection:
+            raise UsageError("connection must name the argument that carries the connection")
+        if scope is not None and (not isinstance(scope, str) or not scope):
+            raise UsageError("scope must be a non-empty str")
+        if codec is not None and not (
+            callable(getattr(codec, "encode", None)) and callable(getattr(codec, "decode", None))
+        ):
+            raise UsageError("codec must have encode(value) -> bytes and decode(bytes) -> value")
+        if not isinstance(commit, bool):
+            raise UsageError("commit must be True or False")
+        if store is not None and not isinstance(store, KeyStore | AsyncKeyStore):
+            raise UsageError(f"store must be a pgonce KeyStore, not {type(store).__name__}")
+        self.key = key
+        self.connection = connection
+        self.scope = scope
+        self.payload = payload
+        self.codec: Codec[Any] = codec or _JSON
+        self.commit = commit
+        self.store = store
+        self.wait = wait
+
+    @overload
+    def __call__(
+        self, function: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    @overload
+    def __call__(self, function: Callable[P, R], /) -> Callable[P, R]: ...
+
+    def __call__(self, function: Callable[P, Any], /) -> Callable[P, Any]:
+        if not callable(function):
+            raise UsageError("@idempotent decorates a function")
+        call = _Call(self, function)
+        if inspect.iscoroutinefunction(function):
+            run_async = call.run_async
+
+            @functools.wraps(function)
+            async def called_async(*args: P.args, **kwargs: P.kwargs) -> Any:
+                return await run_async(*args, **kwargs)
+
+            return called_async
+        run = call.run
+
+        @functools.wraps(function)
+        def called(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return run(*args, **kwargs)
+
+        return called
+
+
+class _Call(Generic[P]):
+    """The decorated function with everything about its arguments worked out once."""
+
+    def __init__(self, options: Idempotent, function: Callable[P, Any]) -> None:
+        self.function = function
+        is_async = inspect.iscoroutinefunction(function)
+        store = options.store
+        if store is None:
+            store = AsyncKeyStore() if is_async else KeyStore()
+        elif is_async != isinstance(store, AsyncKeyStore):
+            wanted = "an AsyncKeyStore" if is_async else "a KeyStore (the sync one)"
+            kind = "coroutine function" if is_async else "function"
+            raise UsageError(f"a {kind} needs {wanted}, not {type(store).__name__}")
+        self.store = store
+        self.options = options
+        self.signature = signature = inspect.signature(function)
+        self.scope = options.scope or f"{function.__module__}.{function.__qualname__}"
+        self.conn = _Arguments(signature, options.connection, "connection")
+        self.key = (
+            _Arguments(signature, options.key, "key") if isinstance(options.key, str) else None
+        )
+        self.payload = (
+            _Arguments(signature, options.payload, "payload")
+            if isinstance(options.payload, str)
+            else None
+        )
+        self.headers = (("content-type", str(getattr(options.codec, "content_type", ""))),)
+        parameters = signature.parameters.values()
+        kinds = inspect.Parameter
+        self.plain = all(
+            p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD) for p in parameters
+        )
+        self.positional = [
+            p.name
+            for p in parameters
+            if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        ]
+        self.keywords = frozenset(p.name for p in parameters if p.kind != kinds.POSITIONAL_ONLY)
+        self.defaults = {p.name: p.default for p in parameters if p.default is not kinds.empty}
+        self.required = frozenset(p.name for p in parameters if p.default is kinds.empty)
+
+    def claim(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, bytes]:
+        """The call's connection, key and fingerprint."""
+        options = self.options
+        conn = self.conn.of(args, kwargs)
+        if self.key is not None:
+            key = _key_text(self.key.of(args, kwargs))
+        else:
+            key = _key_text(options.key(*args, **kwargs))  # type: ignore[operator]
+        if self.payload is not None:
+            payload = self.payload.of(args, kwargs)
+        elif options.payload is not None:
+            payload = options.payload(*args, **kwargs)  # type: ignore[operator]
+        else:
+            payload = self.arguments(args, kwargs)
+        return conn, key, fingerprint(_canonical_bytes(payload, "the call's arguments"))
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Every argument by name, defaults included, but the connection.
+
+        Without binding the signature when the call is plain (no ``*args``/``**kwargs`` in the
+        signature, every name known, none given twice): binding costs more than the rest of the
+        fingerprint. Any other call is bound, which raises the TypeError the function would.
+        """
+        names = self.positional
+        if self.plain and len(args) <= len(names):
+            given = dict(zip(names, args, strict=False))
+            keywords = kwargs.keys()
+            if keywords <= self.keywords and not keywords & given.keys():
+                given.update(kwargs)
+                if self.required <= given.keys():
+                    payload = {**self.defaults, **given}
+                    del payload[self.conn.name]
+                    return payload
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return {n: v for n, v in bound.arguments.items() if n != self.conn.name}
+
+    def _stored(self, result: object) -> Response:
+        return Response(headers=self.headers, body=self.options.codec.encode(result))
+
+    def _replayed(self, claim: object, response: Response | None, key: str) -> Any:
+        if isinstance(claim, InFlight):
+            raise KeyInFlight(self.scope, key, claim.retry_after, claim.reason)
+        assert response is not None
+        return self.options.codec.decode(response.body)
+
+    def run(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        conn, key, fp = self.claim(args, kwargs)
+        store = self.store
+        assert isinstance(store, KeyStore)
+        options = self.options
+        with store.once(conn, self.scope, key, fp, commit=options.commit, wait=options.wait) as op:
+            if op.won:
+                result = self.function(*args, **kwargs)
+                op.respond(self._stored(result))
+                return result
+        return self._replayed(op.claim, op.response, key)
+
+    async def run_async(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        conn, key, fp = self.claim(args, kwargs)
+        store = self.store
+        assert isinstance(store, AsyncKeyStore)
+        options = self.options
+        async with store.once(
+            conn, self.scope, key, fp, commit=options.commit, wait=options.wait
+        ) as op:
+            if op.won:
+                result = await self.function(*args, **kwargs)
+                op.respond(self._stored(result))
+                return result
+        return self._replayed(op.claim, op.response, key)
+
+
+def idempotent(
+    *,
+    key: ArgumentSource,
+    connection: str = "conn",
+    scope: str | None = None,
+    payload: ArgumentSource | None = None,
+    codec: Codec[Any] | None = None,
+    commit: bool = False,
+    store: KeyStore | AsyncKeyStore | None = None,
+    wait: timedelta | None = None,
+) -> Idempotent:
+    """Make a function (or coroutine function) run once per key; see the module's docstring.
+
+    Everything is checked here, when the function is decorated (a ``key``, ``payload`` or
+    ``connection`` that names no parameter, a store of the wrong kind): a
+    :class:`~pgonce.UsageError` at import time, never at the first call. The decorated function
+    keeps its signature for type checkers (``ParamSpec``).
+    """
+    return Idempotent(
+        key=key,
+        connection=connection,
+        scope=scope,
+        payload=payload,
+        codec=codec,
+        commit=commit,
+        store=store,
+        wait=wait,
+    )

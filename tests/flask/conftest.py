@@ -1,0 +1,32 @@
+"""The Flask test app under gunicorn (as in the adapter conformance suite), per test, on a database
+of the test's own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.adapters.conftest import FLASK_GUNICORN
+from tests.http.conftest import Server, ServerFactory, servers_of
+
+
+@pytest.fixture
+def make_server(dsn: str, tmp_path: Path) -> Iterator[ServerFactory]:
+    with servers_of(dsn, tmp_path, FLASK_GUNICORN) as make:
+        yield make
+
+
+@pytest.fixture
+def server(make_server: ServerFactory) -> Server:
+    return make_server()
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection for the test's own reads of the database."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield conn

@@ -1,0 +1,97 @@
+"""Flask with SQLAlchemy (as Flask-SQLAlchemy sets it up: one Engine, ORM models): the middleware
+on the engine's pool, the view's ORM writes on the claim's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from flask import Flask
+from sqlalchemy import BigInteger, create_engine
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from pgonce import UsageError
+from pgonce.contrib.flask import EngineConnections, Idempotency, session
+from pgonce.contrib.sqlalchemy import NotPsycopgSession
+from tests.keys.helpers import sqlalchemy_url
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Payment(Base):
+    __tablename__ = "orm_payments"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    amount: Mapped[int] = mapped_column(BigInteger)
+
+
+@pytest.fixture
+def engine(dsn: str) -> Iterator[Engine]:
+    made = create_engine(sqlalchemy_url(dsn), pool_size=2)
+    Base.metadata.create_all(made)
+    yield made
+    made.dispose()
+
+
+def rows(dsn: str) -> list[tuple[int, int]]:
+    with psycopg.connect(dsn) as conn:
+        return [(r[0], r[1]) for r in conn.execute("SELECT id, amount FROM orm_payments")]
+
+
+def app_on(engine: Engine) -> Flask:
+    app = Flask(__name__)
+    Idempotency(app, pool=EngineConnections(engine), key_scope=lambda environ: "tenant")
+
+    @app.post("/payments")
+    def create() -> tuple[dict[str, int], int]:
+        payment = Payment(amount=250)
+        session().add(payment)
+        session().flush()  # the id, from the claim's transaction
+        return {"id": payment.id}, 201
+
+    @app.post("/pending")
+    def pending() -> tuple[str, int]:
+        session().add(Payment(amount=1))  # flushed when the view returns
+        return "", 201
+
+    @app.post("/commit")
+    def commit() -> tuple[str, int]:
+        session().add(Payment(amount=2))
+        session().commit()  # refused: the middleware commits
+        return "", 201
+
+    return app
+
+
+def test_the_orm_writes_commit_with_the_key_and_are_replayed(engine: Engine, dsn: str) -> None:
+    client = app_on(engine).test_client()
+    first = client.post("/payments", headers={"Idempotency-Key": "k-1"})
+    again = client.post("/payments", headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == again.status_code == 201
+    assert again.data == first.data
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert rows(dsn) == [(first.json["id"], 250)]  # type: ignore[index]
+    assert client.post("/pending", headers={"Idempotency-Key": "k-2"}).status_code == 201
+    assert len(rows(dsn)) == 2
+
+
+def test_a_session_commit_is_refused_and_nothing_commits(engine: Engine, dsn: str) -> None:
+    client = app_on(engine).test_client()
+    assert client.post("/commit", headers={"Idempotency-Key": "k-3"}).status_code == 500
+    assert rows(dsn) == []
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pgonce.keys").fetchone() == (0,)
+
+
+def test_only_a_psycopg_engine_and_its_connections_serve_a_session(tmp_path: Any) -> None:
+    with pytest.raises(NotPsycopgSession, match=r"postgresql\+psycopg://"):
+        EngineConnections(create_engine(f"sqlite:///{tmp_path}/x.db"))
+    with pytest.raises(UsageError, match="Engine"):
+        EngineConnections("postgresql://")  # type: ignore[arg-type]
+    app = Flask(__name__)
+    with app.test_request_context(), pytest.raises(UsageError):
+        session()
