@@ -180,8 +180,10 @@ CREATE INDEX outbox_parked ON outbox (aggregatetype, aggregateid)
 -- One row per aggregate that ever had an event. enqueue() upserts it first: the row lock, held to
 -- commit, serializes the transactions that write events of one aggregate, so a later transaction
 -- allocates its outbox id only after the earlier one committed or rolled back. The contents are
--- for people; the sweeper may delete a row at any time (the next enqueue recreates it).
-CREATE TABLE outbox_aggregates (
+-- for people; the sweeper may delete a row at any time (the next enqueue recreates it). Unlogged
+-- (0014): the lock is what counts, and it lives in memory; the rows cost no WAL, and a crash or a
+-- promotion empties the table when no transaction can hold one of its locks.
+CREATE UNLOGGED TABLE outbox_aggregates (
     aggregatetype    text        COLLATE "C" NOT NULL,
     -- The outbox's type (0012): the two tables are co-located on Citus, by this column.
     aggregateid      key_text    COLLATE "C" NOT NULL,
@@ -201,7 +203,9 @@ CREATE TABLE outbox_waiting_relays (
     CONSTRAINT outbox_waiting_relays_pkey PRIMARY KEY (relay)
 );
 
--- outbox_enqueue(): the one statement of enqueue(); returns the new row's id.
+-- outbox_enqueue(): enqueue() of pgonce before 0014 (kept for its callers during an upgrade);
+-- returns the new row's id. enqueue() now runs the same steps as one plain statement (the queries'
+-- enqueue), without the cost of a PL/pgSQL call.
 --
 -- Takes the aggregate's lock, inserts the row, and, while a relay waits, notifies p_channel
 -- ("<schema>_outbox"). NOTIFY is delivered at commit, never for a rolled-back transaction, and
