@@ -440,8 +440,9 @@ def _children(pid: int) -> list[int]:
 def _postmaster(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return int(Path(f"/proc/{row[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert row is not None
+        # Read while the backend lives: its parent is the postmaster.
+        return int(Path(f"/proc/{row[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _measured(dsn: str, clients: int, seconds: float, transaction: Transaction) -> _Figures:

@@ -75,6 +75,8 @@ def test_bad_names_and_headers_are_usage_errors(conn: psycopg.Connection[Any]) -
         enqueue(conn, "", "1", "order.created", {})
     with pytest.raises(UsageError):
         enqueue(conn, "order", "1", "order.created", {}, headers={"n": 1})  # type: ignore[dict-item]
+    with pytest.raises(UsageError, match="must be JSON-encodable"):
+        enqueue(conn, "order", "1", "order.created", {"at": object()})
 
 
 def notifications_after(
@@ -234,6 +236,7 @@ async def test_async_enqueue_many_and_unordered_enqueue(dsn: str) -> None:
         ([OutboxEvent("", "1", "created", {})], "aggregatetype must be 1 to 255 bytes"),
         ([OutboxEvent("order", 1, "created", {})], "aggregateid must be a str"),  # type: ignore[arg-type]
         ([OutboxEvent("order", "1", "created", {}, {"n": 1})], "headers must be str names"),  # type: ignore[dict-item]
+        ([OutboxEvent("order", "1", "created", {"at": object()})], "must be JSON-encodable"),
     ],
 )
 def test_bad_batches_are_usage_errors_and_write_nothing(

@@ -134,7 +134,8 @@ CREATE TABLE outbox (
     -- The message id on every broker (AMQP message-id, Nats-Msg-Id, the Redis stream field,
     -- webhook-id), so consumers and JetStream can drop redeliveries. Allocated by enqueue() only
     -- after it holds the aggregate's lock (outbox_aggregates), which makes the id order of one
-    -- aggregate's rows their commit order. The sequence must keep CACHE 1 for that to hold.
+    -- aggregate's rows their commit order (not for events enqueued with ordered=False, which
+    -- take no lock). The sequence must keep CACHE 1 for that to hold.
     id              bigint      GENERATED ALWAYS AS IDENTITY,
     -- What the event is about: the topic family ("order") and the instance ("42"). Opaque, so
     -- they compare as bytes, as in outbox_aggregates (see keys.scope).

@@ -11,7 +11,8 @@ next relay (a redelivery with the same message id, never a loss). This file is t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from pgonce.core.checks import (
     check_ids,
     check_instance,
     check_int,
+    check_optional_time,
     check_str,
 )
 from pgonce.core.outbox import (
@@ -72,6 +74,7 @@ async def enqueue(
     check_connection(conn, AsyncConnection, "enqueue()")
     validate_event(aggregatetype, aggregateid, type)
     check_bool(ordered, "ordered")
+    check_optional_time(now)
     require_transaction(conn)
     params = {
         "aggregatetype": aggregatetype,
@@ -84,7 +87,7 @@ async def enqueue(
         "channel": notify_channel(schema, "outbox"),
         "ordered": ordered,
     }
-    with translate_errors("enqueueing an outbox event"):
+    with translate_errors("enqueueing an outbox event"), _json_refused():
         cur = cursor(conn)
         await cur.execute(Queries("outbox", schema).enqueue, params)
         row = await cur.fetchone()
@@ -110,6 +113,7 @@ async def enqueue_many(
     """
     check_connection(conn, AsyncConnection, "enqueue_many()")
     check_bool(ordered, "ordered")
+    check_optional_time(now)
     batch = _events(events)
     require_transaction(conn)
     if not batch:
@@ -125,13 +129,23 @@ async def enqueue_many(
         "channel": notify_channel(schema, "outbox"),
         "ordered": ordered,
     }
-    with translate_errors("enqueueing outbox events"):
+    with translate_errors("enqueueing outbox events"), _json_refused():
         cur = cursor(conn)
         await cur.execute(Queries("outbox", schema).enqueue_many, params)
         rows = await cur.fetchall()
     assert len(rows) == len(batch), "the enqueue_many statement lost an event"
     # The ids were allocated in the given order.
     return sorted(int(r[0]) for r in rows)
+
+
+@contextmanager
+def _json_refused() -> Iterator[None]:
+    """The payload is encoded when the statement is sent: what json.dumps refuses is the
+    caller's input, said as such (nothing was written)."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"an outbox payload must be JSON-encodable: {exc}") from exc
 
 
 def _events(events: object) -> list[OutboxEvent]:
