@@ -7,7 +7,11 @@ References, measured in the same run:
   all (target: the relay at least 70 % of it). And pgonce's own publisher publishing the same
   batches with no database: the relay's limit, so the gap to it is what the claim, the mark and
   the commit per batch cost;
-- enqueue: the same business insert alone, one transaction each, on the same connections.
+- enqueue: the same business insert alone, and the floor: the business insert plus one plain
+  INSERT into a table shaped like the outbox with its primary key only (what "just insert into an
+  outbox table" costs), one transaction each, on the same connections; the same for a batch of
+  events in one statement (enqueue_many against one multi-row INSERT). The issue's targets follow
+  in a table of their own, each row saying whether it was met.
 
 A broker that does not answer is reported as such and its rows are left out; the benchmark never
 starts or stops the machine's brokers.
@@ -16,25 +20,30 @@ starts or stops the machine's brokers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import socket
+import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import closing
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import aio_pika
 import nats
 import psycopg
 from nats.js.api import StorageType, StreamConfig
+from psycopg.types.json import Jsonb
 
-from bench.clients import best_alternated, run_clients
+from bench.clients import Measurement, Transaction, run_clients, wal_position
 from bench.context import BenchContext
-from bench.report import Table, ratio
-from pgonce.core.outbox import OutboxMessage
+from bench.report import Table, Targets, ratio
+from pgonce.core.outbox import OutboxEvent, OutboxMessage
 from pgonce.publishers.base import Publisher, body, message_headers
 from pgonce.publishers.nats import MSG_ID_HEADER, NatsPublisher
 from pgonce.publishers.rabbitmq import RabbitMQPublisher, amqp_message
@@ -49,6 +58,9 @@ BATCH = DEFAULT_BATCH_SIZE
 IN_FLIGHT = DEFAULT_CONCURRENCY
 #: Events per aggregate in the relay runs: orders get a few events each.
 EVENTS_PER_AGGREGATE = 4
+#: Events per transaction in the batch rows (enqueue_many).
+BATCH_EVENTS = 10
+BATCH_RANGE = range(BATCH_EVENTS)
 PAYLOAD = {"order_id": 0, "amount": 4200, "currency": "EUR", "lines": [{"sku": "A-1", "qty": 2}]}
 
 PublishBatch = Callable[[list[OutboxMessage]], Awaitable[None]]
@@ -56,6 +68,22 @@ PublishBatch = Callable[[list[OutboxMessage]], Awaitable[None]]
 SETUP = """
 CREATE SCHEMA IF NOT EXISTS bench;
 CREATE TABLE IF NOT EXISTS bench.outbox_orders (id bigserial PRIMARY KEY, ref text, amount int);
+-- The floor: the outbox's columns, its primary key only, no checks, no lock row.
+CREATE TABLE IF NOT EXISTS bench.outbox_floor (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    aggregatetype text NOT NULL,
+    aggregateid text NOT NULL,
+    type text NOT NULL,
+    payload jsonb NOT NULL,
+    headers jsonb NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz,
+    attempts integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    last_error text,
+    parked_at timestamptz
+);
+TRUNCATE bench.outbox_orders, bench.outbox_floor;
 """
 
 
@@ -247,7 +275,7 @@ BROKERS = (
 )
 
 
-def _relay_table(ctx: BenchContext) -> Table:
+def _relay_table(ctx: BenchContext) -> tuple[Table, dict[str, float]]:
     events = ctx.pick(20_000, short=4_000, quick=2_000)
     table = Table(
         f"Outbox relay throughput ({events:,} events, one relay, batches of {BATCH}, "
@@ -289,6 +317,7 @@ def _relay_table(ctx: BenchContext) -> Table:
         raw = max(raw, await broker.fresh(raw_run))
         return relay, raw, max(alone, await broker.fresh(alone_run))
 
+    figures: dict[str, float] = {}
     for broker in BROKERS:
         if not _answers(broker.port):
             table.add(broker.name, "not answering on port", broker.port, "-", "-", "-")
@@ -302,8 +331,9 @@ def _relay_table(ctx: BenchContext) -> Table:
             f"{alone_rate:,.0f}",
             ratio(relay_rate, alone_rate, "publisher alone"),
         )
+        figures[broker.name.split(" (")[0]] = relay_rate / raw_rate if raw_rate else 0.0
     _reset(ctx.dsn)
-    return table
+    return table, figures
 
 
 async def _insert_alone(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
@@ -314,53 +344,255 @@ async def _insert_alone(conn: psycopg.AsyncConnection[Any], client: int, seq: in
 
 
 _STORE = AsyncOutboxStore()
+_FLOOR_INSERT = (
+    "INSERT INTO bench.outbox_floor (aggregatetype, aggregateid, type, payload)"
+    " VALUES (%s, %s, %s, %s)"
+)
+_FLOOR_MANY = (
+    "INSERT INTO bench.outbox_floor (aggregatetype, aggregateid, type, payload) VALUES "
+    + ", ".join(["(%s, %s, %s, %s)"] * BATCH_EVENTS)
+)
 
 
-async def _insert_and_enqueue(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+def _enqueue(ordered: bool) -> Transaction:
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        async with conn.transaction():
+            ref = f"{client}-{seq}"
+            await conn.execute(
+                "INSERT INTO bench.outbox_orders (ref, amount) VALUES (%s, 4200)", (ref,)
+            )
+            await _STORE.enqueue(conn, "order", ref, "order.created", PAYLOAD, ordered=ordered)
+
+    return transaction
+
+
+async def _insert_and_floor(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+    """The floor: the business insert and one plain INSERT into a table shaped like the outbox
+    with its primary key only (Debezium's outbox pattern): what any outbox costs at least."""
     async with conn.transaction():
         ref = f"{client}-{seq}"
         await conn.execute(
             "INSERT INTO bench.outbox_orders (ref, amount) VALUES (%s, 4200)", (ref,)
         )
-        await _STORE.enqueue(conn, "order", ref, "order.created", PAYLOAD)
+        await conn.execute(_FLOOR_INSERT, ("order", ref, "order.created", Jsonb(PAYLOAD)))
 
 
-def _enqueue_table(ctx: BenchContext) -> Table:
-    seconds = ctx.seconds(6)
+async def _insert_and_enqueue_many(
+    conn: psycopg.AsyncConnection[Any], client: int, seq: int
+) -> None:
+    async with conn.transaction():
+        ref = f"{client}-{seq}"
+        await conn.execute(
+            "INSERT INTO bench.outbox_orders (ref, amount) VALUES (%s, 4200)", (ref,)
+        )
+        await _STORE.enqueue_many(
+            conn, [OutboxEvent("order", ref, f"order.line.{n}", PAYLOAD) for n in BATCH_RANGE]
+        )
+
+
+async def _insert_and_floor_many(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+    async with conn.transaction():
+        ref = f"{client}-{seq}"
+        await conn.execute(
+            "INSERT INTO bench.outbox_orders (ref, amount) VALUES (%s, 4200)", (ref,)
+        )
+        params: list[Any] = []
+        for n in BATCH_RANGE:
+            params += ["order", ref, f"order.line.{n}", Jsonb(PAYLOAD)]
+        await conn.execute(_FLOOR_MANY, params)
+
+
+class _Figures(NamedTuple):
+    run: Measurement
+    wal_per_tx: float
+    server_cpu_us: float
+
+
+def _server_cpu(postmaster: int) -> float:
+    """CPU seconds PostgreSQL spent so far: the postmaster's own, its exited children's (the
+    kernel adds a reaped child's CPU to its parent), and its live children's."""
+    total = _cpu_of(postmaster, children_too=True)
+    for child in _children(postmaster):
+        total += _cpu_of(child, children_too=False)
+    return total
+
+
+def _cpu_of(pid: int, *, children_too: bool) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0  # exited meanwhile: its CPU is in the parent's children's time
+    # utime, stime, cutime, cstime are fields 14 to 17 of stat (1-based), here from the state on.
+    ticks = int(fields[11]) + int(fields[12])
+    if children_too:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _postmaster(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        # Read while the backend lives: its parent is the postmaster.
+        return int(Path(f"/proc/{row[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _measured(dsn: str, clients: int, seconds: float, transaction: Transaction) -> _Figures:
+    """run_clients, with the WAL the server wrote and the CPU all its processes spent per
+    transaction (the bench's own server: nothing else runs on it)."""
+    postmaster = _postmaster(dsn)
+    wal_before, cpu_before = wal_position(dsn), _server_cpu(postmaster)
+    run = run_clients(dsn, clients, seconds, transaction)
+    wal, cpu = wal_position(dsn) - wal_before, _server_cpu(postmaster) - cpu_before
+    tx = max(run.tx, 1)
+    return _Figures(run, wal / tx, cpu / tx * 1e6)
+
+
+#: The variants of the enqueue table, in the order they run in each round.
+VARIANTS = (
+    ("insert alone", _insert_alone),
+    ("insert + plain outbox INSERT (the floor)", _insert_and_floor),
+    ("insert + enqueue", _enqueue(ordered=True)),
+    ("insert + enqueue(ordered=False)", _enqueue(ordered=False)),
+    (f"insert + plain {BATCH_EVENTS}-row INSERT (the batch's floor)", _insert_and_floor_many),
+    (f"insert + enqueue_many({BATCH_EVENTS} events)", _insert_and_enqueue_many),
+)
+
+
+def _enqueue_table(ctx: BenchContext) -> tuple[Table, dict[int, dict[str, float]]]:
+    # Many short rounds rather than a few long ones: the median of the rounds' ratios is what a
+    # shared machine moves least.
+    each = ctx.seconds(2)
+    rounds = ctx.pick(5, short=3, quick=1)
     table = Table(
         "Outbox enqueue overhead on the business transaction",
         [
             "clients",
-            "insert alone tx/s",
-            "insert + enqueue tx/s",
-            "throughput",
-            "p99 alone",
-            "p99 with enqueue",
+            "variant",
+            "tx/s",
+            "vs insert alone",
+            "vs its floor",
+            "p99",
+            "WAL bytes/tx",
+            "PostgreSQL CPU µs/tx",
         ],
         notes=[
-            "Each transaction: BEGIN; INSERT the business row; [enqueue one event]; COMMIT. "
-            "Two alternating rounds of each, the better one reported. Every "
-            "event has its own aggregate (one order each), so no enqueue waits for another.",
-            "enqueue is one statement: the aggregate's lock row, the outbox row and the NOTIFY.",
+            "Each transaction: BEGIN; INSERT the business row; [the outbox write]; COMMIT. "
+            f"{rounds} alternating rounds of {each:.1f} s of every variant, each one's best "
+            "round reported. Every transaction has its own aggregate (one order each), so no "
+            "enqueue waits for another.",
+            "The floor: one plain INSERT into a table shaped like the outbox (the same columns) "
+            "with its primary key only, as Debezium's outbox pattern writes it; enqueue adds the "
+            "aggregate's lock row (unlogged, for the order of commit), the outbox's pending "
+            "indexes and column checks, and the NOTIFY check, in one statement. ordered=False "
+            f"leaves out the lock row. The batch rows write {BATCH_EVENTS} events of one "
+            "aggregate per transaction in one statement; their floor is one plain "
+            f"{BATCH_EVENTS}-row INSERT.",
+            "WAL bytes/tx: pg_current_wal_insert_lsn() before and after the round (warm-up "
+            "included); PostgreSQL CPU: all its processes' CPU over the round (from /proc, "
+            "warm-up and connection set-up included); both per measured transaction.",
         ],
     )
     _reset(ctx.dsn)
+    figures: dict[int, dict[str, float]] = {}
     for clients in (1, 8):
-        alone, both = best_alternated(
-            partial(run_clients, ctx.dsn, clients, seconds / 2, _insert_alone),
-            partial(run_clients, ctx.dsn, clients, seconds / 2, _insert_and_enqueue),
+        best, runs = best_figures(
+            [
+                partial(_measured, ctx.dsn, clients, each, transaction)
+                for _, transaction in VARIANTS
+            ],
+            rounds,
         )
-        table.add(
-            clients,
-            f"{alone.tps:,.0f}",
-            f"{both.tps:,.0f}",
-            ratio(both.tps, alone.tps, "insert alone"),
-            f"{alone.p99_ms:.2f} ms",
-            f"{both.p99_ms:.2f} ms",
+        by_name = {name: f for (name, _), f in zip(VARIANTS, best, strict=True)}
+        alone = by_name["insert alone"].run.tps
+        floors = {
+            "insert + enqueue": VARIANTS[1][0],
+            "insert + enqueue(ordered=False)": VARIANTS[1][0],
+            VARIANTS[5][0]: VARIANTS[4][0],
+        }
+        for name, f in by_name.items():
+            floor = floors.get(name)
+            table.add(
+                clients,
+                name,
+                f"{f.run.tps:,.0f}",
+                ratio(f.run.tps, alone, "insert alone"),
+                ratio(f.run.tps, by_name[floor].run.tps, "floor") if floor else "",
+                f"{f.run.p99_ms:.2f} ms",
+                f"{f.wal_per_tx:,.0f}",
+                f"{f.server_cpu_us:,.0f}",
+            )
+        # Round by round (each round runs every variant back to back): the figure least moved
+        # by what else the machine did meanwhile.
+        against_alone = [r[2].run.tps / r[0].run.tps for r in runs if r[0].run.tps]
+        against_floor = [r[2].run.tps / r[1].run.tps for r in runs if r[1].run.tps]
+        figures[clients] = {
+            "vs alone": by_name["insert + enqueue"].run.tps / alone,
+            "vs floor": by_name["insert + enqueue"].run.tps / by_name[VARIANTS[1][0]].run.tps,
+            "vs alone, median round": statistics.median(against_alone or [0.0]),
+            "vs floor, median round": statistics.median(against_floor or [0.0]),
+        }
+        table.notes.append(
+            f"{clients} client(s), insert + enqueue round by round: "
+            + ", ".join(f"{100 * r:.0f}" for r in against_alone)
+            + " % of insert alone; "
+            + ", ".join(f"{100 * r:.0f}" for r in against_floor)
+            + " % of the floor."
         )
     _reset(ctx.dsn)
-    return table
+    return table, figures
+
+
+def best_figures(
+    variants: list[Callable[[], _Figures]], rounds: int
+) -> tuple[list[_Figures], list[dict[int, _Figures]]]:
+    """Every variant in turn, ``rounds`` times over, every other round in the opposite order;
+    each variant's best round (by throughput), and every round's figures by variant index."""
+    runs: list[dict[int, _Figures]] = []
+    for number in range(rounds):
+        order = list(range(len(variants)))
+        runs.append({i: variants[i]() for i in (order if number % 2 == 0 else order[::-1])})
+    best = [max((r[i] for r in runs), key=lambda f: f.run.tps) for i in range(len(variants))]
+    return best, runs
+
+
+def _targets(relay: dict[str, float], enqueue: dict[int, dict[str, float]]) -> Table:
+    targets = Targets(
+        "Outbox: the issue's targets",
+        "From the two tables above, in this run. The relay's reference is the raw confirmed "
+        "publish loop of the same client library.",
+    )
+    for clients, figures in enqueue.items():
+        for which in ("best rounds", "median round"):
+            key = "vs alone" if which == "best rounds" else "vs alone, median round"
+            targets.at_least(
+                f"insert + enqueue vs insert alone, {clients} client(s), {which}",
+                figures[key],
+                0.80,
+            )
+    for clients, figures in enqueue.items():
+        for which in ("best rounds", "median round"):
+            key = "vs floor" if which == "best rounds" else "vs floor, median round"
+            targets.at_least(
+                f"insert + enqueue vs insert + plain outbox INSERT (the floor), {clients} "
+                f"client(s), {which}",
+                figures[key],
+                0.95,
+            )
+    for broker, value in relay.items():
+        targets.at_least(f"relay vs raw confirmed publish, {broker}", value, 0.85)
+    return targets.table
 
 
 def run(ctx: BenchContext) -> list[Table]:
-    return [_relay_table(ctx), _enqueue_table(ctx)]
+    relay_table, relay = _relay_table(ctx)
+    enqueue_table, enqueue = _enqueue_table(ctx)
+    return [relay_table, enqueue_table, _targets(relay, enqueue)]

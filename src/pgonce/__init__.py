@@ -7,6 +7,7 @@ stored response and any outbox rows commit in one transaction on the caller's co
 from pgonce._version import __version__
 from pgonce.config import Settings
 from pgonce.core.fingerprint import fingerprint
+from pgonce.core.outbox import OutboxEvent
 from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won
 from pgonce.core.retention import HealthReport, Retention, RetentionPolicy, SweepLimits, SweepResult
 from pgonce.decorator import idempotent
@@ -30,7 +31,7 @@ from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
 from pgonce.store._sync.health import HealthCheck
 from pgonce.store._sync.keys import KeyStore, Operation
-from pgonce.store._sync.outbox import OutboxStore, enqueue
+from pgonce.store._sync.outbox import OutboxStore, enqueue, enqueue_many
 from pgonce.store._sync.sweeper import Sweeper
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "MissingExtra",
     "NotInTransaction",
     "Operation",
+    "OutboxEvent",
     "OutboxStore",
     "PgonceError",
     "PublishError",
@@ -69,6 +71,7 @@ __all__ = [
     "Won",
     "__version__",
     "enqueue",
+    "enqueue_many",
     "fingerprint",
     "idempotent",
     "sweep_every",

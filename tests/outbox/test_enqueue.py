@@ -10,10 +10,11 @@ import pytest
 from psycopg import sql
 
 from pgonce.core.channels import notify_channel
+from pgonce.core.outbox import OutboxEvent
 from pgonce.errors import NotInTransaction, UsageError
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store._async.outbox import enqueue as aenqueue
-from pgonce.store._sync.outbox import OutboxStore, enqueue
+from pgonce.store._sync.outbox import OutboxStore, enqueue, enqueue_many
 from tests.outbox.conftest import wait_until
 
 
@@ -74,6 +75,8 @@ def test_bad_names_and_headers_are_usage_errors(conn: psycopg.Connection[Any]) -
         enqueue(conn, "", "1", "order.created", {})
     with pytest.raises(UsageError):
         enqueue(conn, "order", "1", "order.created", {}, headers={"n": 1})  # type: ignore[dict-item]
+    with pytest.raises(UsageError, match="must be JSON-encodable"):
+        enqueue(conn, "order", "1", "order.created", {"at": object()})
 
 
 def notifications_after(
@@ -175,3 +178,126 @@ def test_store_counts_and_replay_on_the_sync_connection(conn: psycopg.Connection
     assert len(store.replay(conn)) == 1
     conn.commit()
     assert store.counts(conn).pending == 1
+
+
+@pytest.mark.pooled
+def test_enqueue_many_writes_the_events_in_order_in_one_statement(
+    conn: psycopg.Connection[Any],
+) -> None:
+    store = OutboxStore()
+    events = [
+        OutboxEvent("order", "7", "order.created", {"n": 0}),
+        ("order", "8", "order.created", {"n": 1}, {"tenant": "acme"}),
+        OutboxEvent("order", "7", "order.paid", {"n": 2}),
+    ]
+    ids = store.enqueue_many(conn, events)
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 3
+    rows = conn.execute(
+        "SELECT id, aggregateid, type, payload, headers FROM pgonce.outbox ORDER BY id"
+    ).fetchall()
+    assert rows == [
+        (ids[0], "7", "order.created", {"n": 0}, {}),
+        (ids[1], "8", "order.created", {"n": 1}, {"tenant": "acme"}),
+        (ids[2], "7", "order.paid", {"n": 2}, {}),
+    ]
+    # One lock row per aggregate, counting its events.
+    assert conn.execute(
+        "SELECT aggregateid, events FROM pgonce.outbox_aggregates ORDER BY 1"
+    ).fetchall() == [("7", 2), ("8", 1)]
+    assert store.enqueue_many(conn, []) == []
+    conn.rollback()
+    assert outbox_rows(conn) == []
+
+
+async def test_async_enqueue_many_and_unordered_enqueue(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        store = AsyncOutboxStore()
+        ids = await store.enqueue_many(
+            conn, (OutboxEvent("order", str(n), "order.created", n) for n in range(3))
+        )
+        unordered = await store.enqueue(conn, "audit", "1", "seen", {}, ordered=False)
+        await conn.commit()
+        cur = await conn.execute("SELECT id, payload FROM pgonce.outbox ORDER BY id")
+        assert await cur.fetchall() == [(ids[0], 0), (ids[1], 1), (ids[2], 2), (unordered, {})]
+        # ordered=False writes no lock row.
+        cur = await conn.execute("SELECT aggregatetype FROM pgonce.outbox_aggregates")
+        assert {r[0] for r in await cur.fetchall()} == {"order"}
+
+
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        ("order", "sequence of OutboxEvent"),
+        ({"aggregatetype": "order"}, "sequence of OutboxEvent"),
+        (None, "sequence of OutboxEvent"),
+        ([("order", "1", "created")], "event 0 must be an OutboxEvent .* of 3 fields"),
+        ([OutboxEvent("order", "1", "created", {}), ["order"]], "event 1 must be an OutboxEvent"),
+        ([OutboxEvent("", "1", "created", {})], "aggregatetype must be 1 to 255 bytes"),
+        ([OutboxEvent("order", 1, "created", {})], "aggregateid must be a str"),  # type: ignore[arg-type]
+        ([OutboxEvent("order", "1", "created", {}, {"n": 1})], "headers must be str names"),  # type: ignore[dict-item]
+        ([OutboxEvent("order", "1", "created", {"at": object()})], "must be JSON-encodable"),
+    ],
+)
+def test_bad_batches_are_usage_errors_and_write_nothing(
+    conn: psycopg.Connection[Any], events: Any, message: str
+) -> None:
+    with pytest.raises(UsageError, match=message):
+        enqueue_many(conn, events)
+    assert outbox_rows(conn) == []
+
+
+def test_bad_ordered_flags_and_autocommit_batches_are_refused(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(NotInTransaction):
+            enqueue_many(conn, [OutboxEvent("order", "1", "created", {})])
+        with conn.transaction():
+            with pytest.raises(UsageError, match="ordered must be True or False"):
+                enqueue(conn, "order", "1", "created", {}, ordered=1)  # type: ignore[arg-type]
+            with pytest.raises(UsageError, match="ordered must be True or False"):
+                enqueue_many(conn, [], ordered="yes")  # type: ignore[arg-type]
+        assert outbox_rows(conn) == []
+
+
+async def test_a_batch_waits_for_another_producer_of_one_of_its_aggregates(dsn: str) -> None:
+    """enqueue_many takes every aggregate's lock before its first id: the batch's ids all follow
+    the ids of a transaction that held one of its aggregates when it started."""
+    first = await psycopg.AsyncConnection.connect(dsn)
+    batch = await psycopg.AsyncConnection.connect(dsn)
+    watcher = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        held = await aenqueue(first, "order", "2", "order.created", {})
+        events = [OutboxEvent("order", "1", "a", {}), OutboxEvent("order", "2", "b", {})]
+        blocked = asyncio.create_task(AsyncOutboxStore().enqueue_many(batch, events))
+        batch_pid = batch.info.backend_pid
+
+        async def batch_is_waiting_on_a_lock() -> bool:
+            cur = await watcher.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (batch_pid,)
+            )
+            return await cur.fetchone() == ("Lock",)
+
+        await wait_until(batch_is_waiting_on_a_lock)
+        await first.commit()
+        ids = await blocked
+        await batch.commit()
+        assert held < min(ids)
+    finally:
+        for c in (first, batch, watcher):
+            await c.close()
+
+
+async def test_unordered_events_do_not_wait_for_another_producer(dsn: str) -> None:
+    first = await psycopg.AsyncConnection.connect(dsn)
+    second = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        await aenqueue(first, "order", "42", "order.created", {})
+        # Would wait until first ends, were it ordered.
+        await asyncio.wait_for(
+            aenqueue(second, "order", "42", "order.noted", {}, ordered=False), timeout=10
+        )
+        await second.commit()
+        await first.commit()
+    finally:
+        for c in (first, second):
+            await c.close()

@@ -168,6 +168,19 @@ class OutboxMessage(NamedTuple):
         return json.loads(self.payload_json)
 
 
+class OutboxEvent(NamedTuple):
+    """One event for :func:`~pgonce.store._sync.outbox.enqueue_many`: what ``enqueue`` takes for
+    one (a plain tuple of the same fields is accepted too)."""
+
+    aggregatetype: str
+    aggregateid: str
+    type: str
+    #: Anything JSON can encode.
+    payload: Any
+    #: Extra message headers, str names to str values.
+    headers: Mapping[str, str] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class OutboxBacklog:
     """What the relays have yet to do: counted from the partial indexes, cheap at any size."""

@@ -142,7 +142,8 @@ CREATE TABLE outbox (
     -- The message id on every broker (AMQP message-id, Nats-Msg-Id, the Redis stream field,
     -- webhook-id), so consumers and JetStream can drop redeliveries. Allocated by enqueue() only
     -- after it holds the aggregate's lock (outbox_aggregates), which makes the id order of one
-    -- aggregate's rows their commit order. The sequence must keep CACHE 1 for that to hold.
+    -- aggregate's rows their commit order (not for events enqueued with ordered=False, which
+    -- take no lock). The sequence must keep CACHE 1 for that to hold.
     id              bigint      GENERATED ALWAYS AS IDENTITY,
     -- What the event is about: the topic family ("order") and the instance ("42"). Opaque, so
     -- they compare as bytes, as in outbox_aggregates (see keys.scope).
@@ -188,8 +189,10 @@ CREATE INDEX outbox_parked ON outbox (aggregatetype, aggregateid)
 -- One row per aggregate that ever had an event. enqueue() upserts it first: the row lock, held to
 -- commit, serializes the transactions that write events of one aggregate, so a later transaction
 -- allocates its outbox id only after the earlier one committed or rolled back. The contents are
--- for people; the sweeper may delete a row at any time (the next enqueue recreates it).
-CREATE TABLE outbox_aggregates (
+-- for people; the sweeper may delete a row at any time (the next enqueue recreates it). Unlogged
+-- (0014): the lock is what counts, and it lives in memory; the rows cost no WAL, and a crash or a
+-- promotion empties the table when no transaction can hold one of its locks.
+CREATE UNLOGGED TABLE outbox_aggregates (
     aggregatetype    text        COLLATE "C" NOT NULL,
     -- The outbox's type (0012): the two tables are co-located on Citus, by this column.
     aggregateid      key_text    COLLATE "C" NOT NULL,
@@ -209,7 +212,9 @@ CREATE TABLE outbox_waiting_relays (
     CONSTRAINT outbox_waiting_relays_pkey PRIMARY KEY (relay)
 );
 
--- outbox_enqueue(): the one statement of enqueue(); returns the new row's id.
+-- outbox_enqueue(): enqueue() of pgonce before 0014 (kept for its callers during an upgrade);
+-- returns the new row's id. enqueue() now runs the same steps as one plain statement (the queries'
+-- enqueue), without the cost of a PL/pgSQL call.
 --
 -- Takes the aggregate's lock, inserts the row, and, while a relay waits, notifies p_channel
 -- ("<schema>_outbox"). NOTIFY is delivered at commit, never for a rolled-back transaction, and

@@ -1,8 +1,79 @@
 -- Outbox statements. {schema} is pgonce's schema, composed with psycopg.sql.Identifier.
 
 -- name: enqueue
-SELECT {schema}.outbox_enqueue(%(aggregatetype)s, %(aggregateid)s, %(type)s, %(payload)s,
-                               %(headers)s, %(now)s, %(channel)s)
+-- One event in the caller's transaction; returns its id. One plain statement, no function call
+-- (outbox_enqueue() spent as long in PL/pgSQL as in its two INSERTs):
+--
+-- locked: the aggregate's lock row, upserted first when the event is ordered. Its row lock, held
+-- to commit, makes a second transaction of the same aggregate wait here until the first one
+-- ended, so that the id it allocates next is greater than every id the first one committed.
+-- woken: NOTIFY while a relay waits (outbox_waiting_relays); delivered at commit, once per
+-- transaction however many events it enqueued, never for a rollback.
+--
+-- The outbox row takes its id only after both: their counts are uncorrelated subqueries, which
+-- PostgreSQL runs once, before the INSERT's first row (a one-time filter), so the identity's
+-- nextval() is evaluated under the lock.
+WITH locked AS (
+    INSERT INTO {schema}.outbox_aggregates AS a (aggregatetype, aggregateid, events,
+                                                 last_enqueued_at)
+    SELECT %(aggregatetype)s::text, %(aggregateid)s::text, 1,
+           coalesce(%(now)s::timestamptz, now())
+     WHERE %(ordered)s::boolean
+    ON CONFLICT (aggregatetype, aggregateid)
+    DO UPDATE SET events = a.events + 1, last_enqueued_at = excluded.last_enqueued_at
+    RETURNING 1
+), woken AS (
+    -- The real clock, not the caller's: staleness is about relays that exist now.
+    SELECT pg_notify(%(channel)s::text, '')
+      FROM {schema}.outbox_waiting_relays
+     WHERE since > now() - interval '1 minute'
+     LIMIT 1
+)
+INSERT INTO {schema}.outbox (aggregatetype, aggregateid, type, payload, headers, created_at,
+                             next_attempt_at)
+SELECT %(aggregatetype)s::text, %(aggregateid)s::text, %(type)s::text, %(payload)s::jsonb,
+       coalesce(%(headers)s::jsonb, '{{}}'), coalesce(%(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now())
+ WHERE (SELECT count(*) FROM locked) >= 0 AND (SELECT count(*) FROM woken) >= 0
+RETURNING id
+
+-- name: enqueue_many
+-- Several events in one statement, in the order given; returns their ids (ascending, one per
+-- event, in that order). As enqueue, with one lock row per aggregate of the batch, upserted in a
+-- fixed order (so two batches naming the same aggregates never wait on each other in a cycle),
+-- all taken before the first id is allocated.
+WITH e AS MATERIALIZED (
+    SELECT e.aggregatetype, e.aggregateid, e.type, e.payload, e.headers, e.n
+      FROM ROWS FROM (unnest(%(aggregatetypes)s::text[]), unnest(%(aggregateids)s::text[]),
+                      unnest(%(types)s::text[]), jsonb_array_elements(%(payloads)s::jsonb),
+                      jsonb_array_elements(%(headers)s::jsonb))
+           WITH ORDINALITY AS e (aggregatetype, aggregateid, type, payload, headers, n)
+), locked AS (
+    INSERT INTO {schema}.outbox_aggregates AS a (aggregatetype, aggregateid, events,
+                                                 last_enqueued_at)
+    SELECT e.aggregatetype, e.aggregateid, count(*), coalesce(%(now)s::timestamptz, now())
+      FROM e
+     WHERE %(ordered)s::boolean
+     GROUP BY e.aggregatetype, e.aggregateid
+     ORDER BY e.aggregatetype COLLATE "C", e.aggregateid COLLATE "C"
+    ON CONFLICT (aggregatetype, aggregateid)
+    DO UPDATE SET events = a.events + excluded.events,
+                  last_enqueued_at = excluded.last_enqueued_at
+    RETURNING 1
+), woken AS (
+    SELECT pg_notify(%(channel)s::text, '')
+      FROM {schema}.outbox_waiting_relays
+     WHERE since > now() - interval '1 minute'
+     LIMIT 1
+)
+-- The events sorted in a subquery, so that the INSERT allocates their ids in the given order.
+INSERT INTO {schema}.outbox (aggregatetype, aggregateid, type, payload, headers, created_at,
+                             next_attempt_at)
+SELECT s.aggregatetype, s.aggregateid, s.type, s.payload, s.headers,
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+  FROM (SELECT * FROM e ORDER BY e.n OFFSET 0) AS s
+ WHERE (SELECT count(*) FROM locked) >= 0 AND (SELECT count(*) FROM woken) >= 0
+RETURNING id
 
 -- name: claim
 -- A batch for one relay: up to `limit` rows, at most `per_aggregate` per aggregate, returned in id

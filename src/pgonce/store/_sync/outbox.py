@@ -13,7 +13,8 @@ next relay (a redelivery with the same message id, never a loss). This file is t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -22,12 +23,22 @@ from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.channels import notify_channel
-from pgonce.core.checks import check_connection, check_ids, check_instance, check_int, check_str
+from pgonce.core.checks import (
+    check_bool,
+    check_connection,
+    check_ids,
+    check_instance,
+    check_int,
+    check_optional_time,
+    check_str,
+)
 from pgonce.core.outbox import (
     OutboxBacklog,
     OutboxCounts,
+    OutboxEvent,
     OutboxMessage,
     Refusal,
+    type_name,
     validate_event,
 )
 from pgonce.errors import UsageError
@@ -50,6 +61,7 @@ def enqueue(
     headers: Mapping[str, str] | None = None,
     schema: str = DEFAULT_SCHEMA,
     now: datetime | None = None,
+    ordered: bool = True,
 ) -> int:
     """Write an event in the connection's current transaction; return its id (the message id).
 
@@ -57,26 +69,108 @@ def enqueue(
     an autocommit connection outside a transaction raises
     :class:`~pgonce.errors.NotInTransaction`. Events of one aggregate are serialized: a second
     transaction enqueueing for the same aggregate waits here until the first one ends, so that
-    the id order of an aggregate's events is their commit order.
+    the id order of an aggregate's events is their commit order. ``ordered=False`` skips that
+    wait (and the aggregate's lock row) for events whose order does not matter: concurrent
+    transactions may then commit them in another order than their ids.
     """
     check_connection(conn, Connection, "enqueue()")
     validate_event(aggregatetype, aggregateid, type)
+    check_bool(ordered, "ordered")
+    check_optional_time(now)
     require_transaction(conn)
     params = {
         "aggregatetype": aggregatetype,
         "aggregateid": aggregateid,
         "type": type,
         "payload": Jsonb(payload),
-        "headers": Jsonb(_headers(headers)),
+        # None for no headers (the common case): the statement stores '{}' without a dump here.
+        "headers": None if headers is None else Jsonb(_headers(headers)),
         "now": now,
         "channel": notify_channel(schema, "outbox"),
+        "ordered": ordered,
     }
-    with translate_errors("enqueueing an outbox event"):
+    with translate_errors("enqueueing an outbox event"), _json_refused():
         cur = cursor(conn)
         cur.execute(Queries("outbox", schema).enqueue, params)
         row = cur.fetchone()
-    assert row is not None, "outbox_enqueue() returned no row"
+    assert row is not None, "the enqueue statement returned no row"
     return int(row[0])
+
+
+def enqueue_many(
+    conn: Connection[Row],
+    events: Iterable[OutboxEvent | tuple[Any, ...]],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+    ordered: bool = True,
+) -> list[int]:
+    """Write several events in one statement, in the connection's current transaction; return
+    their ids, one per event in the order given (ascending).
+
+    Each event is an :class:`~pgonce.core.outbox.OutboxEvent` or a tuple of its fields
+    (aggregatetype, aggregateid, type, payload[, headers]). The events of one aggregate are
+    published in the order given; ``ordered`` is :func:`enqueue`'s. No events: no statement,
+    ``[]``.
+    """
+    check_connection(conn, Connection, "enqueue_many()")
+    check_bool(ordered, "ordered")
+    check_optional_time(now)
+    batch = _events(events)
+    require_transaction(conn)
+    if not batch:
+        return []
+    params = {
+        "aggregatetypes": [e.aggregatetype for e in batch],
+        "aggregateids": [e.aggregateid for e in batch],
+        "types": [e.type for e in batch],
+        # One JSON document each for payloads and headers: one dump, not one per event.
+        "payloads": Jsonb([e.payload for e in batch]),
+        "headers": Jsonb([_headers(e.headers) for e in batch]),
+        "now": now,
+        "channel": notify_channel(schema, "outbox"),
+        "ordered": ordered,
+    }
+    with translate_errors("enqueueing outbox events"), _json_refused():
+        cur = cursor(conn)
+        cur.execute(Queries("outbox", schema).enqueue_many, params)
+        rows = cur.fetchall()
+    assert len(rows) == len(batch), "the enqueue_many statement lost an event"
+    # The ids were allocated in the given order.
+    return sorted(int(r[0]) for r in rows)
+
+
+@contextmanager
+def _json_refused() -> Iterator[None]:
+    """The payload is encoded when the statement is sent: what json.dumps refuses is the
+    caller's input, said as such (nothing was written)."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"an outbox payload must be JSON-encodable: {exc}") from exc
+
+
+def _events(events: object) -> list[OutboxEvent]:
+    if isinstance(events, str | bytes | Mapping) or not isinstance(events, Iterable):
+        raise UsageError(
+            f"enqueue_many() takes a sequence of OutboxEvent, not {type_name(events)}: pass "
+            "[OutboxEvent('order', '42', 'order.created', {...}), ...]"
+        )
+    batch = []
+    for number, item in enumerate(events):
+        if isinstance(item, OutboxEvent):
+            event = item
+        elif isinstance(item, tuple) and 4 <= len(item) <= 5:
+            event = OutboxEvent(*item)
+        else:
+            raise UsageError(
+                f"event {number} must be an OutboxEvent (aggregatetype, aggregateid, type, "
+                f"payload[, headers]), not {type_name(item)}"
+                + (f" of {len(item)} fields" if isinstance(item, tuple) else "")
+            )
+        validate_event(event.aggregatetype, event.aggregateid, event.type)
+        batch.append(event)
+    return batch
 
 
 def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -114,6 +208,7 @@ class OutboxStore:
         *,
         headers: Mapping[str, str] | None = None,
         now: datetime | None = None,
+        ordered: bool = True,
     ) -> int:
         """:func:`enqueue` in this store's schema."""
         return enqueue(
@@ -125,7 +220,19 @@ class OutboxStore:
             headers=headers,
             schema=self.schema,
             now=now,
+            ordered=ordered,
         )
+
+    def enqueue_many(
+        self,
+        conn: Connection[Row],
+        events: Iterable[OutboxEvent | tuple[Any, ...]],
+        *,
+        now: datetime | None = None,
+        ordered: bool = True,
+    ) -> list[int]:
+        """:func:`enqueue_many` in this store's schema."""
+        return enqueue_many(conn, events, schema=self.schema, now=now, ordered=ordered)
 
     def claim(
         self,
