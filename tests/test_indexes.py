@@ -249,7 +249,7 @@ BODY = b'{"pad": "' + b"x" * 1000 + b'"}'
 
 
 def _updates(conn: psycopg.Connection[Any]) -> tuple[int, int]:
-    """(updates, HOT updates) of pgonce.keys so far, this session's included."""
+    """(updates, HOT updates) of pgonce.keys so far, this connection's included."""
     conn.execute("SELECT pg_stat_force_next_flush()")  # flushed when the session goes idle
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(
