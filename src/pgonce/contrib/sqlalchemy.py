@@ -74,7 +74,7 @@ class NotPsycopgSession(UsageError):
 
     def __init__(self, dialect: str) -> None:
         super().__init__(
-            f"pgonce runs on psycopg 3, and this session's engine uses {dialect}: create the "
+            f"pgonce runs on psycopg 3, and the Session's engine uses {dialect}: create the "
             "engine with a postgresql+psycopg:// URL (create_engine and create_async_engine both "
             "take it)"
         )
@@ -85,7 +85,7 @@ class SessionCommitRefused(UsageError):
 
     def __init__(self) -> None:
         super().__init__(
-            "this session is on the idempotent request's transaction, which the middleware "
+            "this Session is on the idempotent request's transaction, which the middleware "
             "commits once the response is stored: call session.flush(), not session.commit()"
         )
 
