@@ -4,15 +4,21 @@ side-by-side table with the issue's target (>= 85 %), shared by the adapters' wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import psycopg
 
 from bench.report import Table, Targets, percentile, ratio
-from bench.servers import cpu_seconds
+from bench.servers import ROOT, cpu_seconds
 from bench.workloads.http_middleware import Result, load, probe
 
 #: The two variants every adapter's workload compares: the app alone, and behind pgonce.
@@ -35,6 +41,73 @@ def cleanup_payments(dsn: str, schema: str, scope: str, table: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DELETE FROM {schema}.keys WHERE scope = %s".encode(), (scope,))
         conn.execute(f"TRUNCATE {table}".encode())
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return [int(child) for child in children.read().split()]
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def gunicorn(
+    app: str, env: Mapping[str, str], log: Path, *, workers: int = 2, threads: int = 4
+) -> Iterator[tuple[int, list[int]]]:
+    """gunicorn (gthread workers) serving the WSGI ``app`` (``module:callable()``) with ``env``
+    added to the environment, on a socket bound here; yields (port, pids of master and
+    workers)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = int(sock.getsockname()[1])
+    command = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "--bind",
+        f"fd://{sock.fileno()}",
+        "--worker-class",
+        "gthread",
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--no-control-socket",
+        app,
+    ]
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **env},
+            pass_fds=[sock.fileno()],
+            stdout=out,
+            stderr=out,
+        )
+    sock.close()
+    try:
+        deadline = time.monotonic() + 30
+        while len(_children(process.pid)) < workers or not _accepts(port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gunicorn for {app} did not start; see {log}")
+            time.sleep(0.05)
+        yield port, [process.pid, *_children(process.pid)]
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+        return True
+    return False
 
 
 def database_pids(dsn: str) -> list[int]:

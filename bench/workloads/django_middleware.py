@@ -17,23 +17,15 @@ reported, and the target is also judged on the median over the rounds of the rat
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from bench.context import BenchContext
 from bench.django_app import SCOPE, TABLE
 from bench.pairs import VARIANTS as PAIR
-from bench.pairs import alternate, cleanup_payments, compare, prepare_payments
+from bench.pairs import alternate, cleanup_payments, compare, gunicorn, prepare_payments
 from bench.report import Table
-from bench.servers import ROOT
 
 TITLE = "Django: Idempotency-Key middleware under a WSGI server"
 
@@ -49,65 +41,6 @@ WORKERS = 2
 THREADS = 4
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as children:
-            return [int(child) for child in children.read().split()]
-    except OSError:
-        return []
-
-
-@contextlib.contextmanager
-def gunicorn(variant: str, dsn: str, log: Path) -> Iterator[tuple[int, list[int]]]:
-    """gunicorn serving ``bench.django_app`` on a socket bound here; yields (port, pids)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    port = int(sock.getsockname()[1])
-    command = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        "--bind",
-        f"fd://{sock.fileno()}",
-        "--worker-class",
-        "gthread",
-        "--workers",
-        str(WORKERS),
-        "--threads",
-        str(THREADS),
-        "--no-control-socket",
-        "bench.django_app:create_app()",
-    ]
-    env = {**os.environ, "BENCH_DJANGO_VARIANT": variant, "BENCH_HTTP_DSN": dsn}
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            command, cwd=ROOT, env=env, pass_fds=[sock.fileno()], stdout=out, stderr=out
-        )
-    sock.close()
-    try:
-        deadline = time.monotonic() + 30
-        while len(_children(process.pid)) < WORKERS or not _accepts(port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gunicorn for {variant} did not start; see {log}")
-            time.sleep(0.05)
-        yield port, [process.pid, *_children(process.pid)]
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _accepts(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-        return True
-    return False
-
-
 def run(ctx: BenchContext) -> list[Table]:
     prepare_payments(ctx.dsn, TABLE)
     log = Path(tempfile.gettempdir()) / "pgonce-bench-django.log"
@@ -116,7 +49,13 @@ def run(ctx: BenchContext) -> list[Table]:
     seconds = ctx.seconds(5)
     runs, probes = alternate(
         VARIANTS,
-        lambda variant: gunicorn(variant, ctx.dsn, log),
+        lambda variant: gunicorn(
+            "bench.django_app:create_app()",
+            {"BENCH_DJANGO_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn},
+            log,
+            workers=WORKERS,
+            threads=THREADS,
+        ),
         ctx.dsn,
         rounds=rounds,
         seconds=seconds,

@@ -16,24 +16,15 @@ reported, and the target is also judged on the median over the rounds of the rat
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from bench.context import BenchContext
 from bench.flask_app import SCOPE, TABLE
 from bench.pairs import VARIANTS as PAIR
-from bench.pairs import alternate, cleanup_payments, compare, prepare_payments
+from bench.pairs import alternate, cleanup_payments, compare, gunicorn, prepare_payments
 from bench.report import Table
-from bench.servers import ROOT
-from bench.workloads.django_middleware import _accepts, _children
 
 TITLE = "Flask: Idempotency-Key middleware under a WSGI server"
 
@@ -48,56 +39,6 @@ WORKERS = 2
 THREADS = 4
 
 
-@contextlib.contextmanager
-def gunicorn(variant: str, dsn: str, log: Path) -> Iterator[tuple[int, list[int]]]:
-    """gunicorn serving ``bench.flask_app`` on a socket bound here; yields (port, pids)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    port = int(sock.getsockname()[1])
-    command = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        "--bind",
-        f"fd://{sock.fileno()}",
-        "--worker-class",
-        "gthread",
-        "--workers",
-        str(WORKERS),
-        "--threads",
-        str(THREADS),
-        "--no-control-socket",
-        "bench.flask_app:create_app()",
-    ]
-    env = {
-        **os.environ,
-        "BENCH_FLASK_VARIANT": variant,
-        "BENCH_FLASK_THREADS": str(THREADS),
-        "BENCH_HTTP_DSN": dsn,
-    }
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            command, cwd=ROOT, env=env, pass_fds=[sock.fileno()], stdout=out, stderr=out
-        )
-    sock.close()
-    try:
-        deadline = time.monotonic() + 30
-        while len(_children(process.pid)) < WORKERS or not _accepts(port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gunicorn for {variant} did not start; see {log}")
-            time.sleep(0.05)
-        yield port, [process.pid, *_children(process.pid)]
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def run(ctx: BenchContext) -> list[Table]:
     prepare_payments(ctx.dsn, TABLE)
     log = Path(tempfile.gettempdir()) / "pgonce-bench-flask.log"
@@ -106,7 +47,17 @@ def run(ctx: BenchContext) -> list[Table]:
     seconds = ctx.seconds(5)
     runs, probes = alternate(
         VARIANTS,
-        lambda variant: gunicorn(variant, ctx.dsn, log),
+        lambda variant: gunicorn(
+            "bench.flask_app:create_app()",
+            {
+                "BENCH_FLASK_VARIANT": variant,
+                "BENCH_FLASK_THREADS": str(THREADS),
+                "BENCH_HTTP_DSN": ctx.dsn,
+            },
+            log,
+            workers=WORKERS,
+            threads=THREADS,
+        ),
         ctx.dsn,
         rounds=rounds,
         seconds=seconds,

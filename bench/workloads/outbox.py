@@ -20,9 +20,7 @@ starts or stops the machine's brokers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import socket
 import statistics
 import time
@@ -31,7 +29,6 @@ from collections.abc import Awaitable, Callable
 from contextlib import closing
 from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import aio_pika
@@ -42,6 +39,7 @@ from psycopg.types.json import Jsonb
 
 from bench.clients import Measurement, Transaction, run_clients, wal_position
 from bench.context import BenchContext
+from bench.database_cost import postmaster, server_cpu
 from bench.report import Table, Targets, ratio
 from pgonce.core.outbox import OutboxEvent, OutboxMessage
 from pgonce.publishers.base import Publisher, body, message_headers
@@ -408,50 +406,14 @@ class _Figures(NamedTuple):
     server_cpu_us: float
 
 
-def _server_cpu(postmaster: int) -> float:
-    """CPU seconds PostgreSQL spent so far: the postmaster's own, its exited children's (the
-    kernel adds a reaped child's CPU to its parent), and its live children's."""
-    total = _cpu_of(postmaster, children_too=True)
-    for child in _children(postmaster):
-        total += _cpu_of(child, children_too=False)
-    return total
-
-
-def _cpu_of(pid: int, *, children_too: bool) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0  # exited meanwhile: its CPU is in the parent's children's time
-    # utime, stime, cutime, cstime are fields 14 to 17 of stat (1-based), here from the state on.
-    ticks = int(fields[11]) + int(fields[12])
-    if children_too:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
-def _postmaster(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        # Read while the backend lives: its parent is the postmaster.
-        return int(Path(f"/proc/{row[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def _measured(dsn: str, clients: int, seconds: float, transaction: Transaction) -> _Figures:
     """run_clients, with the WAL the server wrote and the CPU all its processes spent per
     transaction (the bench's own server: nothing else runs on it)."""
-    postmaster = _postmaster(dsn)
-    wal_before, cpu_before = wal_position(dsn), _server_cpu(postmaster)
+    pm = postmaster(dsn)  # the bench's own server runs here
+    assert pm is not None
+    wal_before, cpu_before = wal_position(dsn), server_cpu(pm)
     run = run_clients(dsn, clients, seconds, transaction)
-    wal, cpu = wal_position(dsn) - wal_before, _server_cpu(postmaster) - cpu_before
+    wal, cpu = wal_position(dsn) - wal_before, server_cpu(pm) - cpu_before
     tx = max(run.tx, 1)
     return _Figures(run, wal / tx, cpu / tx * 1e6)
 
