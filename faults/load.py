@@ -415,9 +415,14 @@ class OutboxLoad:
     async def entries(self, redis_url: str) -> list[StreamEntry]:
         """Every copy the broker holds for this run, in the stream's order."""
         client = aioredis.from_url(redis_url)
+        raw: list[Any] = []
         try:
-            # Entries are (entry id, fields) with bytes keys: the client does not decode.
-            raw: Any = await client.xrange(f"outbox.{self.run}")
+            # Entries are (entry id, fields) with bytes keys: the client does not decode. Read in
+            # pages, so that a relay flooding the stream fails the checks instead of the read.
+            start = b"-"
+            while page := await client.xrange(f"outbox.{self.run}", min=start, count=10_000):
+                raw.extend(page)
+                start = b"(" + page[-1][0]
         finally:
             await client.aclose()
         return [
