@@ -39,6 +39,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from bench.report import Table
 from pgonce import AsyncKeyStore, Response, Won, fingerprint
+from tools.provenance import header
 
 RESULTS = Path(__file__).parent / "results" / "topology.md"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -329,7 +330,12 @@ def main() -> int:
         print(json.dumps(asyncio.run(claims(args.dsn, args.seconds, 8))))
         return 0
     tables = asyncio.run(measure(args.dsn, args.quick))
-    text = "# Production topology\n\n" + "\n".join(t.markdown() for t in tables)
+    with psycopg.connect(args.dsn) as conn:
+        row = conn.execute("SELECT version()").fetchone()
+    command = "python -m bench.topology" + (" --quick" if args.quick else "")
+    lines = header("Production topology", command=command, postgres=str(row[0] if row else "?"),
+                   profile="quick" if args.quick else "full")  # fmt: skip
+    text = "\n".join(lines) + "\n" + "\n".join(t.markdown() for t in tables)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(text)
     print(text)
