@@ -36,12 +36,12 @@ class Cost:
     @property
     def cpu_us(self) -> float:
         """PostgreSQL CPU µs per transaction."""
-        return self.cpu_seconds / self.tx * 1e6 if self.tx else 0.0
+        return self.cpu_seconds / self.tx * 1e6
 
     @property
     def wal(self) -> float:
         """WAL bytes per transaction."""
-        return self.wal_bytes / self.tx if self.tx else 0.0
+        return self.wal_bytes / self.tx
 
 
 #: Figures of the middleware workload of this run: "cpu", "cpu_bare" (µs/req), "wal",
@@ -50,15 +50,19 @@ MIDDLEWARE: dict[str, float] = {}
 
 
 def postmaster(dsn: str) -> int | None:
-    """The server's postmaster pid, when the server runs on this machine (else None)."""
+    """The server's postmaster pid, when the server runs on this machine (else None).
+
+    The parent of this connection's backend, read while the connection is open: a backend
+    exits as its client disconnects, and a reading after that would find no process.
+    """
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    try:
-        with open(f"/proc/{row[0]}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return None
+        assert row is not None
+        try:
+            with open(f"/proc/{row[0]}/stat") as stat:
+                return int(stat.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return None
 
 
 def _ticks(pid: int, *, children: bool) -> int:
@@ -84,13 +88,22 @@ def server_cpu(pm: int) -> float:
 
 
 def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:
-    """pgbench ``script`` for ``seconds``; the server's CPU and WAL over its transactions."""
+    """pgbench ``script`` for ``seconds``; the server's CPU and WAL over its transactions.
+
+    Every figure is read, never assumed: a server whose processes cannot be read from here, a
+    run without transactions or without CPU time is an error, not a figure of zero.
+    """
     pm = postmaster(dsn)
+    if pm is None:
+        raise RuntimeError(
+            "the server's CPU time cannot be read: its processes are not visible from here "
+            "(run the benchmark on the machine that runs PostgreSQL)"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         script_file = Path(tmp) / "script.sql"
         script_file.write_text(script)
         wal_before = wal_position(dsn)
-        cpu_before = server_cpu(pm) if pm else 0.0
+        cpu_before = server_cpu(pm)
         result = subprocess.run(
             pgbench_command(script_file, dsn, clients, seconds),
             capture_output=True,
@@ -98,13 +111,19 @@ def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:
             check=False,
         )
         # pgbench has disconnected: its backends have exited, their time is the postmaster's.
-        cpu = server_cpu(pm) - cpu_before if pm else 0.0
+        cpu = server_cpu(pm) - cpu_before
         wal = wal_position(dsn) - wal_before
     if result.returncode != 0:
         raise RuntimeError(f"pgbench failed: {result.stderr.strip()[-500:]}")
     for line in result.stdout.splitlines():
         if line.startswith("number of transactions actually processed:"):
-            return Cost(int(line.split(":")[1].split()[0].split("/")[0]), cpu, wal)
+            tx = int(line.split(":")[1].split()[0].split("/")[0])
+            if tx <= 0 or cpu <= 0:
+                raise RuntimeError(
+                    f"a pgbench run read {tx} transactions and {cpu:.3f} s of server CPU: "
+                    "nothing was measured"
+                )
+            return Cost(tx, cpu, wal)
     raise RuntimeError(f"pgbench said no transaction count: {result.stdout[-300:]}")
 
 
