@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
-.PHONY: run test lint docs docs-serve dist-check format bench faults sync clean help
+.PHONY: run test lint docs docs-serve dist-check format bench faults soak sync clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -55,6 +55,9 @@ bench: $(VENV)/.synced  ## benchmarks; writes bench/results/latest.md
 
 faults: $(VENV)/.synced  ## the fault and bad-input suite; writes faults/results/latest.md
 	$(BIN)/python -m faults $(FAULTS_ARGS)
+
+soak: $(VENV)/.synced  ## phases of stress at a fixed offered rate (SOAK_ARGS="--profile long ..."); writes faults/results/soak-<profile>.md
+	$(BIN)/python -m faults.soak $(SOAK_ARGS)
 
 sync: $(VENV)/.synced
 

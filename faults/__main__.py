@@ -34,6 +34,7 @@ from faults.context import Context, open_context
 from faults.procs import ROOT
 from faults.report import Result, render
 from faults.scenarios import badinput, broker, database, failover, kills, pooler, security, storms
+from faults.soak import scenario as soak
 from tools.provenance import header, write
 
 Scenario = Callable[[Context], Awaitable[Result]]
@@ -53,6 +54,7 @@ SCENARIOS: list[tuple[str, Scenario]] = [
     ("pgbouncer", pooler.pgbouncer_load),
     ("failover-graceful", failover.graceful),
     ("failover-kill", failover.kill_primary),
+    ("soak", soak.scenario),
 ]
 
 RESULTS = ROOT / "faults" / "results"

@@ -21,6 +21,9 @@ import psycopg
 
 from pgonce.database import embedded_server
 
+#: The server's max_connections: enough for the soak's 300 held connections plus every process's
+#: pool, so that pool-exhaustion tests pgonce beside a crowd, not a server that refuses it.
+MAX_CONNECTIONS = 420
 #: How long a start or stop of the server may take before the suite gives up.
 PG_CTL_TIMEOUT = 60
 
@@ -125,8 +128,10 @@ def own_postgres() -> Iterator[OwnPostgres]:
             server = OwnPostgres(data_dir, dsn)
             try:
                 with psycopg.connect(dsn, autocommit=True) as conn:
-                    # Room for several service processes, workers, relays and the load at once.
-                    conn.execute("ALTER SYSTEM SET max_connections = 200")
+                    # Room for several service processes, workers, relays and the load at once,
+                    # and for the soak's pool-exhaustion phase: its 300 idle connections beside
+                    # the systems' own (faults/soak/phases.py).
+                    conn.execute(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
                 server.stop("fast")
                 server.start()
                 yield server

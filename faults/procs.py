@@ -83,13 +83,16 @@ class Proc:
             return
         assert self.process is not None
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ProcessFailed(f"{self.name} exited with {self.process.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.ready_url, timeout=2).status_code == 200:
-                    return
-            time.sleep(0.05)
+        # One client for every poll: each new one loads the CA bundle (half a second of CPU on
+        # a busy machine), for a plain-HTTP URL at that.
+        with httpx.Client(timeout=2, verify=False) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise ProcessFailed(f"{self.name} exited with {self.process.returncode}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(self.ready_url).status_code == 200:
+                        return
+                time.sleep(0.05)
         raise ProcessFailed(f"{self.name} did not answer {self.ready_url} in {timeout:.0f} s")
 
     def alive(self) -> bool:
@@ -156,9 +159,9 @@ class Processes:
         env.pop("PGONCE_DATA_DIR", None)
         return env
 
-    def config(self, name: str, redis_url: str | None) -> Path:
+    def config(self, name: str, redis_url: str | None, extra: str = "") -> Path:
         path = self.folder / f"{name}.toml"
-        path.write_text(SERVICE_CONFIG + (OUTBOX_CONFIG if redis_url else ""))
+        path.write_text(SERVICE_CONFIG + (OUTBOX_CONFIG if redis_url else "") + extra)
         return path
 
     def _add(self, proc: Proc, wait: bool = True) -> Proc:
@@ -166,8 +169,11 @@ class Processes:
         proc.start(wait=wait)
         return proc
 
-    def service(self, name: str, dsn: str, port: int, redis_url: str | None = None) -> Proc:
-        config = self.config(name, redis_url)
+    def service(
+        self, name: str, dsn: str, port: int, redis_url: str | None = None, *, extra: str = ""
+    ) -> Proc:
+        """``pgonce serve``; ``extra``: more of its TOML configuration (whole sections)."""
+        config = self.config(name, redis_url, extra)
         argv = pgonce("serve", "--config", str(config), "--dsn", dsn, "--port", str(port))
         env = self._env({REDIS_URL_ENV: redis_url} if redis_url else None)
         url = f"http://127.0.0.1:{port}/healthz"

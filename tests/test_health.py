@@ -241,3 +241,52 @@ def test_metrics_carry_the_newest_deleted_row_and_a_quiet_young_table(dsn: str) 
     text = metrics.render().decode()
     assert "pgonce_health_status 2.0" in text
     assert 'pgonce_health_newest_deleted_seconds{group="*",target="keys"} 172800.0' in text
+
+
+# ## The MVCC horizon: an open transaction elsewhere in the database
+
+
+def test_no_open_transaction_leaves_the_horizon_free(direct_dsn: str) -> None:
+    with psycopg.connect(direct_dsn, autocommit=True) as conn:
+        report = HealthCheck().check(conn)
+    assert report.mvcc is not None
+    assert report.mvcc.oldest is None
+    found = {f.check: f for f in report.findings}
+    assert (found["oldest transaction"].status, found["oldest transaction"].value) == ("ok", "none")
+
+
+def test_an_idle_transaction_pinning_the_horizon_is_reported(direct_dsn: str) -> None:
+    """A session left idle in a transaction that took an xid: the check names its age and state
+    and warns past the threshold; /metrics reads the same figures from the report."""
+    with (
+        psycopg.connect(direct_dsn) as holder,
+        psycopg.connect(direct_dsn, autocommit=True) as conn,
+    ):
+        holder.execute("SELECT txid_current()")  # BEGIN is implicit: the session stays in it
+        report = HealthCheck(horizon_warn=timedelta(0)).check(conn)
+        relaxed = HealthCheck().check(conn)
+        holder.rollback()
+        after = HealthCheck(horizon_warn=timedelta(0)).check(conn)
+    assert report.mvcc is not None
+    assert report.mvcc.oldest is not None
+    assert report.mvcc.state == "idle in transaction"
+    assert report.mvcc.xmin_age >= 0
+    assert report.mvcc.sees_all
+    found = {f.check: f for f in report.findings}["oldest transaction"]
+    assert found.status == "warn"
+    assert "idle_in_transaction_session_timeout" in found.detail
+    assert {f.check: f for f in relaxed.findings}["oldest transaction"].status == "ok"
+    assert {f.check: f for f in after.findings}["oldest transaction"].status == "ok"
+
+
+def test_the_horizon_judgement() -> None:
+    from pgonce.core.mvcc import MvccHorizon, judge_mvcc_horizon
+
+    fine = MvccHorizon(timedelta(seconds=3), "active", 10, sees_all=True)
+    assert judge_mvcc_horizon(fine).status == "ok"
+    pinned = MvccHorizon(timedelta(hours=2), "idle in transaction", 90_000, sees_all=True)
+    assert judge_mvcc_horizon(pinned).status == "warn"
+    assert judge_mvcc_horizon(pinned).value == "2h (idle in transaction)"
+    blind = MvccHorizon(None, None, 0, sees_all=False)
+    assert judge_mvcc_horizon(blind).status == "warn"
+    assert "pg_monitor" in judge_mvcc_horizon(blind).detail

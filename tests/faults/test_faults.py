@@ -10,40 +10,15 @@ doubled effect, a 500, or a failed check, and prints the scenario's report secti
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 
-from faults.context import Context, open_context
+from faults.context import Context
 from faults.proxy import Proxy
 from faults.report import Result, render
 from faults.scenarios import badinput, broker, database, kills, pooler, security, storms
-from tests import logscan
+from tests.faults.conftest import SEED_ENV
 from tests.pgbouncer import require_pgbouncer
-
-#: Set to rerun with the seed a failure printed.
-SEED_ENV = "PGONCE_FAULTS_SEED"
-
-
-@pytest.fixture(scope="module")
-def ctx() -> Iterator[Context]:
-    """The suite's own servers for this module. The processes' logs stay in the session's folder
-    of logs, which the session scans after the last test (tests/logscan.py)."""
-    folder = logscan.module_folder()
-    seed = int(os.environ.get(SEED_ENV) or time.time())
-    with open_context(folder, quick=True, seed=seed) as context:
-        try:
-            yield context
-        finally:
-            logscan.record(
-                folder,
-                logs=context.logs,
-                secrets=context.secrets.all(),
-                bodies=context.bodies,
-            )
 
 
 def explain(result: Result, ctx: Context) -> str:

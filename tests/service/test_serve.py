@@ -172,6 +172,16 @@ def test_storm_of_duplicates_gives_one_effect_per_event(dsn: str, service: Servi
     assert httpx.get(f"{service.url}/healthz").status_code == 200
 
 
+def test_metrics_show_a_transaction_pinning_the_horizon(dsn: str, service: Service) -> None:
+    """A session idle in a transaction on pgonce's database: /metrics shows its age, and 0 once
+    it ended."""
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT txid_current()")
+        assert metric(service.url, "pgonce_oldest_transaction_seconds") > 0
+        holder.rollback()
+    assert metric(service.url, "pgonce_oldest_transaction_seconds") == 0
+
+
 def test_bad_deliveries_get_their_status_never_a_500(dsn: str, service: Service) -> None:
     body, headers = delivery("bad", 1)
     with httpx.Client(base_url=service.url) as client:

@@ -533,6 +533,7 @@ def judge_horizon(facts: GroupFacts, slack: timedelta) -> list[Finding]:
 
 if TYPE_CHECKING:
     from pgonce.core.durability import Durability
+    from pgonce.core.mvcc import MvccHorizon
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,6 +546,8 @@ class HealthReport:
     findings: tuple[Finding, ...]
     #: The server's synchronous standbys (:mod:`pgonce.core.durability`), when they were read.
     durability: Durability | None = None
+    #: The oldest transaction holding the MVCC horizon back (:mod:`pgonce.core.mvcc`), when read.
+    mvcc: MvccHorizon | None = None
 
     @property
     def status(self) -> Status:

@@ -3,9 +3,10 @@
 Two kinds: counters the service increments as things happen (deliveries by outcome, handler runs,
 rows swept, relay totals), and gauges read from the database at scrape time (queue depth, oldest
 pending age, dead letters, outbox lag, the tables' estimated sizes, and the health figures: stuck
-claims, the retention horizon from both ends). A scrape reads only partial indexes (the backlogs)
-and PostgreSQL's statistics (the sizes), never the retained rows themselves, so its cost does not
-grow with the retention; scrape every 15 s or more.
+claims, the retention horizon from both ends, the oldest open transaction). A scrape reads only
+partial indexes (the backlogs) and PostgreSQL's statistics (the sizes, pg_stat_activity), never
+the retained rows themselves, so its cost does not grow with the retention; scrape every 15 s or
+more.
 Metric and label names use the project's words: inbox, outbox, relay, sweeper, keys.
 """
 
@@ -193,6 +194,18 @@ class ServiceMetrics:
             "durability is reduced",
             registry=r,
         )
+        self.oldest_transaction = Gauge(
+            "pgonce_oldest_transaction_seconds",
+            "Age of the oldest open transaction holding the MVCC horizon back in pgonce's database "
+            "(0 when none): while it is open, no dead row of pgonce's tables can be reclaimed",
+            registry=r,
+        )
+        self.xmin_age = Gauge(
+            "pgonce_xmin_horizon_age",
+            "Age in transaction ids of the oldest xmin held in the database (sessions, prepared "
+            "transactions, replication slots)",
+            registry=r,
+        )
         self.up = Gauge(
             "pgonce_database_up", "1 when the last scrape could read the database", registry=r
         )
@@ -236,6 +249,10 @@ class ServiceMetrics:
             if group.deleted_age is not None:
                 self.deleted_age.labels(group.target, label).set(group.deleted_age.total_seconds())
         self.health_status.set(_STATUS_VALUE[report.status])
+        if report.mvcc is not None:
+            oldest = report.mvcc.oldest
+            self.oldest_transaction.set(oldest.total_seconds() if oldest else 0.0)
+            self.xmin_age.set(report.mvcc.xmin_age)
         if report.durability is not None:
             self.sync_standby_configured.set(int(report.durability.configured))
             self.sync_standbys.set(report.durability.synchronous)

@@ -110,3 +110,32 @@ SELECT current_setting('synchronous_standby_names') <> '' AS configured,
        count(*) FILTER (WHERE r.sync_state IN ('sync', 'quorum')) AS synchronous,
        count(*) FILTER (WHERE r.sync_state IS NULL) AS unknown
   FROM pg_stat_replication AS r
+
+-- name: mvcc_horizon
+-- What holds this database's MVCC horizon back: the oldest transaction with an xid or a snapshot
+-- (sessions of this database, and prepared transactions), its session's state, and the age in
+-- xids of the oldest xmin anything holds (replication slots too). The reader's own transaction
+-- is left out. Other roles' sessions are visible to superusers and pg_read_all_stats only.
+WITH open AS (
+    SELECT a.xact_start AS since, a.state
+      FROM pg_stat_activity AS a
+     WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+       AND (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
+    UNION ALL
+    SELECT p.prepared, 'prepared'
+      FROM pg_prepared_xacts AS p
+     WHERE p.database = current_database()
+)
+SELECT now() - o.since AS oldest,
+       o.state,
+       coalesce(greatest(
+           (SELECT max(greatest(age(a.backend_xid), age(a.backend_xmin)))
+              FROM pg_stat_activity AS a
+             WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()),
+           (SELECT max(greatest(age(s.xmin), age(s.catalog_xmin))) FROM pg_replication_slots AS s),
+           (SELECT max(age(p.transaction)) FROM pg_prepared_xacts AS p)
+       ), 0) AS xmin_age,
+       (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+           OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') AS sees_all
+  FROM (SELECT 1) AS one
+  LEFT JOIN LATERAL (SELECT since, state FROM open ORDER BY since LIMIT 1) AS o ON true

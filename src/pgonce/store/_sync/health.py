@@ -19,6 +19,7 @@ from psycopg import Connection, Cursor
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.durability import Durability, judge_durability
+from pgonce.core.mvcc import DEFAULT_HORIZON_WARN, MvccHorizon, judge_mvcc_horizon
 from pgonce.core.retention import (
     DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_SLACK,
@@ -43,7 +44,8 @@ class HealthCheck:
     """Reads the health figures of every sweep target under the same policies the sweeper uses.
 
     ``stuck_after``: a claim in flight older than this is stuck. ``slack``: how far the oldest row
-    may outlive its retention before the sweeper counts as stalled.
+    may outlive its retention before the sweeper counts as stalled. ``horizon_warn``: an open
+    transaction older than this pins the MVCC horizon long enough to warn about.
     """
 
     def __init__(
@@ -55,7 +57,9 @@ class HealthCheck:
         stuck_after: timedelta = DEFAULT_STUCK_AFTER,
         slack: timedelta = DEFAULT_SLACK,
         timeout: timedelta = DEFAULT_HEALTH_TIMEOUT,
+        horizon_warn: timedelta = DEFAULT_HORIZON_WARN,
     ) -> None:
+        self.horizon_warn = horizon_warn
         self.policies = policies_for(policies, targets)
         self.stuck_after = stuck_after
         self.slack = slack
@@ -90,11 +94,17 @@ class HealthCheck:
                     count, oldest = cur.fetchone() or (0, None)
                     stuck.append(StuckFacts(policy.target, self.stuck_after, count, oldest))
             durability = self._durability(cur)
+            mvcc = self._mvcc_horizon(cur)
         report = assess(checked_at, groups, stuck, slack=self.slack)
         return replace(
             report,
             durability=durability,
-            findings=(*report.findings, judge_durability(durability)),
+            mvcc=mvcc,
+            findings=(
+                *report.findings,
+                judge_durability(durability),
+                judge_mvcc_horizon(mvcc, self.horizon_warn),
+            ),
         )
 
     def durability(self, conn: Connection[Row]) -> Durability:
@@ -106,6 +116,11 @@ class HealthCheck:
         cur.execute(self._sql.sync_standby)
         configured, synchronous, unknown = cur.fetchone() or (False, 0, 0)
         return Durability(bool(configured), synchronous, unknown)
+
+    def _mvcc_horizon(self, cur: Cursor[tuple[Any, ...]]) -> MvccHorizon:
+        cur.execute(self._sql.mvcc_horizon)
+        oldest, state, xmin_age, sees_all = cur.fetchone() or (None, None, 0, False)
+        return MvccHorizon(oldest, state, int(xmin_age), bool(sees_all))
 
 
 def _group_facts(
