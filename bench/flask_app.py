@@ -1,10 +1,13 @@
 """The Flask payments app of the Flask benchmark, served by gunicorn (``bench.flask_app``).
 
-``BENCH_FLASK_VARIANT`` is ``none`` (the app alone: its INSERT commits on its own), ``tx`` (the
-app alone with its INSERT in a transaction of its own: BEGIN, INSERT, COMMIT) or ``pgonce`` (the
-same app behind :mod:`pgonce.contrib.flask`: the claim, the row and the stored response in one
-transaction); ``BENCH_HTTP_DSN`` is the database. The view inserts one row and answers 201 with
-JSON, on a ``psycopg_pool.ConnectionPool`` of one connection per server thread.
+``BENCH_FLASK_VARIANT`` is ``none`` (the app alone, as a Flask app writes through a psycopg pool:
+its INSERT in the transaction that ``pool.connection()`` opens and commits), ``autocommit`` (the
+app alone on a pool of autocommit connections: its INSERT commits on its own, no transaction) or
+``pgonce`` (the same app behind :mod:`pgonce.contrib.flask`: the claim, the row and the stored
+response in one transaction); ``BENCH_HTTP_DSN`` is the database. The view inserts one row and
+answers 201 with JSON, on a ``psycopg_pool.ConnectionPool`` of one connection per server thread,
+created as the how-to creates it (psycopg's default connection settings) except in
+``autocommit``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def create_app() -> Flask:
         os.environ["BENCH_HTTP_DSN"],
         min_size=threads,
         max_size=threads,
-        kwargs={"autocommit": variant != "tx"},
+        kwargs={"autocommit": True} if variant == "autocommit" else {},
         open=True,
     )
     app = Flask("bench")
@@ -49,7 +52,9 @@ def create_app() -> Flask:
         if variant == "pgonce":
             payment = insert(connection(), data)
         else:
-            with pool.connection() as conn:  # "tx": the pool commits at the block's end
+            # "none": BEGIN, the INSERT, and COMMIT when the block ends, as psycopg does on a
+            # connection with its default settings; "autocommit": the INSERT alone.
+            with pool.connection() as conn:
                 payment = insert(conn, data)
         body = {"id": payment, "amount": data["amount"], "currency": data["currency"]}
         return body, 201, {"Location": f"/payments/{payment}"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -96,12 +97,18 @@ def gunicorn(
             time.sleep(0.05)
         yield port, [process.pid, *_children(process.pid)]
     finally:
+        forked = _children(process.pid)
         process.terminate()
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+            # A master killed before its graceful stop leaves its workers running, each holding
+            # its pool's connections and taking CPU from the next variant's rounds.
+            for pid in forked:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def _accepts(port: int) -> bool:

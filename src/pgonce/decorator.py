@@ -86,6 +86,11 @@ class Codec(Protocol[T]):
     def decode(self, data: bytes, /) -> T: ...
 
 
+#: The encoders, built once: ``json.dumps`` with any option builds a new one at every call, and
+#: every call of a decorated function encodes its arguments and its result.
+_RESULT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 class JSONCodec:
     """Results as JSON (the default): what ``json.dumps`` takes, NaN and infinities refused."""
 
@@ -93,7 +98,7 @@ class JSONCodec:
 
     def encode(self, value: Any, /) -> bytes:
         try:
-            text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            text = _RESULT.encode(value)
         except (TypeError, ValueError) as error:
             raise UsageError(
                 f"the result cannot be stored as JSON ({error}); return JSON data, or give "
@@ -128,10 +133,10 @@ def _plain(value: object) -> object:
     raise TypeError(f"{type(value).__name__} has no canonical JSON form")
 
 
-def _canonical(value: object) -> str:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
-    )
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_plain
+)
+_canonical = _CANONICAL.encode
 
 
 def _canonical_bytes(value: object, what: str) -> bytes:
