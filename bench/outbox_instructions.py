@@ -24,10 +24,8 @@ from psycopg.types.json import Jsonb
 
 from bench.instructions import _backend, _bindir, _per_transaction, _server
 from bench.workloads.outbox import BATCH_EVENTS, PAYLOAD, SETUP
-from pgonce import OutboxEvent, enqueue_many
+from pgonce import OutboxEvent, enqueue, enqueue_many
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.channels import notify_channel
-from pgonce.sql import Queries
 from pgonce.store.migrate import migrate
 
 BUSINESS = "INSERT INTO bench.outbox_orders (ref, amount) VALUES (%s, 4200)"
@@ -64,22 +62,8 @@ def _statement(sql: str, *extra: Any) -> Step:
 
 
 def _enqueue(ordered: bool) -> Step:
-    statement = Queries("outbox", DEFAULT_SCHEMA).enqueue
-
     def step(conn: psycopg.Connection[Any], ref: str) -> None:
-        conn.execute(
-            statement,
-            {
-                "aggregatetype": "order",
-                "aggregateid": ref,
-                "type": "order.created",
-                "payload": Jsonb(PAYLOAD),
-                "headers": None,
-                "now": None,
-                "channel": notify_channel(DEFAULT_SCHEMA, "outbox"),
-                "ordered": ordered,
-            },
-        ).fetchone()
+        enqueue(conn, "order", ref, "order.created", PAYLOAD, ordered=ordered)
 
     return step
 
