@@ -59,6 +59,9 @@ FILL = {
     "outbox_waiting_relays": """
         INSERT INTO pgonce.outbox_waiting_relays (relay, since)
         SELECT g::text, now() FROM generate_series(1, 100) AS g""",
+    "inbox_waiting_workers": """
+        INSERT INTO pgonce.inbox_waiting_workers (worker, since)
+        SELECT g::text, now() FROM generate_series(1, 100) AS g""",
     "sweep_marks": """
         INSERT INTO pgonce.sweep_marks (target, scope, deleted, newest, swept_at)
         SELECT 'keys', g::text, 1, now(), now() FROM generate_series(1, 100) AS g""",
@@ -112,6 +115,9 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
     },
     "outbox_waiting_relays": {
         "outbox_waiting_relays_pkey": ("outbox", "unregister_waiting", {"relay": "r"}),
+    },
+    "inbox_waiting_workers": {
+        "inbox_waiting_workers_pkey": ("inbox", "unregister_waiting", {"worker": "w"}),
     },
     "sweep_marks": {
         # The upsert of every sweep batch; health reads one target's few rows.

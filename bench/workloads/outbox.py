@@ -56,6 +56,8 @@ BATCH = DEFAULT_BATCH_SIZE
 IN_FLIGHT = DEFAULT_CONCURRENCY
 #: Events per aggregate in the relay runs: orders get a few events each.
 EVENTS_PER_AGGREGATE = 4
+#: Rounds of the relay table: the raw loop, the publisher alone and the relay in turn.
+RELAY_ROUNDS = 2
 #: Events per transaction in the batch rows (enqueue_many).
 BATCH_EVENTS = 10
 BATCH_RANGE = range(BATCH_EVENTS)
@@ -103,13 +105,15 @@ async def _fill(dsn: str, events: int) -> None:
     """Enqueue ``events`` rows (not timed): a few per aggregate, in large transactions."""
     store = AsyncOutboxStore()
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        for n in range(events):
-            await store.enqueue(
-                conn, "order", str(n // EVENTS_PER_AGGREGATE), "order.created", PAYLOAD
+        for start in range(0, events, 1000):
+            await store.enqueue_many(
+                conn,
+                [
+                    OutboxEvent("order", str(n // EVENTS_PER_AGGREGATE), "order.created", PAYLOAD)
+                    for n in range(start, min(start + 1000, events))
+                ],
             )
-            if n % 2000 == 1999:
-                await conn.commit()
-        await conn.commit()
+            await conn.commit()
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("VACUUM ANALYZE pgonce.outbox")
 
@@ -274,7 +278,9 @@ BROKERS = (
 
 
 def _relay_table(ctx: BenchContext) -> tuple[Table, dict[str, float]]:
-    events = ctx.pick(20_000, short=4_000, quick=2_000)
+    # Enough events for a run of a second or more on the slower broker: at 4,000 events a
+    # RabbitMQ run took 0.4 s, and its ratio moved from 86 to 66 % between two runs.
+    events = ctx.pick(20_000, short=12_000, quick=2_000)
     table = Table(
         f"Outbox relay throughput ({events:,} events, one relay, batches of {BATCH}, "
         f"{IN_FLIGHT} in flight)",
@@ -290,8 +296,9 @@ def _relay_table(ctx: BenchContext) -> tuple[Table, dict[str, float]]:
             "Raw loop: the same client library publishing the same messages (body, headers, "
             f"properties) in batches of {BATCH}, {IN_FLIGHT} batches in flight like the relay, "
             "awaiting every batch's confirms (RabbitMQ publisher confirms, JetStream "
-            "`publish_async` PubAcks), with no database. It runs before and after the relay; the "
-            "better of its two runs is the reference.",
+            "`publish_async` PubAcks), with no database. The raw loop, the publisher alone and "
+            f"the relay take turns, {RELAY_ROUNDS} rounds, every other round in the opposite "
+            "order; each one's best run is reported.",
             "Publisher alone: pgonce's publisher sending the same batches with no database, the "
             "relay's own limit. The relay adds claim, mark and commit per batch.",
             "Every run publishes persistent messages to a fresh durable queue or file-backed "
@@ -309,11 +316,17 @@ def _relay_table(ctx: BenchContext) -> tuple[Table, dict[str, float]]:
         async def alone_run(destination: str) -> float:
             return await _publisher_rate(broker.publisher(destination), events)
 
-        raw = await broker.fresh(raw_run)
-        alone = await broker.fresh(alone_run)
-        relay = await broker.fresh(relay_run)
-        raw = max(raw, await broker.fresh(raw_run))
-        return relay, raw, max(alone, await broker.fresh(alone_run))
+        # Alternated, every other round in the opposite order, each at its best: one run of
+        # a few seconds moves by a fifth on a shared machine, for the relay and the raw loop
+        # alike.
+        relays: list[float] = []
+        raws: list[float] = []
+        alones: list[float] = []
+        for number in range(RELAY_ROUNDS):
+            order = [(raws, raw_run), (alones, alone_run), (relays, relay_run)]
+            for runs, measure_run in order if number % 2 == 0 else order[::-1]:
+                runs.append(await broker.fresh(measure_run))
+        return max(relays), max(raws), max(alones)
 
     figures: dict[str, float] = {}
     for broker in BROKERS:
@@ -499,6 +512,7 @@ def _enqueue_table(ctx: BenchContext) -> tuple[Table, dict[int, dict[str, float]
         figures[clients] = {
             "vs alone": by_name["insert + enqueue"].run.tps / alone,
             "vs floor": by_name["insert + enqueue"].run.tps / by_name[VARIANTS[1][0]].run.tps,
+            "floor vs alone": by_name[VARIANTS[1][0]].run.tps / alone,
             "vs alone, median round": statistics.median(against_alone or [0.0]),
             "vs floor, median round": statistics.median(against_floor or [0.0]),
         }
@@ -530,7 +544,10 @@ def _targets(relay: dict[str, float], enqueue: dict[int, dict[str, float]]) -> T
     targets = Targets(
         "Outbox: the issue's targets",
         "From the two tables above, in this run. The relay's reference is the raw confirmed "
-        "publish loop of the same client library.",
+        "publish loop of the same client library. Each statement is a round trip of its own: "
+        "insert alone is three (BEGIN, INSERT, COMMIT), any transaction that also writes an "
+        "outbox row four; where the floor's row misses 80 % of insert alone, that target is "
+        "beyond what one plain INSERT reaches in this shape, and the floor is the goal.",
     )
     for clients, figures in enqueue.items():
         for which in ("best rounds", "median round"):
@@ -540,6 +557,15 @@ def _targets(relay: dict[str, float], enqueue: dict[int, dict[str, float]]) -> T
                 figures[key],
                 0.80,
             )
+    for clients, figures in enqueue.items():
+        # Whether the 80 % above is within reach of any outbox: the floor, one plain INSERT,
+        # adds a round trip of its own to a transaction of three, as every outbox write does.
+        targets.at_least(
+            f"insert + plain outbox INSERT (the floor) vs insert alone, {clients} client(s), "
+            "best rounds: the most any outbox reaches in this shape",
+            figures["floor vs alone"],
+            0.80,
+        )
     for clients, figures in enqueue.items():
         for which in ("best rounds", "median round"):
             key = "vs floor" if which == "best rounds" else "vs floor, median round"

@@ -54,11 +54,34 @@ def test_one_notification_per_stored_batch_and_none_for_duplicates(
     with psycopg.connect(dsn, autocommit=True) as listener:
         store.listen(listener)
         with conn.transaction():
+            store.set_waiting(conn, "worker-1", True)
+        with conn.transaction():
             store.store(conn, [delivery(f"e{i}", b"x%d" % i) for i in range(50)])
         with conn.transaction():
             store.store(conn, [delivery("e1", b"x1")])  # a duplicate: nothing new to process
         heard = list(listener.notifies(timeout=0.5))
     assert [n.channel for n in heard] == ["pgonce.inbox"]
+
+
+def test_no_notification_while_no_worker_waits(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """NOTIFY serializes commits; with every worker busy (none registered) a store sends none."""
+    store = InboxStore(schema=SCHEMA)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        store.listen(listener)
+        with conn.transaction():
+            store.set_waiting(conn, "worker-1", True)
+            store.set_waiting(conn, "worker-1", False)
+        with conn.transaction():
+            assert store.store(conn, [delivery("a", b"1")]) == ["stored"]
+        # A registration older than a minute is a worker loop that died waiting.
+        with conn.transaction():
+            store.set_waiting(conn, "worker-2", True)
+            conn.execute(
+                f"UPDATE {SCHEMA}.inbox_waiting_workers SET since = now() - interval '2 min'"
+            )
+        with conn.transaction():
+            assert store.store(conn, [delivery("b", b"2")]) == ["stored"]
+        assert list(listener.notifies(timeout=0.5)) == []
 
 
 def test_writes_refuse_an_autocommit_connection(dsn: str) -> None:

@@ -225,6 +225,41 @@ async def test_async_enqueue_many_and_unordered_enqueue(dsn: str) -> None:
         assert {r[0] for r in await cur.fetchall()} == {"order"}
 
 
+def test_unordered_statements_keep_the_order_given_and_notify_a_waiting_relay(dsn: str) -> None:
+    """ordered=False runs statements of their own, without the lock row: the ids still follow
+    the order given, and a waiting relay is still woken, once per transaction."""
+    with (
+        psycopg.connect(dsn, autocommit=True) as listener,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
+        listener.execute(
+            sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel("pgonce", "outbox")))
+        )
+        OutboxStore().set_waiting(conn, "relay-1", True)
+        with conn.transaction():
+            ids = enqueue_many(
+                conn,
+                [
+                    OutboxEvent("audit", "9", "seen", {"n": 0}),
+                    OutboxEvent("audit", "8", "seen", {"n": 1}, {"tenant": "acme"}),
+                    OutboxEvent("audit", "9", "seen", {"n": 2}),
+                ],
+                ordered=False,
+            )
+            single = enqueue(conn, "audit", "9", "seen", {"n": 3}, ordered=False)
+        assert notifications_after(conn, listener) == ["pgonce.outbox"]
+        rows = conn.execute(
+            "SELECT id, aggregateid, payload, headers FROM pgonce.outbox ORDER BY id"
+        ).fetchall()
+        assert rows == [
+            (ids[0], "9", {"n": 0}, {}),
+            (ids[1], "8", {"n": 1}, {"tenant": "acme"}),
+            (ids[2], "9", {"n": 2}, {}),
+            (single, "9", {"n": 3}, {}),
+        ]
+        assert conn.execute("SELECT count(*) FROM pgonce.outbox_aggregates").fetchone() == (0,)
+
+
 @pytest.mark.parametrize(
     ("events", "message"),
     [

@@ -33,6 +33,8 @@ DISTRIBUTION: Mapping[str, str | None] = {
     "outbox_aggregates": "aggregateid",
     # Relays waiting for a notification: a handful of rows, read by every enqueue.
     "outbox_waiting_relays": None,
+    # Inbox worker loops waiting for a notification: as outbox_waiting_relays, for inbox_store().
+    "inbox_waiting_workers": None,
     # What the sweeper deleted, per target and scope: one row each, written by sweep batches.
     "sweep_marks": None,
     # The migrations applied: written by `pgonce migrate` only.

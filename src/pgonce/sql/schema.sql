@@ -326,7 +326,7 @@ CREATE TABLE inbox_watermarks (
 --   conflict   the event id was already stored with another body.
 --   gone       the conflicting row vanished before it could be read (swept): retry later.
 -- Rows are inserted in key order so that two concurrent batches cannot deadlock. One pg_notify
--- per call, and only when something was stored, wakes the workers.
+-- per call, and only when something was stored while a worker waits (0018), wakes the workers.
 CREATE FUNCTION inbox_store(p_source text[], p_event_id text[], p_body bytea[], p_headers jsonb[],
                             p_digest bytea[], p_ordering_key text[], p_version bigint[],
                             p_now timestamptz, p_channel text)
@@ -357,7 +357,11 @@ BEGIN
       INTO v_stored
       FROM firsts AS f JOIN inserted AS i USING (source, event_id);
 
-    IF cardinality(v_stored) > 0 THEN
+    -- Only while a worker waits (inbox_waiting_workers), as the outbox's enqueue does: the
+    -- commits of notifying transactions are serialized, and busy workers need no wake-up.
+    IF cardinality(v_stored) > 0
+       AND EXISTS (SELECT 1 FROM inbox_waiting_workers
+                    WHERE since > now() - interval '1 minute') THEN
         PERFORM pg_notify(p_channel, '');
     END IF;
 
@@ -373,6 +377,15 @@ BEGIN
          WHERE t.ord::integer <> ALL (v_stored);
 END
 $inbox_store$;
+
+-- Inbox worker loops waiting for a notification (0018), each registered while it sleeps.
+-- inbox_store() notifies only while one is registered, for the reason outbox_waiting_relays gives;
+-- a row older than a minute belongs to a loop that died waiting.
+CREATE TABLE inbox_waiting_workers (
+    worker text        NOT NULL,
+    since  timestamptz NOT NULL,
+    CONSTRAINT inbox_waiting_workers_pkey PRIMARY KEY (worker)
+);
 
 -- For people reading an incident: sizes, hex digests and a printable start of each body.
 CREATE VIEW inbox_readable AS

@@ -26,7 +26,9 @@ than it as ``skipped`` without running the handler.
 
 Wake-ups come from LISTEN on a dedicated, direct connection (a transaction-mode pooler cannot carry
 LISTEN); a loop that heard nothing polls every ``poll_interval``, so a lost notification only adds
-latency.
+latency. inbox_store() notifies only while a loop is registered as waiting
+(``inbox_waiting_workers``), because PostgreSQL serializes the commits of notifying transactions:
+busy workers are not waiting, so under load deliveries commit side by side.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -78,6 +83,10 @@ DEFAULT_CONCURRENCY = 2
 #: How long a loop that heard no notification waits before it looks anyway: the latency a lost
 #: notification (or a pooler that cannot LISTEN) adds at most.
 DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
+
+#: A waiting loop's registration counts for a minute (inbox_store()); a listening loop renews it
+#: at least this often, whatever its poll interval.
+MAX_WAIT = timedelta(seconds=30)
 
 #: How long ``stop`` waits for in-flight batches before cancelling (and so rolling back) them.
 DEFAULT_SHUTDOWN_TIMEOUT = timedelta(seconds=30)
@@ -398,6 +407,8 @@ class InboxWorker:
 
     async def _loop(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
         conn: AsyncConnection[Any] | None = None
+        # Names this loop in inbox_waiting_workers; unique per loop.
+        name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             while not stop.is_set():
                 # Cleared before the claim: a notification during the batch means "look again".
@@ -422,9 +433,42 @@ class InboxWorker:
                     await _wait(stop, None, RECONNECT_DELAY)
                     continue
                 if result.claimed < self.batch_size:
-                    await _wait(stop, wake, self.poll_interval)
+                    try:
+                        await self._wait_for_events(conn, stop, wake, name)
+                    except (PgonceError, psycopg.OperationalError) as error:
+                        log.warning("inbox worker: waiting failed: %s; reconnecting", error)
+                        await _close(conn)
+                        conn = None
+                        await _wait(stop, None, RECONNECT_DELAY)
         finally:
             await _close(conn)
+
+    async def _wait_for_events(
+        self, conn: AsyncConnection[Any], stop: asyncio.Event, wake: asyncio.Event, name: str
+    ) -> None:
+        """Sleep until a notification, ``stop`` or the poll interval.
+
+        Without listening this is a plain poll. With it, the loop registers as waiting (from
+        then on inbox_store() notifies), looks once more, because an event committed just before
+        the registration sent no notification, and unregisters when it wakes. A registration
+        counts for a minute, so the sleep is at most ``MAX_WAIT``.
+        """
+        if not self.listen:
+            await _wait(stop, wake, self.poll_interval)
+            return
+        async with conn.transaction():
+            await self.store.set_waiting(conn, name, True)
+        try:
+            started = time.perf_counter()
+            result = await self.run_once(conn)
+            if self.on_batch is not None and result.claimed:
+                self.on_batch(result, time.perf_counter() - started)
+            if not result.claimed:
+                await _wait(stop, wake, min(self.poll_interval, MAX_WAIT))
+        finally:
+            if not conn.closed:
+                async with conn.transaction():
+                    await self.store.set_waiting(conn, name, False)
 
     async def _listen(self, stop: asyncio.Event, wakes: list[asyncio.Event]) -> None:
         while not stop.is_set():

@@ -108,3 +108,11 @@ SELECT source, status, count(*)
   FROM {schema}.inbox
  GROUP BY source, status
  ORDER BY source, status
+
+-- name: register_waiting
+-- This worker loop is about to sleep: inbox_store() notifies while the row is fresh.
+INSERT INTO {schema}.inbox_waiting_workers (worker, since) VALUES (%(worker)s, now())
+ON CONFLICT (worker) DO UPDATE SET since = excluded.since
+
+-- name: unregister_waiting
+DELETE FROM {schema}.inbox_waiting_workers WHERE worker = %(worker)s

@@ -244,6 +244,16 @@ class AsyncInboxStore:
                 await cursor(conn).execute(self._sql.notify, {"channel": self.channel})
         return replayed
 
+    async def set_waiting(self, conn: AsyncConnection[Row], worker: str, waiting: bool) -> None:
+        """Register (or unregister) ``worker`` as waiting for notifications: :meth:`store` sends
+        NOTIFY only while some worker is registered (NOTIFY serializes commits). Runs in the
+        caller's transaction; the registration counts once committed."""
+        check_connection(conn, AsyncConnection, self)
+        check_str(worker, "the worker")
+        statement = self._sql.register_waiting if waiting else self._sql.unregister_waiting
+        with translate_errors("registering a waiting inbox worker"):
+            await cursor(conn).execute(statement, {"worker": worker})
+
     async def listen(self, conn: AsyncConnection[Row]) -> None:
         """Subscribe ``conn`` to the inbox channel (see :mod:`.notify`)."""
         check_connection(conn, AsyncConnection, self)

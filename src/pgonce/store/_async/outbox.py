@@ -85,11 +85,12 @@ async def enqueue(
         "headers": None if headers is None else Jsonb(_headers(headers)),
         "now": now,
         "channel": notify_channel(schema, "outbox"),
-        "ordered": ordered,
     }
+    queries = Queries("outbox", schema)
+    statement = queries.enqueue if ordered else queries.enqueue_unordered
     with translate_errors("enqueueing an outbox event"), _json_refused():
         cur = cursor(conn)
-        await cur.execute(Queries("outbox", schema).enqueue, params)
+        await cur.execute(statement, params)
         row = await cur.fetchone()
     assert row is not None, "the enqueue statement returned no row"
     return int(row[0])
@@ -127,11 +128,12 @@ async def enqueue_many(
         "headers": Jsonb([_headers(e.headers) for e in batch]),
         "now": now,
         "channel": notify_channel(schema, "outbox"),
-        "ordered": ordered,
     }
+    queries = Queries("outbox", schema)
+    statement = queries.enqueue_many if ordered else queries.enqueue_many_unordered
     with translate_errors("enqueueing outbox events"), _json_refused():
         cur = cursor(conn)
-        await cur.execute(Queries("outbox", schema).enqueue_many, params)
+        await cur.execute(statement, params)
         rows = await cur.fetchall()
     assert len(rows) == len(batch), "the enqueue_many statement lost an event"
     # The ids were allocated in the given order.

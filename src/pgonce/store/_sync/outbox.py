@@ -87,11 +87,12 @@ def enqueue(
         "headers": None if headers is None else Jsonb(_headers(headers)),
         "now": now,
         "channel": notify_channel(schema, "outbox"),
-        "ordered": ordered,
     }
+    queries = Queries("outbox", schema)
+    statement = queries.enqueue if ordered else queries.enqueue_unordered
     with translate_errors("enqueueing an outbox event"), _json_refused():
         cur = cursor(conn)
-        cur.execute(Queries("outbox", schema).enqueue, params)
+        cur.execute(statement, params)
         row = cur.fetchone()
     assert row is not None, "the enqueue statement returned no row"
     return int(row[0])
@@ -129,11 +130,12 @@ def enqueue_many(
         "headers": Jsonb([_headers(e.headers) for e in batch]),
         "now": now,
         "channel": notify_channel(schema, "outbox"),
-        "ordered": ordered,
     }
+    queries = Queries("outbox", schema)
+    statement = queries.enqueue_many if ordered else queries.enqueue_many_unordered
     with translate_errors("enqueueing outbox events"), _json_refused():
         cur = cursor(conn)
-        cur.execute(Queries("outbox", schema).enqueue_many, params)
+        cur.execute(statement, params)
         rows = cur.fetchall()
     assert len(rows) == len(batch), "the enqueue_many statement lost an event"
     # The ids were allocated in the given order.

@@ -1,0 +1,139 @@
+"""What each part of an outbox enqueue costs PostgreSQL, counted in instructions.
+
+``.venv/bin/python -m bench.outbox_instructions`` runs the business transaction with each part of
+enqueue() added on its own (the aggregate's lock row, the outbox row and its indexes, the NOTIFY
+check) against the plain INSERT of Debezium's outbox pattern, on a scratch cluster under
+``valgrind --tool=callgrind`` (see :mod:`bench.instructions`, whose server and counting it uses):
+the server's instructions per transaction, which repeat to the thousand on a machine whose
+timings move by a third. Needs valgrind; takes about two minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from bench.instructions import _backend, _bindir, _per_transaction, _server
+from bench.workloads.outbox import BATCH_EVENTS, PAYLOAD, SETUP
+from pgonce import OutboxEvent, enqueue, enqueue_many
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.store.migrate import migrate
+
+BUSINESS = "INSERT INTO bench.outbox_orders (ref, amount) VALUES (%s, 4200)"
+FLOOR = (
+    "INSERT INTO bench.outbox_floor (aggregatetype, aggregateid, type, payload)"
+    " VALUES (%s, %s, %s, %s)"
+)
+OUTBOX_ROW = (
+    "INSERT INTO pgonce.outbox (aggregatetype, aggregateid, type, payload) VALUES (%s, %s, %s, %s)"
+)
+LOCK_ROW = (
+    "INSERT INTO pgonce.outbox_aggregates AS a (aggregatetype, aggregateid, events,"
+    " last_enqueued_at) VALUES ('order', %s, 1, now()) ON CONFLICT (aggregatetype, aggregateid)"
+    " DO UPDATE SET events = a.events + 1, last_enqueued_at = excluded.last_enqueued_at"
+)
+WAITING = (
+    "SELECT pg_notify('pgonce_outbox', '') WHERE EXISTS (SELECT FROM pgonce.outbox_waiting_relays"
+    " WHERE since > now() - interval '1 minute')"
+)
+FLOOR_MANY = (
+    "INSERT INTO bench.outbox_floor (aggregatetype, aggregateid, type, payload) VALUES "
+    + ", ".join(["(%s, %s, %s, %s)"] * BATCH_EVENTS)
+)
+
+Step = Callable[[psycopg.Connection[Any], str], None]
+BATCHED = range(BATCH_EVENTS)
+
+
+def _statement(sql: str, *extra: Any) -> Step:
+    def step(conn: psycopg.Connection[Any], ref: str) -> None:
+        conn.execute(sql, (ref, *extra) if "%s" in sql else None)
+
+    return step
+
+
+def _enqueue(ordered: bool) -> Step:
+    def step(conn: psycopg.Connection[Any], ref: str) -> None:
+        enqueue(conn, "order", ref, "order.created", PAYLOAD, ordered=ordered)
+
+    return step
+
+
+def _enqueue_many(conn: psycopg.Connection[Any], ref: str) -> None:
+    enqueue_many(conn, [OutboxEvent("order", ref, f"order.line.{n}", PAYLOAD) for n in BATCHED])
+
+
+def _floor_many(conn: psycopg.Connection[Any], ref: str) -> None:
+    params: list[Any] = []
+    for n in BATCHED:
+        params += ["order", ref, f"order.line.{n}", Jsonb(PAYLOAD)]
+    conn.execute(FLOOR_MANY, params)
+
+
+def _row(table: str) -> Step:
+    sql = OUTBOX_ROW.replace("pgonce.outbox", table)
+
+    def step(conn: psycopg.Connection[Any], ref: str) -> None:
+        conn.execute(sql, ("order", ref, "order.created", Jsonb(PAYLOAD)))
+
+    return step
+
+
+SHAPES: dict[str, list[Step]] = {
+    "business transaction (BEGIN; insert; COMMIT)": [],
+    "+ plain outbox INSERT (the floor)": [_row("bench.outbox_floor")],
+    "+ enqueue()": [_enqueue(True)],
+    "+ enqueue(ordered=False)": [_enqueue(False)],
+    "+ the outbox row alone (plain INSERT into pgonce.outbox)": [_row("pgonce.outbox")],
+    "+ the lock row's upsert alone": [_statement(LOCK_ROW)],
+    "+ the NOTIFY check alone": [_statement(WAITING)],
+    f"+ plain {BATCH_EVENTS}-row INSERT (the batch's floor)": [_floor_many],
+    f"+ enqueue_many({BATCH_EVENTS} events)": [_enqueue_many],
+}
+
+
+def _run(dsn: str, steps: list[Step], transactions: int) -> None:
+    # Prepared from the first execution, as the bench's pool connections are after warm-up.
+    with psycopg.connect(dsn, prepare_threshold=0) as conn:
+        for n in range(transactions):
+            ref = f"r{n}-{id(steps)}"
+            with conn.transaction():
+                conn.execute(BUSINESS, (ref,))
+                for step in steps:
+                    step(conn, ref)
+
+
+def main() -> None:
+    argparse.ArgumentParser(
+        prog="python -m bench.outbox_instructions", description=__doc__.split("\n\n")[0]
+    ).parse_args()
+    if shutil.which("valgrind") is None:
+        sys.exit("bench.outbox_instructions needs valgrind (apt-get install valgrind)")
+    with (
+        tempfile.TemporaryDirectory(prefix="pgonce-instructions-") as tmp,
+        _server(_bindir(), Path(tmp)) as (dsn, counts),
+    ):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn, DEFAULT_SCHEMA)
+            conn.execute(SETUP.encode())
+        _backend(counts, lambda _: psycopg.connect(dsn).close(), 0, 1)
+        # The first shape measured ran 40,000 instructions per transaction below the same shape
+        # measured later in the same server: run one, unreported, so that every row is a later one.
+        _per_transaction(counts, partial(_run, dsn, []), 1)
+        print("| shape | server instructions per transaction |\n|---|---|")
+        for name, steps in SHAPES.items():
+            cost = _per_transaction(counts, partial(_run, dsn, steps), 1)
+            print(f"| {name} | {cost:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
