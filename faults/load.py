@@ -420,7 +420,10 @@ class OutboxLoad:
             # Entries are (entry id, fields) with bytes keys: the client does not decode. Read in
             # pages, so that a relay flooding the stream fails the checks instead of the read.
             start = b"-"
-            while page := await client.xrange(f"outbox.{self.run}", min=start, count=10_000):
+            while True:
+                page: Any = await client.xrange(f"outbox.{self.run}", min=start, count=10_000)
+                if not page:
+                    break
                 raw.extend(page)
                 start = b"(" + page[-1][0]
         finally:
