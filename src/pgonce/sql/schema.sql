@@ -419,3 +419,34 @@ CREATE TABLE sweep_marks (
     swept_at    timestamptz NOT NULL,
     CONSTRAINT sweep_marks_pkey PRIMARY KEY (target, scope)
 );
+
+-- ## Two-phase keys: leases, fencing tokens and recovery points (0016)
+--
+-- A two-phase claim commits at once: the keys row (completed_at NULL: every duplicate reads it as
+-- in flight) and its lease row here. Each phase is a short transaction that locks the lease row
+-- by its token, does its writes and records the point reached; the last one stores the response
+-- and deletes the lease row. A side table, so the one-transaction path never touches it. Tokens
+-- come from one sequence: they only grow for a key, even across a sweep and a reuse of the key.
+CREATE SEQUENCE key_lease_tokens;
+
+CREATE TABLE key_leases (
+    scope        key_text    COLLATE "C" NOT NULL,
+    key          key_text    COLLATE "C" NOT NULL,
+    -- The current holder's fencing token; a takeover replaces it with a larger one.
+    token        bigint      NOT NULL,
+    -- Past it, a retry or the completer may take the key over; a heartbeat moves it on.
+    locked_until timestamptz NOT NULL,
+    -- The registered operation the completer runs, with its arguments (NULL: retries only).
+    operation    text        COLLATE "C",
+    args         jsonb       NOT NULL,
+    -- The last recovery point reached (NULL: none yet) and the state the phases recorded.
+    point        text        COLLATE "C",
+    state        jsonb       NOT NULL,
+    -- Holders so far (the first claim and each takeover), and the last failure of one.
+    attempts     integer     NOT NULL,
+    last_error   text,
+    CONSTRAINT key_leases_pkey PRIMARY KEY (scope, key)
+);
+
+-- Leases by expiry: the completer's search and the health check's stuck phases.
+CREATE INDEX key_leases_expired ON key_leases (locked_until);
