@@ -8,10 +8,10 @@ last recorded point; the old holder's writes are refused (:class:`~pgonce.errors
 The completer finishes requests every client gave up on. See docs/concepts/choosing-a-mode.md.
 """
 
-from pgonce.core.leases import DEFAULT_LEASE, Abandoned, provider_key
+from pgonce.core.leases import DEFAULT_LEASE, Abandoned, CompleterPass, provider_key
 from pgonce.errors import LeaseLost
 from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
-from pgonce.store._sync.phases import CompleterPass, PhasedOperation, PhaseStore
+from pgonce.store._sync.phases import PhasedOperation, PhaseStore
 
 __all__ = [
     "DEFAULT_LEASE",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from pgonce.core.checks import check_duration, check_str
@@ -98,6 +98,20 @@ class Abandoned:
     operation: str
     #: Holders so far: the first claim and each takeover.
     attempts: int
+
+
+@dataclass(slots=True)
+class CompleterPass:
+    """What one pass of the completer did."""
+
+    #: Requests finished from their recovery point.
+    finished: int = 0
+    #: Requests whose work failed again (their lease ends; the next pass tries again).
+    failed: int = 0
+    #: Requests retired with a stored problem answer.
+    retired: int = 0
+    #: One line per failure, for the log.
+    errors: list[str] = field(default_factory=list)
 
 
 def retired_response(scope: str, key: str, attempts: int, error: str | None) -> Response:

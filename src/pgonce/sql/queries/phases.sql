@@ -109,3 +109,8 @@ SELECT scope, key, operation, attempts
    AND operation IS NOT NULL
  ORDER BY locked_until
  LIMIT %(limit)s
+
+-- name: bound_wait
+-- The completer's takeover waits for a holder's open phase at most the store's wait: a holder
+-- paused inside a phase keeps its lease row locked, and the completer moves on to the next.
+SELECT set_config('lock_timeout', %(wait_ms)s, true)

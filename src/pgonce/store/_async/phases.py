@@ -13,9 +13,10 @@ pgonce owns these transactions: the connection must be idle (outside a transacti
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
@@ -33,6 +34,7 @@ from pgonce.core.checks import (
 from pgonce.core.leases import (
     DEFAULT_LEASE,
     Abandoned,
+    CompleterPass,
     check_lease,
     check_phase,
     check_retire_after,
@@ -52,10 +54,27 @@ from pgonce.core.outcomes import (
     validate_key,
     validate_response,
 )
-from pgonce.errors import LeaseLost, UsageError
+from pgonce.errors import DatabaseError, LeaseLost, UsageError
 from pgonce.sql import Queries
+from pgonce.store._async.sweeper import StopSignal, _wait
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger("pgonce.completer")
+
+#: How often the completer looks for abandoned requests. A request is abandoned only once its
+#: lease ran out (30 s by default), so looking more often than every few seconds finds nothing new.
+DEFAULT_COMPLETE_EVERY = timedelta(seconds=5)
+#: Requests claimed longer ago than this are left to a person (the health check shows them): a
+#: client has long given up on an answer, and finishing a day-old payment surprises everyone.
+DEFAULT_COMPLETE_MAX_AGE = timedelta(hours=1)
+#: Holders that failed before the completer retires a request with a stored problem answer: a
+#: provider outage of a few minutes is ridden out, a request that can never succeed is not
+#: retried forever.
+DEFAULT_RETIRE_AFTER = 5
 
 Row = TypeVar("Row")
 #: What a phase returns: recorded as JSON, and read back from it when a retry skips the phase.
@@ -195,9 +214,15 @@ class AsyncPhaseStore:
         }
         op = AsyncPhasedOperation(self, conn, scope, key)
         with translate_errors("taking over a two-phase key"):
-            async with conn.transaction():
-                cur = await cursor(conn).execute(self._sql.take_over, params)
-                row = await cur.fetchone()
+            try:
+                async with conn.transaction():
+                    cur = cursor(conn)
+                    await cur.execute(self._sql.bound_wait, {"wait_ms": self._wait_ms})
+                    await cur.execute(self._sql.take_over, params)
+                    row = await cur.fetchone()
+            except psycopg.errors.LockNotAvailable:
+                op.claim = InFlight(retry_after=self.retry_after, reason="locked")
+                return op
         assert row is not None
         if row[6] is None:
             op.claim = InFlight(retry_after=self.retry_after, reason="leased")
@@ -210,12 +235,15 @@ class AsyncPhaseStore:
         self, conn: AsyncConnection[Row], *, limit: int = 100, now: datetime | None = None
     ) -> list[Abandoned]:
         """Up to ``limit`` requests of a registered operation whose lease has expired."""
-        check_connection(conn, AsyncConnection, self)
         check_int(limit, "limit")
         check_optional_time(now)
+        self._check_idle(conn)
+        # A transaction of its own, ended here: the takeovers that follow need an idle
+        # connection, whether or not it is in autocommit.
         with translate_errors("reading abandoned two-phase keys"):
-            cur = await cursor(conn).execute(self._sql.abandoned, {"now": now, "limit": limit})
-            rows = await cur.fetchall()
+            async with conn.transaction():
+                cur = await cursor(conn).execute(self._sql.abandoned, {"now": now, "limit": limit})
+                rows = await cur.fetchall()
         return [Abandoned(*row) for row in rows]
 
     async def complete(
@@ -224,8 +252,8 @@ class AsyncPhaseStore:
         operations: Mapping[str, Work],
         *,
         limit: int = 100,
-        max_age: timedelta | None = None,
-        retire_after: int = 5,
+        max_age: timedelta | None = DEFAULT_COMPLETE_MAX_AGE,
+        retire_after: int = DEFAULT_RETIRE_AFTER,
         now: datetime | None = None,
     ) -> CompleterPass:
         """One pass of the completer: finish abandoned requests from their recovery point.
@@ -259,7 +287,7 @@ class AsyncPhaseStore:
                 continue
             except Exception as error:  # the work failed: recorded, tried again next pass
                 done.failed += 1
-                done.errors.append(f"{item.scope}/{item.key}: {error!r}")
+                done.errors.append(f"{item.scope}/{item.key}: {_describe(error)}")
                 continue
             done.finished += 1
         return done
@@ -289,18 +317,46 @@ class AsyncPhaseStore:
         return claim
 
 
-class CompleterPass:
-    """What one pass of the completer did."""
+async def complete_every(
+    pool: AsyncConnectionPool[Any],
+    store: AsyncPhaseStore,
+    operations: Mapping[str, Work],
+    stop: StopSignal,
+    *,
+    every: timedelta = DEFAULT_COMPLETE_EVERY,
+    max_age: timedelta | None = DEFAULT_COMPLETE_MAX_AGE,
+    retire_after: int = DEFAULT_RETIRE_AFTER,
+    on_run: Callable[[CompleterPass], None] | None = None,
+) -> None:
+    """The in-process completer: a pass now, then one every ``every``, until ``stop`` is set.
 
-    def __init__(self) -> None:
-        #: Requests finished from their recovery point.
-        self.finished = 0
-        #: Requests whose work failed again (their lease ends; the next pass tries again).
-        self.failed = 0
-        #: Requests retired with a stored problem answer.
-        self.retired = 0
-        #: One line per failure, for the log.
-        self.errors: list[str] = []
+    A pass takes a connection from ``pool`` and gives it back when done. A pass that fails on
+    the database is logged and tried again at the next tick; a request whose work fails is
+    logged once per failure, and its lease ended so that the next pass resumes it.
+    """
+    if every <= timedelta(0):
+        raise UsageError("the completer's interval must be positive")
+    while not stop.is_set():
+        try:
+            async with pool.connection() as conn:
+                done = await store.complete(
+                    conn, operations, max_age=max_age, retire_after=retire_after
+                )
+        except DatabaseError as error:
+            log.warning("completer pass failed, retrying in %s: %s", every, error)
+        else:
+            for line in done.errors:
+                log.warning("abandoned request failed again, retried in %s: %s", every, line)
+            if done.finished or done.retired:
+                log.info(
+                    "completer: %d finished, %d retired, %d failed",
+                    done.finished,
+                    done.retired,
+                    done.failed,
+                )
+            if on_run is not None:
+                on_run(done)
+        await _wait(stop, every)
 
 
 class AsyncPhasedOperation(Generic[Row]):
