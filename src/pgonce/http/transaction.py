@@ -36,6 +36,7 @@ from psycopg import AsyncConnection
 from pgonce.errors import MissingKeyScope, UsageError
 from pgonce.extras import needs
 from pgonce.http.semantics import UNSCOPED
+from pgonce.store._async.phases import AsyncPhasedOperation
 
 with needs("asgi", "the Idempotency-Key middleware"):
     from starlette.requests import HTTPConnection
@@ -68,6 +69,44 @@ class IdempotentTransaction:
     def begin(self) -> None:
         """Mark the endpoint as begun without using the database (its response will be stored)."""
         self.began = True
+
+
+#: Where the middleware puts a two-phase request's :class:`PhasedRequest`.
+PHASED_KEY = "pgonce.phased"
+
+
+class PhasedRequest:
+    """A two-phase request's operation, handed to one request's endpoint."""
+
+    __slots__ = ("_operation", "began")
+
+    def __init__(self, operation: AsyncPhasedOperation[Any]) -> None:
+        self._operation = operation
+        #: Whether the endpoint took the operation (its response is stored only then).
+        self.began = False
+
+    @property
+    def operation(self) -> AsyncPhasedOperation[Any]:
+        self.began = True
+        return self._operation
+
+
+def phased(request: HTTPConnection) -> AsyncPhasedOperation[Any]:
+    """Starlette helper: the two-phase operation of a request on a ``two_phase`` route.
+
+    The endpoint runs its phases on it (``await op.phase(...)``, ``await op.call(...)``) and
+    returns its response as usual; the middleware stores it with the holder's fencing token.
+    Taking it marks the endpoint as begun. Raises :class:`UsageError` on any other route.
+    """
+    holder = (request.scope.get("state") or {}).get(PHASED_KEY)
+    if (request.scope.get("state") or {}).get(STATE_KEY) == UNSCOPED:
+        raise MissingKeyScope()  # the middleware answers 401
+    if not isinstance(holder, PhasedRequest):
+        raise UsageError(
+            "this request has no two-phase operation: its route must be among the "
+            "IdempotencyMiddleware's two_phase routes, with an Idempotency-Key"
+        )
+    return holder.operation
 
 
 def transaction_of(request: HTTPConnection) -> IdempotentTransaction:

@@ -117,7 +117,11 @@ class PhaseStore:
 
     def stores(self, response: Response) -> bool:
         """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
-        return response.status is None or response.status < 500 or self.store_server_errors
+        return self.stores_status(response.status)
+
+    def stores_status(self, status: int | None) -> bool:
+        """Whether a response with ``status`` is kept for replays."""
+        return status is None or status < 500 or self.store_server_errors
 
     def start(
         self,
