@@ -1,6 +1,6 @@
 """Two-phase payments against real processes: kill -9 at every boundary, and a paused zombie.
 
-Each holder is a process of its own (tests/phases/holder.py) charging through the fake provider
+Each holder is a process of its own (faults/payer.py) charging through the fake provider
 (pgonce.testing). After every crash, a retry takes the key over (its clock moved past the lease)
 and finishes: the provider made exactly one charge for the payment, the database holds one
 payment with that charge, and every client that asks again gets the same answer.
@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from faults.payer import POINTS
 from pgonce.testing import FakeProvider
-from tests.phases.holder import POINTS
 
 #: The lease is the default (30 s); a retry's clock is moved on past it.
 AHEAD = "60"
@@ -29,7 +29,7 @@ AHEAD = "60"
 @pytest.fixture
 def payments_dsn(dsn: str) -> str:
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("CREATE TABLE payments (key text PRIMARY KEY, amount int, charge text)")
+        c.execute("CREATE TABLE phase_payments (key text PRIMARY KEY, amount int, charge text)")
     return dsn
 
 
@@ -41,7 +41,7 @@ def provider() -> Iterator[FakeProvider]:
 
 def holder(dsn: str, key: str, provider: FakeProvider, *options: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.phases.holder", dsn, key, provider.url, *options],
+        [sys.executable, "-m", "faults.payer", dsn, key, provider.url, *options],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -56,7 +56,9 @@ def finished(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 def payment(dsn: str, key: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as c:
-        return c.execute("SELECT amount, charge FROM payments WHERE key = %s", (key,)).fetchall()
+        return c.execute(
+            "SELECT amount, charge FROM phase_payments WHERE key = %s", (key,)
+        ).fetchall()
 
 
 @pytest.mark.parametrize("point", [*POINTS, "during-charge"])

@@ -1,11 +1,13 @@
-"""A two-phase payment request in a process of its own, for the crash and zombie tests.
+"""A two-phase payment request in a process of its own, for the crash and zombie tests
+and the fault suite's two-phase scenario.
 
-``python -m tests.phases.holder DSN KEY PROVIDER_URL [--crash POINT] [--pause POINT]
-[--ahead SECONDS]`` runs POST /payments for KEY: a payments row (phase "create"), a charge at the
-fake provider (call "charge"), the answer with the charge id (finish). At ``--crash POINT`` the
-process kills itself with SIGKILL; at ``--pause POINT`` it prints "paused" and stops itself with
-SIGSTOP (the test resumes it with SIGCONT). ``--ahead`` moves its clock on, so that it may take
-over a lease that a crashed holder left. It prints one JSON line: its outcome and the answer.
+``python -m faults.payer DSN KEY PROVIDER_URL [--crash POINT] [--pause POINT]
+[--ahead SECONDS]`` runs POST /payments for KEY: a phase_payments row (phase "create"), a
+charge at the fake provider (call "charge"), the answer with the charge id (finish). At
+``--crash POINT`` the process kills itself with SIGKILL; at ``--pause POINT`` it prints
+"paused" and stops itself with SIGSTOP (the test resumes it with SIGCONT). ``--ahead`` moves
+its clock on, so that it may take over a lease that a crashed holder left. It prints one JSON
+line: its outcome and the answer.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ POINTS = (
 AMOUNT = 4200
 
 
+def request_of(key: str) -> bytes:
+    """The fingerprint of the payment request with ``key``: every client of a payment sends it."""
+    return fingerprint("POST", "/payments", key)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("dsn")
@@ -57,7 +64,9 @@ def main() -> None:
 
     def pay(op: PhasedOperation[Any]) -> Response:
         def create(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-            conn.execute("INSERT INTO payments (key, amount) VALUES (%s, %s)", (op.key, AMOUNT))
+            conn.execute(
+                "INSERT INTO phase_payments (key, amount) VALUES (%s, %s)", (op.key, AMOUNT)
+            )
             point("before-create-commit")
             return {"payment": op.key}
 
@@ -77,15 +86,14 @@ def main() -> None:
 
     def record(conn: psycopg.Connection[Any], op: PhasedOperation[Any]) -> None:
         conn.execute(
-            "UPDATE payments SET charge = %s WHERE key = %s", (op.state["charge"]["id"], op.key)
+            "UPDATE phase_payments SET charge = %s WHERE key = %s",
+            (op.state["charge"]["id"], op.key),
         )
         point("before-finish-commit")
 
     store = PhaseStore()
     with psycopg.connect(args.dsn, autocommit=True) as conn:
-        op = store.start(
-            conn, "payments", args.key, fingerprint("POST", "/payments", args.key), now=now
-        )
+        op = store.start(conn, "payments", args.key, request_of(args.key), now=now)
         if not op.won:
             answer = op.response.body.decode() if op.response else None
             print(json.dumps({"outcome": op.claim.kind, "answer": answer}), flush=True)
