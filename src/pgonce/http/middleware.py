@@ -339,8 +339,14 @@ class IdempotencyMiddleware:
             # Before the endpoint began: the claim (or the pool) could not reach the database.
             await _send(send, semantics.unavailable(self.store.retry_after))
             return
-        # Everything below runs after the commit (or the rollback): the client never sees an
-        # answer that did not commit.
+        # After the commit (or the rollback): the client never sees an answer that did not
+        # commit.
+        await self._reply(send, captured, claim)
+
+    async def _reply(
+        self, send: Send, captured: CapturedResponse | None, claim: Won | Replay | InFlight
+    ) -> None:
+        """The answer to a request whose claim was decided and whose work has ended."""
         if captured is not None and captured.unavailable:
             await _send(send, semantics.unavailable(self.store.retry_after))
         elif captured is not None:
@@ -384,14 +390,7 @@ class IdempotencyMiddleware:
         except _UNAVAILABLE:
             await _send(send, semantics.unavailable(self.phases.retry_after))
             return
-        claim = op.claim
-        if captured is not None:
-            await self._answer(send, captured, claim)
-        elif isinstance(claim, Replay):
-            await _send(send, self.rules.replay(claim))
-        else:
-            assert isinstance(claim, InFlight)
-            await _send(send, semantics.in_flight(claim))
+        await self._reply(send, captured, op.claim)
 
     async def _run_phased(
         self,
