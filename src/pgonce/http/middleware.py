@@ -72,8 +72,9 @@ from pgonce.http.semantics import (
     Answer,
     CapturedResponse,
     IdempotencyRules,
+    PhasedRequest,
 )
-from pgonce.http.transaction import PHASED_KEY, STATE_KEY, IdempotentTransaction, PhasedRequest
+from pgonce.http.transaction import PHASED_KEY, STATE_KEY, IdempotentTransaction
 from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
 from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from typing import Generic, TypeVar
 
 from pgonce.core.outcomes import InFlight, Replay, Response
 from pgonce.core.requests import request_fingerprint
@@ -157,6 +158,28 @@ def unavailable(retry_after: int) -> Answer:
 def _http_date(epoch_seconds: int) -> str:
     # An HTTP-date has whole seconds, so every request of one second shares the formatted value.
     return format_datetime(datetime.fromtimestamp(epoch_seconds, UTC), usegmt=True)
+
+
+Op = TypeVar("Op")
+
+
+class PhasedRequest(Generic[Op]):
+    """A two-phase request's operation, as an adapter hands it to the endpoint.
+
+    Taking :attr:`operation` marks the endpoint as begun: only then is its response stored (as
+    taking the claim's transaction does on a one-transaction route).
+    """
+
+    __slots__ = ("_operation", "began")
+
+    def __init__(self, operation: Op) -> None:
+        self._operation = operation
+        self.began = False
+
+    @property
+    def operation(self) -> Op:
+        self.began = True
+        return self._operation
 
 
 @dataclass(slots=True)

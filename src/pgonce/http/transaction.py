@@ -35,7 +35,7 @@ from psycopg import AsyncConnection
 
 from pgonce.errors import MissingKeyScope, UsageError
 from pgonce.extras import needs
-from pgonce.http.semantics import UNSCOPED
+from pgonce.http.semantics import UNSCOPED, PhasedRequest
 from pgonce.store._async.phases import AsyncPhasedOperation
 
 with needs("asgi", "the Idempotency-Key middleware"):
@@ -75,22 +75,6 @@ class IdempotentTransaction:
 PHASED_KEY = "pgonce.phased"
 
 
-class PhasedRequest:
-    """A two-phase request's operation, handed to one request's endpoint."""
-
-    __slots__ = ("_operation", "began")
-
-    def __init__(self, operation: AsyncPhasedOperation[Any]) -> None:
-        self._operation = operation
-        #: Whether the endpoint took the operation (its response is stored only then).
-        self.began = False
-
-    @property
-    def operation(self) -> AsyncPhasedOperation[Any]:
-        self.began = True
-        return self._operation
-
-
 def phased(request: HTTPConnection) -> AsyncPhasedOperation[Any]:
     """Starlette helper: the two-phase operation of a request on a ``two_phase`` route.
 
@@ -106,7 +90,8 @@ def phased(request: HTTPConnection) -> AsyncPhasedOperation[Any]:
             "this request has no two-phase operation: its route must be among the "
             "IdempotencyMiddleware's two_phase routes, with an Idempotency-Key"
         )
-    return holder.operation
+    operation: AsyncPhasedOperation[Any] = holder.operation
+    return operation
 
 
 def transaction_of(request: HTTPConnection) -> IdempotentTransaction:
