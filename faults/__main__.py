@@ -33,7 +33,17 @@ from pathlib import Path
 from faults.context import Context, open_context
 from faults.procs import ROOT
 from faults.report import Result, render
-from faults.scenarios import badinput, broker, database, failover, kills, pooler, security, storms
+from faults.scenarios import (
+    badinput,
+    broker,
+    database,
+    failover,
+    kills,
+    pooler,
+    security,
+    storms,
+    twophase,
+)
 from faults.soak import scenario as soak
 from tools.provenance import header, write
 
@@ -44,6 +54,7 @@ SCENARIOS: list[tuple[str, Scenario]] = [
     ("storm-http", storms.middleware_storm),
     ("storm-webhooks", storms.webhook_storm),
     ("kill", kills.kill_nine),
+    ("two-phase", twophase.two_phase_kills),
     ("pg-restart", database.postgres_restarts),
     ("pg-cut", database.connection_cuts),
     ("pg-timeout", database.statement_timeouts),

@@ -62,6 +62,11 @@ FILL = {
     "inbox_waiting_workers": """
         INSERT INTO pgonce.inbox_waiting_workers (worker, since)
         SELECT g::text, now() FROM generate_series(1, 100) AS g""",
+    "key_leases": """
+        INSERT INTO pgonce.key_leases (scope, key, token, locked_until, operation, args, state,
+                                       attempts)
+        SELECT 's', g::text, g, now() + (g - 100) * interval '1 second', 'pay', '{}', '{}', 1
+          FROM generate_series(1, 5000) AS g""",
     "sweep_marks": """
         INSERT INTO pgonce.sweep_marks (target, scope, deleted, newest, swept_at)
         SELECT 'keys', g::text, 1, now(), now() FROM generate_series(1, 100) AS g""",
@@ -118,6 +123,15 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
     },
     "inbox_waiting_workers": {
         "inbox_waiting_workers_pkey": ("inbox", "unregister_waiting", {"worker": "w"}),
+    },
+    "key_leases": {
+        "key_leases_pkey": (
+            "phases",
+            "renew",
+            {"scope": "s", "key": "k", "token": 1, "now": None, "lease": timedelta(seconds=30)},
+        ),
+        # The completer's search for expired leases.
+        "key_leases_expired": ("phases", "abandoned", {"now": None, "limit": 100}),
     },
     "sweep_marks": {
         # The upsert of every sweep batch; health reads one target's few rows.

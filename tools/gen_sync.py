@@ -43,6 +43,8 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\basync with\b"), "with"),
     (re.compile(r"\basync for\b"), "for"),
     (re.compile(r"\bawait\s+"), ""),
+    # A callback's result: Awaitable[Value] -> Value (one level of brackets).
+    (re.compile(r"\bAwaitable\[([^\[\]]+)\]"), r"\1"),
     # pgonce's own async classes: AsyncKeyStore -> KeyStore, AsyncOperation -> Operation, ...
     (re.compile(r"\bAsync([A-Z]\w*)"), r"\1"),
     *((re.compile(rf"\b{re.escape(a)}\b"), b) for a, b in WORDS.items()),

@@ -10,6 +10,7 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     │   └── MissingExtra              a part needs an optional extra that is not installed
     ├── KeyMismatch                   same key, different request: never a silent replay
     ├── KeyInFlight                   an idempotent function's key is held by a running call
+    ├── LeaseLost                     a two-phase holder was taken over: its writes are refused
     ├── InvalidIdempotencyKey         400: an HTTP request's Idempotency-Key is missing or malformed
     ├── MissingKeyScope               401: a request with a key names no caller (unauthenticated)
     ├── DatabaseError                 PostgreSQL failed; translated once, at the store boundary
@@ -115,6 +116,26 @@ class KeyInFlight(PgonceError):
         self.key = key
         self.retry_after = retry_after
         self.reason = reason
+
+
+class LeaseLost(PgonceError):
+    """The key's lease was taken over by a holder with a larger fencing token; this holder's
+    write was refused and nothing of it was committed.
+
+    A two-phase holder that outlived its lease (paused, partitioned, slow) may find that a retry
+    or the completer took the key over. Every write it makes after its claim names its token, and
+    PostgreSQL refuses the write once the key has a larger one: the new holder's recovery points
+    and answer stand. The holder must stop; the client's answer is the new holder's.
+    """
+
+    def __init__(self, scope: str, key: str, token: int) -> None:
+        super().__init__(
+            f"key {key!r} in scope {scope!r} was taken over by a newer holder; the write of "
+            f"the holder with fencing token {token} was refused"
+        )
+        self.scope = scope
+        self.key = key
+        self.token = token
 
 
 class InvalidIdempotencyKey(PgonceError):

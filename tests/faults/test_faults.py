@@ -16,7 +16,7 @@ import pytest
 from faults.context import Context
 from faults.proxy import Proxy
 from faults.report import Result, render
-from faults.scenarios import badinput, broker, database, kills, pooler, security, storms
+from faults.scenarios import badinput, broker, database, kills, pooler, security, storms, twophase
 from tests.faults.conftest import SEED_ENV
 from tests.pgbouncer import require_pgbouncer
 
@@ -51,6 +51,13 @@ async def test_kill_nine_loses_nothing_and_doubles_nothing(ctx: Context) -> None
     assert_passed(result, ctx)
     assert result.acc.sent > 0
     assert result.acc.effects == result.acc.acknowledged
+
+
+async def test_two_phase_payments_are_charged_once_under_kill_nine(ctx: Context) -> None:
+    result = await twophase.two_phase_kills(ctx)
+    assert_passed(result, ctx)
+    assert result.acc.sent > 0
+    assert result.acc.effects == result.acc.acknowledged == result.acc.sent
 
 
 async def test_broker_outage_delivers_every_row(ctx: Context) -> None:

@@ -46,11 +46,12 @@ import psycopg
 from psycopg import Connection
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.outcomes import InFlight, Replay, Won
+from pgonce.core.outcomes import Claim, InFlight, Replay, Won
 from pgonce.errors import (
     DatabaseUnavailable,
     InvalidIdempotencyKey,
     KeyMismatch,
+    LeaseLost,
     MissingKeyScope,
     UsageError,
 )
@@ -64,8 +65,10 @@ from pgonce.http.semantics import (
     Answer,
     CapturedResponse,
     IdempotencyRules,
+    PhasedRequest,
 )
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
+from pgonce.store._sync.phases import PhasedOperation, PhaseStore
 
 if TYPE_CHECKING:
     # Only a type here: the middleware takes any ConnectionSource (the ``wsgi`` extra installs
@@ -87,6 +90,8 @@ KeyScope = Callable[[Environ], "str | None"]
 
 #: Where the middleware puts the request's :class:`IdempotentTransaction` in the environ.
 ENVIRON_KEY = "pgonce.transaction"
+#: Where the middleware puts a two-phase request's operation holder in the environ.
+PHASED_ENVIRON_KEY = "pgonce.phased"
 
 __all__ = [
     "ENVIRON_KEY",
@@ -95,6 +100,7 @@ __all__ = [
     "IdempotentTransaction",
     "connection_of",
     "header_scope",
+    "phased_of",
     "transaction_of",
 ]
 
@@ -163,6 +169,24 @@ def connection_of(environ: Mapping[str, Any]) -> Connection[Any]:
     return transaction_of(environ).connection
 
 
+def phased_of(environ: Mapping[str, Any]) -> PhasedOperation[Any]:
+    """The two-phase operation of a request on one of the middleware's ``two_phase`` routes.
+
+    The view runs its phases on it and returns its response as usual; the middleware stores it
+    with the holder's fencing token. Raises :class:`UsageError` on any other route.
+    """
+    if environ.get(ENVIRON_KEY) == semantics.UNSCOPED:
+        raise MissingKeyScope()
+    holder = environ.get(PHASED_ENVIRON_KEY)
+    if not isinstance(holder, PhasedRequest):
+        raise UsageError(
+            "this request has no two-phase operation: its route must be among the "
+            "IdempotencyMiddleware's two_phase routes, with an Idempotency-Key"
+        )
+    operation: PhasedOperation[Any] = holder.operation
+    return operation
+
+
 def header_scope(name: str, *, prefix: str = "") -> KeyScope:
     """A key scope from a request header (an API key, a tenant id); ``None`` when it is absent.
 
@@ -190,7 +214,9 @@ class IdempotencyMiddleware:
     wins; an empty collection turns a route off), ``require_key`` answers 400 to a covered
     request without a key, ``wait`` lets a duplicate wait that long for the original and then
     replay (``None``: 409 at once), ``store`` defaults to a :class:`~pgonce.KeyStore` on
-    ``schema`` with that wait.
+    ``schema`` with that wait. ``two_phase`` lists path prefixes served in two-phase mode (the
+    view takes its operation with :func:`phased_of`), on ``phases`` (a
+    :class:`~pgonce.phases.PhaseStore` with the key store's settings by default).
     """
 
     def __init__(
@@ -209,6 +235,8 @@ class IdempotencyMiddleware:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         retention: timedelta = DEFAULT_RETENTION,
+        two_phase: Collection[str] = (),
+        phases: PhaseStore | None = None,
     ) -> None:
         if not callable(app):
             raise UsageError("IdempotencyMiddleware wraps a WSGI application (a callable)")
@@ -231,11 +259,18 @@ class IdempotencyMiddleware:
             max_request_bytes=max_request_bytes,
             max_response_bytes=max_response_bytes,
             retention=retention,
+            two_phase=two_phase,
         )
         self.wait = wait if wait is not None else NO_WAIT
         self.store = store or KeyStore(schema=schema, wait=self.wait)
         # None: the store's own wait, which it checked once, not at every claim.
         self._claim_wait = None if self.wait == self.store.wait else self.wait
+        self.phases = phases or PhaseStore(
+            schema=schema,
+            wait=self.wait,
+            retry_after=self.store.retry_after,
+            store_server_errors=self.store.store_server_errors,
+        )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         checked = self._check(environ)
@@ -258,6 +293,8 @@ class IdempotencyMiddleware:
         )
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
+        if self.rules.two_phase and self.rules.is_two_phase(environ.get("PATH_INFO", "")):
+            return self._handle_phased(environ, start_response, caller, checked, fingerprint)
         return self._handle(environ, start_response, caller, checked, fingerprint)
 
     def _check(self, environ: Environ) -> str | Answer | None:
@@ -339,8 +376,14 @@ class IdempotencyMiddleware:
         except _UNAVAILABLE:
             # Before the endpoint began: the claim (or the pool) could not reach the database.
             return _answer(start_response, semantics.unavailable(self.store.retry_after))
-        # Everything below runs after the commit (or the rollback): the client never sees an
-        # answer that did not commit.
+        # After the commit (or the rollback): the client never sees an answer that did not
+        # commit.
+        return self._reply(start_response, captured, claim)
+
+    def _reply(
+        self, start_response: StartResponse, captured: _Captured | None, claim: Claim
+    ) -> Iterable[bytes]:
+        """The answer to a request whose claim was decided and whose work has ended."""
         if captured is not None:
             assert isinstance(claim, Won)
             return self._give(start_response, captured, claim)
@@ -357,6 +400,51 @@ class IdempotencyMiddleware:
         """
         tx = IdempotentTransaction(conn, claim.scope, claim.key)
         environ[ENVIRON_KEY] = tx
+        captured = self._capture(environ)
+        captured.response.keep(began=tx.began, status_kept=self.store.stores_status)
+        return captured
+
+    def _handle_phased(
+        self,
+        environ: Environ,
+        start_response: StartResponse,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+    ) -> Iterable[bytes]:
+        """A request on a two-phase route: the claim commits at once, the view runs its phases,
+        the answer is stored with the holder's token; then the answer is given."""
+        captured: _Captured | None = None
+        try:
+            with self.pool.connection() as conn:
+                op = self.phases.start(conn, caller, key, fingerprint)
+                if op.won:
+                    holder = PhasedRequest(op)
+                    environ[PHASED_ENVIRON_KEY] = holder
+                    try:
+                        captured = self._capture(environ)
+                    except LeaseLost:
+                        raise
+                    except Exception as error:
+                        op.fail(f"{type(error).__name__}: {error}"[:1000])
+                        raise
+                    response = captured.response
+                    if response.keep(began=holder.began, status_kept=self.phases.stores_status):
+                        response.stored = op.finish(response.response())
+                    else:
+                        op.fail(f"not stored: answered {response.status}")
+        except KeyMismatch:
+            return _answer(start_response, semantics.MISMATCH)
+        except LeaseLost:
+            # Taken over by a retry: the answer is the new holder's.
+            leased = InFlight(self.phases.retry_after, "leased")
+            return _answer(start_response, semantics.in_flight(leased))
+        except _UNAVAILABLE:
+            return _answer(start_response, semantics.unavailable(self.phases.retry_after))
+        return self._reply(start_response, captured, op.claim)
+
+    def _capture(self, environ: Environ) -> _Captured:
+        """Run the application and capture its whole response (an exception propagates)."""
         captured = _Captured(self.rules.capture())
         result = self.app(environ, captured.start_response)
         try:
@@ -367,7 +455,6 @@ class IdempotencyMiddleware:
             if close is not None:
                 close()
         captured.response.add(b"", more=False)
-        captured.response.keep(began=tx.began, status_kept=self.store.stores_status)
         return captured
 
     def _give(

@@ -428,6 +428,9 @@ class StuckFacts:
     threshold: timedelta
     count: int
     oldest_age: timedelta | None
+    #: Two-phase requests (keys) whose lease expired longer than ``threshold`` ago, by the
+    #: recovery point they stopped at ("" before the first phase): (point, count).
+    phases: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,6 +447,19 @@ class Finding:
 
 
 def judge_stuck(facts: StuckFacts) -> Finding:
+    if facts.phases:
+        stopped = ", ".join(f"{point or 'claimed'} {count:,}" for point, count in facts.phases)
+        return Finding(
+            "stuck claims",
+            facts.target,
+            None,
+            "fail",
+            f"{facts.count:,}; two-phase stopped at: {stopped}",
+            f"none older than {format_duration(facts.threshold)}",
+            "two-phase requests whose holder's lease ran out and nobody resumed: a client's "
+            "retry resumes one from its recovery point, the completer resumes those of a "
+            "registered operation within its max_age (see pgonce.key_leases)",
+        )
     if facts.count == 0:
         limit = f"none older than {format_duration(facts.threshold)}"
         return Finding("stuck claims", facts.target, None, "ok", "0", limit, "")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         IdempotentTransaction,
         connection,
         idempotent_transaction,
+        phased,
         transaction_of,
     )
 
@@ -25,6 +26,7 @@ _HOMES = {
     "IdempotentTransaction": "pgonce.http.transaction",
     "connection": "pgonce.http.transaction",
     "idempotent_transaction": "pgonce.http.transaction",
+    "phased": "pgonce.http.transaction",
     "transaction_of": "pgonce.http.transaction",
 }
 
@@ -34,6 +36,7 @@ __all__ = [
     "connection",
     "header_scope",
     "idempotent_transaction",
+    "phased",
     "transaction_of",
 ]
 

@@ -43,6 +43,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -55,6 +56,7 @@ from pgonce.errors import (
     DatabaseUnavailable,
     InvalidIdempotencyKey,
     KeyMismatch,
+    LeaseLost,
     MissingKeyScope,
     UsageError,
 )
@@ -70,9 +72,11 @@ from pgonce.http.semantics import (
     Answer,
     CapturedResponse,
     IdempotencyRules,
+    PhasedRequest,
 )
-from pgonce.http.transaction import STATE_KEY, IdempotentTransaction
+from pgonce.http.transaction import PHASED_KEY, STATE_KEY, IdempotentTransaction
 from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
+from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
 
 with needs("asgi", "the Idempotency-Key middleware"):
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -159,6 +163,12 @@ class IdempotencyMiddleware:
     ``wait`` lets a duplicate wait that long for the original, then replay; ``None`` answers 409
     at once (see :data:`NO_WAIT`). ``store`` defaults to an :class:`AsyncKeyStore` on
     ``schema`` with that wait; its ``store_server_errors`` decides whether 5xx responses are kept.
+
+    ``two_phase`` lists path prefixes served in two-phase mode, for endpoints that call a third
+    party and answer with its result (:mod:`pgonce.phases`): the claim commits at once with a
+    lease, the endpoint runs its phases on :func:`pgonce.http.phased`, and its response is
+    stored with the holder's fencing token. ``phases`` defaults to an
+    :class:`~pgonce.phases.AsyncPhaseStore` on ``schema`` with the key store's settings.
     """
 
     def __init__(
@@ -177,6 +187,8 @@ class IdempotencyMiddleware:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         retention: timedelta = DEFAULT_RETENTION,
+        two_phase: Collection[str] = (),
+        phases: AsyncPhaseStore | None = None,
     ) -> None:
         if not callable(key_scope):
             raise UsageError("key_scope must be a function of the ASGI scope")
@@ -191,12 +203,19 @@ class IdempotencyMiddleware:
             max_request_bytes=max_request_bytes,
             max_response_bytes=max_response_bytes,
             retention=retention,
+            two_phase=two_phase,
         )
         self.methods_for = self.rules.methods_for
         self.wait = wait if wait is not None else NO_WAIT
         self.store = store or AsyncKeyStore(schema=schema, wait=self.wait)
         # None: the store's own wait, which it checked once, not at every claim.
         self._claim_wait = None if self.wait == self.store.wait else self.wait
+        self.phases = phases or AsyncPhaseStore(
+            schema=schema,
+            wait=self.wait,
+            retry_after=self.store.retry_after,
+            store_server_errors=self.store.store_server_errors,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rules = self.rules
@@ -227,7 +246,10 @@ class IdempotencyMiddleware:
         fingerprint = rules.fingerprint(
             scope["method"], scope["path"], scope.get("query_string", b""), body, content_type
         )
-        await self._handle(scope, receive, send, caller, key, fingerprint, body)
+        if rules.two_phase and rules.is_two_phase(scope["path"]):
+            await self._handle_phased(scope, receive, send, caller, key, fingerprint, body)
+        else:
+            await self._handle(scope, receive, send, caller, key, fingerprint, body)
 
     async def _unscoped(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the application without a claim: the key scope named no caller. An endpoint that
@@ -318,8 +340,14 @@ class IdempotencyMiddleware:
             # Before the endpoint began: the claim (or the pool) could not reach the database.
             await _send(send, semantics.unavailable(self.store.retry_after))
             return
-        # Everything below runs after the commit (or the rollback): the client never sees an
-        # answer that did not commit.
+        # After the commit (or the rollback): the client never sees an answer that did not
+        # commit.
+        await self._reply(send, captured, claim)
+
+    async def _reply(
+        self, send: Send, captured: CapturedResponse | None, claim: Won | Replay | InFlight
+    ) -> None:
+        """The answer to a request whose claim was decided and whose work has ended."""
         if captured is not None and captured.unavailable:
             await _send(send, semantics.unavailable(self.store.retry_after))
         elif captured is not None:
@@ -330,30 +358,70 @@ class IdempotencyMiddleware:
             assert isinstance(claim, InFlight)
             await _send(send, semantics.in_flight(claim))
 
-    async def _run(
+    async def _handle_phased(
         self,
         scope: Scope,
         receive: Receive,
         send: Send,
-        conn: AsyncConnection[Any],
-        claim: Won,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        body: bytes,
+    ) -> None:
+        """A request on a two-phase route: the claim commits at once, the endpoint runs its
+        phases, the answer is stored with the holder's token; then the answer is sent."""
+        captured: CapturedResponse | None = None
+        try:
+            async with self.pool.connection() as conn:
+                op = await self.phases.start(conn, caller, key, fingerprint)
+                if op.won:
+                    captured = await self._run_phased(scope, receive, send, op, body)
+                    if captured.stored:
+                        captured.stored = await op.finish(captured.response())
+                    else:
+                        await op.fail(f"not stored: answered {captured.status}")
+        except KeyMismatch:
+            await _send(send, semantics.MISMATCH)
+            return
+        except LeaseLost:
+            # This holder outlived its lease and a retry took the key over: the answer is the
+            # new holder's, which this client gets by retrying.
+            await _send(send, semantics.in_flight(InFlight(self.phases.retry_after, "leased")))
+            return
+        except _UNAVAILABLE:
+            await _send(send, semantics.unavailable(self.phases.retry_after))
+            return
+        await self._reply(send, captured, op.claim)
+
+    async def _run_phased(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        op: AsyncPhasedOperation[Any],
         body: bytes,
     ) -> CapturedResponse:
-        """Run the application in the claim's transaction and capture its response.
+        """Run the application with the two-phase operation and capture its response.
 
-        An exception from the application propagates (the transaction rolls back); if the
-        application answered before raising (Starlette's error handler does), that answer is
-        forwarded first.
+        An exception from the application ends the lease (the next retry resumes from the
+        recovery point) and propagates.
         """
-        tx = IdempotentTransaction(conn, claim.scope, claim.key)
-        captured = self.rules.capture()
-        app_scope = dict(scope)
-        app_scope["state"] = {**(scope.get("state") or {}), STATE_KEY: tx}
-        extensions = scope.get("extensions")
-        if extensions and any(name in extensions for name in _BYPASSING_EXTENSIONS):
-            app_scope["extensions"] = {
-                k: v for k, v in extensions.items() if k not in _BYPASSING_EXTENSIONS
-            }
+        holder = PhasedRequest(op)
+        captured = await self._call_app(_app_scope(scope, PHASED_KEY, holder), receive, send, body)
+        if captured.failed is not None:
+            error = captured.failed
+            if not isinstance(error, LeaseLost):
+                await op.fail(f"{type(error).__name__}: {error}"[:1000])
+            raise error
+        captured.keep(began=holder.began, status_kept=self.phases.stores_status)
+        return captured
+
+    async def _call_app(
+        self, app_scope: Scope, receive: Receive, send: Send, body: bytes
+    ) -> _Captured:
+        """The application's response to the request, captured; its exception in ``failed``
+        (after forwarding an answer it gave before raising)."""
+        captured = _Captured(self.rules.max_response_bytes)
         body_sent = False
 
         async def replay_body() -> Message:
@@ -372,18 +440,37 @@ class IdempotencyMiddleware:
 
         try:
             await self.app(app_scope, replay_body, capture)
-        except _UNAVAILABLE as error:
-            if captured.answered:
+        except BaseException as error:
+            if captured.answered:  # Starlette's error handler answers, then raises
                 await _forward(send, captured, [])
-                raise
-            # The endpoint's own statements lost the database: its transaction is gone.
-            captured.unavailable = True
-            _log_unavailable(claim, error)
-            return captured
-        except BaseException:
-            if captured.answered:
-                await _forward(send, captured, [])
-            raise
+            captured.failed = error
+        return captured
+
+    async def _run(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        conn: AsyncConnection[Any],
+        claim: Won,
+        body: bytes,
+    ) -> CapturedResponse:
+        """Run the application in the claim's transaction and capture its response.
+
+        An exception from the application propagates (the transaction rolls back); if the
+        application answered before raising (Starlette's error handler does), that answer is
+        forwarded first.
+        """
+        tx = IdempotentTransaction(conn, claim.scope, claim.key)
+        captured = await self._call_app(_app_scope(scope, STATE_KEY, tx), receive, send, body)
+        error = captured.failed
+        if error is not None:
+            if isinstance(error, _UNAVAILABLE) and not captured.answered:
+                # The endpoint's own statements lost the database: its transaction is gone.
+                captured.unavailable = True
+                _log_unavailable(claim, error)
+                return captured
+            raise error
         captured.keep(began=tx.began, status_kept=self.store.stores_status)
         return captured
 
@@ -400,6 +487,26 @@ class IdempotencyMiddleware:
         if captured.stored and isinstance(claim, Won):
             extra.append(self.rules.expires_header(claim.claimed_at))
         await _forward(send, captured, extra)
+
+
+def _app_scope(scope: Scope, name: str, value: object) -> Scope:
+    """The application's scope: ``value`` in its state under ``name``, and without the
+    extensions that would send a response around the capture."""
+    app_scope = dict(scope)
+    app_scope["state"] = {**(scope.get("state") or {}), name: value}
+    extensions = scope.get("extensions")
+    if extensions and any(name in extensions for name in _BYPASSING_EXTENSIONS):
+        app_scope["extensions"] = {
+            k: v for k, v in extensions.items() if k not in _BYPASSING_EXTENSIONS
+        }
+    return app_scope
+
+
+@dataclass(slots=True)
+class _Captured(CapturedResponse):
+    """A captured response, and the exception the application raised instead, if it did."""
+
+    failed: BaseException | None = None
 
 
 def _request_headers(

@@ -20,8 +20,9 @@ back in its framework's response type. So the answers are the same whichever ada
 
 A replay answers the stored status, the byte-identical body and the stored headers (never
 ``Set-Cookie``, hop-by-hop, ``Content-Length`` or ``Date``: :mod:`pgonce.http.replay`), marked
-``Idempotent-Replayed: true``. Every answer for a stored key carries ``Idempotency-Key-Expires``
-(claim time plus ``retention``).
+``Idempotent-Replayed: true``. The same answers hold on a route served in two-phase mode
+(:meth:`IdempotencyRules.is_two_phase`). Every answer for a stored key carries
+``Idempotency-Key-Expires`` (claim time plus ``retention``).
 
 What is stored: the endpoint's complete response, if the endpoint *began* (it took the claim's
 transaction; framework validation and authentication that refuse a request before the endpoint
@@ -37,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from typing import Generic, TypeVar
 
 from pgonce.core.outcomes import InFlight, Replay, Response
 from pgonce.core.requests import request_fingerprint
@@ -158,6 +160,28 @@ def _http_date(epoch_seconds: int) -> str:
     return format_datetime(datetime.fromtimestamp(epoch_seconds, UTC), usegmt=True)
 
 
+Op = TypeVar("Op")
+
+
+class PhasedRequest(Generic[Op]):
+    """A two-phase request's operation, as an adapter hands it to the endpoint.
+
+    Taking :attr:`operation` marks the endpoint as begun: only then is its response stored (as
+    taking the claim's transaction does on a one-transaction route).
+    """
+
+    __slots__ = ("_operation", "began")
+
+    def __init__(self, operation: Op) -> None:
+        self._operation = operation
+        self.began = False
+
+    @property
+    def operation(self) -> Op:
+        self.began = True
+        return self._operation
+
+
 @dataclass(slots=True)
 class CapturedResponse:
     """The endpoint's response, held back until its transaction has committed.
@@ -231,6 +255,7 @@ class IdempotencyRules:
         "require_key",
         "retention",
         "routes",
+        "two_phase",
     )
 
     def __init__(
@@ -243,8 +268,12 @@ class IdempotencyRules:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         retention: timedelta = DEFAULT_RETENTION,
+        two_phase: Collection[str] = (),
     ) -> None:
         self.methods = frozenset(m.upper() for m in methods)
+        #: Path prefixes served in two-phase mode (the endpoint calls a third party and answers
+        #: with its result: pgonce.phases), longest first; every other path: one transaction.
+        self.two_phase = sorted((p.rstrip("/") for p in two_phase), key=len, reverse=True)
         # Longest prefix first, so that the most specific route decides.
         self.routes = sorted(
             (
@@ -275,6 +304,20 @@ class IdempotencyRules:
             if path == prefix or path.startswith(prefix + "/") or not prefix:
                 return methods
         return self.methods
+
+    def is_two_phase(self, path: str) -> bool:
+        """Whether ``path`` is served in two-phase mode (a prefix of ``two_phase`` matches).
+
+        Its answers are those of the one-transaction mode: a replay is the stored response byte
+        for byte, a duplicate while the holder's lease runs is in flight (409), a mismatch 422.
+        What differs is what is stored: the claim commits before the endpoint runs, each phase
+        commits on its own, and a response that is not stored hands the key on from its
+        recovery point instead of freeing it.
+        """
+        return any(
+            path == prefix or path.startswith(prefix + "/") or not prefix
+            for prefix in self.two_phase
+        )
 
     def applies(self, method: str, path: str) -> bool:
         """Whether a ``method`` request to ``path`` is handled (needs a key, or may carry one)."""

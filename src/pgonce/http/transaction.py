@@ -35,7 +35,8 @@ from psycopg import AsyncConnection
 
 from pgonce.errors import MissingKeyScope, UsageError
 from pgonce.extras import needs
-from pgonce.http.semantics import UNSCOPED
+from pgonce.http.semantics import UNSCOPED, PhasedRequest
+from pgonce.store._async.phases import AsyncPhasedOperation
 
 with needs("asgi", "the Idempotency-Key middleware"):
     from starlette.requests import HTTPConnection
@@ -68,6 +69,29 @@ class IdempotentTransaction:
     def begin(self) -> None:
         """Mark the endpoint as begun without using the database (its response will be stored)."""
         self.began = True
+
+
+#: Where the middleware puts a two-phase request's :class:`PhasedRequest`.
+PHASED_KEY = "pgonce.phased"
+
+
+def phased(request: HTTPConnection) -> AsyncPhasedOperation[Any]:
+    """Starlette helper: the two-phase operation of a request on a ``two_phase`` route.
+
+    The endpoint runs its phases on it (``await op.phase(...)``, ``await op.call(...)``) and
+    returns its response as usual; the middleware stores it with the holder's fencing token.
+    Taking it marks the endpoint as begun. Raises :class:`UsageError` on any other route.
+    """
+    holder = (request.scope.get("state") or {}).get(PHASED_KEY)
+    if (request.scope.get("state") or {}).get(STATE_KEY) == UNSCOPED:
+        raise MissingKeyScope()  # the middleware answers 401
+    if not isinstance(holder, PhasedRequest):
+        raise UsageError(
+            "this request has no two-phase operation: its route must be among the "
+            "IdempotencyMiddleware's two_phase routes, with an Idempotency-Key"
+        )
+    operation: AsyncPhasedOperation[Any] = holder.operation
+    return operation
 
 
 def transaction_of(request: HTTPConnection) -> IdempotentTransaction:

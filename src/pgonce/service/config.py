@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from pgonce.config import DEFAULT_DATA_DIR, DEFAULT_SCHEMA, POOLERS, Settings
 from pgonce.core.inbox import Ordering, RetryPolicy
+from pgonce.core.leases import DEFAULT_LEASE, MIN_LEASE
 from pgonce.core.retention import (
     DEFAULT_RETENTION,
     DEFAULT_RETRY_HORIZON,
@@ -37,6 +38,12 @@ from pgonce.core.retention import (
     parse_duration,
 )
 from pgonce.errors import ConfigError, PgonceError
+from pgonce.store._async.phases import (
+    DEFAULT_COMPLETE_EVERY,
+    DEFAULT_COMPLETE_MAX_AGE,
+    DEFAULT_RETIRE_AFTER,
+    Work,
+)
 from pgonce.webhooks.forward import forward_to
 from pgonce.webhooks.schemes import SCHEMES, build_scheme
 from pgonce.webhooks.source import Handler, OrderingExtractor, Source
@@ -127,6 +134,20 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class CompleterConfig:
+    """The completer: finishes two-phase requests abandoned mid-way, from their recovery point."""
+
+    #: The registered operations by name (``start(operation=...)``): async work functions,
+    #: configured as ``module:function``.
+    operations: Mapping[str, Work] = field(default_factory=dict)
+    every: timedelta = DEFAULT_COMPLETE_EVERY
+    max_age: timedelta = DEFAULT_COMPLETE_MAX_AGE
+    retire_after: int = DEFAULT_RETIRE_AFTER
+    #: The lease of the completer's own takeovers (the application's store has its own).
+    lease: timedelta = DEFAULT_LEASE
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     settings: Settings = field(default_factory=Settings)
     #: A direct connection (not through a transaction-mode pooler) for LISTEN, which wakes the
@@ -144,6 +165,8 @@ class ServiceConfig:
     admin_token: str | None = field(default=None, repr=False)
     #: The outbox relay; None runs no relay.
     outbox: OutboxConfig | None = None
+    #: The completer of two-phase requests; None (no operation registered) runs none.
+    completer: CompleterConfig | None = None
     #: "json", "text", or "auto" (text on a terminal, JSON lines otherwise).
     log_format: str = "auto"
     #: Where the configuration came from, for messages.
@@ -333,6 +356,33 @@ def _import_handler(spec: str, key: str, problems: _Problems) -> Handler | None:
         problems.add(key, f"{module_name!r} has no callable {attribute!r}")
         return None
     return handler  # type: ignore[no-any-return]
+
+
+def _completer(section: _Section) -> CompleterConfig | None:
+    """``[completer]``; None when it registers no operation (there is nothing to complete)."""
+    every = section.duration("every", DEFAULT_COMPLETE_EVERY)
+    max_age = section.duration("max_age", DEFAULT_COMPLETE_MAX_AGE)
+    retire_after = section.integer("retire_after", DEFAULT_RETIRE_AFTER, high=1000)
+    lease = section.duration("lease", DEFAULT_LEASE)
+    if lease < MIN_LEASE:
+        section.problems.add(section.key("lease"), "must be at least 1s")
+    specs = section.raw("operations") or {}
+    section.unknown()
+    if not isinstance(specs, dict):
+        section.problems.add(section.key("operations"), 'is a table of name = "module:function"')
+        return None
+    operations: dict[str, Work] = {}
+    for name, spec in specs.items():
+        key = f"{section.key('operations')}.{name}"
+        if not isinstance(spec, str):
+            section.problems.add(key, 'must be "module:function"')
+            continue
+        work = _import_handler(spec, key, section.problems)
+        if work is not None:
+            operations[name] = work  # type: ignore[assignment]
+    if not operations:
+        return None
+    return CompleterConfig(operations, every, max_age, retire_after, lease)
 
 
 def json_pointer(pointer: str) -> Callable[[Any], Any]:
@@ -607,6 +657,8 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     sweep_every = sweeper.duration("every", DEFAULT_SWEEP_EVERY)
     sweeper.unknown()
 
+    completer = _completer(_Section(root.raw("completer"), "completer", problems))
+
     outbox_data = root.raw("outbox")
     outbox = _outbox(_Section(outbox_data, "outbox", problems)) if outbox_data else None
 
@@ -620,7 +672,10 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         found = _source(name, section)
         if found is not None:
             sources.append(found)
-    root.unknown({"database", "server", "inbox", "keys", "sweeper", "admin", "sources", "outbox"})
+    root.unknown(
+        {"database", "server", "inbox", "keys", "sweeper", "completer", "admin", "sources"}
+        | {"outbox"}
+    )
 
     if problems.items:
         count = len(problems.items)
@@ -641,6 +696,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         sweep_every=sweep_every,
         admin_token=admin_token,
         outbox=outbox,
+        completer=completer,
         log_format=log_format,
         origin=origin,
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from datetime import datetime
 
+from pgonce.core.leases import CompleterPass
 from pgonce.core.outbox import OutboxBacklog
 from pgonce.core.retention import HealthReport, SweepResult
 from pgonce.extras import needs
@@ -155,6 +156,20 @@ class ServiceMetrics:
             "Age of the oldest outbox row not yet published (0 when none waits)",
             registry=r,
         )
+        self.completer = Counter(
+            "pgonce_completer_requests",
+            "Abandoned two-phase requests the completer took over, by outcome (finished from "
+            "their recovery point, failed again, retired with a stored problem answer)",
+            ["outcome"],
+            registry=r,
+        )
+        self.stuck_phases = Gauge(
+            "pgonce_health_stuck_phases",
+            "Two-phase requests whose lease ran out longer than the stuck threshold ago, by the "
+            "recovery point they stopped at ('' before the first)",
+            ["point"],
+            registry=r,
+        )
         self.stuck_claims = Gauge(
             "pgonce_health_stuck",
             "Rows that should have finished and did not",
@@ -239,8 +254,11 @@ class ServiceMetrics:
         self.oldest_retained.clear()
         self.overdue.clear()
         self.deleted_age.clear()
+        self.stuck_phases.clear()
         for stuck in report.stuck:
             self.stuck_claims.labels(stuck.target).set(stuck.count)
+            for point, count in stuck.phases:
+                self.stuck_phases.labels(point).set(count)
         for group in report.groups:
             label = group.scope or "*"
             age = group.oldest_age.total_seconds() if group.oldest_age else 0.0
@@ -274,6 +292,10 @@ class ServiceMetrics:
     def record_sweep(self, result: SweepResult) -> None:
         for swept in result.targets:
             self.swept.labels(swept.target).inc(swept.deleted)
+
+    def record_completer(self, done: CompleterPass) -> None:
+        for outcome in ("finished", "failed", "retired"):
+            self.completer.labels(outcome).inc(getattr(done, outcome))
 
     def answered(self) -> list[tuple[str, str, int]]:
         """Webhook deliveries answered since the process started: (source, outcome, count)."""

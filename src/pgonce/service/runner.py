@@ -3,7 +3,7 @@
 ``pgonce serve`` runs every part in one process; ``pgonce worker``, ``pgonce relay`` and the
 sweeper run one part alone, so that a deployment scales each separately (several processes of each
 may run against one database: the inbox workers and relays share rows with ``FOR UPDATE SKIP
-LOCKED``, the sweepers skip each other's locked rows).
+LOCKED``, the sweepers skip each other's locked rows, the completers each other's leases).
 
 Stopping (SIGTERM or SIGINT): uvicorn stops accepting and finishes the requests it has; the
 workers finish or roll back their in-flight handlers; the relays finish their batch; then the
@@ -31,6 +31,7 @@ from pgonce.service.config import ServiceConfig
 from pgonce.service.metrics import ServiceMetrics
 from pgonce.service.pools import request_pool, topology
 from pgonce.store._async.health import AsyncHealthCheck
+from pgonce.store._async.phases import AsyncPhaseStore, complete_every
 from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
 from pgonce.webhooks.receiver import InboxReceiver
 from pgonce.webhooks.worker import InboxWorker
@@ -41,7 +42,7 @@ with needs("server", "the pgonce service"):
 
 log = logging.getLogger("pgonce.service")
 
-PARTS = ("http", "workers", "relay", "sweeper")
+PARTS = ("http", "workers", "relay", "sweeper", "completer")
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,23 @@ async def run(
                         on_run=metrics.record_sweep,
                     ),
                     name="sweeper",
+                )
+            )
+        completer = config.completer
+        if completer is not None and "completer" in chosen:
+            tasks.append(
+                asyncio.create_task(
+                    complete_every(
+                        pool,
+                        AsyncPhaseStore(schema=schema, lease=completer.lease),
+                        completer.operations,
+                        stop,
+                        every=completer.every,
+                        max_age=completer.max_age,
+                        retire_after=completer.retire_after,
+                        on_run=metrics.record_completer,
+                    ),
+                    name="completer",
                 )
             )
         try:

@@ -25,6 +25,8 @@ DISTRIBUTION: Mapping[str, str | None] = {
     # The caller's scope (tenant, principal): the application's own tables distributed by the
     # same value keep the claim and the business write on one shard.
     "keys": "scope",
+    # A two-phase key's lease, beside its keys row: each phase's transaction writes both.
+    "key_leases": "scope",
     # The webhook source: the inbox's claim by workers reads one source at a time.
     "inbox": "source",
     "inbox_watermarks": "source",
@@ -45,4 +47,5 @@ DISTRIBUTION: Mapping[str, str | None] = {
 WRITTEN_TOGETHER: tuple[tuple[str, ...], ...] = (
     ("outbox", "outbox_aggregates"),
     ("inbox", "inbox_watermarks"),
+    ("keys", "key_leases"),
 )

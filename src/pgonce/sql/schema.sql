@@ -326,7 +326,7 @@ CREATE TABLE inbox_watermarks (
 --   conflict   the event id was already stored with another body.
 --   gone       the conflicting row vanished before it could be read (swept): retry later.
 -- Rows are inserted in key order so that two concurrent batches cannot deadlock. One pg_notify
--- per call, and only when something was stored while a worker waits (0018), wakes the workers.
+-- per call, and only when something was stored while a worker waits (0017), wakes the workers.
 CREATE FUNCTION inbox_store(p_source text[], p_event_id text[], p_body bytea[], p_headers jsonb[],
                             p_digest bytea[], p_ordering_key text[], p_version bigint[],
                             p_now timestamptz, p_channel text)
@@ -378,7 +378,7 @@ BEGIN
 END
 $inbox_store$;
 
--- Inbox worker loops waiting for a notification (0018), each registered while it sleeps.
+-- Inbox worker loops waiting for a notification (0017), each registered while it sleeps.
 -- inbox_store() notifies only while one is registered, for the reason outbox_waiting_relays gives;
 -- a row older than a minute belongs to a loop that died waiting.
 CREATE TABLE inbox_waiting_workers (
@@ -432,3 +432,34 @@ CREATE TABLE sweep_marks (
     swept_at    timestamptz NOT NULL,
     CONSTRAINT sweep_marks_pkey PRIMARY KEY (target, scope)
 );
+
+-- ## Two-phase keys: leases, fencing tokens and recovery points (0016)
+--
+-- A two-phase claim commits at once: the keys row (completed_at NULL: every duplicate reads it as
+-- in flight) and its lease row here. Each phase is a short transaction that locks the lease row
+-- by its token, does its writes and records the point reached; the last one stores the response
+-- and deletes the lease row. A side table, so the one-transaction path never touches it. Tokens
+-- come from one sequence: they only grow for a key, even across a sweep and a reuse of the key.
+CREATE SEQUENCE key_lease_tokens;
+
+CREATE TABLE key_leases (
+    scope        key_text    COLLATE "C" NOT NULL,
+    key          key_text    COLLATE "C" NOT NULL,
+    -- The current holder's fencing token; a takeover replaces it with a larger one.
+    token        bigint      NOT NULL,
+    -- Past it, a retry or the completer may take the key over; a heartbeat moves it on.
+    locked_until timestamptz NOT NULL,
+    -- The registered operation the completer runs, with its arguments (NULL: retries only).
+    operation    text        COLLATE "C",
+    args         jsonb       NOT NULL,
+    -- The last recovery point reached (NULL: none yet) and the state the phases recorded.
+    point        text        COLLATE "C",
+    state        jsonb       NOT NULL,
+    -- Holders so far (the first claim and each takeover), and the last failure of one.
+    attempts     integer     NOT NULL,
+    last_error   text,
+    CONSTRAINT key_leases_pkey PRIMARY KEY (scope, key)
+);
+
+-- Leases by expiry: the completer's search and the health check's stuck phases.
+CREATE INDEX key_leases_expired ON key_leases (locked_until);

@@ -51,6 +51,15 @@ SELECT count(*), coalesce(%(now)s::timestamptz, now()) - min(claimed_at)
  WHERE completed_at IS NULL
    AND claimed_at < coalesce(%(now)s::timestamptz, now()) - %(stuck_after)s::interval
 
+-- name: stuck_phases
+-- Two-phase requests nobody holds: leases expired longer than the threshold ago
+-- (key_leases_expired), by the recovery point they stopped at ('' before the first).
+SELECT coalesce(point, ''), count(*)
+  FROM {schema}.key_leases
+ WHERE locked_until < coalesce(%(now)s::timestamptz, now()) - %(stuck_after)s::interval
+ GROUP BY 1
+ ORDER BY 2 DESC, 1
+
 -- name: horizon_inbox
 -- As horizon_keys, over handled deliveries by source (inbox_finished_by_age).
 SELECT g.scope,

@@ -92,7 +92,11 @@ class AsyncHealthCheck:
                     params = {"now": now, "stuck_after": self.stuck_after}
                     await cur.execute(getattr(self._sql, f"stuck_{policy.target}"), params)
                     count, oldest = await cur.fetchone() or (0, None)
-                    stuck.append(StuckFacts(policy.target, self.stuck_after, count, oldest))
+                    phases: tuple[tuple[str, int], ...] = ()
+                    if policy.target == "keys":
+                        await cur.execute(self._sql.stuck_phases, params)
+                        phases = tuple((point, n) for point, n in await cur.fetchall())
+                    stuck.append(StuckFacts(policy.target, self.stuck_after, count, oldest, phases))
             durability = await self._durability(cur)
             mvcc = await self._mvcc_horizon(cur)
         report = assess(checked_at, groups, stuck, slack=self.slack)

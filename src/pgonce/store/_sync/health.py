@@ -92,7 +92,11 @@ class HealthCheck:
                     params = {"now": now, "stuck_after": self.stuck_after}
                     cur.execute(getattr(self._sql, f"stuck_{policy.target}"), params)
                     count, oldest = cur.fetchone() or (0, None)
-                    stuck.append(StuckFacts(policy.target, self.stuck_after, count, oldest))
+                    phases: tuple[tuple[str, int], ...] = ()
+                    if policy.target == "keys":
+                        cur.execute(self._sql.stuck_phases, params)
+                        phases = tuple((point, n) for point, n in cur.fetchall())
+                    stuck.append(StuckFacts(policy.target, self.stuck_after, count, oldest, phases))
             durability = self._durability(cur)
             mvcc = self._mvcc_horizon(cur)
         report = assess(checked_at, groups, stuck, slack=self.slack)

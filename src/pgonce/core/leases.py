@@ -1,0 +1,142 @@
+"""Two-phase keys without I/O: lease settings, phase names, the provider's key, the retired answer.
+
+A two-phase claim commits at once with a lease and a fencing token; the request then runs as
+phases, each recorded in its own short transaction. What is decided here needs no database: how
+long a lease runs, which names a phase may take, the idempotency key a phase hands to a third
+party (the same for every holder of the key, so the third party deduplicates a retried call), and
+the answer stored when the completer gives up on a request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from pgonce.core.checks import check_duration, check_str
+from pgonce.core.fingerprint import length
+from pgonce.core.outcomes import Response
+from pgonce.errors import UsageError
+
+#: How long a two-phase claim holds its key without a heartbeat: longer than one phase or one
+#: third-party call normally takes (a payment provider answers within seconds and times out at
+#: about 30), short enough that a retry after a crash waits no longer than a client's patience.
+DEFAULT_LEASE = timedelta(seconds=30)
+
+#: The shortest lease allowed: a lease shorter than a round trip to the database would expire
+#: before the holder's first phase could renew it.
+MIN_LEASE = timedelta(seconds=1)
+
+#: The longest a phase name may be (it is stored as the recovery point and shown by health).
+MAX_PHASE_NAME = 64
+
+#: Prefix of the third-party idempotency keys: a provider's dashboard shows where a key came from.
+PROVIDER_KEY_PREFIX = "pgonce-"
+
+
+def check_lease(lease: object, what: str = "a lease") -> timedelta:
+    """Refuse a lease that is not a :class:`~datetime.timedelta` of at least :data:`MIN_LEASE`."""
+    value = check_duration(lease, what)
+    if value < MIN_LEASE:
+        raise UsageError(
+            f"{what} must be at least {MIN_LEASE.total_seconds():.0f} s: it would expire before "
+            "the holder's first phase could renew it"
+        )
+    return value
+
+
+def check_phase(name: object) -> str:
+    """Refuse a phase name that is empty, too long, or not printable ASCII without spaces."""
+    check_str(name, "a phase's name")
+    assert isinstance(name, str)
+    if not (0 < len(name) <= MAX_PHASE_NAME and name.isascii() and name.isprintable()) or (
+        " " in name
+    ):
+        raise UsageError(
+            f"a phase's name is 1 to {MAX_PHASE_NAME} printable ASCII characters without "
+            f"spaces, not {name!r}"
+        )
+    return name
+
+
+def provider_key(scope: str, key: str, phase: str) -> str:
+    """The idempotency key that ``phase`` of the request ``(scope, key)`` gives a third party.
+
+    Deterministic: every holder of the key (the first, a retry that took over, the completer)
+    sends the same one, so the third party runs the call once. Neither the scope nor the key can
+    be read back from it (a SHA-256 of the three, length-prefixed): a provider's logs learn
+    nothing of the caller's keys. 47 characters, within every provider's limit (Stripe's is 255).
+    """
+    parts = [part.encode("utf-8", "surrogatepass") for part in (scope, key, phase)]
+    digest = hashlib.sha256(b"".join(length(len(p)) + p for p in parts)).hexdigest()
+    return PROVIDER_KEY_PREFIX + digest[:40]
+
+
+def check_state(value: object, phase: str) -> None:
+    """Refuse a phase's result that JSON cannot keep as it is: a resume reads it back from JSON."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise UsageError(
+            f"phase {phase!r} returned {type(value).__name__}, which is recorded as JSON and "
+            f"cannot be: {error}; return a dict, list, str, int, float, bool or None"
+        ) from None
+    if json.loads(text) != value:
+        raise UsageError(
+            f"phase {phase!r} returned a value that JSON does not give back unchanged (tuples "
+            "become lists, dict keys become strings): return what a resume will read"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Abandoned:
+    """A two-phase request whose holder's lease ran out: the completer's work item."""
+
+    scope: str
+    key: str
+    operation: str
+    #: Holders so far: the first claim and each takeover.
+    attempts: int
+
+
+@dataclass(slots=True)
+class CompleterPass:
+    """What one pass of the completer did."""
+
+    #: Requests finished from their recovery point.
+    finished: int = 0
+    #: Requests whose work failed again (their lease ends; the next pass tries again).
+    failed: int = 0
+    #: Requests retired with a stored problem answer.
+    retired: int = 0
+    #: One line per failure, for the log.
+    errors: list[str] = field(default_factory=list)
+
+
+def retired_response(scope: str, key: str, attempts: int, error: str | None) -> Response:
+    """The answer stored for a request the completer gave up on after ``attempts`` holders.
+
+    A problem document (RFC 9457) with status 500, stored like any answer: every retry of the
+    key replays it, and nothing runs again.
+    """
+    body = {
+        "type": "https://pgonce.dev/problems/retired",
+        "title": "The request was abandoned and could not be finished",
+        "status": 500,
+        "detail": (
+            f"the request failed {attempts} times and was retired; last error: {error or 'unknown'}"
+        ),
+    }
+    return Response(
+        500,
+        (("content-type", "application/problem+json"),),
+        json.dumps(body, separators=(",", ":")).encode(),
+    )
+
+
+def check_retire_after(value: object) -> int:
+    """Refuse a number of attempts before retirement below 1."""
+    if type(value) is not int or value < 1:
+        raise UsageError(f"retire_after is a whole number of attempts of at least 1, not {value!r}")
+    return value

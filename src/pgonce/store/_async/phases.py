@@ -1,0 +1,601 @@
+"""Two-phase keys on an async psycopg connection: leases, fencing tokens and recovery points.
+
+For a request that must call a third party and answer with its result, which no single
+transaction can hold. The claim commits at once with a lease and a fencing token; each phase of
+the request is then a short transaction of its own that records the point reached together with
+the phase's own writes; the last one stores the response. A retry (or the completer) takes over a
+key whose lease ran out, with a larger token, and resumes after the last recorded point; every
+write of the old holder names its token and is refused from then on (:class:`LeaseLost`).
+
+pgonce owns these transactions: the connection must be idle (outside a transaction), as for
+``begin()``. This file is the source of ``_sync/phases.py`` (``tools/gen_sync.py``); edit this one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
+
+from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA
+from pgonce.core.checks import (
+    check_bool,
+    check_connection,
+    check_int,
+    check_optional_time,
+    check_str,
+)
+from pgonce.core.leases import (
+    DEFAULT_LEASE,
+    Abandoned,
+    CompleterPass,
+    check_lease,
+    check_phase,
+    check_retire_after,
+    check_state,
+    provider_key,
+    retired_response,
+)
+from pgonce.core.outcomes import (
+    Claim,
+    ClaimRow,
+    InFlight,
+    Replay,
+    Response,
+    Won,
+    decide,
+    validate_fingerprint,
+    validate_key,
+    validate_response,
+)
+from pgonce.errors import DatabaseError, LeaseLost, UsageError
+from pgonce.sql import Queries
+from pgonce.store._async.sweeper import StopSignal, _wait
+from pgonce.store.cursors import cursor
+from pgonce.store.errors import translate_errors
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger("pgonce.completer")
+
+#: How often the completer looks for abandoned requests. A request is abandoned only once its
+#: lease ran out (30 s by default), so looking more often than every few seconds finds nothing new.
+DEFAULT_COMPLETE_EVERY = timedelta(seconds=5)
+#: Requests claimed longer ago than this are left to a person (the health check shows them): a
+#: client has long given up on an answer, and finishing a day-old payment surprises everyone.
+DEFAULT_COMPLETE_MAX_AGE = timedelta(hours=1)
+#: Holders that failed before the completer retires a request with a stored problem answer: a
+#: provider outage of a few minutes is ridden out, a request that can never succeed is not
+#: retried forever.
+DEFAULT_RETIRE_AFTER = 5
+
+Row = TypeVar("Row")
+#: What a phase returns: recorded as JSON, and read back from it when a retry skips the phase.
+Value = TypeVar("Value")
+
+#: The registered work of a resumable request: runs its phases on the operation, returns the answer.
+Work = Callable[["AsyncPhasedOperation[Any]"], Awaitable[Response]]
+
+
+class AsyncPhaseStore:
+    """Two-phase claims of keys in pgonce's ``keys`` table, with their leases in ``key_leases``.
+
+    ``lease`` is how long a holder owns its key without a heartbeat; each phase's record renews
+    it. ``wait`` bounds the claim's wait for a concurrent one-transaction claim of the same key.
+    ``retry_after`` and ``store_server_errors`` are as for :class:`AsyncKeyStore`: a 5xx answer is
+    not stored by default, and the key is handed on from its recovery point instead.
+    """
+
+    def __init__(
+        self,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        lease: timedelta = DEFAULT_LEASE,
+        wait: timedelta = DEFAULT_CLAIM_WAIT,
+        retry_after: int = DEFAULT_RETRY_AFTER,
+        store_server_errors: bool = False,
+    ) -> None:
+        check_str(schema, "the schema")
+        check_int(retry_after, "retry_after", low=0)
+        check_bool(store_server_errors, "store_server_errors")
+        self.schema = schema
+        self.lease = check_lease(lease)
+        self.wait = wait
+        self.retry_after = retry_after
+        self.store_server_errors = store_server_errors
+        self._sql = Queries("phases", schema)
+        self._wait_ms = str(max(1, wait // timedelta(milliseconds=1)))
+
+    def stores(self, response: Response) -> bool:
+        """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
+        return self.stores_status(response.status)
+
+    def stores_status(self, status: int | None) -> bool:
+        """Whether a response with ``status`` is kept for replays."""
+        return status is None or status < 500 or self.store_server_errors
+
+    async def start(
+        self,
+        conn: AsyncConnection[Row],
+        scope: str,
+        key: str,
+        fingerprint: bytes,
+        *,
+        operation: str | None = None,
+        args: Any = None,
+        now: datetime | None = None,
+    ) -> AsyncPhasedOperation[Row]:
+        """Claim ``(scope, key)`` in two-phase mode, or take over its expired lease.
+
+        The claim commits before this returns: the keys row and its lease, with a new fencing
+        token. The operation that comes back has :attr:`~AsyncPhasedOperation.claim`:
+        :class:`Won` (run the phases; a key taken over resumes after its recorded point, with
+        :attr:`~AsyncPhasedOperation.resumed` true), :class:`Replay` (the stored answer) or
+        :class:`InFlight` (another holder's lease still runs, or a one-transaction claim holds
+        the key). A different request with the same key raises
+        :class:`~pgonce.errors.KeyMismatch`.
+
+        ``operation`` names the registered work the completer runs to finish the request if
+        every client gives up on it, and ``args`` (JSON) is what that work reads.
+        """
+        self._check_idle(conn)
+        validate_key(scope, key)
+        validate_fingerprint(fingerprint)
+        check_optional_time(now)
+        if operation is not None:
+            check_str(operation, "the operation")
+        check_state(args, "the request's args")
+        params = {
+            "scope": scope,
+            "key": key,
+            "fingerprint": fingerprint,
+            "now": now,
+            "lease": self.lease,
+            "wait_ms": self._wait_ms,
+            "operation": operation,
+            "args": Jsonb(args),
+            "state": Jsonb({}),
+            "max_age": None,
+        }
+        op = AsyncPhasedOperation(self, conn, scope, key)
+        with translate_errors("claiming a two-phase key"):
+            try:
+                async with conn.transaction():
+                    cur = cursor(conn)
+                    await cur.execute(self._sql.claim, params)
+                    won = await cur.fetchone()
+                    if won is None:
+                        await cur.execute(self._sql.take_over, params)
+                        row = await cur.fetchone()
+            except psycopg.errors.LockNotAvailable:
+                # A one-transaction claim of the key is still open past the wait.
+                op.claim = InFlight(retry_after=self.retry_after, reason="locked")
+                return op
+        if won is not None:
+            op._hold(Won(scope, key, fingerprint, won[1]), won[0], None, {}, args, 1)
+            return op
+        assert row is not None
+        op.claim = claim = self._decided(row, scope, key, fingerprint)
+        if isinstance(claim, Won):
+            op._hold(claim, *_taken(row))
+            op.resumed = True
+        elif isinstance(claim, Replay):
+            op.response = claim.response
+        return op
+
+    async def resume(
+        self,
+        conn: AsyncConnection[Row],
+        scope: str,
+        key: str,
+        *,
+        max_age: timedelta | None = None,
+        now: datetime | None = None,
+    ) -> AsyncPhasedOperation[Row]:
+        """Take over ``(scope, key)`` whatever its request, if its lease has expired.
+
+        The completer's takeover: it knows the key, not the request. ``max_age`` leaves alone a
+        request claimed longer ago than that. :attr:`~AsyncPhasedOperation.won` is false when
+        there was nothing to take over (finished, still leased, too old, gone).
+        """
+        self._check_idle(conn)
+        validate_key(scope, key)
+        check_optional_time(now)
+        params = {
+            "scope": scope,
+            "key": key,
+            "fingerprint": None,
+            "now": now,
+            "lease": self.lease,
+            "max_age": max_age,
+        }
+        op = AsyncPhasedOperation(self, conn, scope, key)
+        with translate_errors("taking over a two-phase key"):
+            try:
+                async with conn.transaction():
+                    cur = cursor(conn)
+                    await cur.execute(self._sql.bound_wait, {"wait_ms": self._wait_ms})
+                    await cur.execute(self._sql.take_over, params)
+                    row = await cur.fetchone()
+            except psycopg.errors.LockNotAvailable:
+                op.claim = InFlight(retry_after=self.retry_after, reason="locked")
+                return op
+        assert row is not None
+        if row[6] is None:
+            op.claim = InFlight(retry_after=self.retry_after, reason="leased")
+            return op
+        op._hold(Won(scope, key, bytes(row[0]), row[1]), *_taken(row))
+        op.resumed = True
+        return op
+
+    async def abandoned(
+        self, conn: AsyncConnection[Row], *, limit: int = 100, now: datetime | None = None
+    ) -> list[Abandoned]:
+        """Up to ``limit`` requests of a registered operation whose lease has expired."""
+        check_int(limit, "limit")
+        check_optional_time(now)
+        self._check_idle(conn)
+        # A transaction of its own, ended here: the takeovers that follow need an idle
+        # connection, whether or not it is in autocommit.
+        with translate_errors("reading abandoned two-phase keys"):
+            async with conn.transaction():
+                cur = await cursor(conn).execute(self._sql.abandoned, {"now": now, "limit": limit})
+                rows = await cur.fetchall()
+        return [Abandoned(*row) for row in rows]
+
+    async def complete(
+        self,
+        conn: AsyncConnection[Row],
+        operations: Mapping[str, Work],
+        *,
+        limit: int = 100,
+        max_age: timedelta | None = DEFAULT_COMPLETE_MAX_AGE,
+        retire_after: int = DEFAULT_RETIRE_AFTER,
+        now: datetime | None = None,
+    ) -> CompleterPass:
+        """One pass of the completer: finish abandoned requests from their recovery point.
+
+        ``operations`` maps an operation's name (``start(operation=...)``) to its registered
+        work; a request of an operation not in it is left alone. A request whose holders
+        failed ``retire_after`` times is retired instead: a problem answer (500) is stored, and
+        every retry replays it. A request claimed more than ``max_age`` ago is left to the
+        health check's stuck phases.
+        """
+        check_retire_after(retire_after)
+        done = CompleterPass()
+        for item in await self.abandoned(conn, limit=limit, now=now):
+            work = operations.get(item.operation)
+            if work is None:
+                continue
+            op = await self.resume(conn, item.scope, item.key, max_age=max_age, now=now)
+            if not op.won:
+                continue
+            if op.attempts > retire_after:
+                await op.finish(
+                    retired_response(item.scope, item.key, op.attempts - 1, op.last_error),
+                    now=now,
+                    force=True,
+                )
+                done.retired += 1
+                continue
+            try:
+                await op.run(work, now=now)
+            except LeaseLost:
+                continue
+            except Exception as error:  # the work failed: recorded, tried again next pass
+                done.failed += 1
+                done.errors.append(f"{item.scope}/{item.key}: {_describe(error)}")
+                continue
+            done.finished += 1
+        return done
+
+    def _check_idle(self, conn: AsyncConnection[Row]) -> None:
+        check_connection(conn, AsyncConnection, self)
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            raise UsageError(
+                "a two-phase key commits each phase in a transaction of its own: it needs an "
+                "idle connection, outside a transaction"
+            )
+
+    def _decided(self, row: tuple[Any, ...], scope: str, key: str, fingerprint: bytes) -> Claim:
+        if row[6] is not None:  # the lease was taken over: the request is the same, unfinished
+            return Won(scope, key, fingerprint, row[1])
+        if row[0] is None:  # the key went again between the claim and this read
+            return InFlight(retry_after=self.retry_after, reason="gone")
+        claim = decide(
+            ClaimRow("existing", *row[:6]),
+            scope=scope,
+            key=key,
+            fingerprint=fingerprint,
+            retry_after=self.retry_after,
+        )
+        if isinstance(claim, InFlight):
+            return InFlight(retry_after=self.retry_after, reason="leased")
+        return claim
+
+
+async def complete_every(
+    pool: AsyncConnectionPool[Any],
+    store: AsyncPhaseStore,
+    operations: Mapping[str, Work],
+    stop: StopSignal,
+    *,
+    every: timedelta = DEFAULT_COMPLETE_EVERY,
+    max_age: timedelta | None = DEFAULT_COMPLETE_MAX_AGE,
+    retire_after: int = DEFAULT_RETIRE_AFTER,
+    on_run: Callable[[CompleterPass], None] | None = None,
+) -> None:
+    """The in-process completer: a pass now, then one every ``every``, until ``stop`` is set.
+
+    A pass takes a connection from ``pool`` and gives it back when done. A pass that fails on
+    the database is logged and tried again at the next tick; a request whose work fails is
+    logged once per failure, and its lease ended so that the next pass resumes it.
+    """
+    if every <= timedelta(0):
+        raise UsageError("the completer's interval must be positive")
+    while not stop.is_set():
+        try:
+            async with pool.connection() as conn:
+                done = await store.complete(
+                    conn, operations, max_age=max_age, retire_after=retire_after
+                )
+        except DatabaseError as error:
+            log.warning("completer pass failed, retrying in %s: %s", every, error)
+        else:
+            for line in done.errors:
+                log.warning("abandoned request failed again, retried in %s: %s", every, line)
+            if done.finished or done.retired:
+                log.info(
+                    "completer: %d finished, %d retired, %d failed",
+                    done.finished,
+                    done.retired,
+                    done.failed,
+                )
+            if on_run is not None:
+                on_run(done)
+        await _wait(stop, every)
+
+
+class AsyncPhasedOperation(Generic[Row]):
+    """One two-phase request: its claim, its fencing token and the phases it has passed.
+
+    ``state`` maps each phase passed to what it returned. Every write names :attr:`token` and
+    raises :class:`~pgonce.errors.LeaseLost`, having written nothing, once the key was taken
+    over by a larger one.
+    """
+
+    def __init__(
+        self, store: AsyncPhaseStore, conn: AsyncConnection[Row], scope: str, key: str
+    ) -> None:
+        self._store = store
+        self._conn = conn
+        self.scope = scope
+        self.key = key
+        self.claim: Claim = InFlight(retry_after=store.retry_after, reason="leased")
+        #: The fencing token of this holder (0 when it holds nothing).
+        self.token = 0
+        #: The last recovery point reached (None: none yet).
+        self.point: str | None = None
+        self.state: dict[str, Any] = {}
+        #: The request's arguments, as ``start()`` recorded them.
+        self.args: Any = None
+        #: Holders so far, this one included.
+        self.attempts = 0
+        #: The last failure a holder recorded (a resumed request's).
+        self.last_error: str | None = None
+        #: True when this holder took the key over from an earlier one.
+        self.resumed = False
+        self.response: Response | None = None
+        #: True once this holder stored the response.
+        self.stored = False
+
+    def _hold(
+        self,
+        claim: Won,
+        token: int,
+        point: str | None,
+        state: dict[str, Any],
+        args: Any,
+        attempts: int,
+        last_error: str | None = None,
+    ) -> None:
+        self.claim = claim
+        self.token = token
+        self.point = point
+        self.state = state
+        self.args = args
+        self.attempts = attempts
+        self.last_error = last_error
+
+    @property
+    def won(self) -> bool:
+        return isinstance(self.claim, Won)
+
+    @property
+    def replayed(self) -> bool:
+        return isinstance(self.claim, Replay)
+
+    @property
+    def in_flight(self) -> bool:
+        return isinstance(self.claim, InFlight)
+
+    def reached(self, phase: str) -> bool:
+        """Whether ``phase`` was passed (by this holder or an earlier one)."""
+        return check_phase(phase) in self.state
+
+    def idempotency_key(self, phase: str) -> str:
+        """The idempotency key ``phase`` hands to a third party: the same for every holder."""
+        return provider_key(self.scope, self.key, check_phase(phase))
+
+    async def phase(
+        self,
+        name: str,
+        work: Callable[[AsyncConnection[Row]], Awaitable[Value]],
+        *,
+        now: datetime | None = None,
+    ) -> Value:
+        """Run ``work(conn)`` in a transaction of its own that records the phase; its value.
+
+        The phase's writes (on ``conn``) and its recovery point commit together, fenced: a
+        holder whose key was taken over commits nothing and gets
+        :class:`~pgonce.errors.LeaseLost`. A phase already passed is skipped, and what it
+        returned then is returned again (read back from JSON).
+        """
+        self._check_holding(name, now)
+        if name in self.state:
+            return self.state[name]  # type: ignore[no-any-return]
+        conn = self._conn
+        async with conn.transaction():
+            value = await work(conn)
+            await self._record(name, value, now)
+        return value
+
+    async def call(
+        self,
+        name: str,
+        work: Callable[[str], Awaitable[Value]],
+        *,
+        now: datetime | None = None,
+    ) -> Value:
+        """Call a third party outside any transaction with ``work(idempotency_key)``; its value.
+
+        No transaction is open and no lock held while ``work`` runs. Its value is then recorded
+        as the phase ``name`` in a short fenced transaction, so a retry skips the call and reads
+        the value back; should the holder die before that, the retry calls again with the same
+        idempotency key (:meth:`idempotency_key`), and the third party answers what it did.
+        """
+        self._check_holding(name, now)
+        if name in self.state:
+            return self.state[name]  # type: ignore[no-any-return]
+        value = await work(self.idempotency_key(name))
+        async with self._conn.transaction():
+            await self._record(name, value, now)
+        return value
+
+    async def _record(self, name: str, value: object, now: datetime | None) -> None:
+        check_state(value, name)
+        state = {**self.state, name: value}
+        with translate_errors("recording a phase"):
+            cur = await cursor(self._conn).execute(
+                self._store._sql.record,
+                {**self._keyed(now), "point": name, "state": Jsonb(state)},
+            )
+        if cur.rowcount != 1:
+            raise LeaseLost(self.scope, self.key, self.token)
+        self.state = state
+        self.point = name
+
+    async def renew(self, *, now: datetime | None = None) -> None:
+        """The heartbeat: the lease runs for the store's ``lease`` from ``now`` on."""
+        self._check_holding(None, now)
+        with translate_errors("renewing a lease"):
+            async with self._conn.transaction():
+                cur = await cursor(self._conn).execute(self._store._sql.renew, self._keyed(now))
+        if cur.rowcount != 1:
+            raise LeaseLost(self.scope, self.key, self.token)
+
+    async def finish(
+        self,
+        response: Response,
+        *,
+        writes: Callable[[AsyncConnection[Row]], Awaitable[None]] | None = None,
+        now: datetime | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Store ``response`` as the key's answer with ``writes(conn)``, in one fenced
+        transaction; True when stored.
+
+        A 5xx that is not stored (see :class:`AsyncPhaseStore`) ends the lease instead (as
+        :meth:`fail`): the key stays claimed, and the next retry resumes from the recovery point.
+        ``force`` stores it whatever its status (the completer's retired answer).
+        """
+        self._check_holding(None, now)
+        validate_response(response)
+        if not force and not self._store.stores(response):
+            await self.fail(f"answered {response.status}", now=now)
+            return False
+        status, headers, body = response.status, [list(h) for h in response.headers], response.body
+        params = {**self._keyed(now), "status": status, "headers": Jsonb(headers), "body": body}
+        async with self._conn.transaction():
+            if writes is not None:
+                await writes(self._conn)
+            with translate_errors("storing a two-phase answer"):
+                cur = await cursor(self._conn).execute(self._store._sql.finish, params)
+            if cur.rowcount != 1:
+                raise LeaseLost(self.scope, self.key, self.token)
+        self.response = response
+        self.stored = True
+        return True
+
+    async def fail(self, error: str, *, now: datetime | None = None) -> None:
+        """End the lease now and note ``error``: the next retry, or the completer, takes over at
+        once and resumes from the recovery point. Refused (:class:`LeaseLost`) when already
+        taken over."""
+        self._check_holding(None, now)
+        check_str(error, "the error")
+        with translate_errors("ending a lease"):
+            async with self._conn.transaction():
+                cur = await cursor(self._conn).execute(
+                    self._store._sql.fail, {**self._keyed(now), "error": error[:1000]}
+                )
+        if cur.rowcount != 1:
+            raise LeaseLost(self.scope, self.key, self.token)
+
+    async def run(self, work: Work, *, now: datetime | None = None) -> Response:
+        """Run ``work(self)`` and store the answer it returns; the answer.
+
+        For a claim that did not win, nothing runs: the answer is the stored one (a replay) or
+        None (in flight). An exception in the work ends the lease (:meth:`fail`) and
+        propagates: the next retry resumes from the recovery point. A :class:`LeaseLost`
+        propagates as it is: the key is the new holder's.
+        """
+        if not self.won:
+            return self.response  # type: ignore[return-value]
+        try:
+            response = await work(self)
+            await self.finish(response, now=now)
+        except LeaseLost:
+            raise
+        except Exception as error:
+            # Only after a failed phase or call: the connection is idle again (the phase's
+            # transaction was rolled back), and this short transaction records the failure.
+            await self.fail(_describe(error), now=now)
+            raise
+        return response
+
+    def _check_holding(self, phase: str | None, now: datetime | None) -> None:
+        if not self.won:
+            raise UsageError("only the holder of a two-phase claim (op.won) runs its phases")
+        if phase is not None:
+            check_phase(phase)
+        check_optional_time(now)
+
+    def _keyed(self, now: datetime | None) -> dict[str, Any]:
+        store = self._store
+        return {
+            "scope": self.scope,
+            "key": self.key,
+            "token": self.token,
+            "now": now,
+            "lease": store.lease,
+        }
+
+
+def _taken(
+    row: tuple[Any, ...],
+) -> tuple[int, str | None, dict[str, Any], Any, int, str | None]:
+    """token, point, state, args, attempts, last_error of a take_over row that took over."""
+    return row[6], row[7], dict(row[8]), row[9], row[10], row[11]
+
+
+def _describe(error: BaseException) -> str:
+    """A failure as the lease records it: the type and the first line of the message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
