@@ -59,13 +59,14 @@ def problem(status: int, title: str, detail: str) -> Response:
 
 def create_app(dsn: str | None = None, **idempotency: Any) -> Flask:
     """The app on ``dsn`` (default: ``PGONCE_DSN``); ``idempotency`` tunes the middleware."""
-    # connect_kwargs(): no prepared statements behind a transaction-mode pooler (PGONCE_POOLER).
+    # pool_kwargs(): 503 + Retry-After when no connection comes within a second, fast
+    # reconnection after a failover, no prepared statements behind a transaction-mode pooler.
     pool = ConnectionPool(
         dsn or os.environ["PGONCE_DSN"],
         min_size=2,
         max_size=int(os.environ.get("PGONCE_POOL_SIZE", "20")),
-        kwargs=Settings.from_env().connect_kwargs(),
         open=True,
+        **Settings.from_env().pool_kwargs(),
     )
     with pool.connection() as conn:
         conn.execute(CREATE_TABLE)

@@ -99,10 +99,16 @@ async def invalid_request(request: Request, error: RequestValidationError) -> Re
 
 def create_app(dsn: str | None = None, **idempotency: Any) -> FastAPI:
     """The app on ``dsn`` (default: ``PGONCE_DSN``); ``idempotency`` tunes the middleware."""
-    # connect_kwargs(): no prepared statements behind a transaction-mode pooler (PGONCE_POOLER).
-    connect = Settings.from_env().connect_kwargs()
+    # pool_kwargs(): a request gets no connection within a second -> 503 + Retry-After (not
+    # psycopg_pool's 30 s wait); lost connections are replaced by tries about a second apart, so
+    # after a failover the app follows the new primary at once; no prepared statements behind a
+    # transaction-mode pooler (PGONCE_POOLER).
     pool = AsyncConnectionPool(
-        dsn or os.environ["PGONCE_DSN"], open=False, min_size=2, max_size=10, kwargs=connect
+        dsn or os.environ["PGONCE_DSN"],
+        open=False,
+        min_size=2,
+        max_size=10,
+        **Settings.from_env().pool_kwargs(),
     )
 
     @asynccontextmanager

@@ -54,6 +54,24 @@ POOLERS = ("auto", "none", "pgbouncer-transaction")
 DEFAULT_POOLER = "auto"
 TRANSACTION_POOLER = "pgbouncer-transaction"
 
+#: How long opening one connection may take (libpq's connect_timeout, whole seconds, at least
+#: 2). A server that is up answers in milliseconds; a dead host (the old primary during a
+#: failover) is given up after this, and a multi-host DSN tries its next host.
+DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=2)
+
+#: How long a request waits for a connection from the pool before it is answered 503 with
+#: Retry-After. A request holds a connection for milliseconds, so a second without one means
+#: the pool is exhausted or the database is gone: the client is told to come back at once,
+#: instead of holding its connection (and ours) for psycopg_pool's default of 30 seconds.
+DEFAULT_POOL_WAIT = timedelta(seconds=1)
+
+#: How long psycopg_pool keeps retrying to replace one lost connection before it gives up (and a
+#: request that finds the pool short starts a new try at once). Its default, five minutes, lets
+#: the delay between tries double from one second: after a failover the next try came 8.5 to 9.7 s
+#: after the new primary accepted writes. Giving up after two seconds keeps the tries at most
+#: about a second apart (psycopg_pool's first delay) for as long as requests come.
+RECONNECT_TIMEOUT = timedelta(seconds=2)
+
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -93,6 +111,16 @@ class Settings:
         ``prepare_threshold`` is None whatever it was set to."""
         threshold = None if self.pooler == TRANSACTION_POOLER else self.prepare_threshold
         return {"prepare_threshold": threshold}
+
+    def pool_kwargs(
+        self,
+        *,
+        wait: timedelta = DEFAULT_POOL_WAIT,
+        connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
+    ) -> dict[str, Any]:
+        """psycopg_pool's arguments for a pool on the request path, with these settings'
+        connection arguments: see :func:`pool_kwargs`."""
+        return pool_kwargs(self.connect_kwargs(), wait=wait, connect_timeout=connect_timeout)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -143,6 +171,39 @@ def own_connect_kwargs(
     if pooler == TRANSACTION_POOLER:
         kwargs["prepare_threshold"] = None
     return kwargs
+
+
+def pool_kwargs(
+    connect_kwargs: Mapping[str, Any] | None = None,
+    *,
+    wait: timedelta = DEFAULT_POOL_WAIT,
+    connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
+) -> dict[str, Any]:
+    """psycopg_pool's arguments for a pool that serves requests: it fails fast and comes back fast.
+
+    ``AsyncConnectionPool(dsn, min_size=2, max_size=10, **pool_kwargs())``: a request that gets no
+    connection within ``wait`` raises ``PoolTimeout`` (the idempotency middleware and the WSGI
+    adapter answer it 503 with Retry-After) instead of waiting psycopg_pool's 30 seconds; a
+    connect gives a dead host up after ``connect_timeout`` (a multi-host DSN then tries its next
+    host); a lost connection is replaced by tries at most about a second apart
+    (:data:`RECONNECT_TIMEOUT`), so that after a failover the pool follows the new primary within
+    about a second of it accepting writes. ``connect_kwargs`` go to every connection (for
+    example :meth:`Settings.connect_kwargs`).
+    """
+    if wait <= timedelta(0):
+        raise ConfigError(f"wait must be longer than 0s, not {wait}")
+    if connect_timeout < timedelta(seconds=2) or connect_timeout % timedelta(seconds=1):
+        raise ConfigError(
+            "connect_timeout must be whole seconds (libpq's unit), at least 2s, "
+            f"not {connect_timeout}"
+        )
+    kwargs = dict(connect_kwargs or {})
+    kwargs["connect_timeout"] = int(connect_timeout.total_seconds())
+    return {
+        "kwargs": kwargs,
+        "timeout": wait.total_seconds(),
+        "reconnect_timeout": RECONNECT_TIMEOUT.total_seconds(),
+    }
 
 
 def validate_pooler(pooler: str) -> str:

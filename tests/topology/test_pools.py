@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from faults.proxy import Proxy
+from pgonce.config import Settings, pool_kwargs
 from pgonce.errors import ConfigError
 from pgonce.http import IdempotencyMiddleware
 from pgonce.http.middleware import header_scope
@@ -199,11 +200,24 @@ async def _select_one(pool: AsyncConnectionPool[Any], wait: float | None = None)
         await conn.execute("SELECT 1")
 
 
-async def test_after_an_outage_the_first_request_gets_a_new_connection(dsn: str) -> None:
+def _service_pool(dsn: str, wait: timedelta) -> AsyncConnectionPool[Any]:
+    settings = PoolConfig(min_size=2, max_size=4, wait=wait)
+    return request_pool(dsn, settings, {"connect_timeout": 2})
+
+
+def _application_pool(dsn: str, wait: timedelta) -> AsyncConnectionPool[Any]:
+    # What the how-to and the example apps do with their own pool.
+    arguments = Settings().pool_kwargs(wait=wait)
+    return AsyncConnectionPool(dsn, min_size=2, max_size=4, open=False, **arguments)
+
+
+@pytest.mark.parametrize("make_pool", [_service_pool, _application_pool], ids=["service", "app"])
+async def test_after_an_outage_the_first_request_gets_a_new_connection(
+    dsn: str, make_pool: Callable[[str, timedelta], AsyncConnectionPool[Any]]
+) -> None:
     with _proxy_for(dsn) as proxy:
         proxied = make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port))
-        settings = PoolConfig(min_size=2, max_size=4, wait=timedelta(milliseconds=300))
-        async with request_pool(proxied, settings, {"connect_timeout": 2}) as pool:
+        async with make_pool(proxied, timedelta(milliseconds=300)) as pool:
             await pool.wait()
             proxy.refuse(True)  # the server is gone: open connections cut, new ones reset
             # Each request fails at once with an error the service answers 503, never a hang.
@@ -216,3 +230,16 @@ async def test_after_an_outage_the_first_request_gets_a_new_connection(dsn: str)
             # The server is back: the first request, within one pool wait of a second, gets a
             # connection. With the default backoff the next try would still be seconds away.
             await _select_one(pool, wait=1.5)
+
+
+def test_pool_kwargs_refuse_what_libpq_or_the_pool_cannot_honour() -> None:
+    assert pool_kwargs({"prepare_threshold": None})["kwargs"] == {
+        "prepare_threshold": None,
+        "connect_timeout": 2,
+    }
+    with pytest.raises(ConfigError, match="wait must be longer than 0s"):
+        pool_kwargs(wait=timedelta(0))
+    with pytest.raises(ConfigError, match="whole seconds"):
+        pool_kwargs(connect_timeout=timedelta(milliseconds=2500))
+    with pytest.raises(ConfigError, match="at least 2s"):
+        pool_kwargs(connect_timeout=timedelta(seconds=1))

@@ -24,7 +24,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pgonce.config import DEFAULT_DATA_DIR, DEFAULT_SCHEMA, POOLERS, Settings
+from pgonce.config import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_DATA_DIR,
+    DEFAULT_POOL_WAIT,
+    DEFAULT_SCHEMA,
+    POOLERS,
+    Settings,
+)
 from pgonce.core.inbox import Ordering, RetryPolicy
 from pgonce.core.leases import DEFAULT_LEASE, MIN_LEASE
 from pgonce.core.retention import (
@@ -65,17 +72,6 @@ DEFAULT_POOL_MIN_SIZE = 2
 #: thousands of requests a second while leaving room for several processes under a small
 #: server's 100 max_connections.
 DEFAULT_POOL_MAX_SIZE = 10
-
-#: How long opening one connection may take (libpq's connect_timeout, whole seconds, at least
-#: 2). A server that is up answers in milliseconds; a dead host (the old primary during a
-#: failover) is given up after this, and a multi-host DSN tries its next host.
-DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=2)
-
-#: How long a request waits for a connection from the pool before it is answered 503 with
-#: Retry-After. A request holds a connection for milliseconds, so a second without one means
-#: the pool is exhausted or the database is gone: the client is told to come back at once,
-#: instead of holding its connection (and ours) for psycopg_pool's default of 30 seconds.
-DEFAULT_POOL_WAIT = timedelta(seconds=1)
 
 ENV_PREFIX = "PGONCE__"
 _HAS_PASSWORD = re.compile(r"^[a-z0-9+.-]+://[^/@]*:[^/@]*@")

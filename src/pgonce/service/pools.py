@@ -4,10 +4,11 @@
   from ``[database]``; a request that cannot get a connection within ``pool_wait`` is answered
   503 with Retry-After (the middleware and the webhook receiver translate the pool's timeout),
   never held for psycopg_pool's default 30 seconds.
-- A lost connection is replaced by tries at most about a second apart (see
-  :data:`RECONNECT_TIMEOUT`), so that after a failover pgonce follows the new primary within
-  about a second of it accepting writes (with a multi-host DSN and
-  ``target_session_attrs=read-write``, libpq finds which host that is).
+- A lost connection is replaced by tries at most about a second apart
+  (:func:`pgonce.config.pool_kwargs`, the same arguments an application's own pool takes), so
+  that after a failover pgonce follows the new primary within about a second of it accepting
+  writes (with a multi-host DSN and ``target_session_attrs=read-write``, libpq finds which host
+  that is).
 - Behind a transaction-mode pooler (``pooler``, or found at start with ``auto``), no statement is
   prepared: psycopg's ``prepare_threshold`` is None on every connection the service opens, and
   pgonce's own statements go unnamed. LISTEN needs a session of its own: ``listen_dsn`` gives the
@@ -25,19 +26,12 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from pgonce.config import TRANSACTION_POOLER
+from pgonce.config import TRANSACTION_POOLER, pool_kwargs
 from pgonce.database import POLLING_COST, shares_server_sessions
 from pgonce.service.config import PoolConfig, ServiceConfig
 from pgonce.store import wire
 
 log = logging.getLogger("pgonce.service")
-
-#: How long psycopg_pool keeps retrying to replace one lost connection before it gives up (and a
-#: request that finds the pool short starts a new try at once). Its default, five minutes, lets
-#: the delay between tries double from one second: after a failover the next try came 8.5 to 9.7 s
-#: after the new primary accepted writes. Giving up after two seconds keeps the tries at most
-#: about a second apart (psycopg_pool's first delay) for as long as requests come.
-RECONNECT_TIMEOUT = timedelta(seconds=2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +87,9 @@ def request_pool(
         dsn,
         min_size=pool.min_size,
         max_size=pool.max_size,
-        kwargs=connect_kwargs,
-        timeout=pool.wait.total_seconds(),
-        reconnect_timeout=RECONNECT_TIMEOUT.total_seconds(),
         open=False,
         name="pgonce-service",
+        **pool_kwargs(connect_kwargs, wait=pool.wait, connect_timeout=pool.connect_timeout),
     )
 
 
