@@ -26,13 +26,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA
-from pgonce.core.checks import (
-    check_bool,
-    check_connection,
-    check_int,
-    check_optional_time,
-    check_str,
-)
+from pgonce.core.checks import check_connection, check_int, check_optional_time, check_str
 from pgonce.core.leases import (
     DEFAULT_LEASE,
     Abandoned,
@@ -59,6 +53,7 @@ from pgonce.core.outcomes import (
 from pgonce.errors import DatabaseError, LeaseLost, UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.sweeper import StopSignal, _wait
+from pgonce.store.common import check_key_settings
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -104,16 +99,19 @@ class PhaseStore:
         retry_after: int = DEFAULT_RETRY_AFTER,
         store_server_errors: bool = False,
     ) -> None:
-        check_str(schema, "the schema")
-        check_int(retry_after, "retry_after", low=0)
-        check_bool(store_server_errors, "store_server_errors")
+        wait_ms = check_key_settings(
+            schema=schema,
+            wait=wait,
+            retry_after=retry_after,
+            store_server_errors=store_server_errors,
+        )
         self.schema = schema
         self.lease = check_lease(lease)
         self.wait = wait
         self.retry_after = retry_after
         self.store_server_errors = store_server_errors
         self._sql = Queries("phases", schema)
-        self._wait_ms = str(max(1, wait // timedelta(milliseconds=1)))
+        self._wait_ms = str(wait_ms)
 
     def stores(self, response: Response) -> bool:
         """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
