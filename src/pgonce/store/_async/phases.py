@@ -29,6 +29,7 @@ from pgonce.core.leases import (
     DEFAULT_LEASE,
     Abandoned,
     CompleterPass,
+    check_heartbeat,
     check_lease,
     check_phase,
     check_retire_after,
@@ -54,6 +55,7 @@ from pgonce.store._async.sweeper import StopSignal, _wait
 from pgonce.store.common import check_key_settings
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
+from pgonce.store.heartbeat import AsyncHeartbeat
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -83,7 +85,9 @@ class AsyncPhaseStore:
     """Two-phase claims of keys in pgonce's ``keys`` table, with their leases in ``key_leases``.
 
     ``lease`` is how long a holder owns its key without a heartbeat; each phase's record renews
-    it. ``wait`` bounds the claim's wait for a concurrent one-transaction claim of the same key.
+    it, and while a third party's call runs (:meth:`AsyncPhasedOperation.call`) a heartbeat
+    renews it every ``heartbeat`` (a third of the lease by default). ``wait`` bounds the claim's
+    wait for a concurrent one-transaction claim of the same key.
     ``retry_after`` and ``store_server_errors`` are as for :class:`AsyncKeyStore`: a 5xx answer is
     not stored by default, and the key is handed on from its recovery point instead.
     """
@@ -96,6 +100,7 @@ class AsyncPhaseStore:
         wait: timedelta = DEFAULT_CLAIM_WAIT,
         retry_after: int = DEFAULT_RETRY_AFTER,
         store_server_errors: bool = False,
+        heartbeat: timedelta | None = None,
     ) -> None:
         wait_ms = check_key_settings(
             schema=schema,
@@ -105,6 +110,7 @@ class AsyncPhaseStore:
         )
         self.schema = schema
         self.lease = check_lease(lease)
+        self.heartbeat = check_heartbeat(heartbeat, self.lease)
         self.wait = wait
         self.retry_after = retry_after
         self.store_server_errors = store_server_errors
@@ -393,6 +399,9 @@ class AsyncPhasedOperation(Generic[Row]):
         self.response: Response | None = None
         #: True once this holder stored the response.
         self.stored = False
+        #: True once a write or a heartbeat of this holder was refused: the key was taken over,
+        #: and every later write raises :class:`~pgonce.errors.LeaseLost` without being tried.
+        self.lost = False
 
     def _hold(
         self,
@@ -461,6 +470,7 @@ class AsyncPhasedOperation(Generic[Row]):
         work: Callable[[str], Awaitable[Value]],
         *,
         now: datetime | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> Value:
         """Call a third party outside any transaction with ``work(idempotency_key)``; its value.
 
@@ -468,11 +478,27 @@ class AsyncPhasedOperation(Generic[Row]):
         as the phase ``name`` in a short fenced transaction, so a retry skips the call and reads
         the value back; should the holder die before that, the retry calls again with the same
         idempotency key (:meth:`idempotency_key`), and the third party answers what it did.
+
+        While ``work`` runs, a heartbeat renews the lease every ``heartbeat`` of the store on
+        this connection (``work`` must not use it), so a call longer than the lease keeps the
+        key. ``now`` is the time of the record; ``clock`` gives the time of each renewal
+        (default: ``now``, or the database's clock when ``now`` is None). A renewal that finds
+        the key taken over means the call's value must not count: the heartbeat stops, and once
+        ``work`` returns this raises :class:`~pgonce.errors.LeaseLost` without recording it.
         """
         self._check_holding(name, now)
+        if clock is not None and not callable(clock):
+            raise UsageError("clock must be a function that returns a datetime, or None")
         if name in self.state:
             return self.state[name]  # type: ignore[no-any-return]
-        value = await work(self.idempotency_key(name))
+
+        async def beat() -> None:
+            await self.renew(now=now if clock is None else clock())
+
+        async with AsyncHeartbeat(beat, self._store.heartbeat) as heartbeat:
+            value = await work(self.idempotency_key(name))
+        if heartbeat.lost:
+            raise self._lost()
         async with self._conn.transaction():
             await self._record(name, value, now)
         return value
@@ -486,7 +512,7 @@ class AsyncPhasedOperation(Generic[Row]):
                 {**self._keyed(now), "point": name, "state": Jsonb(state)},
             )
         if cur.rowcount != 1:
-            raise LeaseLost(self.scope, self.key, self.token)
+            raise self._lost()
         self.state = state
         self.point = name
 
@@ -497,7 +523,7 @@ class AsyncPhasedOperation(Generic[Row]):
             async with self._conn.transaction():
                 cur = await cursor(self._conn).execute(self._store._sql.renew, self._keyed(now))
         if cur.rowcount != 1:
-            raise LeaseLost(self.scope, self.key, self.token)
+            raise self._lost()
 
     async def finish(
         self,
@@ -527,7 +553,7 @@ class AsyncPhasedOperation(Generic[Row]):
             with translate_errors("storing a two-phase answer"):
                 cur = await cursor(self._conn).execute(self._store._sql.finish, params)
             if cur.rowcount != 1:
-                raise LeaseLost(self.scope, self.key, self.token)
+                raise self._lost()
         self.response = response
         self.stored = True
         return True
@@ -544,7 +570,7 @@ class AsyncPhasedOperation(Generic[Row]):
                     self._store._sql.fail, {**self._keyed(now), "error": error[:1000]}
                 )
         if cur.rowcount != 1:
-            raise LeaseLost(self.scope, self.key, self.token)
+            raise self._lost()
 
     async def run(self, work: Work, *, now: datetime | None = None) -> Response:
         """Run ``work(self)`` and store the answer it returns; the answer.
@@ -574,6 +600,13 @@ class AsyncPhasedOperation(Generic[Row]):
         if phase is not None:
             check_phase(phase)
         check_optional_time(now)
+        if self.lost:
+            raise LeaseLost(self.scope, self.key, self.token)
+
+    def _lost(self) -> LeaseLost:
+        """The key was taken over: no later write of this holder is tried."""
+        self.lost = True
+        return LeaseLost(self.scope, self.key, self.token)
 
     def _keyed(self, now: datetime | None) -> dict[str, Any]:
         store = self._store

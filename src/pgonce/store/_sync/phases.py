@@ -31,6 +31,7 @@ from pgonce.core.leases import (
     DEFAULT_LEASE,
     Abandoned,
     CompleterPass,
+    check_heartbeat,
     check_lease,
     check_phase,
     check_retire_after,
@@ -56,6 +57,7 @@ from pgonce.store._sync.sweeper import StopSignal, _wait
 from pgonce.store.common import check_key_settings
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
+from pgonce.store.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -85,7 +87,9 @@ class PhaseStore:
     """Two-phase claims of keys in pgonce's ``keys`` table, with their leases in ``key_leases``.
 
     ``lease`` is how long a holder owns its key without a heartbeat; each phase's record renews
-    it. ``wait`` bounds the claim's wait for a concurrent one-transaction claim of the same key.
+    it, and while a third party's call runs (:meth:`PhasedOperation.call`) a heartbeat
+    renews it every ``heartbeat`` (a third of the lease by default). ``wait`` bounds the claim's
+    wait for a concurrent one-transaction claim of the same key.
     ``retry_after`` and ``store_server_errors`` are as for :class:`KeyStore`: a 5xx answer is
     not stored by default, and the key is handed on from its recovery point instead.
     """
@@ -98,6 +102,7 @@ class PhaseStore:
         wait: timedelta = DEFAULT_CLAIM_WAIT,
         retry_after: int = DEFAULT_RETRY_AFTER,
         store_server_errors: bool = False,
+        heartbeat: timedelta | None = None,
     ) -> None:
         wait_ms = check_key_settings(
             schema=schema,
@@ -107,6 +112,7 @@ class PhaseStore:
         )
         self.schema = schema
         self.lease = check_lease(lease)
+        self.heartbeat = check_heartbeat(heartbeat, self.lease)
         self.wait = wait
         self.retry_after = retry_after
         self.store_server_errors = store_server_errors
@@ -390,6 +396,9 @@ class PhasedOperation(Generic[Row]):
         self.response: Response | None = None
         #: True once this holder stored the response.
         self.stored = False
+        #: True once a write or a heartbeat of this holder was refused: the key was taken over,
+        #: and every later write raises :class:`~pgonce.errors.LeaseLost` without being tried.
+        self.lost = False
 
     def _hold(
         self,
@@ -458,6 +467,7 @@ class PhasedOperation(Generic[Row]):
         work: Callable[[str], Value],
         *,
         now: datetime | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> Value:
         """Call a third party outside any transaction with ``work(idempotency_key)``; its value.
 
@@ -465,11 +475,27 @@ class PhasedOperation(Generic[Row]):
         as the phase ``name`` in a short fenced transaction, so a retry skips the call and reads
         the value back; should the holder die before that, the retry calls again with the same
         idempotency key (:meth:`idempotency_key`), and the third party answers what it did.
+
+        While ``work`` runs, a heartbeat renews the lease every ``heartbeat`` of the store on
+        this connection (``work`` must not use it), so a call longer than the lease keeps the
+        key. ``now`` is the time of the record; ``clock`` gives the time of each renewal
+        (default: ``now``, or the database's clock when ``now`` is None). A renewal that finds
+        the key taken over means the call's value must not count: the heartbeat stops, and once
+        ``work`` returns this raises :class:`~pgonce.errors.LeaseLost` without recording it.
         """
         self._check_holding(name, now)
+        if clock is not None and not callable(clock):
+            raise UsageError("clock must be a function that returns a datetime, or None")
         if name in self.state:
             return self.state[name]  # type: ignore[no-any-return]
-        value = work(self.idempotency_key(name))
+
+        def beat() -> None:
+            self.renew(now=now if clock is None else clock())
+
+        with Heartbeat(beat, self._store.heartbeat) as heartbeat:
+            value = work(self.idempotency_key(name))
+        if heartbeat.lost:
+            raise self._lost()
         with self._conn.transaction():
             self._record(name, value, now)
         return value
@@ -483,7 +509,7 @@ class PhasedOperation(Generic[Row]):
                 {**self._keyed(now), "point": name, "state": Jsonb(state)},
             )
         if cur.rowcount != 1:
-            raise LeaseLost(self.scope, self.key, self.token)
+            raise self._lost()
         self.state = state
         self.point = name
 
@@ -493,7 +519,7 @@ class PhasedOperation(Generic[Row]):
         with translate_errors("renewing a lease"), self._conn.transaction():
             cur = cursor(self._conn).execute(self._store._sql.renew, self._keyed(now))
         if cur.rowcount != 1:
-            raise LeaseLost(self.scope, self.key, self.token)
+            raise self._lost()
 
     def finish(
         self,
@@ -523,7 +549,7 @@ class PhasedOperation(Generic[Row]):
             with translate_errors("storing a two-phase answer"):
                 cur = cursor(self._conn).execute(self._store._sql.finish, params)
             if cur.rowcount != 1:
-                raise LeaseLost(self.scope, self.key, self.token)
+                raise self._lost()
         self.response = response
         self.stored = True
         return True
@@ -539,7 +565,7 @@ class PhasedOperation(Generic[Row]):
                 self._store._sql.fail, {**self._keyed(now), "error": error[:1000]}
             )
         if cur.rowcount != 1:
-            raise LeaseLost(self.scope, self.key, self.token)
+            raise self._lost()
 
     def run(self, work: Work, *, now: datetime | None = None) -> Response:
         """Run ``work(self)`` and store the answer it returns; the answer.
@@ -569,6 +595,13 @@ class PhasedOperation(Generic[Row]):
         if phase is not None:
             check_phase(phase)
         check_optional_time(now)
+        if self.lost:
+            raise LeaseLost(self.scope, self.key, self.token)
+
+    def _lost(self) -> LeaseLost:
+        """The key was taken over: no later write of this holder is tried."""
+        self.lost = True
+        return LeaseLost(self.scope, self.key, self.token)
 
     def _keyed(self, now: datetime | None) -> dict[str, Any]:
         store = self._store
