@@ -269,9 +269,9 @@ class PhaseStore:
 
         ``operations`` maps an operation's name (``start(operation=...)``) to its registered
         work; a request of an operation not in it is left alone. A request whose holders
-        failed ``retire_after`` times is retired instead: a problem answer (500) is stored, and
-        every retry replays it. A request claimed more than ``max_age`` ago is left to the
-        health check's stuck phases.
+        failed ``retire_after`` times is retired instead (:meth:`PhasedOperation.retire`):
+        a problem answer (500) is stored, every retry replays it, and health counts it. A
+        request claimed more than ``max_age`` ago is left to the health check's stuck phases.
         """
         check_retire_after(retire_after)
         done = CompleterPass()
@@ -283,11 +283,7 @@ class PhaseStore:
             if not op.won:
                 continue
             if op.attempts > retire_after:
-                op.finish(
-                    retired_response(item.scope, item.key, op.attempts - 1, op.last_error),
-                    now=now,
-                    force=True,
-                )
+                op.retire(now=now)
                 done.retired += 1
                 continue
             try:
@@ -541,18 +537,37 @@ class PhasedOperation(Generic[Row]):
         if not force and not self._store.stores(response):
             self.fail(f"answered {response.status}", now=now)
             return False
-        status, headers, body = response.status, [list(h) for h in response.headers], response.body
-        params = {**self._keyed(now), "status": status, "headers": Jsonb(headers), "body": body}
         with self._conn.transaction():
             if writes is not None:
                 writes(self._conn)
-            with translate_errors("storing a two-phase answer"):
-                cur = cursor(self._conn).execute(self._store._sql.finish, params)
-            if cur.rowcount != 1:
-                raise self._lost()
+            self._store_answer(self._store._sql.finish, response, now)
+        return True
+
+    def retire(self, *, now: datetime | None = None) -> Response:
+        """Give the request up: store the retired problem answer (500) in one fenced
+        transaction; the answer.
+
+        The completer's end of a request whose holders kept failing. Every retry replays the
+        answer, and nothing runs again. Unlike :meth:`finish`, the lease row is kept (with
+        ``locked_until`` infinity) as the record of the retirement, with the recovery point, the
+        attempts and the last error: the health check counts it (``retired requests``) until
+        the sweeper deletes the key.
+        """
+        self._check_holding(None, now)
+        response = retired_response(self.scope, self.key, self.attempts - 1, self.last_error)
+        with self._conn.transaction():
+            self._store_answer(self._store._sql.retire, response, now)
+        return response
+
+    def _store_answer(self, statement: bytes, response: Response, now: datetime | None) -> None:
+        status, headers, body = response.status, [list(h) for h in response.headers], response.body
+        params = {**self._keyed(now), "status": status, "headers": Jsonb(headers), "body": body}
+        with translate_errors("storing a two-phase answer"):
+            cur = cursor(self._conn).execute(statement, params)
+        if cur.rowcount != 1:
+            raise self._lost()
         self.response = response
         self.stored = True
-        return True
 
     def fail(self, error: str, *, now: datetime | None = None) -> None:
         """End the lease now and note ``error``: the next retry, or the completer, takes over at
