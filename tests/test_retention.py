@@ -198,7 +198,26 @@ def test_a_table_between_both_ends_is_healthy() -> None:
     report = assess(T0, [group(10 * DAY)], [stuck(0)])
     assert report.status == "ok"
     assert report.ok
-    assert [f.status for f in report.findings] == ["ok", "ok", "ok", "ok"]
+    assert [f.status for f in report.findings] == ["ok", "ok", "ok", "ok", "ok"]
+
+
+def test_retired_two_phase_requests_warn_while_recent_and_stay_counted() -> None:
+    window = timedelta(days=1)
+    recent = replace(stuck(0), retired=(("charge", 2), ("", 1)), retired_age=HOUR)
+    report = assess(T0, [group(10 * DAY)], [recent], retired_window=window)
+    (finding,) = [f for f in report.findings if f.check == "retired requests"]
+    assert finding.status == "warn"
+    assert report.status == "warn"
+    assert report.ok  # a warning: the answers are stored, nothing is stuck
+    assert finding.value == "3 (newest 1h ago); stopped at: charge 2, claimed 1"
+    old = replace(recent, retired_age=2 * DAY)
+    (finding,) = [
+        f
+        for f in assess(T0, [group(10 * DAY)], [old], retired_window=window).findings
+        if f.check == "retired requests"
+    ]
+    assert finding.status == "ok"
+    assert finding.value.startswith("3 (newest 2d")
 
 
 def test_an_empty_table_is_healthy() -> None:

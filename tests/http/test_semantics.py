@@ -80,3 +80,16 @@ def test_problem_answers() -> None:
     assert semantics.unavailable(2).status == 503
     assert semantics.RESPONSE_TOO_LARGE.status == 500
     assert semantics.MISSING_KEY.status == 400
+
+
+def test_a_duplicates_wait_for_a_two_phase_holder_doubles_its_pauses_up_to_the_bound() -> None:
+    now = [100.0]
+    waiting = semantics.HolderWait(timedelta(seconds=1), lambda: now[0])
+    pauses = []
+    while (pause := waiting.pause()) is not None:
+        pauses.append(pause)
+        now[0] += pause + 0.005  # each look takes 5 ms
+    assert pauses[:5] == [0.02, 0.04, 0.08, 0.16, 0.25]
+    assert max(pauses) == semantics.LONGEST_LOOK
+    assert 1.0 <= sum(pauses) + 0.005 * len(pauses) < 1.0 + 0.005 + 1e-9  # ends at the deadline
+    assert semantics.HolderWait(None, lambda: now[0]).pause() is None  # no wait: 409 at once

@@ -20,9 +20,11 @@ from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store._async.outbox import enqueue as aenqueue
+from pgonce.store._async.phases import AsyncPhaseStore
 from pgonce.store._sync.inbox import InboxStore
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store._sync.outbox import OutboxStore, enqueue
+from pgonce.store._sync.phases import PhaseStore
 
 FP = fingerprint("POST", "/orders", b"{}")
 
@@ -88,6 +90,27 @@ def test_store_constructors_check_their_arguments() -> None:
     for store in (KeyStore, AsyncInboxStore, OutboxStore):
         with pytest.raises(UsageError, match="the schema must be a str, not an int"):
             store(schema=5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"schema": ""},
+        {"wait": 2},
+        {"wait": timedelta(milliseconds=5)},
+        {"retry_after": -1},
+        {"store_server_errors": "yes"},
+    ],
+    ids=["schema", "wait-type", "wait-short", "retry_after", "store_server_errors"],
+)
+def test_the_two_phase_stores_refuse_the_key_stores_settings_alike(settings: Any) -> None:
+    # One check serves every store of keys: the same value is refused with the same message.
+    with pytest.raises(UsageError) as refused:
+        KeyStore(**settings)
+    for store in (PhaseStore, AsyncPhaseStore, AsyncKeyStore):
+        with pytest.raises(UsageError) as also:
+            store(**settings)
+        assert str(also.value) == str(refused.value)
 
 
 async def test_an_async_store_names_a_sync_connection(conn: psycopg.Connection[Any]) -> None:

@@ -17,3 +17,13 @@ async def pay(op: AsyncPhasedOperation[Any]) -> Response:
 
     await op.phase("create", create)
     return Response(201, body=f"paid {op.args['amount']}".encode())
+
+
+async def broken(op: AsyncPhasedOperation[Any]) -> Response:
+    """Charges, then fails every time: the completer retires it."""
+    await op.call("charge", _charged)
+    raise RuntimeError("the ledger is down")
+
+
+async def _charged(idempotency_key: str) -> dict[str, str]:
+    return {"id": "ch_" + idempotency_key[-6:]}

@@ -11,10 +11,12 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from pgonce import ConfigError, HealthCheck, fingerprint
+from pgonce.core.retention import DEFAULT_RETIRED_WINDOW
 from pgonce.phases import AsyncPhaseStore, CompleterPass, PhaseStore
 from pgonce.service.config import load
 from pgonce.service.metrics import ServiceMetrics
 from pgonce.store._async.phases import complete_every
+from pgonce.store._sync.sweeper import Sweeper
 from tests.phases import operations
 
 FP = fingerprint("POST", "/payments")
@@ -83,3 +85,75 @@ def test_health_shows_stuck_two_phase_requests_with_their_point(dsn: str) -> Non
     (finding,) = [f for f in report.findings if f.check == "stuck claims"]
     assert finding.status == "fail"
     assert "two-phase stopped at: claimed 1, charge 1" in finding.value
+
+
+@pytest.mark.parametrize("by_ctid", [True, False], ids=["ctid", "key"])
+async def test_health_counts_the_requests_the_completer_retired(dsn: str, by_ctid: bool) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # Claimed two minutes ago by a client that died after the charge; every holder since
+        # fails after it too.
+        started = datetime.now(UTC) - timedelta(minutes=2)
+        op = PhaseStore().start(conn, "t", "r1", FP, operation="broken", args={}, now=started)
+        op.call("charge", lambda idem: {"id": "ch"}, now=started)
+        before = HealthCheck().check(conn)
+    (finding,) = [f for f in before.findings if f.check == "retired requests"]
+    assert (finding.status, finding.value) == ("ok", "0")
+
+    stop = asyncio.Event()
+    passes: list[CompleterPass] = []
+
+    def on_run(done: CompleterPass) -> None:
+        passes.append(done)
+        if done.retired or len(passes) == 3:
+            stop.set()
+
+    operations_ = {"broken": operations.broken}
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=1) as pool:
+        await complete_every(
+            pool,
+            AsyncPhaseStore(),
+            operations_,
+            stop,
+            every=timedelta(milliseconds=10),
+            retire_after=2,
+            on_run=on_run,
+        )
+    # The completer's first holder failed (attempt 2), its second retired the request.
+    assert [(p.finished, p.failed, p.retired) for p in passes] == [(0, 1, 0), (0, 0, 1)]
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        replay = PhaseStore().start(conn, "t", "r1", FP)
+        assert replay.response is not None
+        assert replay.response.status == 500
+        report = HealthCheck().check(conn)
+        (keys,) = [s for s in report.stuck if s.target == "keys"]
+        assert keys.retired == (("charge", 1),)
+        assert keys.phases == ()  # retired, so no longer stuck
+        assert keys.retired_age is not None
+        assert keys.retired_age < timedelta(minutes=1)
+        (finding,) = [f for f in report.findings if f.check == "retired requests"]
+        assert finding.status == "warn"
+        assert finding.value.startswith("1 (newest ")
+        assert finding.value.endswith("stopped at: charge 1")
+        metrics = ServiceMetrics()
+        metrics.set_health(report)
+        assert b'pgonce_health_retired_phases{point="charge"} 1.0' in metrics.render()
+        assert b"pgonce_health_status 1.0" in metrics.render()
+
+        # Past the window it no longer warns, and is still counted until the key is swept.
+        later = datetime.now(UTC) + DEFAULT_RETIRED_WINDOW + timedelta(minutes=1)
+        (finding,) = [
+            f
+            for f in HealthCheck().check(conn, now=later).findings
+            if f.check == "retired requests"
+        ]
+        assert finding.status == "ok"
+        assert finding.value.startswith("1 (newest 1d")
+
+        # The sweeper deletes the record with the key: the key can be claimed again.
+        Sweeper(ctid=by_ctid).sweep(conn, now=datetime.now(UTC) + timedelta(days=60))
+        assert conn.execute("SELECT count(*) FROM pgonce.key_leases").fetchone() == (0,)
+        report = HealthCheck().check(conn)
+        (keys,) = [s for s in report.stuck if s.target == "keys"]
+        assert keys.retired == ()
+        assert PhaseStore().start(conn, "t", "r1", FP).won

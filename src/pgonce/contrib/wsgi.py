@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -64,6 +65,7 @@ from pgonce.http.semantics import (
     NO_WAIT,
     Answer,
     CapturedResponse,
+    HolderWait,
     IdempotencyRules,
     PhasedRequest,
 )
@@ -213,10 +215,10 @@ class IdempotencyMiddleware:
     are the ASGI middleware's: ``routes`` maps path prefixes to methods (the longest prefix
     wins; an empty collection turns a route off), ``require_key`` answers 400 to a covered
     request without a key, ``wait`` lets a duplicate wait that long for the original and then
-    replay (``None``: 409 at once), ``store`` defaults to a :class:`~pgonce.KeyStore` on
-    ``schema`` with that wait. ``two_phase`` lists path prefixes served in two-phase mode (the
-    view takes its operation with :func:`phased_of`), on ``phases`` (a
-    :class:`~pgonce.phases.PhaseStore` with the key store's settings by default).
+    replay (``None``: 409 at once; on a two-phase route too), ``store`` defaults to a
+    :class:`~pgonce.KeyStore` on ``schema`` with that wait. ``two_phase`` lists path prefixes
+    served in two-phase mode (the view takes its operation with :func:`phased_of`), on
+    ``phases`` (a :class:`~pgonce.phases.PhaseStore` with the key store's settings by default).
     """
 
     def __init__(
@@ -261,6 +263,8 @@ class IdempotencyMiddleware:
             retention=retention,
             two_phase=two_phase,
         )
+        #: How long a duplicate on a two-phase route waits for the holder's answer (None: not).
+        self.holder_wait = wait
         self.wait = wait if wait is not None else NO_WAIT
         self.store = store or KeyStore(schema=schema, wait=self.wait)
         # None: the store's own wait, which it checked once, not at every claim.
@@ -417,7 +421,13 @@ class IdempotencyMiddleware:
         captured: _Captured | None = None
         try:
             with self.pool.connection() as conn:
+                waiting = HolderWait(self.holder_wait, time.monotonic)
                 op = self.phases.start(conn, caller, key, fingerprint)
+                # A duplicate waits (bounded) for the holder's answer, then replays it, takes
+                # over a holder that failed, or is answered in flight.
+                while op.in_flight and (pause := waiting.pause()):
+                    time.sleep(pause)
+                    op = self.phases.start(conn, caller, key, fingerprint)
                 if op.won:
                     holder = PhasedRequest(op)
                     environ[PHASED_ENVIRON_KEY] = holder

@@ -28,6 +28,11 @@ DEFAULT_LEASE = timedelta(seconds=30)
 #: before the holder's first phase could renew it.
 MIN_LEASE = timedelta(seconds=1)
 
+#: Renewals per lease while a third party's call runs: the heartbeat renews every third of the
+#: lease, so that two renewals in a row can fail (a slow commit, the database away for a moment)
+#: before the lease runs out under a live holder.
+HEARTBEATS_PER_LEASE = 3
+
 #: The longest a phase name may be (it is stored as the recovery point and shown by health).
 MAX_PHASE_NAME = 64
 
@@ -42,6 +47,21 @@ def check_lease(lease: object, what: str = "a lease") -> timedelta:
         raise UsageError(
             f"{what} must be at least {MIN_LEASE.total_seconds():.0f} s: it would expire before "
             "the holder's first phase could renew it"
+        )
+    return value
+
+
+def check_heartbeat(every: object, lease: timedelta) -> timedelta:
+    """The heartbeat's interval: ``None`` for a third of ``lease``; else a positive
+    :class:`~datetime.timedelta` shorter than the lease (a beat after the lease ran out renews
+    nothing: the key may be another holder's by then)."""
+    if every is None:
+        return lease / HEARTBEATS_PER_LEASE
+    value = check_duration(every, "the heartbeat")
+    if not timedelta(0) < value < lease:
+        raise UsageError(
+            f"the heartbeat must be positive and shorter than the lease ({lease}), not {value}: "
+            "a lease renewed less often than it lasts runs out under a live holder"
         )
     return value
 

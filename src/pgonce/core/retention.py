@@ -72,6 +72,13 @@ DEFAULT_SWEEP_EVERY = timedelta(minutes=5)
 #: answered "in flight" until someone looks, so health reports it as a failure.
 DEFAULT_STUCK_AFTER = timedelta(minutes=15)
 
+#: How long a two-phase request the completer retired keeps health at "warn". A retirement means a
+#: request that failed every time (a payment that may be charged at the provider, answered 500
+#: for good): someone should look. A day is long enough that a daily look at ``pgonce doctor``
+#: sees it; after that the count stays visible (and in the metrics) until the sweeper deletes the
+#: key, without keeping health yellow for the whole retention.
+DEFAULT_RETIRED_WINDOW = timedelta(days=1)
+
 #: How far the oldest key may outlive its retention before health says the sweeper stalled: a day
 #: covers a nightly cron job that missed one night, or a run that hit its batch cap.
 DEFAULT_SLACK = timedelta(days=1)
@@ -431,6 +438,11 @@ class StuckFacts:
     #: Two-phase requests (keys) whose lease expired longer than ``threshold`` ago, by the
     #: recovery point they stopped at ("" before the first phase): (point, count).
     phases: tuple[tuple[str, int], ...] = ()
+    #: Two-phase requests (keys) the completer retired whose key is still kept, by the recovery
+    #: point they stopped at: (point, count).
+    retired: tuple[tuple[str, int], ...] = ()
+    #: Age of the newest retirement; ``None`` when there is none.
+    retired_age: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,6 +485,30 @@ def judge_stuck(facts: StuckFacts) -> Finding:
         f"none older than {format_duration(facts.threshold)}",
         "claims committed without a response: every retry of these keys is answered 'in flight'; "
         "complete or release them (see keys_readable WHERE completed_at IS NULL)",
+    )
+
+
+def judge_retired(facts: StuckFacts, window: timedelta) -> Finding:
+    """Two-phase requests the completer retired: "warn" while the newest is younger than
+    ``window``, then "ok" with the count still shown until the sweeper deletes the keys."""
+    limit = f"none in the last {format_duration(window)}"
+    count = sum(n for _, n in facts.retired)
+    if not count:
+        return Finding("retired requests", facts.target, None, "ok", "0", limit, "")
+    stopped = ", ".join(f"{point or 'claimed'} {n:,}" for point, n in facts.retired)
+    newest = format_duration(facts.retired_age) if facts.retired_age is not None else "?"
+    recent = facts.retired_age is not None and facts.retired_age < window
+    return Finding(
+        "retired requests",
+        facts.target,
+        None,
+        "warn" if recent else "ok",
+        f"{count:,} (newest {newest} ago); stopped at: {stopped}",
+        limit,
+        "two-phase requests whose holders kept failing: the completer stored a 500 problem "
+        "answer, which every retry replays. A phase past a third party's call may have acted "
+        "there (a charge): look at each (pgonce.key_leases WHERE locked_until = 'infinity': its "
+        "point, attempts and last_error) and settle it with its owner",
     )
 
 
@@ -585,10 +621,12 @@ def assess(
     stuck: Iterable[StuckFacts],
     *,
     slack: timedelta = DEFAULT_SLACK,
+    retired_window: timedelta = DEFAULT_RETIRED_WINDOW,
 ) -> HealthReport:
     groups = tuple(groups)
     stuck = tuple(stuck)
     findings = [judge_stuck(s) for s in stuck]
+    findings.extend(judge_retired(s, retired_window) for s in stuck if s.target == "keys")
     for group in groups:
         findings.extend(judge_horizon(group, slack))
     return HealthReport(checked_at, groups, stuck, tuple(findings))

@@ -15,7 +15,8 @@ Guarantees and answers:
   marked ``Idempotent-Replayed: true``.
 - **in flight**: 409 with ``Retry-After``; nothing is consumed. With ``wait`` set, a duplicate first
   waits (bounded) for the original's transaction, then replays (or runs, if the original rolled
-  back).
+  back); on a two-phase route it looks at the key again until the holder stored its answer, up to
+  the same ``wait`` (:class:`~pgonce.http.semantics.HolderWait`).
 - **mismatch** (same key, another method, path, query or body): 422.
 - **missing or malformed key**: 400. **Request body over** ``max_request_bytes``: 413.
 - **not stored** (the transaction rolls back, the endpoint's writes with it, and the key stays
@@ -39,8 +40,10 @@ translates ASGI messages and the pool's transaction onto it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -71,6 +74,7 @@ from pgonce.http.semantics import (
     NO_WAIT,
     Answer,
     CapturedResponse,
+    HolderWait,
     IdempotencyRules,
     PhasedRequest,
 )
@@ -206,6 +210,8 @@ class IdempotencyMiddleware:
             two_phase=two_phase,
         )
         self.methods_for = self.rules.methods_for
+        #: How long a duplicate on a two-phase route waits for the holder's answer (None: not).
+        self.holder_wait = wait
         self.wait = wait if wait is not None else NO_WAIT
         self.store = store or AsyncKeyStore(schema=schema, wait=self.wait)
         # None: the store's own wait, which it checked once, not at every claim.
@@ -373,7 +379,13 @@ class IdempotencyMiddleware:
         captured: CapturedResponse | None = None
         try:
             async with self.pool.connection() as conn:
+                waiting = HolderWait(self.holder_wait, time.monotonic)
                 op = await self.phases.start(conn, caller, key, fingerprint)
+                # A duplicate waits (bounded) for the holder's answer, then replays it, takes
+                # over a holder that failed, or is answered in flight.
+                while op.in_flight and (pause := waiting.pause()):
+                    await asyncio.sleep(pause)
+                    op = await self.phases.start(conn, caller, key, fingerprint)
                 if op.won:
                     captured = await self._run_phased(scope, receive, send, op, body)
                     if captured.stored:

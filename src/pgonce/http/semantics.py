@@ -8,7 +8,9 @@ back in its framework's response type. So the answers are the same whichever ada
 =====  ==========================================================================================
 400    the Idempotency-Key is missing (on a route that requires one), empty, longer than 255
        characters, sent twice or malformed
-409    a request with this key is still being processed; ``Retry-After`` says when to retry
+409    a request with this key is still being processed (after the adapter's bounded ``wait``,
+       when one is set: :class:`HolderWait` on two-phase routes); ``Retry-After`` says when to
+       retry
 413    the request body exceeds ``max_request_bytes`` (checked from ``Content-Length`` before the
        body is read, then on the bytes read)
 422    the key was first used with another request (method, path, query or body)
@@ -72,6 +74,16 @@ DEFAULT_RETENTION = timedelta(hours=24)
 #: extended by concurrent inserts), and a timeout there would answer 409 to a brand-new key.
 #: 100 ms rides those out and is still far shorter than any endpoint a duplicate waits for.
 NO_WAIT = timedelta(milliseconds=100)
+
+#: The first pause of a duplicate that waits for a two-phase holder. The holder's lease is not a
+#: lock the duplicate can queue on (the claim committed long ago), so it looks at the key again
+#: after a pause: 20 ms sees a short request end without adding much to the duplicate's answer.
+FIRST_LOOK = 0.02
+
+#: The longest pause between two looks: the pauses double up to this, so a duplicate that waits
+#: two seconds looks some ten times (one short read each), and answers within a quarter second
+#: of the holder's commit.
+LONGEST_LOOK = 0.25
 
 _EXPIRES = EXPIRES_HEADER.encode()
 
@@ -152,6 +164,37 @@ def unavailable(retry_after: int) -> Answer:
         "Idempotency-Key",
         headers=[("retry-after", str(retry_after))],
     )
+
+
+class HolderWait:
+    """A duplicate's bounded wait for the holder of a two-phase key: when to look again.
+
+    On a one-transaction route the duplicate's claim waits on the original's row lock, up to the
+    adapter's ``wait``, and then replays (or runs, if the original rolled back). On a two-phase
+    route the claim committed at once, so there is no lock to wait on: the adapter looks at the
+    key again (``start()``) after each :meth:`pause` until it is no longer in flight or the wait
+    is over, and then answers as usual: the stored answer replayed, the endpoint run (the holder
+    failed and the key is taken over), or 409. ``clock`` is a monotonic clock in seconds, read
+    from the moment the wait begins; a look that meets a phase's open transaction may wait for
+    it up to the store's own ``wait`` on top of the last pause. ``wait=None`` waits not at all:
+    the duplicate is answered 409 at once.
+    """
+
+    __slots__ = ("_clock", "_deadline", "_next")
+
+    def __init__(self, wait: timedelta | None, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._deadline = clock() + (wait.total_seconds() if wait is not None else 0.0)
+        self._next = FIRST_LOOK
+
+    def pause(self) -> float | None:
+        """Seconds to pause before the next look; ``None`` once the wait is over."""
+        left = self._deadline - self._clock()
+        if left <= 0:
+            return None
+        pause = min(self._next, left)
+        self._next = min(self._next * 2, LONGEST_LOOK)
+        return pause
 
 
 @functools.lru_cache(maxsize=16)
@@ -309,7 +352,8 @@ class IdempotencyRules:
         """Whether ``path`` is served in two-phase mode (a prefix of ``two_phase`` matches).
 
         Its answers are those of the one-transaction mode: a replay is the stored response byte
-        for byte, a duplicate while the holder's lease runs is in flight (409), a mismatch 422.
+        for byte, a duplicate while the holder's lease runs is in flight (409; with a ``wait``,
+        after waiting that long for the holder's answer: :class:`HolderWait`), a mismatch 422.
         What differs is what is stored: the claim commits before the endpoint runs, each phase
         commits on its own, and a response that is not stored hands the key on from its
         recovery point instead of freeing it.

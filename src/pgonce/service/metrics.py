@@ -170,6 +170,13 @@ class ServiceMetrics:
             ["point"],
             registry=r,
         )
+        self.retired_phases = Gauge(
+            "pgonce_health_retired_phases",
+            "Two-phase requests the completer retired with a stored problem answer whose key is "
+            "still kept, by the recovery point they stopped at ('' before the first)",
+            ["point"],
+            registry=r,
+        )
         self.stuck_claims = Gauge(
             "pgonce_health_stuck",
             "Rows that should have finished and did not",
@@ -255,10 +262,13 @@ class ServiceMetrics:
         self.overdue.clear()
         self.deleted_age.clear()
         self.stuck_phases.clear()
+        self.retired_phases.clear()
         for stuck in report.stuck:
             self.stuck_claims.labels(stuck.target).set(stuck.count)
             for point, count in stuck.phases:
                 self.stuck_phases.labels(point).set(count)
+            for point, count in stuck.retired:
+                self.retired_phases.labels(point).set(count)
         for group in report.groups:
             label = group.scope or "*"
             age = group.oldest_age.total_seconds() if group.oldest_age else 0.0

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, Protocol
 
 from psycopg.pq import TransactionStatus
 
+from pgonce.config import MIN_CLAIM_WAIT
+from pgonce.core.checks import check_bool, check_duration, check_int, check_str
 from pgonce.core.outcomes import ClaimRow
-from pgonce.errors import NotInTransaction
+from pgonce.errors import NotInTransaction, UsageError
 from pgonce.sql import Queries
+
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 class _HasTransactionState(Protocol):
@@ -34,3 +39,28 @@ def claim_row(row: tuple[Any, ...] | None) -> ClaimRow:
 def complete_claimed(schema: str) -> bytes:
     """commit()'s completion of a claim of begin(): the completion, narrowed to the row's ctid."""
     return Queries("keys", schema).complete + b" AND ctid = %(row)s::tid"
+
+
+def check_wait(wait: object) -> int:
+    """Refuse a claim's wait that is not a timedelta of at least ``MIN_CLAIM_WAIT``; the wait in
+    milliseconds (PostgreSQL's ``lock_timeout``)."""
+    if check_duration(wait, "a claim's wait") < MIN_CLAIM_WAIT:
+        raise UsageError(
+            f"a claim's wait must be at least {MIN_CLAIM_WAIT.total_seconds() * 1000:.0f} ms: it "
+            "bounds every lock the claim's INSERT waits for, and under load a new key's INSERT "
+            "can wait that long for an index page, which a shorter wait would report as in flight"
+        )
+    assert isinstance(wait, timedelta)
+    return wait // _MILLISECOND
+
+
+def check_key_settings(
+    *, schema: object, wait: object, retry_after: object, store_server_errors: object
+) -> int:
+    """The settings every store of keys shares (the key store's and the two-phase store's),
+    checked in one place so that both refuse the same values with the same
+    :class:`~pgonce.errors.UsageError`; the wait in milliseconds."""
+    check_str(schema, "the schema")
+    check_int(retry_after, "retry_after", low=0)
+    check_bool(store_server_errors, "store_server_errors")
+    return check_wait(wait)

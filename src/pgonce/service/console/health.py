@@ -25,6 +25,13 @@ CHECK_HELP = {
         "Find the keys (keys page, or keys_readable WHERE completed_at IS NULL); complete or "
         "release them, and look for the code path that commits between claim and completion.",
     ),
+    "retired requests": (
+        "Two-phase requests whose holders kept failing: the completer stored a 500 problem "
+        "answer that every retry replays. A warning while one is recent; counted until swept.",
+        "Look at each (pgonce.key_leases WHERE locked_until = 'infinity': its recovery point, "
+        "attempts and last error); a phase past a third party's call may have acted there, so "
+        "settle it with the customer (a refund, a manual completion).",
+    ),
     "oldest row vs retry horizon": (
         "No row may be deleted while its sender may still retry it. The sweeper notes the newest "
         "row it deleted; a young table where nothing that young was deleted is fine.",

@@ -60,6 +60,18 @@ SELECT coalesce(point, ''), count(*)
  GROUP BY 1
  ORDER BY 2 DESC, 1
 
+-- name: retired_phases
+-- Two-phase requests the completer retired whose key is still kept: their lease row stays with
+-- locked_until 'infinity' (key_leases_expired) until the sweeper deletes the key. By the recovery
+-- point they stopped at ('' before the first), with the age of the newest retirement.
+SELECT coalesce(l.point, ''), count(*),
+       coalesce(%(now)s::timestamptz, now()) - max(k.completed_at)
+  FROM {schema}.key_leases AS l
+  JOIN {schema}.keys AS k ON k.scope = l.scope AND k.key = l.key
+ WHERE l.locked_until = 'infinity'
+ GROUP BY 1
+ ORDER BY 2 DESC, 1
+
 -- name: horizon_inbox
 -- As horizon_keys, over handled deliveries by source (inbox_finished_by_age).
 SELECT g.scope,

@@ -100,6 +100,26 @@ UPDATE {schema}.keys AS k
   FROM fenced AS f
  WHERE k.scope = f.scope AND k.key = f.key AND k.response_headers IS NULL
 
+-- name: retire
+-- The completer gives a request up: its problem answer is stored with the holder's token, as by
+-- finish, but the lease row stays, with locked_until 'infinity', as the record of the retirement
+-- that health counts (by the recovery point it stopped at, with its attempts and last error). No
+-- takeover, search or stuck check reads such a row (each wants an expired lease); the sweeper
+-- deletes it with the key. No row: the lease was taken over (nothing is stored).
+WITH fenced AS (
+    UPDATE {schema}.key_leases
+       SET locked_until = 'infinity'
+     WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s
+    RETURNING scope, key
+)
+UPDATE {schema}.keys AS k
+   SET completed_at = coalesce(%(now)s::timestamptz, now()),
+       response_status = %(status)s,
+       response_headers = %(headers)s,
+       response_body = %(body)s
+  FROM fenced AS f
+ WHERE k.scope = f.scope AND k.key = f.key AND k.response_headers IS NULL
+
 -- name: abandoned
 -- Requests the completer may finish: a registered operation whose lease has expired, oldest
 -- expiry first (key_leases_expired reads only those).

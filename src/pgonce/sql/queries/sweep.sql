@@ -52,6 +52,8 @@ SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus'
 -- with its response).
 -- claimed_at ages a key: a provider's retry horizon runs from its first delivery. Oldest first,
 -- through keys_completed_by_age: a batch reads the rows it deletes, not the table.
+-- A completed key keeps a lease row (key_leases) only when the completer retired its two-phase
+-- request (the record health counts): it goes with the key, so that the key can be claimed again.
 WITH doomed AS MATERIALIZED (
     SELECT k.ctid, k.scope, k.key, k.claimed_at
       FROM {schema}.keys AS k
@@ -75,6 +77,11 @@ noted AS (
        SET deleted = m.deleted + excluded.deleted,
            newest = greatest(m.newest, excluded.newest),
            swept_at = greatest(m.swept_at, excluded.swept_at)
+),
+released AS (
+    DELETE FROM {schema}.key_leases AS l
+     USING doomed
+     WHERE l.scope = doomed.scope AND l.key = doomed.key
 )
 DELETE FROM {schema}.keys AS k
  USING doomed
@@ -105,6 +112,11 @@ noted AS (
        SET deleted = m.deleted + excluded.deleted,
            newest = greatest(m.newest, excluded.newest),
            swept_at = greatest(m.swept_at, excluded.swept_at)
+),
+released AS (
+    DELETE FROM {schema}.key_leases AS l
+     USING doomed
+     WHERE l.scope = doomed.scope AND l.key = doomed.key
 )
 DELETE FROM {schema}.keys AS k
  USING doomed

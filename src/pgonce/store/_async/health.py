@@ -20,6 +20,7 @@ from pgonce.core.durability import Durability, judge_durability
 from pgonce.core.mvcc import DEFAULT_HORIZON_WARN, MvccHorizon, judge_mvcc_horizon
 from pgonce.core.retention import (
     DEFAULT_HEALTH_TIMEOUT,
+    DEFAULT_RETIRED_WINDOW,
     DEFAULT_SLACK,
     DEFAULT_STUCK_AFTER,
     TARGETS,
@@ -44,6 +45,8 @@ class AsyncHealthCheck:
     ``stuck_after``: a claim in flight older than this is stuck. ``slack``: how far the oldest row
     may outlive its retention before the sweeper counts as stalled. ``horizon_warn``: an open
     transaction older than this pins the MVCC horizon long enough to warn about.
+    ``retired_window``: a two-phase request the completer retired within this window is a
+    warning (older ones are still counted).
     """
 
     def __init__(
@@ -56,8 +59,10 @@ class AsyncHealthCheck:
         slack: timedelta = DEFAULT_SLACK,
         timeout: timedelta = DEFAULT_HEALTH_TIMEOUT,
         horizon_warn: timedelta = DEFAULT_HORIZON_WARN,
+        retired_window: timedelta = DEFAULT_RETIRED_WINDOW,
     ) -> None:
         self.horizon_warn = horizon_warn
+        self.retired_window = retired_window
         self.policies = policies_for(policies, targets)
         self.stuck_after = stuck_after
         self.slack = slack
@@ -92,14 +97,15 @@ class AsyncHealthCheck:
                     params = {"now": now, "stuck_after": self.stuck_after}
                     await cur.execute(getattr(self._sql, f"stuck_{policy.target}"), params)
                     count, oldest = await cur.fetchone() or (0, None)
-                    phases: tuple[tuple[str, int], ...] = ()
+                    facts = StuckFacts(policy.target, self.stuck_after, count, oldest)
                     if policy.target == "keys":
-                        await cur.execute(self._sql.stuck_phases, params)
-                        phases = tuple((point, n) for point, n in await cur.fetchall())
-                    stuck.append(StuckFacts(policy.target, self.stuck_after, count, oldest, phases))
+                        facts = await self._two_phase(cur, facts, params)
+                    stuck.append(facts)
             durability = await self._durability(cur)
             mvcc = await self._mvcc_horizon(cur)
-        report = assess(checked_at, groups, stuck, slack=self.slack)
+        report = assess(
+            checked_at, groups, stuck, slack=self.slack, retired_window=self.retired_window
+        )
         return replace(
             report,
             durability=durability,
@@ -110,6 +116,18 @@ class AsyncHealthCheck:
                 judge_mvcc_horizon(mvcc, self.horizon_warn),
             ),
         )
+
+    async def _two_phase(
+        self, cur: AsyncCursor[tuple[Any, ...]], facts: StuckFacts, params: dict[str, Any]
+    ) -> StuckFacts:
+        """Two-phase requests: stuck (by recovery point) and retired by the completer."""
+        await cur.execute(self._sql.stuck_phases, params)
+        phases = tuple((point, n) for point, n in await cur.fetchall())
+        await cur.execute(self._sql.retired_phases, params)
+        rows = await cur.fetchall()
+        retired = tuple((point, n) for point, n, _ in rows)
+        newest = min((age for _, _, age in rows), default=None)
+        return replace(facts, phases=phases, retired=retired, retired_age=newest)
 
     async def durability(self, conn: AsyncConnection[Row]) -> Durability:
         """Whether the server has the synchronous standby it is configured for (one query)."""

@@ -24,17 +24,12 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA
-from pgonce.core.checks import (
-    check_bool,
-    check_connection,
-    check_int,
-    check_optional_time,
-    check_str,
-)
+from pgonce.core.checks import check_connection, check_int, check_optional_time, check_str
 from pgonce.core.leases import (
     DEFAULT_LEASE,
     Abandoned,
     CompleterPass,
+    check_heartbeat,
     check_lease,
     check_phase,
     check_retire_after,
@@ -57,8 +52,10 @@ from pgonce.core.outcomes import (
 from pgonce.errors import DatabaseError, LeaseLost, UsageError
 from pgonce.sql import Queries
 from pgonce.store._async.sweeper import StopSignal, _wait
+from pgonce.store.common import check_key_settings
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
+from pgonce.store.heartbeat import AsyncHeartbeat
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -88,7 +85,9 @@ class AsyncPhaseStore:
     """Two-phase claims of keys in pgonce's ``keys`` table, with their leases in ``key_leases``.
 
     ``lease`` is how long a holder owns its key without a heartbeat; each phase's record renews
-    it. ``wait`` bounds the claim's wait for a concurrent one-transaction claim of the same key.
+    it, and while a third party's call runs (:meth:`AsyncPhasedOperation.call`) a heartbeat
+    renews it every ``heartbeat`` (a third of the lease by default). ``wait`` bounds the claim's
+    wait for a concurrent one-transaction claim of the same key.
     ``retry_after`` and ``store_server_errors`` are as for :class:`AsyncKeyStore`: a 5xx answer is
     not stored by default, and the key is handed on from its recovery point instead.
     """
@@ -101,17 +100,22 @@ class AsyncPhaseStore:
         wait: timedelta = DEFAULT_CLAIM_WAIT,
         retry_after: int = DEFAULT_RETRY_AFTER,
         store_server_errors: bool = False,
+        heartbeat: timedelta | None = None,
     ) -> None:
-        check_str(schema, "the schema")
-        check_int(retry_after, "retry_after", low=0)
-        check_bool(store_server_errors, "store_server_errors")
+        wait_ms = check_key_settings(
+            schema=schema,
+            wait=wait,
+            retry_after=retry_after,
+            store_server_errors=store_server_errors,
+        )
         self.schema = schema
         self.lease = check_lease(lease)
+        self.heartbeat = check_heartbeat(heartbeat, self.lease)
         self.wait = wait
         self.retry_after = retry_after
         self.store_server_errors = store_server_errors
         self._sql = Queries("phases", schema)
-        self._wait_ms = str(max(1, wait // timedelta(milliseconds=1)))
+        self._wait_ms = str(wait_ms)
 
     def stores(self, response: Response) -> bool:
         """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
@@ -264,9 +268,9 @@ class AsyncPhaseStore:
 
         ``operations`` maps an operation's name (``start(operation=...)``) to its registered
         work; a request of an operation not in it is left alone. A request whose holders
-        failed ``retire_after`` times is retired instead: a problem answer (500) is stored, and
-        every retry replays it. A request claimed more than ``max_age`` ago is left to the
-        health check's stuck phases.
+        failed ``retire_after`` times is retired instead (:meth:`AsyncPhasedOperation.retire`):
+        a problem answer (500) is stored, every retry replays it, and health counts it. A
+        request claimed more than ``max_age`` ago is left to the health check's stuck phases.
         """
         check_retire_after(retire_after)
         done = CompleterPass()
@@ -278,11 +282,7 @@ class AsyncPhaseStore:
             if not op.won:
                 continue
             if op.attempts > retire_after:
-                await op.finish(
-                    retired_response(item.scope, item.key, op.attempts - 1, op.last_error),
-                    now=now,
-                    force=True,
-                )
+                await op.retire(now=now)
                 done.retired += 1
                 continue
             try:
@@ -395,6 +395,9 @@ class AsyncPhasedOperation(Generic[Row]):
         self.response: Response | None = None
         #: True once this holder stored the response.
         self.stored = False
+        #: True once a write or a heartbeat of this holder was refused: the key was taken over,
+        #: and every later write raises :class:`~pgonce.errors.LeaseLost` without being tried.
+        self.lost = False
 
     def _hold(
         self,
@@ -463,6 +466,7 @@ class AsyncPhasedOperation(Generic[Row]):
         work: Callable[[str], Awaitable[Value]],
         *,
         now: datetime | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> Value:
         """Call a third party outside any transaction with ``work(idempotency_key)``; its value.
 
@@ -470,11 +474,27 @@ class AsyncPhasedOperation(Generic[Row]):
         as the phase ``name`` in a short fenced transaction, so a retry skips the call and reads
         the value back; should the holder die before that, the retry calls again with the same
         idempotency key (:meth:`idempotency_key`), and the third party answers what it did.
+
+        While ``work`` runs, a heartbeat renews the lease every ``heartbeat`` of the store on
+        this connection (``work`` must not use it), so a call longer than the lease keeps the
+        key. ``now`` is the time of the record; ``clock`` gives the time of each renewal
+        (default: ``now``, or the database's clock when ``now`` is None). A renewal that finds
+        the key taken over means the call's value must not count: the heartbeat stops, and once
+        ``work`` returns this raises :class:`~pgonce.errors.LeaseLost` without recording it.
         """
         self._check_holding(name, now)
+        if clock is not None and not callable(clock):
+            raise UsageError("clock must be a function that returns a datetime, or None")
         if name in self.state:
             return self.state[name]  # type: ignore[no-any-return]
-        value = await work(self.idempotency_key(name))
+
+        async def beat() -> None:
+            await self.renew(now=now if clock is None else clock())
+
+        async with AsyncHeartbeat(beat, self._store.heartbeat) as heartbeat:
+            value = await work(self.idempotency_key(name))
+        if heartbeat.lost:
+            raise self._lost()
         async with self._conn.transaction():
             await self._record(name, value, now)
         return value
@@ -488,7 +508,7 @@ class AsyncPhasedOperation(Generic[Row]):
                 {**self._keyed(now), "point": name, "state": Jsonb(state)},
             )
         if cur.rowcount != 1:
-            raise LeaseLost(self.scope, self.key, self.token)
+            raise self._lost()
         self.state = state
         self.point = name
 
@@ -499,7 +519,7 @@ class AsyncPhasedOperation(Generic[Row]):
             async with self._conn.transaction():
                 cur = await cursor(self._conn).execute(self._store._sql.renew, self._keyed(now))
         if cur.rowcount != 1:
-            raise LeaseLost(self.scope, self.key, self.token)
+            raise self._lost()
 
     async def finish(
         self,
@@ -521,18 +541,39 @@ class AsyncPhasedOperation(Generic[Row]):
         if not force and not self._store.stores(response):
             await self.fail(f"answered {response.status}", now=now)
             return False
-        status, headers, body = response.status, [list(h) for h in response.headers], response.body
-        params = {**self._keyed(now), "status": status, "headers": Jsonb(headers), "body": body}
         async with self._conn.transaction():
             if writes is not None:
                 await writes(self._conn)
-            with translate_errors("storing a two-phase answer"):
-                cur = await cursor(self._conn).execute(self._store._sql.finish, params)
-            if cur.rowcount != 1:
-                raise LeaseLost(self.scope, self.key, self.token)
+            await self._store_answer(self._store._sql.finish, response, now)
+        return True
+
+    async def retire(self, *, now: datetime | None = None) -> Response:
+        """Give the request up: store the retired problem answer (500) in one fenced
+        transaction; the answer.
+
+        The completer's end of a request whose holders kept failing. Every retry replays the
+        answer, and nothing runs again. Unlike :meth:`finish`, the lease row is kept (with
+        ``locked_until`` infinity) as the record of the retirement, with the recovery point, the
+        attempts and the last error: the health check counts it (``retired requests``) until
+        the sweeper deletes the key.
+        """
+        self._check_holding(None, now)
+        response = retired_response(self.scope, self.key, self.attempts - 1, self.last_error)
+        async with self._conn.transaction():
+            await self._store_answer(self._store._sql.retire, response, now)
+        return response
+
+    async def _store_answer(
+        self, statement: bytes, response: Response, now: datetime | None
+    ) -> None:
+        status, headers, body = response.status, [list(h) for h in response.headers], response.body
+        params = {**self._keyed(now), "status": status, "headers": Jsonb(headers), "body": body}
+        with translate_errors("storing a two-phase answer"):
+            cur = await cursor(self._conn).execute(statement, params)
+        if cur.rowcount != 1:
+            raise self._lost()
         self.response = response
         self.stored = True
-        return True
 
     async def fail(self, error: str, *, now: datetime | None = None) -> None:
         """End the lease now and note ``error``: the next retry, or the completer, takes over at
@@ -546,7 +587,7 @@ class AsyncPhasedOperation(Generic[Row]):
                     self._store._sql.fail, {**self._keyed(now), "error": error[:1000]}
                 )
         if cur.rowcount != 1:
-            raise LeaseLost(self.scope, self.key, self.token)
+            raise self._lost()
 
     async def run(self, work: Work, *, now: datetime | None = None) -> Response:
         """Run ``work(self)`` and store the answer it returns; the answer.
@@ -576,6 +617,13 @@ class AsyncPhasedOperation(Generic[Row]):
         if phase is not None:
             check_phase(phase)
         check_optional_time(now)
+        if self.lost:
+            raise LeaseLost(self.scope, self.key, self.token)
+
+    def _lost(self) -> LeaseLost:
+        """The key was taken over: no later write of this holder is tried."""
+        self.lost = True
+        return LeaseLost(self.scope, self.key, self.token)
 
     def _keyed(self, now: datetime | None) -> dict[str, Any]:
         store = self._store

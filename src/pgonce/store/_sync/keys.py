@@ -26,17 +26,10 @@ from pgonce.config import (
     DEFAULT_POOLER,
     DEFAULT_RETRY_AFTER,
     DEFAULT_SCHEMA,
-    MIN_CLAIM_WAIT,
     TRANSACTION_POOLER,
     validate_pooler,
 )
-from pgonce.core.checks import (
-    check_bool,
-    check_connection,
-    check_duration,
-    check_int,
-    check_str,
-)
+from pgonce.core.checks import check_connection
 from pgonce.core.outcomes import (
     Claim,
     ClaimRow,
@@ -53,7 +46,13 @@ from pgonce.core.outcomes import (
 from pgonce.errors import NotInTransaction, PgonceError, UsageError
 from pgonce.sql import Queries, positional
 from pgonce.store import wire
-from pgonce.store.common import claim_row, complete_claimed, require_transaction
+from pgonce.store.common import (
+    check_key_settings,
+    check_wait,
+    claim_row,
+    complete_claimed,
+    require_transaction,
+)
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 from pgonce.store.wire import BINARY, TEXT, Command, round_trip
@@ -68,15 +67,6 @@ Row = TypeVar("Row")
 _INSERT_PARAMS = ("scope", "key", "fingerprint", "now", "wait_ms")
 _READ_PARAMS = ("scope", "key")
 _COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now", "row")
-
-
-def _check_wait(wait: timedelta) -> None:
-    if check_duration(wait, "a claim's wait") < MIN_CLAIM_WAIT:
-        raise UsageError(
-            f"a claim's wait must be at least {MIN_CLAIM_WAIT.total_seconds() * 1000:.0f} ms: it "
-            "bounds every lock the claim's INSERT waits for, and under load a new key's INSERT "
-            "can wait that long for an index page, which a shorter wait would report as in flight"
-        )
 
 
 class KeyStore:
@@ -106,10 +96,12 @@ class KeyStore:
         store_server_errors: bool = False,
         pooler: str = DEFAULT_POOLER,
     ) -> None:
-        check_str(schema, "the schema")
-        check_int(retry_after, "retry_after", low=0)
-        check_bool(store_server_errors, "store_server_errors")
-        _check_wait(wait)
+        wait_ms = check_key_settings(
+            schema=schema,
+            wait=wait,
+            retry_after=retry_after,
+            store_server_errors=store_server_errors,
+        )
         self.pooler = validate_pooler(pooler)
         #: Whether this store's batches may use prepared statements, and whether they do so on
         #: a connection with ``prepare_threshold = None`` too (``pooler="none"``: the caller
@@ -134,7 +126,7 @@ class KeyStore:
         self._complete_claimed = wire.Statement(
             positional(complete_claimed(schema), _COMPLETE_PARAMS), (*formats, BINARY)
         )
-        self._wait_ms = _milliseconds(wait)
+        self._wait_ms = wait_ms
 
     def stores(self, response: Response | None) -> bool:
         """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
@@ -202,8 +194,7 @@ class KeyStore:
         validate_fingerprint(fingerprint)
         if wait is None:
             return self._wait_ms
-        _check_wait(wait)
-        return _milliseconds(wait)
+        return check_wait(wait)
 
     def _check_pooled(self, conn: Connection[Row]) -> None:
         """Refuse a connection that would prepare statements behind the configured pooler."""
@@ -633,13 +624,6 @@ def _open_transaction(conn: Connection[Row]) -> None:
             # In psycopg's pipeline pgonce's statements go through psycopg, whose BEGIN goes
             # ahead of the first one: an empty statement lets it send that BEGIN.
             cursor(conn).execute(b"SELECT")
-
-
-def _milliseconds(wait: timedelta) -> int:
-    return wait // _MILLISECOND
-
-
-_MILLISECOND = timedelta(milliseconds=1)
 
 
 _NO_RESPONSE = Response()

@@ -1,0 +1,117 @@
+"""The heartbeat of a two-phase holder: its lease renewed in the background while a call runs.
+
+A third party's call runs outside any transaction and may outlast the lease (a provider that
+answers slowly, a retry inside the client library). While it runs, the heartbeat renews the lease
+every ``every`` on the holder's idle connection, fenced by the holder's token like every other
+write, and stops when the call returns or raises, before anything else uses the connection.
+
+What both twins guarantee (one with an asyncio task for ``_async/phases.py``, one with a thread
+for the ``_sync`` file generated from it, which names :class:`Heartbeat` where the source names
+:class:`AsyncHeartbeat`):
+
+- A renewal refused because the key was taken over (:class:`~pgonce.errors.LeaseLost`) ends the
+  heartbeat and sets :attr:`lost`: the call's result must then not be recorded.
+- Any other failure of a renewal (the database away for a moment) is logged and the next beat
+  tries again: the lease lasts several beats, and a holder that cannot renew for a whole lease is
+  fenced by its token anyway.
+- Leaving the ``with`` block waits for a renewal under way to end, so the connection is idle
+  again when the block is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from types import TracebackType
+
+from pgonce.errors import LeaseLost
+
+log = logging.getLogger("pgonce.phases")
+
+#: The name of the heartbeat's task or thread (shown by debuggers and thread dumps).
+NAME = "pgonce-heartbeat"
+
+
+def _failed(error: Exception, every: timedelta) -> None:
+    log.warning("a lease's heartbeat failed, tried again in %s: %s", every, error)
+
+
+class AsyncHeartbeat:
+    """Runs ``renew()`` every ``every`` in an asyncio task while the ``async with`` block runs."""
+
+    def __init__(self, renew: Callable[[], Awaitable[None]], every: timedelta) -> None:
+        self._renew = renew
+        self._every = every
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        #: True once a renewal found the key taken over by another holder.
+        self.lost = False
+
+    async def _beat(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._stop.wait(), self._every.total_seconds())
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self._renew()
+            except LeaseLost:
+                self.lost = True
+                return
+            except Exception as error:
+                _failed(error, self._every)
+
+    async def __aenter__(self) -> AsyncHeartbeat:
+        self._task = asyncio.create_task(self._beat(), name=NAME)
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        assert self._task is not None
+        # A renewal under way ends first (one short statement at most), so that the connection
+        # is idle when it is used next; a caller cancelled meanwhile cancels the task with it.
+        await self._task
+
+
+class Heartbeat:
+    """Runs ``renew()`` every ``every`` in a thread while the ``with`` block runs."""
+
+    def __init__(self, renew: Callable[[], None], every: timedelta) -> None:
+        self._renew = renew
+        self._every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=NAME, daemon=True)
+        #: True once a renewal found the key taken over by another holder.
+        self.lost = False
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._every.total_seconds()):
+            try:
+                self._renew()
+            except LeaseLost:
+                self.lost = True
+                return
+            except Exception as error:
+                _failed(error, self._every)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
