@@ -2,7 +2,9 @@
 
 One module is the settings, the URLconf and the WSGI application. ``BENCH_DJANGO_VARIANT`` is
 ``none`` (the app alone), ``atomic`` (the app alone with ``ATOMIC_REQUESTS``: its INSERT in a
-transaction of its own) or ``pgonce`` (the same app behind pgonce's Idempotency-Key middleware);
+transaction of its own), ``pgonce`` (the same app behind pgonce's Idempotency-Key middleware) or
+``hand`` (the app doing pgonce's writes itself in its own ``atomic()`` block,
+:mod:`bench.by_hand`: the limit);
 ``BENCH_HTTP_DSN`` is the database. The view inserts one row with the ORM and answers 201 with JSON.
 """
 
@@ -16,6 +18,8 @@ import django
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
+
+from bench import by_hand
 
 TABLE = "bench_django_payments"
 SCOPE = "bench-django:bench"
@@ -31,6 +35,7 @@ def create_app() -> Any:
     from psycopg.conninfo import conninfo_to_dict
 
     params = conninfo_to_dict(os.environ["BENCH_HTTP_DSN"])
+    variant = os.environ.get("BENCH_DJANGO_VARIANT", "none")
     middleware = []
     if os.environ.get("BENCH_DJANGO_VARIANT") == "pgonce":
         middleware.append("pgonce.contrib.django.middleware.IdempotencyMiddleware")
@@ -58,7 +63,7 @@ def create_app() -> Any:
     )
     django.setup()
     from django.core.wsgi import get_wsgi_application
-    from django.db import models
+    from django.db import connection, models, transaction
 
     class Payment(models.Model):  # type: ignore[misc]
         principal = models.TextField()
@@ -72,11 +77,29 @@ def create_app() -> Any:
 
     def create_payment(request: HttpRequest) -> HttpResponse:
         data = json.loads(request.body)
+        if variant == "hand":
+            return by_hand_payment(request, data)
         payment = Payment.objects.create(
             principal="bench", amount=data["amount"], currency=data["currency"]
         )
         body = {"id": payment.pk, "amount": payment.amount, "currency": payment.currency}
         return JsonResponse(body, status=201, headers={"Location": f"/payments/{payment.pk}"})
+
+    def by_hand_payment(request: HttpRequest, data: dict[str, Any]) -> HttpResponse:
+        key = request.headers["Idempotency-Key"]
+        with transaction.atomic():
+            # As pgonce's middleware does: BEGIN with the claim, the completion with COMMIT
+            # (Django's own COMMIT at the block's end then finds the transaction over).
+            conn = connection.connection
+            by_hand.claim(conn, SCOPE, key)
+            payment = Payment.objects.create(
+                principal="bench", amount=data["amount"], currency=data["currency"]
+            )
+            body = {"id": payment.pk, "amount": payment.amount, "currency": payment.currency}
+            encoded = json.dumps(body).encode()
+            by_hand.complete(conn, SCOPE, key, 201, encoded)
+        headers = {"Location": f"/payments/{payment.pk}"}
+        return HttpResponse(encoded, status=201, headers=headers, content_type="application/json")
 
     urlpatterns.append(path("payments", create_payment))
     return get_wsgi_application()

@@ -4,7 +4,8 @@
 its INSERT in the transaction that ``pool.connection()`` opens and commits), ``autocommit`` (the
 app alone on a pool of autocommit connections: its INSERT commits on its own, no transaction) or
 ``pgonce`` (the same app behind :mod:`pgonce.contrib.flask`: the claim, the row and the stored
-response in one transaction); ``BENCH_HTTP_DSN`` is the database. The view inserts one row and
+response in one transaction) or ``hand`` (the reference doing pgonce's writes itself,
+:mod:`bench.by_hand`: the limit); ``BENCH_HTTP_DSN`` is the database. The view inserts one row and
 answers 201 with JSON, on a ``psycopg_pool.ConnectionPool`` of one connection per server thread,
 created as the how-to creates it (psycopg's default connection settings) except in
 ``autocommit``.
@@ -12,12 +13,14 @@ created as the how-to creates it (psycopg's default connection settings) except 
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
-from flask import Flask, request
+from flask import Flask, Response, request
 from psycopg_pool import ConnectionPool
 
+from bench import by_hand
 from pgonce.contrib.flask import Idempotency, connection
 
 TABLE = "bench_flask_payments"
@@ -47,8 +50,17 @@ def create_app() -> Flask:
         return int(row[0])
 
     @app.post("/payments")
-    def create_payment() -> tuple[dict[str, Any], int, dict[str, str]]:
+    def create_payment() -> Response | tuple[dict[str, Any], int, dict[str, str]]:
         data = request.get_json()
+        if variant == "hand":
+            key = request.headers["Idempotency-Key"]
+            with pool.connection() as conn:
+                by_hand.claim(conn, SCOPE, key)
+                payment = insert(conn, data)
+                body = {"id": payment, "amount": data["amount"], "currency": data["currency"]}
+                encoded = json.dumps(body).encode()
+                by_hand.complete(conn, SCOPE, key, 201, encoded)
+            return Response(encoded, 201, {"Location": f"/payments/{payment}"}, "application/json")
         if variant == "pgonce":
             payment = insert(connection(), data)
         else:

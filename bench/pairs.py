@@ -24,6 +24,8 @@ from bench.workloads.http_middleware import Result, load, probe
 
 #: The two variants every adapter's workload compares: the app alone, and behind pgonce.
 VARIANTS = ("none", "pgonce")
+#: The variant that does pgonce's writes by hand (bench.by_hand), where a workload has one.
+LIMIT = "hand"
 TARGET = 0.85
 
 
@@ -233,4 +235,28 @@ def compare(
     targets.at_least(f"{mine} vs {alone}, best rounds", best["pgonce"].rps / reference.rps, TARGET)
     if ratios:
         targets.at_least(f"{mine} vs {alone}, median round", statistics.median(ratios), TARGET)
+    if LIMIT in labels:
+        targets.table.notes.append(_limit(labels, runs, best))
     return [table, targets.table]
+
+
+def _limit(
+    labels: Mapping[str, str], runs: Sequence[Mapping[str, Result]], best: Mapping[str, Result]
+) -> str:
+    """The target's limit: the app doing pgonce's writes itself (bench.by_hand) against the app
+    alone, and pgonce against it, best rounds and median round."""
+
+    def median(top: str, bottom: str) -> float:
+        return statistics.median(r[top].rps / r[bottom].rps for r in runs if r[bottom].rps > 0)
+
+    def best_of(top: str, bottom: str) -> float:
+        return best[top].rps / best[bottom].rps
+
+    return (
+        f"The limit of this target: {labels[LIMIT]} (pgonce's rows and round trips written by "
+        f"hand, none of its code) runs at {100 * best_of(LIMIT, 'none'):.0f} % of "
+        f"{labels['none']} (best rounds; median round {100 * median(LIMIT, 'none'):.0f} %): "
+        "what storing a key and a response costs whatever stores it. "
+        f"{labels['pgonce']} against it: {100 * best_of('pgonce', LIMIT):.0f} % (best rounds; "
+        f"median round {100 * median('pgonce', LIMIT):.0f} %), what pgonce's own code costs."
+    )

@@ -9,7 +9,10 @@ key:
 - ``Django alone, ATOMIC_REQUESTS``: the view in a transaction (BEGIN, INSERT, COMMIT), what the
   one-transaction design costs before any key is claimed;
 - ``Django + pgonce``: ``pgonce.contrib.django``'s middleware; the claim, the row and the stored
-  response commit in one transaction on Django's connection.
+  response commit in one transaction on Django's connection;
+- ``Django alone + a key by hand``: the view writing pgonce's key row and response itself in its
+  own ``atomic()`` block, in the same round trips (``bench.by_hand``), none of pgonce's code: the
+  limit of the target.
 
 Rounds are interleaved (each variant first in every other round); each variant's best round is
 reported, and the target is also judged on the median over the rounds of the ratio within a round.
@@ -23,18 +26,19 @@ from pathlib import Path
 
 from bench.context import BenchContext
 from bench.django_app import SCOPE, TABLE
+from bench.pairs import LIMIT, alternate, cleanup_payments, compare, gunicorn, prepare_payments
 from bench.pairs import VARIANTS as PAIR
-from bench.pairs import alternate, cleanup_payments, compare, gunicorn, prepare_payments
 from bench.report import Table
 
 TITLE = "Django: Idempotency-Key middleware under a WSGI server"
 
 #: The pair every adapter's workload compares, and the app in a transaction of its own beside them.
-VARIANTS = ("atomic", *PAIR)
+VARIANTS = ("atomic", *PAIR, LIMIT)
 LABELS = {
     "atomic": "Django alone, ATOMIC_REQUESTS",
     "none": "Django alone",
     "pgonce": "Django + pgonce",
+    LIMIT: "Django alone + a key by hand",
 }
 CONCURRENCY = 8
 WORKERS = 2
@@ -46,7 +50,7 @@ def run(ctx: BenchContext) -> list[Table]:
     log = Path(tempfile.gettempdir()) / "pgonce-bench-django.log"
     log.write_text("")
     rounds = 1 if ctx.quick else 5
-    seconds = ctx.seconds(5)
+    seconds = ctx.pick(5.0, short=4.0, quick=1.0)
     runs, probes = alternate(
         VARIANTS,
         lambda variant: gunicorn(

@@ -10,7 +10,9 @@ client of the ASGI middleware's workload at the same concurrency, each request w
 - ``Flask alone, autocommit pool``: the same app on a pool of autocommit connections, its INSERT
   outside any transaction: the cheapest write there is, shown beside the reference;
 - ``Flask + pgonce``: ``pgonce.contrib.flask`` on the reference's pool; the claim, the row and
-  the stored response commit in one transaction on the pool's connection.
+  the stored response commit in one transaction on the pool's connection;
+- ``Flask alone + a key by hand``: the reference writing pgonce's key row and response itself in
+  the same round trips (``bench.by_hand``), none of pgonce's code: the limit of the target.
 
 The target compares the app with pgonce and without it on the same pool, with the same
 connection settings; the ratio to the autocommit pool, which has no transaction at all, is
@@ -28,17 +30,18 @@ from pathlib import Path
 
 from bench.context import BenchContext
 from bench.flask_app import SCOPE, TABLE
+from bench.pairs import LIMIT, alternate, cleanup_payments, compare, gunicorn, prepare_payments
 from bench.pairs import VARIANTS as PAIR
-from bench.pairs import alternate, cleanup_payments, compare, gunicorn, prepare_payments
 from bench.report import Table
 
 TITLE = "Flask: Idempotency-Key middleware under a WSGI server"
 
-VARIANTS = ("autocommit", *PAIR)
+VARIANTS = ("autocommit", *PAIR, LIMIT)
 LABELS = {
     "autocommit": "Flask alone, autocommit pool",
     "none": "Flask alone",
     "pgonce": "Flask + pgonce",
+    LIMIT: "Flask alone + a key by hand",
 }
 CONCURRENCY = 8
 WORKERS = 2
@@ -49,8 +52,8 @@ def run(ctx: BenchContext) -> list[Table]:
     prepare_payments(ctx.dsn, TABLE)
     log = Path(tempfile.gettempdir()) / "pgonce-bench-flask.log"
     log.write_text("")
-    rounds = ctx.pick(5, short=3, quick=1)
-    seconds = ctx.seconds(5)
+    rounds = ctx.pick(5, short=5, quick=1)
+    seconds = ctx.pick(5.0, short=4.0, quick=1.0)
     runs, probes = alternate(
         VARIANTS,
         lambda variant: gunicorn(

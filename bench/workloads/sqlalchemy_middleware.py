@@ -122,7 +122,7 @@ def run(ctx: BenchContext) -> list[Table]:
     log = Path(tempfile.gettempdir()) / "pgonce-bench-sqlalchemy.log"
     log.write_text("")
     rounds = 1 if ctx.quick else 5
-    seconds = ctx.seconds(5)
+    seconds = ctx.pick(5.0, short=4.0, quick=1.0)
 
     @contextlib.contextmanager
     def serve(variant: str) -> Iterator[tuple[int, list[int]]]:
