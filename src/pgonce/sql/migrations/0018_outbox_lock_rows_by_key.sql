@@ -1,0 +1,21 @@
+-- The aggregates' lock rows without an index by age: the sweeper walks them by their key.
+--
+-- enqueue() upserts its aggregate's lock row; outbox_aggregates_by_age (0005), on
+-- last_enqueued_at, let the sweeper read idle lock rows oldest first. It cost every enqueue: a new
+-- aggregate's row took an entry in it (15,000 of the enqueue's 308,000 server instructions per
+-- business transaction, bench/outbox_instructions.py), and the upsert of a known aggregate, which
+-- sets last_enqueued_at, could never be a HOT update, so it added an entry to both indexes each
+-- time. Without it, no column the upsert sets is indexed: the update of a known aggregate's row
+-- stays on its page with no index entry (HOT) wherever the page has room, which the fillfactor
+-- keeps for it.
+--
+-- The sweeper now walks the table in primary-key order, a batch at a time from the key where the
+-- previous batch ended, and deletes the idle rows among those it read; health reads the table
+-- once for the oldest row and the overdue count (an unlogged table of one short row per aggregate
+-- active within the retention). No event is touched: the index held no data, and a lock row may
+-- go at any time (the next enqueue of its aggregate recreates it).
+--
+-- DROP INDEX takes an exclusive lock on outbox_aggregates, which enqueue() waits for: brief, the
+-- drop removes a file. SET (fillfactor) rewrites nothing; it applies to pages filled from now on.
+DROP INDEX outbox_aggregates_by_age;
+ALTER TABLE outbox_aggregates SET (fillfactor = 80);
