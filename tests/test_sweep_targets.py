@@ -134,20 +134,3 @@ def test_health_reads_the_inbox_horizon_by_source(dsn: str) -> None:
         report = HealthCheck([policy], targets=["inbox"]).check(conn, now=NOW)
     stripe = next(g for g in report.groups if g.scope == "stripe")
     assert (stripe.oldest_age, stripe.overdue) == (40 * DAY, 1)
-
-
-def test_health_reads_the_lock_rows_horizon_in_one_pass(dsn: str) -> None:
-    # No index by age on outbox_aggregates (0018): one read of the table gives both figures.
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for aggregate, age in [("a", 40 * DAY), ("b", 20 * DAY), ("c", 1 * DAY)]:
-            conn.execute(
-                """INSERT INTO pgonce.outbox_aggregates
-                       (aggregatetype, aggregateid, events, last_enqueued_at)
-                   VALUES ('order', %s, 1, %s)""",
-                (aggregate, NOW - age),
-            )
-    policy = RetentionPolicy("outbox_aggregates", Retention(7 * DAY, timedelta(0)))
-    with psycopg.connect(dsn) as conn:
-        report = HealthCheck([policy], targets=["outbox_aggregates"]).check(conn, now=NOW)
-    (group,) = report.groups
-    assert (group.oldest_age, group.overdue) == (40 * DAY, 2)
