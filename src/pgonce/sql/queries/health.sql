@@ -10,8 +10,7 @@
 --               it deleted none: younger than the retry horizon means a row was deleted while its
 --               sender may still retry it; otherwise a young oldest row is only a young table
 -- A target whose rows can get stuck also has `stuck_<target>` (count, age of the oldest).
--- Every statement here reads an index range, not the table, so a metrics scrape stays cheap; but
--- horizon_outbox_aggregates, which reads its small table whole (see there).
+-- Every statement here reads an index range, not the table, so a metrics scrape stays cheap.
 
 -- name: clock
 SELECT coalesce(%(now)s::timestamptz, now())
@@ -104,9 +103,7 @@ SELECT NULL::text AS scope,
 
 -- name: horizon_outbox_aggregates
 -- One read of the table for both figures: it has no index by age (0018: every enqueue paid for
--- its entry). The relay deletes the lock rows of the aggregates it published, so the table holds
--- one short row per aggregate with events on their way, plus the few it skipped (held by an
--- enqueue at the time), which the sweeper deletes once idle.
+-- its entry). An unlogged table of one short row per aggregate active within the retention.
 SELECT NULL::text AS scope,
        coalesce(%(now)s::timestamptz, now()) - a.oldest AS oldest_age,
        a.overdue,
