@@ -73,8 +73,6 @@ FILL = {
 }
 
 RELAY_CLAIM = {"now": None, "limit": 100, "per_aggregate": 10}
-# A batch of the lock rows' walk, going on from the key where the previous batch ended.
-WALK = {**SWEEP, "after_type": "order", "after_id": "2500"}
 
 # table -> index -> (queries file, statement, parameters): the statement each index exists for.
 READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
@@ -117,9 +115,8 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
         "outbox_parked": ("outbox", "replay", {"now": None, "ids": None, "aggregatetype": None}),
     },
     "outbox_aggregates": {
-        # Its only index (0018): enqueue()'s upsert, the relay's deletion of the lock rows of the
-        # aggregates it published, and the sweeper's walk all find their rows by key.
-        "outbox_aggregates_pkey": ("sweep", "delete_outbox_aggregates", WALK),
+        "outbox_aggregates_pkey": ("sweep", "delete_outbox_aggregates", SWEEP),
+        "outbox_aggregates_by_age": ("sweep", "delete_outbox_aggregates", SWEEP),
     },
     "outbox_waiting_relays": {
         "outbox_waiting_relays_pkey": ("outbox", "unregister_waiting", {"relay": "r"}),
@@ -214,59 +211,12 @@ def test_the_idle_aggregates_sweep_probes_the_outbox_and_never_scans_it(dsn: str
         statement = pgsql.Queries("sweep", "pgonce").delete_outbox_aggregates
         scans = [
             (node["Node Type"], node.get("Index Name", ""))
-            for node in _plan_nodes(conn, statement, WALK)
+            for node in _plan_nodes(conn, statement, SWEEP)
             if node.get("Relation Name") == "outbox"
         ]
         # No "SET enable_seqscan = off" here: the planner's own choice on a realistic outbox.
         assert {index for _, index in scans} == {"outbox_pending_aggregate", "outbox_parked"}
         assert all(kind != "Seq Scan" for kind, _ in scans), scans
-
-
-def test_a_batch_of_the_lock_rows_walk_reads_a_range_of_the_key(dsn: str) -> None:
-    # No index by age (0018): a batch starts where the previous one ended, as an index condition
-    # on the primary key, so that a run reads each lock row once instead of the table per batch.
-    with psycopg.connect(dsn) as conn:
-        conn.execute(FILL["outbox_aggregates"].encode())
-        conn.execute("ANALYZE pgonce.outbox_aggregates")
-        statement = pgsql.Queries("sweep", "pgonce").delete_outbox_aggregates
-        walks = [
-            node
-            for node in _plan_nodes(conn, statement, WALK)
-            if node.get("Relation Name") == "outbox_aggregates"
-            and ">" in node.get("Index Cond", "")
-        ]
-        assert [node.get("Index Name") for node in walks] == ["outbox_aggregates_pkey"], walks
-        assert not [
-            node
-            for node in _plan_nodes(conn, statement, WALK)
-            if node.get("Relation Name") == "outbox_aggregates" and node["Node Type"] == "Seq Scan"
-        ]
-
-
-def test_marking_rows_published_finds_their_lock_rows_by_key(dsn: str) -> None:
-    # The relay deletes the lock rows of the aggregates it published (0018): by key, and the
-    # "nothing else pending" question as a probe of outbox_pending_aggregate. Sequential scans
-    # priced out, as in the test above: a small table shows what the statement can use.
-    with psycopg.connect(dsn) as conn:
-        conn.execute(FILL["outbox"].encode())
-        conn.execute(FILL["outbox_aggregates"].encode())
-        conn.execute("ANALYZE pgonce.outbox")
-        conn.execute("ANALYZE pgonce.outbox_aggregates")
-        conn.execute("SET LOCAL enable_seqscan = off")
-        statement = pgsql.Queries("outbox", "pgonce").mark_published
-        nodes = [
-            node
-            for node in _plan_nodes(conn, statement, {"now": None, "ids": list(range(1, 20))})
-            if node.get("Relation Name") in {"outbox", "outbox_aggregates"}
-        ]
-        assert not [node for node in nodes if node["Node Type"] == "Seq Scan"], nodes
-        assert {
-            (node["Relation Name"], node["Index Name"]) for node in nodes if "Index Name" in node
-        } == {
-            ("outbox", "outbox_pkey"),
-            ("outbox", "outbox_pending_aggregate"),
-            ("outbox_aggregates", "outbox_aggregates_pkey"),
-        }
 
 
 # A retention's worth of handled rows and a small backlog: 100,000 rows, 0.3 % pending, 0.1 % dead.

@@ -93,36 +93,6 @@ def test_outbox_deletes_published_rows_only_and_idle_aggregates(dsn: str) -> Non
     assert deleted == 3
 
 
-def test_the_lock_rows_walk_reads_every_row_once_and_a_capped_walk_goes_on_next_run(
-    dsn: str,
-) -> None:
-    # outbox_aggregates has no index by age (0018): batches walk its key, and the idle rows are
-    # spread through it (every fifth of 40), so most batches read some rows and delete none. A
-    # walk that stopped at its first batch without a deletion, or started over at every run,
-    # would leave idle rows behind.
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            """INSERT INTO pgonce.outbox_aggregates
-                   (aggregatetype, aggregateid, events, last_enqueued_at)
-               SELECT 'order', lpad(g::text, 3, '0'), 1,
-                      CASE WHEN g %% 5 = 0 THEN %s ELSE %s END
-                 FROM generate_series(1, 40) AS g""",
-            (NOW - 20 * DAY, NOW - 1 * DAY),
-        )
-    keep = RetentionPolicy("outbox_aggregates", Retention(7 * DAY, timedelta(0)))
-    capped = SweepLimits(batch_size=3, max_batches=5, pause=timedelta(0))
-    sweeper = Sweeper([keep], targets=["outbox_aggregates"], limits=capped)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        first = sweeper.sweep(conn, now=NOW).targets[0]
-        # 5 batches of 3 read rows 001 to 015: idle 005, 010, 015.
-        assert (first.deleted, first.batches, first.ending) == (3, 5, "capped")
-        runs = [sweeper.sweep(conn, now=NOW).targets[0] for _ in range(2)]
-        left = remaining(conn, "SELECT aggregateid FROM pgonce.outbox_aggregates")
-    # The next runs go on from 015 (016 to 030, then 031 to 040 and the end of the table).
-    assert [(r.deleted, r.batches, r.ending) for r in runs] == [(3, 5, "capped"), (2, 4, "drained")]
-    assert left == {f"{g:03d}" for g in range(1, 41) if g % 5}
-
-
 def test_health_reads_the_inbox_horizon_by_source(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         add_event(conn, "stripe", "a", "done", 40 * DAY)

@@ -10,9 +10,7 @@ Guarantees a reader must not break:
   when the policy is built: before a sweeper, a health check or a command can start. A key deleted
   while its provider still retries would let the retry run the work a second time.
 - **Bounded runs.** A sweep deletes in batches of ``batch_size``, stops a target at its first short
-  batch, and never runs more than ``max_batches`` batches of one target in one run. A target that
-  walks its key (``walk_key``) counts the rows a batch read rather than deleted: its run stops at
-  the end of the table.
+  batch, and never runs more than ``max_batches`` batches of one target in one run.
 - **Sweep targets.** Every table the sweeper serves is a :class:`SweepTarget` in :data:`TARGETS`,
   with one ``delete_<name>`` statement in ``sql/queries/sweep.sql`` and one ``horizon_<name>`` in
   ``sql/queries/health.sql``. Those statements alone say which rows are deletable (for the key
@@ -104,11 +102,6 @@ class SweepTarget:
     has_stuck: bool = False
     #: Whether ``delete_<name>_by_ctid`` exists in sweep.sql (the faster path on plain PostgreSQL).
     has_ctid_twin: bool = False
-    #: For a ``delete_<name>`` that walks the table in key order rather than reading deletable rows
-    #: by age (a table with no index by age): the parameters that name the key a batch goes on from
-    #: (NULL: from the start). Such a statement returns one row: rows read, rows deleted, then
-    #: these parameters' next values, in this order. Empty for every other target.
-    walk_key: tuple[str, ...] = ()
 
 
 KEYS = SweepTarget(
@@ -139,8 +132,6 @@ OUTBOX_AGGREGATES = SweepTarget(
     scope_word="outbox",
     age_column="last_enqueued_at",
     deletable="lock rows of aggregates idle for the retention, with nothing left to publish",
-    # No index by age (0018): every enqueue paid for its entry.
-    walk_key=("after_type", "after_id"),
 )
 
 #: Every table the sweeper serves, in sweep order.

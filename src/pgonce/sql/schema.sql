@@ -192,9 +192,6 @@ CREATE INDEX outbox_parked ON outbox (aggregatetype, aggregateid)
 -- for people; the sweeper may delete a row at any time (the next enqueue recreates it). Unlogged
 -- (0014): the lock is what counts, and it lives in memory; the rows cost no WAL, and a crash or a
 -- promotion empties the table when no transaction can hold one of its locks.
--- The primary key is its only index (0018): no column the upsert sets is indexed, so the update of
--- a known aggregate's row is HOT where its page has room (the fillfactor keeps some), and the
--- sweeper walks the rows by their key instead of by age.
 CREATE UNLOGGED TABLE outbox_aggregates (
     aggregatetype    text        COLLATE "C" NOT NULL,
     -- The outbox's type (0012): the two tables are co-located on Citus, by this column.
@@ -202,8 +199,7 @@ CREATE UNLOGGED TABLE outbox_aggregates (
     events           bigint      NOT NULL,
     last_enqueued_at timestamptz NOT NULL,
     CONSTRAINT outbox_aggregates_pkey PRIMARY KEY (aggregatetype, aggregateid)
-)
-WITH (fillfactor = 80);
+);
 
 -- Relays waiting for a notification, each refreshing its row whenever it goes back to sleep.
 -- enqueue() sends NOTIFY only while a relay waits: PostgreSQL serializes the commits of all
@@ -411,13 +407,15 @@ SELECT source, event_id, status, attempts, received_at, next_attempt_at, process
 -- completion, which leaves completed_at alone, is a HOT update.
 CREATE INDEX keys_completed_by_age ON keys (claimed_at) WHERE completed_at IS NOT NULL;
 
--- ## Sweeper paths through the inbox (0005)
+-- ## Sweeper paths through the inbox and the outbox (0005)
 --
--- A batch reads the rows it deletes, oldest first, never the table. (The outbox's lock rows had
--- one by age until 0018; the sweeper walks them by their primary key.)
+-- A batch reads the rows it deletes, oldest first, never the table.
 
 -- Handled deliveries by age. Dead letters are not in it: they wait for a person (and a replay).
 CREATE INDEX inbox_finished_by_age ON inbox (received_at) WHERE status IN ('done', 'skipped');
+
+-- Aggregates by the time of their last enqueue: an idle aggregate's lock row can go.
+CREATE INDEX outbox_aggregates_by_age ON outbox_aggregates (last_enqueued_at);
 
 -- ## What the sweeper deleted (0015)
 --

@@ -102,17 +102,14 @@ SELECT NULL::text AS scope,
          - (SELECT max(newest) FROM {schema}.sweep_marks WHERE target = 'outbox') AS deleted_age
 
 -- name: horizon_outbox_aggregates
--- One read of the table for both figures: it has no index by age (0018: every enqueue paid for
--- its entry). An unlogged table of one short row per aggregate active within the retention.
 SELECT NULL::text AS scope,
-       coalesce(%(now)s::timestamptz, now()) - a.oldest AS oldest_age,
-       a.overdue,
+       coalesce(%(now)s::timestamptz, now())
+         - (SELECT min(last_enqueued_at) FROM {schema}.outbox_aggregates) AS oldest_age,
+       (SELECT count(*) FROM {schema}.outbox_aggregates
+         WHERE last_enqueued_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval)
+         AS overdue,
        coalesce(%(now)s::timestamptz, now())
          - (SELECT max(newest) FROM {schema}.sweep_marks WHERE target = 'outbox_aggregates') AS deleted_age
-  FROM (SELECT min(last_enqueued_at) AS oldest,
-               count(*) FILTER (WHERE last_enqueued_at < coalesce(%(now)s::timestamptz, now())
-                                                          - %(default_keep)s::interval) AS overdue
-          FROM {schema}.outbox_aggregates) AS a
 
 -- name: sync_standby
 -- Whether the server is configured to wait for a synchronous standby, and how many standbys are

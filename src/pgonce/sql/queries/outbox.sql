@@ -167,41 +167,9 @@ SELECT b.id, b.aggregatetype, b.aggregateid, b.type, b.payload, b.headers, b.cre
  ORDER BY b.id
 
 -- name: mark_published
--- The rows the broker acknowledged, published; returns how many changed. The same statement
--- deletes the lock rows of their aggregates (0018), which keeps outbox_aggregates to the
--- aggregates with events on their way, so that the sweeper and health can read it whole instead
--- of through an index by age that every enqueue paid for. A lock row may go at any time: what
--- orders an aggregate's events is the row lock an enqueue holds to its commit, and the next
--- enqueue of the aggregate recreates the row. SKIP LOCKED leaves the rows that enqueues hold
--- now (their events come in a later batch, which deletes them then); an enqueue that arrives
--- after this statement waits for this transaction's end and then inserts the row anew, as for
--- an aggregate seen the first time. Aggregates that still have pending rows keep theirs: their
--- next enqueues update the row in place (HOT) instead of recreating it.
---
--- The pending rows are looked for outside this batch (`id <> ALL`): the statement's own update
--- is invisible to its subqueries.
-WITH marked AS (
-    UPDATE {schema}.outbox
-       SET published_at = coalesce(%(now)s::timestamptz, now()), last_error = NULL
-     WHERE id = ANY(%(ids)s::bigint[]) AND published_at IS NULL
-    RETURNING aggregatetype, aggregateid
-), idle AS MATERIALIZED (
-    SELECT a.aggregatetype, a.aggregateid
-      FROM (SELECT DISTINCT m.aggregatetype, m.aggregateid FROM marked AS m) AS m
-      JOIN {schema}.outbox_aggregates AS a
-        ON a.aggregatetype = m.aggregatetype AND a.aggregateid = m.aggregateid
-     WHERE NOT EXISTS (
-           SELECT 1 FROM {schema}.outbox AS o
-            WHERE o.aggregatetype = a.aggregatetype AND o.aggregateid = a.aggregateid
-              AND o.published_at IS NULL AND o.parked_at IS NULL
-              AND o.id <> ALL(%(ids)s::bigint[]))
-       FOR UPDATE OF a SKIP LOCKED
-), gone AS (
-    DELETE FROM {schema}.outbox_aggregates AS a
-     USING idle
-     WHERE a.aggregatetype = idle.aggregatetype AND a.aggregateid = idle.aggregateid
-)
-SELECT count(*) FROM marked
+UPDATE {schema}.outbox
+   SET published_at = coalesce(%(now)s::timestamptz, now()), last_error = NULL
+ WHERE id = ANY(%(ids)s::bigint[]) AND published_at IS NULL
 
 -- name: record_refusals
 -- One row per refused delivery; the core decided the next attempt or the parking.

@@ -20,10 +20,6 @@
 --     twin must be the same statement but for its last line (tests/test_sweeper.py checks it).
 --   * Oldest first (ORDER BY the age column, with an index on it, partial to deletable rows): a
 --     batch costs the rows it deletes, not the table, and a capped run leaves the youngest behind.
---     Except delete_outbox_aggregates: its table has no index by age (0018: every enqueue paid for
---     one), so a batch walks the next range of the primary key instead and returns one row,
---     (examined, deleted, the key to go on from), rather than a count of deleted rows
---     (SweepTarget.walk_key).
 --   * The sweeper runs each batch in its own transaction, under its own `statement_timeout`.
 --   * The same statement notes what it deleted in sweep_marks (CTE `noted`: per scope, the rows
 --     deleted and the newest age-column value among them), from `doomed`: the rows it locked are
@@ -176,14 +172,6 @@ DELETE FROM {schema}.outbox AS o
 -- name: delete_outbox_aggregates
 -- The lock rows of aggregates that enqueued nothing for the retention and have no row left to
 -- publish. An enqueue holding the row is skipped; one arriving after the delete recreates it.
---
--- A walk, not a search by age: the table has no index by age (0018: every enqueue paid for its
--- entry), so a batch reads the next `batch_size` rows in primary-key order after the key where the
--- previous batch ended (`after_type`, `after_id`; NULL to start) and deletes the idle ones among
--- them. It returns how many rows it read and deleted and the key to go on from; the sweeper stops
--- at a batch that read fewer than `batch_size` rows, the end of the table. A run therefore reads
--- every lock row once, in batches that each read a bounded range of the primary key.
---
 -- "No row left to publish" is asked twice, pending rows and parked ones, so that each question
 -- is a probe of a partial index by aggregate (outbox_pending_aggregate, outbox_parked): asked
 -- once, as `published_at IS NULL`, it matched neither, and every batch read the whole outbox,
@@ -191,22 +179,10 @@ DELETE FROM {schema}.outbox AS o
 -- The parked question keeps OFFSET 0, which makes it a probe per aggregate rather than a join:
 -- the planner, multiplying the two columns' NULL fractions as if unrelated, expects a few dozen
 -- dead letters and would read them all for every aggregate (1,000,000 comparisons, 83 ms, a
--- batch of 500 against 2,000 dead letters; 500 probes instead). Only idle rows are locked (the
--- lock re-checks them), so an enqueue never waits for a batch over an active aggregate's row.
-WITH examined AS MATERIALIZED (
-    -- '' sorts before every key (names are at least one byte).
-    SELECT a.aggregatetype, a.aggregateid
-      FROM {schema}.outbox_aggregates AS a
-     WHERE (a.aggregatetype, a.aggregateid)
-           > (coalesce(%(after_type)s::text, ''), coalesce(%(after_id)s::text, ''))
-     ORDER BY a.aggregatetype, a.aggregateid
-     LIMIT %(batch_size)s
-),
-doomed AS MATERIALIZED (
+-- batch of 500 against 2,000 dead letters; 500 probes instead).
+WITH doomed AS MATERIALIZED (
     SELECT a.aggregatetype, a.aggregateid, a.last_enqueued_at
-      FROM examined AS e
-      JOIN {schema}.outbox_aggregates AS a
-        ON a.aggregatetype = e.aggregatetype AND a.aggregateid = e.aggregateid
+      FROM {schema}.outbox_aggregates AS a
      WHERE a.last_enqueued_at < coalesce(%(now)s::timestamptz, now()) - %(default_keep)s::interval
        AND NOT EXISTS (
            SELECT 1 FROM {schema}.outbox AS o
@@ -217,6 +193,8 @@ doomed AS MATERIALIZED (
             WHERE o.aggregatetype = a.aggregatetype AND o.aggregateid = a.aggregateid
               AND o.parked_at IS NOT NULL AND o.published_at IS NULL
            OFFSET 0)
+     ORDER BY a.last_enqueued_at
+     LIMIT %(batch_size)s
        FOR UPDATE OF a SKIP LOCKED
 ),
 noted AS (
@@ -229,19 +207,7 @@ noted AS (
        SET deleted = m.deleted + excluded.deleted,
            newest = greatest(m.newest, excluded.newest),
            swept_at = greatest(m.swept_at, excluded.swept_at)
-),
-deleted AS (
-    DELETE FROM {schema}.outbox_aggregates AS a
-     USING doomed
-     WHERE a.aggregatetype = doomed.aggregatetype AND a.aggregateid = doomed.aggregateid
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM examined) AS examined,
-       (SELECT count(*) FROM deleted) AS deleted,
-       last.aggregatetype AS after_type, last.aggregateid::text AS after_id
-  FROM (SELECT) AS one
-  LEFT JOIN LATERAL (
-       SELECT e.aggregatetype, e.aggregateid
-         FROM examined AS e
-        ORDER BY e.aggregatetype DESC, e.aggregateid DESC
-        LIMIT 1) AS last ON true
+DELETE FROM {schema}.outbox_aggregates AS a
+ USING doomed
+ WHERE a.aggregatetype = doomed.aggregatetype AND a.aggregateid = doomed.aggregateid

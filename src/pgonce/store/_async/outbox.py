@@ -275,8 +275,7 @@ class AsyncOutboxStore:
         params = {"ids": "{" + ",".join(map(str, ids)) + "}", "now": now}
         with translate_errors("marking outbox rows published"):
             cur = await cursor(conn).execute(self._sql.mark_published, params)
-            row = await cur.fetchone()
-        return int(row[0]) if row else 0
+        return cur.rowcount
 
     async def record_refusals(self, conn: AsyncConnection[Row], refusals: Sequence[Refusal]) -> int:
         """Write the core's decisions for refused rows (next attempt, or parked)."""

@@ -9,9 +9,7 @@ Guarantees:
 - Only rows the target's ``delete_<target>`` statement calls deletable go: for the key store, a
   claim in flight is never deleted.
 - A target's run stops at its first short batch, or at the batch cap; a stop request is honoured
-  between batches. A target that walks its key (the aggregates' lock rows) stops at the end of the
-  table instead; a walk cut short by the cap or a stop goes on from where it stopped at this
-  sweeper's next run, so that every row is read in time however large the table.
+  between batches.
 - ctid is never needed for correctness: every target has a portable statement that joins on its
   primary key. On plain PostgreSQL a target's ``_by_ctid`` twin is used instead, for speed; where
   Citus is installed (or with ``ctid=False``) the portable one is.
@@ -90,8 +88,6 @@ class AsyncSweeper:
         self.policies = policies_for(policies, targets)
         self.ctid = ctid
         self._sql = Queries("sweep", schema)
-        # Per walking target: the key its last run stopped at, when that run did not finish.
-        self._walks: dict[str, dict[str, Any]] = {}
 
     async def sweep(
         self,
@@ -140,10 +136,7 @@ class AsyncSweeper:
         on_batch: OnBatch | None,
     ) -> TargetSweep:
         statement = getattr(self._sql, f"delete_{policy.target}" + ("_by_ctid" if by_ctid else ""))
-        walk_key = TARGETS[policy.target].walk_key
-        walks = bool(walk_key)
-        walk = self._walks.pop(policy.target, dict.fromkeys(walk_key))
-        params = {**policy.params(now), "batch_size": self.limits.batch_size, **walk}
+        params = {**policy.params(now), "batch_size": self.limits.batch_size}
         deleted = batches = 0
         ending: Ending | None = None
         while ending is None:
@@ -153,19 +146,12 @@ class AsyncSweeper:
             if batches:
                 await asyncio.sleep(self.limits.pause.total_seconds())
             with translate_errors(f"sweeping {policy.target}"):
-                if walks:
-                    read, count, after = await self._walk_batch(conn, statement, params)
-                    walk = dict(zip(walk_key, after, strict=True))
-                    params.update(walk)
-                else:
-                    count = read = await self._batch(conn, statement, params)
+                count = await self._batch(conn, statement, params)
             batches += 1
             deleted += count
             if on_batch is not None:
                 on_batch(policy.target, count)
-            ending = after_batch(read, batches, self.limits)
-        if walks and ending != "drained":
-            self._walks[policy.target] = walk
+            ending = after_batch(count, batches, self.limits)
         return TargetSweep(policy.target, deleted, batches, ending, by_ctid)
 
     async def _batch(
@@ -177,20 +163,6 @@ class AsyncSweeper:
             )
             cur = await cursor(conn).execute(statement, params)
             return max(cur.rowcount, 0)
-
-    async def _walk_batch(
-        self, conn: AsyncConnection[Row], statement: bytes, params: dict[str, Any]
-    ) -> tuple[int, int, list[Any]]:
-        """A batch of a walking target: rows read, rows deleted, and the key to go on from."""
-        async with conn.transaction():
-            await cursor(conn).execute(
-                self._sql.statement_timeout, {"timeout_ms": self.limits.timeout_ms}
-            )
-            cur = await cursor(conn).execute(statement, params)
-            row = await cur.fetchone()
-        assert row is not None  # one row, always
-        read, deleted, *after = row
-        return int(read), int(deleted), after
 
 
 async def sweep_every(

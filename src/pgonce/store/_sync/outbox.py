@@ -277,8 +277,7 @@ class OutboxStore:
         params = {"ids": "{" + ",".join(map(str, ids)) + "}", "now": now}
         with translate_errors("marking outbox rows published"):
             cur = cursor(conn).execute(self._sql.mark_published, params)
-            row = cur.fetchone()
-        return int(row[0]) if row else 0
+        return cur.rowcount
 
     def record_refusals(self, conn: Connection[Row], refusals: Sequence[Refusal]) -> int:
         """Write the core's decisions for refused rows (next attempt, or parked)."""
