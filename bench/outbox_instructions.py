@@ -40,7 +40,9 @@ OUTBOX_ROW = (
 LOCK_ROW = (
     "INSERT INTO pgonce.outbox_aggregates AS a (aggregatetype, aggregateid, events,"
     " last_enqueued_at) VALUES ('order', %s, 1, now()) ON CONFLICT (aggregatetype, aggregateid)"
-    " DO UPDATE SET events = a.events + 1, last_enqueued_at = excluded.last_enqueued_at"
+    " DO UPDATE SET events = a.events + 1, last_enqueued_at = CASE"
+    " WHEN excluded.last_enqueued_at >= a.last_enqueued_at + interval '1 hour'"
+    " THEN excluded.last_enqueued_at ELSE a.last_enqueued_at END"
 )
 WAITING = (
     "SELECT pg_notify('pgonce_outbox', '') WHERE EXISTS (SELECT FROM pgonce.outbox_waiting_relays"
