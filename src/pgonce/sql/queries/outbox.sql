@@ -21,7 +21,7 @@
 -- (outbox_aggregates_by_age, for the sweeper), and an update that changes an indexed column can
 -- never be HOT, so setting it on every enqueue gave each event of a known aggregate a new row
 -- version on another page and an entry in both indexes (336,000 server instructions per business
--- transaction against 295,000 with the HOT update, bench/outbox_instructions.py). An hour is
+-- transaction against 302,000 with the HOT update, bench/outbox_instructions.py). An hour is
 -- nothing to the sweeper, which deletes a lock row only after a retention of days (and may
 -- delete one at any time: the next enqueue recreates it).
 WITH locked AS (
