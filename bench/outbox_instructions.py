@@ -5,7 +5,8 @@ enqueue() added on its own (the aggregate's lock row, the outbox row and its ind
 check) against the plain INSERT of Debezium's outbox pattern, on a scratch cluster under
 ``valgrind --tool=callgrind`` (see :mod:`bench.instructions`, whose server and counting it uses):
 the server's instructions per transaction, which repeat to the thousand on a machine whose
-timings move by a third. Needs valgrind; takes about two minutes.
+timings move by a third, and the WAL bytes per transaction (the WAL position around the same
+runs). Needs valgrind; takes about three minutes.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ OUTBOX_ROW = (
 LOCK_ROW = (
     "INSERT INTO pgonce.outbox_aggregates AS a (aggregatetype, aggregateid, events,"
     " last_enqueued_at) VALUES ('order', %s, 1, now()) ON CONFLICT (aggregatetype, aggregateid)"
-    " DO UPDATE SET events = a.events + 1, last_enqueued_at = excluded.last_enqueued_at"
+    " DO UPDATE SET events = a.events + 1, last_enqueued_at = CASE"
+    " WHEN excluded.last_enqueued_at >= a.last_enqueued_at + interval '1 hour'"
+    " THEN excluded.last_enqueued_at ELSE a.last_enqueued_at END"
 )
 WAITING = (
     "SELECT pg_notify('pgonce_outbox', '') WHERE EXISTS (SELECT FROM pgonce.outbox_waiting_relays"
@@ -68,6 +71,12 @@ def _enqueue(ordered: bool) -> Step:
     return step
 
 
+def _enqueue_known(conn: psycopg.Connection[Any], ref: str) -> None:
+    # One of ten aggregates with events waiting (no relay runs here): its lock row exists.
+    n = int(ref[1:].partition("-")[0])
+    enqueue(conn, "order", f"known-{n % 10}", "order.updated", PAYLOAD)
+
+
 def _enqueue_many(conn: psycopg.Connection[Any], ref: str) -> None:
     enqueue_many(conn, [OutboxEvent("order", ref, f"order.line.{n}", PAYLOAD) for n in BATCHED])
 
@@ -92,6 +101,7 @@ SHAPES: dict[str, list[Step]] = {
     "business transaction (BEGIN; insert; COMMIT)": [],
     "+ plain outbox INSERT (the floor)": [_row("bench.outbox_floor")],
     "+ enqueue()": [_enqueue(True)],
+    "+ enqueue() of an aggregate with a lock row": [_enqueue_known],
     "+ enqueue(ordered=False)": [_enqueue(False)],
     "+ the outbox row alone (plain INSERT into pgonce.outbox)": [_row("pgonce.outbox")],
     "+ the lock row's upsert alone": [_statement(LOCK_ROW)],
@@ -112,6 +122,27 @@ def _run(dsn: str, steps: list[Step], transactions: int) -> None:
                     step(conn, ref)
 
 
+def _wal_position(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _measured(dsn: str, steps: list[Step], wal: dict[int, int], transactions: int) -> None:
+    """_run, noting the WAL it wrote per number of transactions.
+
+    A checkpoint before each run: the first change of a page after a checkpoint writes the whole
+    page to the WAL, so both runs start alike and their difference holds no page images that one
+    run paid for the other (or a checkpoint that fell inside one of them).
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+    before = _wal_position(dsn)
+    _run(dsn, steps, transactions)
+    wal[transactions] = _wal_position(dsn) - before
+
+
 def main() -> None:
     argparse.ArgumentParser(
         prog="python -m bench.outbox_instructions", description=__doc__.split("\n\n")[0]
@@ -129,10 +160,15 @@ def main() -> None:
         # The first shape measured ran 40,000 instructions per transaction below the same shape
         # measured later in the same server: run one, unreported, so that every row is a later one.
         _per_transaction(counts, partial(_run, dsn, []), 1)
-        print("| shape | server instructions per transaction |\n|---|---|")
+        print("| shape | server instructions per transaction | WAL bytes per transaction |")
+        print("|---|---|---|")
         for name, steps in SHAPES.items():
-            cost = _per_transaction(counts, partial(_run, dsn, steps), 1)
-            print(f"| {name} | {cost:,.0f} |", flush=True)
+            wal: dict[int, int] = {}
+            cost = _per_transaction(counts, partial(_measured, dsn, steps, wal), 1)
+            # As the instructions: the longer run less the shorter, per transaction.
+            (long, long_wal), (short, short_wal) = sorted(wal.items(), reverse=True)
+            wal_bytes = (long_wal - short_wal) / (long - short)
+            print(f"| {name} | {cost:,.0f} | {wal_bytes:,.0f} |", flush=True)
 
 
 if __name__ == "__main__":

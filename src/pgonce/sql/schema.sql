@@ -197,9 +197,13 @@ CREATE UNLOGGED TABLE outbox_aggregates (
     -- The outbox's type (0012): the two tables are co-located on Citus, by this column.
     aggregateid      key_text    COLLATE "C" NOT NULL,
     events           bigint      NOT NULL,
+    -- The last enqueue, to the hour: enqueue() moves it only when it is an hour behind (0018).
     last_enqueued_at timestamptz NOT NULL,
     CONSTRAINT outbox_aggregates_pkey PRIMARY KEY (aggregatetype, aggregateid)
-);
+)
+-- Room on each page for the HOT update of a known aggregate's row (0018): enqueue() moves
+-- last_enqueued_at, the one indexed column it sets, only when it is an hour behind.
+WITH (fillfactor = 80);
 
 -- Relays waiting for a notification, each refreshing its row whenever it goes back to sleep.
 -- enqueue() sends NOTIFY only while a relay waits: PostgreSQL serializes the commits of all

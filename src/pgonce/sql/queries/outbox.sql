@@ -6,53 +6,63 @@
 --
 -- locked: the aggregate's lock row, upserted first. Its row lock, held to commit, makes a second
 -- transaction of the same aggregate wait here until the first one ended, so that the id it
--- allocates next is greater than every id the first one committed.
--- woken: NOTIFY while a relay waits (outbox_waiting_relays); delivered at commit, once per
--- transaction however many events it enqueued, never for a rollback.
+-- allocates next is greater than every id the first one committed. Its RETURNING sends NOTIFY
+-- while a relay waits (outbox_waiting_relays); delivered at commit, once per transaction however
+-- many events it enqueued, never for a rollback.
 --
--- The outbox row takes its id only after both: they are read by uncorrelated scalar subqueries,
--- which PostgreSQL runs once, before the INSERT's first row (a one-time filter), so the
--- identity's nextval() is evaluated under the lock. Scalar subqueries rather than count(*): an
--- aggregate node is set up on every execution (9,000 of the statement's server instructions).
+-- The outbox row is inserted FROM locked: the INSERT computes a row's values, its id's nextval()
+-- included, only once the CTE has returned that row, which it does after the upsert took the
+-- lock (an upsert returns its one row, whether it inserted or updated). The same order through
+-- scalar subqueries in a WHERE clause (a one-time filter before the INSERT's first row) set up a
+-- Result node and two subplans on every execution: 9,600 more server instructions per
+-- transaction (bench/outbox_instructions.py); count(*), before that, an aggregate node (9,000).
+--
+-- last_enqueued_at moves only when it is an hour behind (0018): it is indexed
+-- (outbox_aggregates_by_age, for the sweeper), and an update that changes an indexed column can
+-- never be HOT, so setting it on every enqueue gave each event of a known aggregate a new row
+-- version on another page and an entry in both indexes (336,000 server instructions per business
+-- transaction against 302,000 with the HOT update, bench/outbox_instructions.py). An hour is
+-- nothing to the sweeper, which deletes a lock row only after a retention of days (and may
+-- delete one at any time: the next enqueue recreates it).
 WITH locked AS (
     INSERT INTO {schema}.outbox_aggregates AS a (aggregatetype, aggregateid, events,
                                                  last_enqueued_at)
     VALUES (%(aggregatetype)s::text, %(aggregateid)s::text, 1,
             coalesce(%(now)s::timestamptz, now()))
     ON CONFLICT (aggregatetype, aggregateid)
-    DO UPDATE SET events = a.events + 1, last_enqueued_at = excluded.last_enqueued_at
-    RETURNING 1
-), woken AS (
+    DO UPDATE SET events = a.events + 1,
+                  last_enqueued_at = CASE
+                      WHEN excluded.last_enqueued_at >= a.last_enqueued_at + interval '1 hour'
+                      THEN excluded.last_enqueued_at ELSE a.last_enqueued_at END
     -- The real clock, not the caller's: staleness is about relays that exist now.
-    SELECT pg_notify(%(channel)s::text, '')
-     WHERE EXISTS (SELECT FROM {schema}.outbox_waiting_relays
-                    WHERE since > now() - interval '1 minute')
+    RETURNING (SELECT pg_notify(%(channel)s::text, '')
+                WHERE EXISTS (SELECT FROM {schema}.outbox_waiting_relays
+                               WHERE since > now() - interval '1 minute')) AS woken
 )
 INSERT INTO {schema}.outbox (aggregatetype, aggregateid, type, payload, headers, created_at,
                              next_attempt_at)
 SELECT %(aggregatetype)s::text, %(aggregateid)s::text, %(type)s::text, %(payload)s::jsonb,
        coalesce(%(headers)s::jsonb, '{{}}'), coalesce(%(now)s::timestamptz, now()),
        coalesce(%(now)s::timestamptz, now())
- WHERE (SELECT 1 FROM locked) = 1 AND coalesce((SELECT 1 FROM woken), 0) >= 0
+  FROM locked
 RETURNING id
 
 -- name: enqueue_unordered
 -- enqueue(ordered=False): the same without the lock row. A statement of its own rather than the
 -- lock's CTE switched off by a parameter: a data-modifying CTE is set up on every execution even
 -- when it writes nothing (its table opened, its arbiter index prepared), which cost that
--- statement 42,000 of its 224,000 server instructions (bench/outbox_instructions.py).
-WITH woken AS (
-    SELECT pg_notify(%(channel)s::text, '')
-     WHERE EXISTS (SELECT FROM {schema}.outbox_waiting_relays
-                    WHERE since > now() - interval '1 minute')
-)
+-- statement 42,000 of its 224,000 server instructions (bench/outbox_instructions.py). One INSERT
+-- ... VALUES, the NOTIFY check in its RETURNING (an uncorrelated subquery: run once), which the
+-- caller ignores: a CTE read by a scalar subquery in a WHERE clause cost 5,800 more.
 INSERT INTO {schema}.outbox (aggregatetype, aggregateid, type, payload, headers, created_at,
                              next_attempt_at)
-SELECT %(aggregatetype)s::text, %(aggregateid)s::text, %(type)s::text, %(payload)s::jsonb,
-       coalesce(%(headers)s::jsonb, '{{}}'), coalesce(%(now)s::timestamptz, now()),
-       coalesce(%(now)s::timestamptz, now())
- WHERE coalesce((SELECT 1 FROM woken), 0) >= 0
-RETURNING id
+VALUES (%(aggregatetype)s::text, %(aggregateid)s::text, %(type)s::text, %(payload)s::jsonb,
+        coalesce(%(headers)s::jsonb, '{{}}'), coalesce(%(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now()))
+RETURNING id,
+          (SELECT pg_notify(%(channel)s::text, '')
+            WHERE EXISTS (SELECT FROM {schema}.outbox_waiting_relays
+                           WHERE since > now() - interval '1 minute')) AS woken
 
 -- name: enqueue_many
 -- Several events in one statement, in the order given; returns their ids (ascending, one per
@@ -73,8 +83,11 @@ WITH e AS MATERIALIZED (
      GROUP BY e.aggregatetype, e.aggregateid
      ORDER BY e.aggregatetype COLLATE "C", e.aggregateid COLLATE "C"
     ON CONFLICT (aggregatetype, aggregateid)
+    -- last_enqueued_at to the hour, as in enqueue (a HOT update).
     DO UPDATE SET events = a.events + excluded.events,
-                  last_enqueued_at = excluded.last_enqueued_at
+                  last_enqueued_at = CASE
+                      WHEN excluded.last_enqueued_at >= a.last_enqueued_at + interval '1 hour'
+                      THEN excluded.last_enqueued_at ELSE a.last_enqueued_at END
     RETURNING 1
 ), woken AS (
     SELECT pg_notify(%(channel)s::text, '')

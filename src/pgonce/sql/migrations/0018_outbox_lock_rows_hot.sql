@@ -1,0 +1,13 @@
+-- Room on the lock rows' pages for a HOT update of a known aggregate's row.
+--
+-- enqueue() upserts its aggregate's lock row. Its update of a known aggregate's row set
+-- last_enqueued_at, which outbox_aggregates_by_age indexes, so it could never be a HOT update
+-- (the new version on the same page, no index entry): every event of a known aggregate wrote a
+-- new version elsewhere and an entry in both indexes. enqueue() now moves last_enqueued_at only
+-- when it is an hour behind, which leaves the update HOT wherever the page has room; this keeps
+-- 20 % of each page free for it, as 0013 does for the key store and the inbox (measured there:
+-- 82 % of completions HOT at the default fillfactor of 100, 99.8 % at 80).
+--
+-- SET (fillfactor) rewrites nothing and takes a lock that enqueue() does not wait for long: it
+-- applies to pages filled from now on. No event or lock row is touched.
+ALTER TABLE outbox_aggregates SET (fillfactor = 80);
