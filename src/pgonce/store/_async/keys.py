@@ -47,6 +47,7 @@ from pgonce.core.outcomes import (
     validate_fingerprint,
     validate_key,
     validate_response,
+    won,
 )
 from pgonce.errors import NotInTransaction, PgonceError, UsageError
 from pgonce.sql import Queries, positional
@@ -276,8 +277,8 @@ class AsyncKeyStore:
                     raise failed[1]
                 inserted = results[1]
                 if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
-                    return Won(
-                        scope, key, fingerprint, wire.claimed_at(inserted), row=wire.row(inserted)
+                    return won(
+                        scope, key, fingerprint, wire.claimed_at(inserted), wire.row(inserted)
                     )
                 # Another claim has the key: read it and end this transaction, which wrote
                 # nothing, in one round trip.
