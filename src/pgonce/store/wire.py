@@ -74,6 +74,11 @@ _DUPLICATE_STATEMENT = "42P05"
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_CONNECTION_OK = pq.ConnStatus.OK
+_PIPELINE_OFF = pq.PipelineStatus.OFF
+# (Module constants, not pq.ExecStatus.X at each use: an enum class's attribute costs a thousand
+# client instructions to look up, and these are read several times a round trip.)
 # At most this many statements prepared per connection (a caller's queued writes included); more
 # are sent unnamed, so that a stream of distinct queries cannot grow a session without bound.
 MAX_PREPARED = 100
@@ -224,7 +229,7 @@ ROLLBACK = _simple(b"ROLLBACK")
 def usable(conn: psycopg.BaseConnection[Any]) -> bool:
     """Whether a batch may run here: the connection is open and not in psycopg's pipeline."""
     pgconn = conn.pgconn
-    return pgconn.status == pq.ConnStatus.OK and pgconn.pipeline_status == pq.PipelineStatus.OFF
+    return pgconn.status == _CONNECTION_OK and pgconn.pipeline_status == _PIPELINE_OFF
 
 
 def _queue(
@@ -296,7 +301,7 @@ def _settle(
         return results
     settled = list(results)
     for index, name in preparing:
-        if results[index].status == pq.ExecStatus.COMMAND_OK:
+        if results[index].status == _COMMAND_OK:
             session.prepared.add(name)
         else:
             settled[index + 1] = results[index]
@@ -449,9 +454,9 @@ async def async_round_trip(
 def _begin_batch(conn: psycopg.BaseConnection[Any]) -> _Session:
     """The connection's session, once it is known to be able to run a batch."""
     pgconn = conn.pgconn
-    if pgconn.status != pq.ConnStatus.OK:
+    if pgconn.status != _CONNECTION_OK:
         raise psycopg.OperationalError("the connection is closed")
-    if pgconn.pipeline_status != pq.PipelineStatus.OFF:
+    if pgconn.pipeline_status != _PIPELINE_OFF:
         raise psycopg.ProgrammingError("a pgonce batch cannot run inside psycopg's pipeline")
     return _session(pgconn)
 
@@ -462,7 +467,7 @@ def _abandon(conn: psycopg.BaseConnection[Any], session: _Session) -> None:
     Closing it is the one safe answer (the server rolls back its open transaction, and a pool
     discards a closed connection); otherwise the next user would read this batch's results.
     """
-    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF or conn.pgconn.is_busy():
+    if conn.pgconn.pipeline_status != _PIPELINE_OFF or conn.pgconn.is_busy():
         if session.watch is not None:
             session.watch.close()
             session.watch = None
@@ -718,7 +723,7 @@ MAX_CACHED_LENGTH = MAX_CACHED_STATEMENT_LENGTH
 
 
 def number(value: int | None) -> Param:
-    return None if value is None else str(value).encode()
+    return None if value is None else b"%d" % value
 
 
 def timestamp(value: datetime | None) -> Param:

@@ -70,6 +70,16 @@ _INSERT_PARAMS = ("scope", "key", "fingerprint", "now", "wait_ms")
 _READ_PARAMS = ("scope", "key")
 _COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now", "row")
 
+# What a connection that cannot begin a transaction of pgonce's own is told.
+_BEGIN_REFUSAL = (
+    "begin() opens a transaction of its own: it needs an idle connection, outside a transaction "
+    "and outside conn.pipeline(); inside one, use claim()"
+)
+_OWNED_REFUSAL = (
+    "once(commit=True) commits a transaction of its own and needs an idle connection; inside "
+    "the caller's transaction, call once() without commit=True"
+)
+
 
 def _check_wait(wait: timedelta) -> None:
     if check_duration(wait, "a claim's wait") < MIN_CLAIM_WAIT:
@@ -253,13 +263,12 @@ class KeyStore:
         fingerprint: bytes,
         wait_ms: int,
         now: datetime | None,
+        refusal: str = _BEGIN_REFUSAL,
     ) -> Claim:
         # begin() once its arguments were checked (by begin(), or by once() when it was called).
-        if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
-            raise UsageError(
-                "begin() opens a transaction of its own: it needs an idle connection, outside "
-                "a transaction and outside conn.pipeline(); inside one, use claim()"
-            )
+        # ``refusal``: what a connection that cannot begin here is told (once()'s own words).
+        if conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
+            raise UsageError(refusal)
         self._check_pooled(conn)
         encoding = wire.encoding(conn)
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
@@ -337,7 +346,7 @@ class KeyStore:
         # respond().
         commands: list[Command] = []
         if not isinstance(claim, Won):
-            if conn.pgconn.transaction_status == TransactionStatus.IDLE:
+            if conn.pgconn.transaction_status == _IDLE:
                 return False  # begin() already ended it
             commands.append(_COMMIT)
         elif not self.stores(response):
@@ -546,18 +555,12 @@ class Operation(Generic[Row]):
     def __enter__(self) -> Operation[Row]:
         scope, key, fingerprint = self._args
         conn = self._conn
-        idle = conn.pgconn.transaction_status == TransactionStatus.IDLE
         if self._owned:
-            if not idle or not wire.usable(conn):
-                raise UsageError(
-                    "once(commit=True) commits a transaction of its own and needs an idle "
-                    "connection; inside the caller's transaction, call once() without commit=True"
-                )
             self._claim = self._store._begin(
-                conn, scope, key, fingerprint, self._wait_ms, self._now
+                conn, scope, key, fingerprint, self._wait_ms, self._now, _OWNED_REFUSAL
             )
         else:
-            if idle:
+            if conn.pgconn.transaction_status == _IDLE:
                 if conn.autocommit:
                     raise NotInTransaction(
                         "once() joins the caller's transaction, and an autocommit connection "
@@ -646,6 +649,8 @@ _MILLISECOND = timedelta(milliseconds=1)
 _NO_RESPONSE = Response()
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
+# A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
+_IDLE = TransactionStatus.IDLE
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:
