@@ -370,6 +370,11 @@ def failure(
     A command the server skipped (``PIPELINE_ABORTED``) without an error before it is a failure
     too: its result has no rows, which must never be read as an answer.
     """
+    # Once a command of a pipeline fails, the server skips every later one up to the sync: a
+    # batch whose last command neither failed nor was skipped succeeded whole, and the common
+    # case reads one status instead of walking them all.
+    if results and (last := results[-1].status) != _FATAL_ERROR and last != _PIPELINE_ABORTED:
+        return None
     aborted = -1
     for index, result in enumerate(results):
         status = result.status
