@@ -44,7 +44,7 @@ SELECT state, fingerprint, claimed_at, completed_at, response_status, response_h
 -- included), 16,000 keep the caller's value in pgonce.lock_timeout and put it back. Measured and
 -- no cheaper: the caller's value kept in a MATERIALIZED CTE that RETURNING reads (+6,000), a
 -- one-time filter (SELECT ... WHERE) instead of the row source (within the runs' spread of
--- 3,000), keeping the caller's value only when it is not 0 (+2,000 to +6,000). `SET LOCAL ...
+-- 3,000), keeping the caller's value only when it is not 0 (+4,000 to +6,000). `SET LOCAL ...
 -- TO DEFAULT` would be cheap but restores the configured default, not a session's own SET, and
 -- only a function's SET clause scopes a setting to one call by itself, at the price of a
 -- function call, which costs the server more than the whole bound (see above).
