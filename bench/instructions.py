@@ -55,6 +55,15 @@ CLAIM_UNBOUNDED = f"""INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_
   VALUES ('i', :k::text, decode('{FP_HEX}', 'hex'), now(), now())
   ON CONFLICT (scope, key) DO NOTHING RETURNING claimed_at;
 """
+# The claim with its wait bound set and never restored: not a usable claim (the winner's own
+# statements would run with the claim's lock_timeout), but the floor under any way of giving the
+# transaction its own value back, which the claim's row shows beside it.
+CLAIM_NOT_RESTORED = f"""INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at)
+  SELECT 'i', :k::text, decode('{FP_HEX}', 'hex'), wait.at, wait.at
+    FROM (SELECT coalesce(NULL::timestamptz, now()) AS at,
+                 set_config('lock_timeout', '2000', true)) AS wait
+  ON CONFLICT (scope, key) DO NOTHING RETURNING claimed_at, ctid;
+"""
 BY_KEY = COMPLETION.replace("'bench-own'", "'i'")
 BY_ROW = BY_KEY.replace("WHERE scope", "WHERE ctid = :tid::tid AND scope")
 KEY = "\\set k random(1, 9000000000000000000)\n"
@@ -66,6 +75,9 @@ SHAPES = {
     "business transaction (BEGIN; insert; COMMIT)": f"{KEY}BEGIN;\n{BUSINESS_INSERT}COMMIT;\n",
     "the claim's row alone (INSERT without ON CONFLICT)": f"{KEY}BEGIN;\n{ROW_ALONE}COMMIT;\n",
     "claim without its wait bound": f"{KEY}BEGIN;\n{CLAIM_UNBOUNDED}COMMIT;\n",
+    "claim with its wait bound set, never restored (no valid claim: a floor)": (
+        f"{KEY}BEGIN;\n{CLAIM_NOT_RESTORED}COMMIT;\n"
+    ),
     "claim (begin()'s INSERT)": f"{KEY}BEGIN;\n{CLAIM}COMMIT;\n",
     "claim + completion by primary key": f"{KEY}BEGIN;\n{CLAIM}{BY_KEY}COMMIT;\n",
     "claim + completion by ctid (commit())": f"{KEY}BEGIN;\n{CLAIM}{BY_ROW}COMMIT;\n",

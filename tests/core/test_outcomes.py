@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -118,3 +119,43 @@ def test_fingerprints_never_change_across_versions() -> None:
         ).hex()
         == "47a949f9b085fe6d347025e99a6ce48bd9bbf3765248ca14ed7d71a4d760b678"
     )
+
+
+def test_the_store_s_outcomes_are_the_same_objects_as_the_dataclasses_make() -> None:
+    from dataclasses import FrozenInstanceError, replace
+
+    from pgonce.core.outcomes import replay, won
+
+    made = won("s", "k", FP, T0, b"\x00\x01")
+    assert made == Won("s", "k", FP, T0, row=b"\x00\x01")
+    assert (made.kind, made.row, hash(made)) == ("won", b"\x00\x01", hash(Won("s", "k", FP, T0)))
+    assert repr(made) == repr(Won("s", "k", FP, T0))
+    with pytest.raises(FrozenInstanceError):
+        made.key = "other"  # type: ignore[misc]
+    assert replace(made, key="k2") == Won("s", "k2", FP, T0)
+    response = Response(201, (("a", "b"),), b"x")
+    assert replay(response, T0, T0) == Replay(response, T0, T0)
+    assert replay(response, T0, T0).kind == "replay"
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "expected"),
+    [
+        (201, [["a", "b"], ["a", "c"]], b"x", Response(201, (("a", "b"), ("a", "c")), b"x")),
+        (None, None, None, Response()),
+        (
+            200,
+            [["n", 1], ("m", "v")],
+            bytearray(b"y"),
+            Response(200, (("n", "1"), ("m", "v")), b"y"),
+        ),
+        (204, [], memoryview(b""), Response(204)),
+    ],
+)
+def test_a_stored_response_is_read_back_as_it_was_stored(
+    status: int | None, headers: list[Any] | None, body: Any, expected: Response
+) -> None:
+    read = Response.from_stored(status, headers, body)
+    assert read == expected
+    assert type(read.body) is bytes
+    assert all(type(pair) is tuple for pair in read.headers)

@@ -608,3 +608,52 @@ async def _until_waiting_on_a_lock(dsn: str, pid: int) -> None:
                 return
             await asyncio.sleep(0.005)
     raise AssertionError(f"backend {pid} never waited on a lock")
+
+
+@pytest.mark.parametrize(
+    ("query", "params"),
+    [
+        ("INSERT INTO t VALUES (%s, %s)", (1, "a")),
+        ("INSERT INTO t VALUES (%s, %s)", ("a", None)),  # the same text, other types
+        ("INSERT INTO t VALUES (%s, %s)", (2**40, b"\x00")),
+        (b"INSERT INTO t VALUES (%s, %b)", (1.5, b"raw")),
+        ("UPDATE t SET a = %(a)s WHERE b = %(b)s OR c = %(a)s", {"a": 1, "b": "x"}),
+        ("SELECT '100%%', %s", (datetime(2026, 12, 2, tzinfo=UTC),)),
+        ("SELECT %s" + " " * 5000, ("long",)),  # longer than psycopg caches
+        (psycopg.sql.SQL("SELECT {}, %s").format(psycopg.sql.Identifier("c")), (1,)),
+        ("SELECT 1", None),
+    ],
+)
+def test_a_queued_write_is_sent_as_psycopg_would_send_it(
+    conn: psycopg.Connection[Any], query: Any, params: Any
+) -> None:
+    # Each call converts anew what psycopg converts anew (the parameters); what is kept between
+    # calls (the query's $n form) must never carry one call's types or formats into another.
+    from psycopg._queries import PostgresQuery
+    from psycopg.adapt import Transformer
+
+    for _ in range(2):
+        statement, sent = wire.caller_command(conn, query, params)
+        expected = PostgresQuery(Transformer.from_context(conn))
+        expected.convert(query, params)
+        assert statement.sql == expected.query
+        assert statement.types == expected.types
+        assert statement.formats == tuple(expected.formats or ())
+        assert list(sent) == list(expected.params or ())
+
+
+@pytest.mark.parametrize("params", [(1,), (1, 2, 3), {"a": 1}, 7])
+def test_a_queued_write_with_the_wrong_parameters_fails_as_psycopg_does(
+    conn: psycopg.Connection[Any], params: Any
+) -> None:
+    query = "INSERT INTO t VALUES (%s, %s)"
+    wire.caller_command(conn, query, (1, 2))  # converted and kept
+    with pytest.raises(Exception) as theirs:
+        conn.execute(query, params)
+    conn.rollback()
+    with pytest.raises(type(theirs.value)) as ours:
+        wire.caller_command(conn, query, params)
+    if isinstance(theirs.value, psycopg.ProgrammingError):
+        assert str(ours.value) == str(theirs.value)
+    # Parameters that are no sequence nor mapping: a TypeError from either (psycopg's own
+    # conversion stumbles on len() before its check; pgonce's reaches the check).

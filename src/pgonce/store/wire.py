@@ -39,8 +39,10 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import json.scanner
 import logging
 import os
+import struct
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -50,8 +52,13 @@ from typing import Any
 import psycopg
 from psycopg import errors, pq
 from psycopg._encodings import conn_encoding
-from psycopg._queries import PostgresQuery
+from psycopg._queries import (
+    MAX_CACHED_STATEMENT_LENGTH,
+    PostgresQuery,
+    _query2pg_nocache,
+)
 from psycopg.abc import Buffer, Params, PQGen, QueryNoTemplate
+from psycopg.abc import Transformer as AdaptTransformer
 from psycopg.adapt import Transformer
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Ready, Wait
@@ -67,6 +74,11 @@ _DUPLICATE_STATEMENT = "42P05"
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_CONNECTION_OK = pq.ConnStatus.OK
+_PIPELINE_OFF = pq.PipelineStatus.OFF
+# (Module constants, not pq.ExecStatus.X at each use: an enum class's attribute costs a thousand
+# client instructions to look up, and these are read several times a round trip.)
 # At most this many statements prepared per connection (a caller's queued writes included); more
 # are sent unnamed, so that a stream of distinct queries cannot grow a session without bound.
 MAX_PREPARED = 100
@@ -217,7 +229,7 @@ ROLLBACK = _simple(b"ROLLBACK")
 def usable(conn: psycopg.BaseConnection[Any]) -> bool:
     """Whether a batch may run here: the connection is open and not in psycopg's pipeline."""
     pgconn = conn.pgconn
-    return pgconn.status == pq.ConnStatus.OK and pgconn.pipeline_status == pq.PipelineStatus.OFF
+    return pgconn.status == _CONNECTION_OK and pgconn.pipeline_status == _PIPELINE_OFF
 
 
 def _queue(
@@ -289,7 +301,7 @@ def _settle(
         return results
     settled = list(results)
     for index, name in preparing:
-        if results[index].status == pq.ExecStatus.COMMAND_OK:
+        if results[index].status == _COMMAND_OK:
             session.prepared.add(name)
         else:
             settled[index + 1] = results[index]
@@ -358,6 +370,11 @@ def failure(
     A command the server skipped (``PIPELINE_ABORTED``) without an error before it is a failure
     too: its result has no rows, which must never be read as an answer.
     """
+    # Once a command of a pipeline fails, the server skips every later one up to the sync: a
+    # batch whose last command neither failed nor was skipped succeeded whole, and the common
+    # case reads one status instead of walking them all.
+    if results and (last := results[-1].status) != _FATAL_ERROR and last != _PIPELINE_ABORTED:
+        return None
     aborted = -1
     for index, result in enumerate(results):
         status = result.status
@@ -442,9 +459,9 @@ async def async_round_trip(
 def _begin_batch(conn: psycopg.BaseConnection[Any]) -> _Session:
     """The connection's session, once it is known to be able to run a batch."""
     pgconn = conn.pgconn
-    if pgconn.status != pq.ConnStatus.OK:
+    if pgconn.status != _CONNECTION_OK:
         raise psycopg.OperationalError("the connection is closed")
-    if pgconn.pipeline_status != pq.PipelineStatus.OFF:
+    if pgconn.pipeline_status != _PIPELINE_OFF:
         raise psycopg.ProgrammingError("a pgonce batch cannot run inside psycopg's pipeline")
     return _session(pgconn)
 
@@ -455,7 +472,7 @@ def _abandon(conn: psycopg.BaseConnection[Any], session: _Session) -> None:
     Closing it is the one safe answer (the server rolls back its open transaction, and a pool
     discards a closed connection); otherwise the next user would read this batch's results.
     """
-    if conn.pgconn.pipeline_status != pq.PipelineStatus.OFF or conn.pgconn.is_busy():
+    if conn.pgconn.pipeline_status != _PIPELINE_OFF or conn.pgconn.is_busy():
         if session.watch is not None:
             session.watch.close()
             session.watch = None
@@ -618,31 +635,100 @@ def caller_command(
     psycopg's own query conversion does the work, so placeholders, adapters and types are
     exactly what ``conn.execute()`` would send. It lives in a private module (``psycopg._queries``)
     that has kept this interface since psycopg 3.0; tests/keys/test_batches.py exercises it.
+
+    A query given as ``str`` or ``bytes`` (the usual literal) is converted once per encoding:
+    its ``$n`` form and placeholders are kept here (:class:`_Converted`), and each call only
+    checks and dumps its parameters, as psycopg's conversion does after its own cache. That
+    conversion (the query's encoding, psycopg's cache lookup, a helper object per call) was the
+    largest single cost of a queued write: 26,000 client instructions of a fresh key's 267,000
+    (``python -m bench.client_instructions``). Any other query (``sql.Composed``, a query
+    longer than psycopg caches) goes through psycopg's conversion every time.
     """
-    # A new Transformer each time: one kept per connection would hold the connection (it
-    # references it), and keep it and its session from ever being collected.
-    converted = PostgresQuery(Transformer.from_context(conn))
-    converted.convert(query, params)
-    formats = tuple(converted.formats or ())
-    shape = (converted.query, formats, converted.types)
+    # A new Transformer each time, as psycopg makes one per cursor: one kept per connection
+    # would hold the connection (it references it), and keep it and its session from ever
+    # being collected; it would also keep dumpers chosen before the caller registered others.
+    transformer = Transformer.from_context(conn)
+    if params is not None and type(query) in _CACHED_KINDS:
+        converted = _converted(transformer, query)
+        if converted is not None:
+            values = PostgresQuery.validate_and_reorder_params(
+                converted.parts, params, converted.order
+            )
+            dumped = transformer.dump_sequence(values, converted.want_formats)
+            shape = (transformer.types or (), tuple(transformer.formats or ()))
+            statement = converted.statements.get(shape)
+            if statement is None:
+                if len(converted.statements) >= MAX_CALLER_STATEMENTS:
+                    converted.statements.clear()
+                statement = converted.statements[shape] = Statement(
+                    converted.sql, shape[1], shape[0]
+                )
+            return statement, dumped
+    full = PostgresQuery(transformer)
+    full.convert(query, params)
+    formats = tuple(full.formats or ())
+    return _caller_statement(full.query, formats, full.types), full.params or ()
+
+
+@dataclass(slots=True)
+class _Converted:
+    """A caller's query as psycopg converts it, before any parameter: what each call reuses."""
+
+    sql: bytes
+    want_formats: list[Any]
+    order: list[str] | None
+    parts: list[Any]
+    #: The statement by the parameters' (types, formats), which the dumpers decide per call.
+    statements: dict[tuple[tuple[int, ...], tuple[int, ...]], Statement] = field(
+        default_factory=dict
+    )
+
+
+def _converted(transformer: AdaptTransformer, query: QueryNoTemplate) -> _Converted | None:
+    """psycopg's conversion of a str or bytes ``query``, made once per encoding; None for a query
+    longer than psycopg would cache (converted anew at every call, as psycopg does)."""
+    encoding = transformer.encoding
+    key = (query, encoding)
+    converted = _CONVERTED.get(key)  # type: ignore[arg-type]
+    if converted is not None:
+        return converted
+    raw = query.encode(encoding) if isinstance(query, str) else query
+    if not isinstance(raw, bytes) or len(raw) > MAX_CACHED_LENGTH:
+        return None
+    sql, want_formats, order, parts = _query2pg_nocache(raw, encoding)
+    if len(_CONVERTED) >= MAX_CALLER_STATEMENTS:
+        _CONVERTED.clear()
+    converted = _CONVERTED[key] = _Converted(sql, want_formats, order, parts)  # type: ignore[index]
+    return converted
+
+
+def _caller_statement(sql: bytes, formats: tuple[int, ...], types: tuple[int, ...]) -> Statement:
+    shape = (sql, formats, types)
     statement = _CALLERS.get(shape)
     if statement is None:
         if len(_CALLERS) >= MAX_CALLER_STATEMENTS:
             _CALLERS.clear()
         statement = _CALLERS[shape] = Statement(*shape)
-    return statement, converted.params or ()
+    return statement
 
 
-# The caller's statements seen so far, so that a statement's name is hashed once, not per call.
+# The caller's statements seen so far, so that a statement's name is hashed once, not per call:
+# by the query as the caller wrote it (str or bytes, with its encoding), and by the converted
+# query for the others.
+_CONVERTED: dict[tuple[str | bytes, str], _Converted] = {}
+# Exactly these types: a subclass may compare or hash otherwise.
+_CACHED_KINDS = (str, bytes)
 _CALLERS: dict[tuple[bytes, tuple[int, ...], tuple[int, ...]], Statement] = {}
 MAX_CALLER_STATEMENTS = 1000
+# psycopg's own limit for its conversion cache: a longer query is converted anew at every call.
+MAX_CACHED_LENGTH = MAX_CACHED_STATEMENT_LENGTH
 
 
 # Parameter encoding: pgonce's own parameters are few and of known types.
 
 
 def number(value: int | None) -> Param:
-    return None if value is None else str(value).encode()
+    return None if value is None else b"%d" % value
 
 
 def timestamp(value: datetime | None) -> Param:
@@ -708,9 +794,27 @@ def stored_row(stored: PGresult, encoding: str) -> ClaimRow:
         _time(value(0, 1)),
         _time(value(0, 2)),
         _int(value(0, 3)),
-        None if headers is None else json.loads(bytes(headers)[1:].decode(encoding)),
+        None if headers is None else _json_value(bytes(headers)[1:].decode(encoding)),
         _bytes(value(0, 5)),
     )
+
+
+def _json_value(text: str) -> Any:
+    """A stored jsonb value (its text form), parsed as ``json.loads`` would parse it.
+
+    The common case goes straight to the json module's C scanner: ``json.loads`` wraps it in
+    three Python calls and two regular-expression matches, which cost a replay more than the
+    parse itself (8,000 client instructions of its 12,000). Anything the scanner does not take
+    whole (leading whitespace, text after the value, an error) goes through ``json.loads``.
+    """
+    try:
+        value, end = _SCAN(text, 0)
+    except (StopIteration, ValueError):
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
+
+
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 def _bytes(value: bytes | None) -> bytes | None:
@@ -722,6 +826,13 @@ def _int(value: bytes | None) -> int | None:
 
 
 def _time(value: bytes | None) -> datetime | None:
+    # A timestamptz in binary: microseconds since 2000-01-01 UTC, a big-endian int64. Multiplying
+    # a timedelta costs half of building one from keywords (4,000 instructions against 8,000).
     if value is None:
         return None
-    return _EPOCH + timedelta(microseconds=int.from_bytes(value, "big", signed=True))
+    microseconds: int = _INT64(value)[0]
+    return _EPOCH + _MICROSECOND * microseconds
+
+
+_INT64 = struct.Struct(">q").unpack
+_MICROSECOND = timedelta(microseconds=1)

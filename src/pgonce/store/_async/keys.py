@@ -40,6 +40,7 @@ from pgonce.core.outcomes import (
     validate_fingerprint,
     validate_key,
     validate_response,
+    won,
 )
 from pgonce.errors import NotInTransaction, PgonceError, UsageError
 from pgonce.sql import Queries, positional
@@ -65,6 +66,16 @@ Row = TypeVar("Row")
 _INSERT_PARAMS = ("scope", "key", "fingerprint", "now", "wait_ms")
 _READ_PARAMS = ("scope", "key")
 _COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now", "row")
+
+# What a connection that cannot begin a transaction of pgonce's own is told.
+_BEGIN_REFUSAL = (
+    "begin() opens a transaction of its own: it needs an idle connection, outside a transaction "
+    "and outside conn.pipeline(); inside one, use claim()"
+)
+_OWNED_REFUSAL = (
+    "once(commit=True) commits a transaction of its own and needs an idle connection; inside "
+    "the caller's transaction, call once() without commit=True"
+)
 
 
 class AsyncKeyStore:
@@ -241,13 +252,12 @@ class AsyncKeyStore:
         fingerprint: bytes,
         wait_ms: int,
         now: datetime | None,
+        refusal: str = _BEGIN_REFUSAL,
     ) -> Claim:
         # begin() once its arguments were checked (by begin(), or by once() when it was called).
-        if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
-            raise UsageError(
-                "begin() opens a transaction of its own: it needs an idle connection, outside "
-                "a transaction and outside conn.pipeline(); inside one, use claim()"
-            )
+        # ``refusal``: what a connection that cannot begin here is told (once()'s own words).
+        if conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
+            raise UsageError(refusal)
         self._check_pooled(conn)
         encoding = wire.encoding(conn)
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
@@ -267,8 +277,8 @@ class AsyncKeyStore:
                     raise failed[1]
                 inserted = results[1]
                 if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
-                    return Won(
-                        scope, key, fingerprint, wire.claimed_at(inserted), row=wire.row(inserted)
+                    return won(
+                        scope, key, fingerprint, wire.claimed_at(inserted), wire.row(inserted)
                     )
                 # Another claim has the key: read it and end this transaction, which wrote
                 # nothing, in one round trip.
@@ -327,7 +337,7 @@ class AsyncKeyStore:
         # respond().
         commands: list[Command] = []
         if not isinstance(claim, Won):
-            if conn.pgconn.transaction_status == TransactionStatus.IDLE:
+            if conn.pgconn.transaction_status == _IDLE:
                 return False  # begin() already ended it
             commands.append(_COMMIT)
         elif not self.stores(response):
@@ -538,18 +548,12 @@ class AsyncOperation(Generic[Row]):
     async def __aenter__(self) -> AsyncOperation[Row]:
         scope, key, fingerprint = self._args
         conn = self._conn
-        idle = conn.pgconn.transaction_status == TransactionStatus.IDLE
         if self._owned:
-            if not idle or not wire.usable(conn):
-                raise UsageError(
-                    "once(commit=True) commits a transaction of its own and needs an idle "
-                    "connection; inside the caller's transaction, call once() without commit=True"
-                )
             self._claim = await self._store._begin(
-                conn, scope, key, fingerprint, self._wait_ms, self._now
+                conn, scope, key, fingerprint, self._wait_ms, self._now, _OWNED_REFUSAL
             )
         else:
-            if idle:
+            if conn.pgconn.transaction_status == _IDLE:
                 if conn.autocommit:
                     raise NotInTransaction(
                         "once() joins the caller's transaction, and an autocommit connection "
@@ -631,6 +635,8 @@ async def _open_transaction(conn: AsyncConnection[Row]) -> None:
 _NO_RESPONSE = Response()
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
+# A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
+_IDLE = TransactionStatus.IDLE
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:

@@ -42,6 +42,7 @@ from pgonce.core.outcomes import (
     validate_fingerprint,
     validate_key,
     validate_response,
+    won,
 )
 from pgonce.errors import NotInTransaction, PgonceError, UsageError
 from pgonce.sql import Queries, positional
@@ -67,6 +68,16 @@ Row = TypeVar("Row")
 _INSERT_PARAMS = ("scope", "key", "fingerprint", "now", "wait_ms")
 _READ_PARAMS = ("scope", "key")
 _COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now", "row")
+
+# What a connection that cannot begin a transaction of pgonce's own is told.
+_BEGIN_REFUSAL = (
+    "begin() opens a transaction of its own: it needs an idle connection, outside a transaction "
+    "and outside conn.pipeline(); inside one, use claim()"
+)
+_OWNED_REFUSAL = (
+    "once(commit=True) commits a transaction of its own and needs an idle connection; inside "
+    "the caller's transaction, call once() without commit=True"
+)
 
 
 class KeyStore:
@@ -243,13 +254,12 @@ class KeyStore:
         fingerprint: bytes,
         wait_ms: int,
         now: datetime | None,
+        refusal: str = _BEGIN_REFUSAL,
     ) -> Claim:
         # begin() once its arguments were checked (by begin(), or by once() when it was called).
-        if conn.pgconn.transaction_status != TransactionStatus.IDLE or not wire.usable(conn):
-            raise UsageError(
-                "begin() opens a transaction of its own: it needs an idle connection, outside "
-                "a transaction and outside conn.pipeline(); inside one, use claim()"
-            )
+        # ``refusal``: what a connection that cannot begin here is told (once()'s own words).
+        if conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
+            raise UsageError(refusal)
         self._check_pooled(conn)
         encoding = wire.encoding(conn)
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
@@ -267,8 +277,8 @@ class KeyStore:
                     raise failed[1]
                 inserted = results[1]
                 if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
-                    return Won(
-                        scope, key, fingerprint, wire.claimed_at(inserted), row=wire.row(inserted)
+                    return won(
+                        scope, key, fingerprint, wire.claimed_at(inserted), wire.row(inserted)
                     )
                 # Another claim has the key: read it and end this transaction, which wrote
                 # nothing, in one round trip.
@@ -327,7 +337,7 @@ class KeyStore:
         # respond().
         commands: list[Command] = []
         if not isinstance(claim, Won):
-            if conn.pgconn.transaction_status == TransactionStatus.IDLE:
+            if conn.pgconn.transaction_status == _IDLE:
                 return False  # begin() already ended it
             commands.append(_COMMIT)
         elif not self.stores(response):
@@ -536,18 +546,12 @@ class Operation(Generic[Row]):
     def __enter__(self) -> Operation[Row]:
         scope, key, fingerprint = self._args
         conn = self._conn
-        idle = conn.pgconn.transaction_status == TransactionStatus.IDLE
         if self._owned:
-            if not idle or not wire.usable(conn):
-                raise UsageError(
-                    "once(commit=True) commits a transaction of its own and needs an idle "
-                    "connection; inside the caller's transaction, call once() without commit=True"
-                )
             self._claim = self._store._begin(
-                conn, scope, key, fingerprint, self._wait_ms, self._now
+                conn, scope, key, fingerprint, self._wait_ms, self._now, _OWNED_REFUSAL
             )
         else:
-            if idle:
+            if conn.pgconn.transaction_status == _IDLE:
                 if conn.autocommit:
                     raise NotInTransaction(
                         "once() joins the caller's transaction, and an autocommit connection "
@@ -629,6 +633,8 @@ def _open_transaction(conn: Connection[Row]) -> None:
 _NO_RESPONSE = Response()
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
+# A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
+_IDLE = TransactionStatus.IDLE
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:

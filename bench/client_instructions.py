@@ -1,0 +1,191 @@
+"""What the client's Python costs per key-store call, counted in instructions rather than timed.
+
+``.venv/bin/python -m bench.client_instructions DSN`` (a database pgonce migrated) runs each
+variant below in a process of its own under ``valgrind --tool=callgrind``, twice: 200 and then
+1,200 calls, one connection, the server wherever DSN says. The difference of the two processes'
+instruction counts, over 1,000, is what one call costs the client: start-up, imports and the
+warm-up cancel out. Three layers for each path, the same statements in the same round trips:
+
+- the Python floor: the prebuilt batches on psycopg's libpq layer, one ``select()`` per round
+  trip, no asyncio (what ``run_libpq_floor`` does for many connections in the keys benchmark);
+- the batches alone: the same batches through pgonce's libpq layer on the event loop (uvloop),
+  with no API around them;
+- pgonce's API: ``once(commit=True)`` with ``op.execute()`` for a fresh key, ``once()`` for a
+  replay.
+
+Timings on a shared 2-core machine vary by a fifth from run to run; these counts repeat to a few
+hundred instructions, so they show what a change to the client's path saves on any day. Needs
+valgrind; takes a few minutes. ``--variant NAME --count N`` runs one variant in this process
+(what each measured process does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import psycopg
+import uvloop
+from psycopg import pq
+from psycopg.pq.abc import PGconn, PGresult
+
+from bench.clients import Trips, drive_async
+from bench.workloads import keys
+from pgonce import AsyncKeyStore
+from pgonce.store import wire
+
+SHORT, LONG = 200, 1200
+WARM_UP = 20
+
+VARIANTS = (
+    "fresh: Python floor",
+    "fresh: batches alone",
+    "fresh: once() + op.execute()",
+    "replay: Python floor",
+    "replay: batches alone",
+    "replay: once()",
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.client_instructions", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("dsn")
+    parser.add_argument("--variant", choices=VARIANTS)
+    parser.add_argument("--count", type=int, default=LONG)
+    parser.add_argument("--only", help="measure only the variants whose name contains this")
+    args = parser.parse_args()
+    if args.variant is not None:
+        _run(args.dsn, args.variant, args.count)
+        return
+    if shutil.which("valgrind") is None:
+        sys.exit("bench.client_instructions needs valgrind (apt-get install valgrind)")
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(keys.SETUP.encode())
+    _setup_duplicates(args.dsn)
+    print("| client path | client instructions per call |\n|---|---|")
+    for variant in VARIANTS:
+        if args.only and args.only not in variant:
+            continue
+        long = _instructions(args.dsn, variant, LONG)
+        short = _instructions(args.dsn, variant, SHORT)
+        print(f"| {variant} | {(long - short) / (LONG - SHORT):,.0f} |", flush=True)
+
+
+def _setup_duplicates(dsn: str) -> None:
+    """The completed keys a replay reads (the keys benchmark's own, made the same way)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM pgonce.keys WHERE scope = 'bench-dup'")
+        conn.execute(
+            """INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at,
+                                       response_status, response_headers, response_body)
+               SELECT 'bench-dup', g::text, %s, now(), now(), 201,
+                      '[["content-type","application/json"]]', %s
+                 FROM generate_series(1, %s) AS g""",
+            (keys.FP, keys.BODY, keys.DUPLICATE_KEYS),
+        )
+
+
+def _instructions(dsn: str, variant: str, count: int) -> int:
+    """The instructions of a process that runs ``count`` calls of ``variant``."""
+    with tempfile.TemporaryDirectory(prefix="pgonce-client-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+        command += [sys.executable, "-m", "bench.client_instructions", dsn]
+        command += ["--variant", variant, "--count", str(count)]
+        # One hash seed for every process: a dict's probing then repeats from run to run.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        subprocess.run(command, check=True, capture_output=True, env=env)
+        for line in out.read_text(errors="replace").splitlines():
+            if line.startswith("totals:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"callgrind wrote no total for {variant}")
+
+
+def _run(dsn: str, variant: str, count: int) -> None:
+    store = AsyncKeyStore()
+    path, layer = variant.split(": ")
+    trips = keys._fresh_trips(store) if path == "fresh" else keys._duplicate_trips(store)
+    if layer == "Python floor":
+        _floor(dsn, trips, count)
+        return
+    if layer == "batches alone":
+        transaction = drive_async(trips)
+    elif path == "fresh":
+        transaction = keys._pgonce_queued(store, keys._run_id())
+    else:
+        transaction = keys._pgonce_duplicate(store)
+
+    async def calls() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            for seq in range(-WARM_UP, count):
+                await transaction(conn, 0, seq)
+
+    uvloop.run(calls())
+
+
+def _floor(dsn: str, trips: Trips, count: int) -> None:
+    """The batches on psycopg's libpq layer, one connection, one select() per round trip."""
+    pgconn = pq.PGconn.connect(psycopg.conninfo.make_conninfo(dsn).encode())
+    if pgconn.status != pq.ConnStatus.OK:
+        raise RuntimeError(pgconn.error_message.decode(errors="replace"))
+    pgconn.nonblocking = 1
+    prepared: set[bytes] = set()
+    try:
+        for seq in range(-WARM_UP, count):
+            steps = trips(0, seq)
+            commands = next(steps)
+            try:
+                while True:
+                    commands = steps.send(_floor_trip(pgconn, prepared, commands))
+            except StopIteration:
+                pass
+    finally:
+        pgconn.finish()
+
+
+def _floor_trip(
+    pgconn: PGconn, prepared: set[bytes], commands: Sequence[wire.Command]
+) -> list[PGresult]:
+    pgconn.enter_pipeline_mode()
+    skipped: set[int] = set()
+    position = 0
+    for statement, params in commands:
+        if statement.name not in prepared:
+            pgconn.send_prepare(statement.name, statement.sql, statement.types or None)
+            prepared.add(statement.name)
+            skipped.add(position)
+            position += 1
+        pgconn.send_query_prepared(
+            statement.name, params, param_formats=statement.formats, result_format=1
+        )
+        position += 1
+    pgconn.pipeline_sync()
+    while pgconn.flush():
+        pass
+    results: list[PGresult] = []
+    while True:
+        select.select([pgconn.socket], [], [])
+        pgconn.consume_input()
+        while not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None:
+                continue
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                raise RuntimeError(result.error_message.decode(errors="replace"))
+            if result.status == pq.ExecStatus.PIPELINE_SYNC:
+                pgconn.exit_pipeline_mode()
+                return [r for n, r in enumerate(results) if n not in skipped]
+            results.append(result)
+
+
+if __name__ == "__main__":
+    main()
