@@ -150,6 +150,10 @@ def test_a_response_header_outside_latin_1_is_refused_and_nothing_is_kept(
         "HTTP_IDEMPOTENCY_KEY": "euro-1",
         "wsgi.input": io.BytesIO(b"{}"),
     }
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc: Any = None) -> Any:
+        raise AssertionError("nothing is answered")
+
     with pytest.raises(UnicodeEncodeError):
-        wrapped(environ, lambda status, headers, exc=None: None)
+        wrapped(environ, start_response)
     assert keys(dsn) == 0
