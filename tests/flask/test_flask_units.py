@@ -130,3 +130,30 @@ def test_a_bare_wsgi_app_with_write_and_close_is_captured_whole(
     assert headers2["idempotent-replayed"] == "true"
     assert closed == [True]  # the first run's iterable was closed; the replay ran nothing
     assert keys(dsn) == 1
+
+
+def test_a_response_header_outside_latin_1_is_refused_and_nothing_is_kept(
+    pool: ConnectionPool[Any], dsn: str
+) -> None:
+    # PEP 3333: header values are latin-1. One a server could not send is never stored (the
+    # application fails, its transaction and the claim roll back); a retry could not replay it.
+    def app(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        connection_of(environ).execute("SELECT 1")
+        start_response("201 Created", [("Location", "/caf\u00e9/\u20ac")])
+        return [b"{}"]
+
+    wrapped = IdempotencyMiddleware(app, pool=pool, key_scope=lambda e: "tenant")
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/jobs",
+        "CONTENT_LENGTH": "2",
+        "HTTP_IDEMPOTENCY_KEY": "euro-1",
+        "wsgi.input": io.BytesIO(b"{}"),
+    }
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc: Any = None) -> Any:
+        raise AssertionError("nothing is answered")
+
+    with pytest.raises(UnicodeEncodeError):
+        wrapped(environ, start_response)
+    assert keys(dsn) == 0

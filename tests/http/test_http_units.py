@@ -31,7 +31,8 @@ from pgonce.errors import InvalidIdempotencyKey, UsageError
 from pgonce.http import IdempotencyMiddleware, connection, header_scope, transaction_of
 from pgonce.http.keys import MAX_KEY_LENGTH, key_from_headers, parse_key
 from pgonce.http.middleware import _request_headers
-from pgonce.http.replay import replay_headers, storable_headers
+from pgonce.http.replay import replay_headers, storable_headers, storable_text_headers
+from pgonce.http.semantics import IdempotencyRules
 
 # --- keys -----------------------------------------------------------------------------------------
 
@@ -87,6 +88,19 @@ def test_key_from_headers() -> None:
     assert key_from_headers([(b"idempotency-key", b'"k1"')]) == "k1"
     with pytest.raises(InvalidIdempotencyKey):
         key_from_headers([(b"idempotency-key", b"a"), (b"idempotency-key", b"a")])
+
+
+@given(st.one_of(st.none(), st.text(alphabet=st.characters(max_codepoint=255), max_size=300)))
+def test_a_joined_text_key_is_the_key_of_its_bytes(value: str | None) -> None:
+    # WSGI and Django hand the field over as one latin-1 str: the same key, the same refusals.
+    def outcome(parse: Any, raw: Any) -> Any:
+        try:
+            return parse(raw)
+        except InvalidIdempotencyKey as error:
+            return str(error)
+
+    as_bytes = [value.encode("latin-1")] if value is not None else []
+    assert outcome(IdempotencyRules.joined_key, value) == outcome(IdempotencyRules.key, as_bytes)
 
 
 def test_one_pass_over_the_request_headers_keeps_the_first_of_a_repeated_header() -> None:
@@ -275,6 +289,20 @@ def test_storable_headers_drop_cookies_hop_by_hop_and_recomputed_ones() -> None:
         ("x-custom", "1"),
         ("x-custom", "2"),
     )
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Content-Type", "set-cookie", "Location", "DATE", "x-a", "Upgrade"]),
+            st.text(alphabet=st.characters(max_codepoint=255), max_size=20),
+        ),
+        max_size=8,
+    )
+)
+def test_text_headers_are_stored_as_their_bytes_would_be(headers: list[tuple[str, str]]) -> None:
+    raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+    assert storable_text_headers(headers) == storable_headers(raw)
 
 
 def test_replay_headers_recompute_length_and_mark_the_replay() -> None:

@@ -306,9 +306,8 @@ class IdempotencyMiddleware:
         rules = self.rules
         if not rules.applies(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")):
             return None
-        header = environ.get("HTTP_IDEMPOTENCY_KEY")
         try:
-            key = rules.key([header.encode("latin-1")] if header is not None else [])
+            key = rules.joined_key(environ.get("HTTP_IDEMPOTENCY_KEY"))
         except InvalidIdempotencyKey as error:
             return semantics.invalid_key(error)
         if key is None:
@@ -480,8 +479,7 @@ class IdempotencyMiddleware:
             raise UsageError("the WSGI application returned without calling start_response()")
         headers = list(captured.headers)
         if response.stored:
-            name, value = self.rules.expires_header(claim.claimed_at)
-            headers.append((name.decode("latin-1"), value.decode("latin-1")))
+            headers.append(self.rules.expires_text_header(claim.claimed_at))
         start_response(captured.status_line, headers)
         return response.body
 
@@ -502,11 +500,12 @@ class _Captured:
         # Nothing was sent yet, so a second call (an error page after a failure, with exc_info)
         # replaces the first, as PEP 3333 allows before the headers went out.
         self.status_line = status
-        self.headers = list(headers)
+        self.headers = headers = list(headers)
         self.response.status = int(status.split(" ", 1)[0])
-        self.response.headers = [
-            (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers
-        ]
+        # Kept as text (the store keeps text), but only latin-1, as PEP 3333 has it: one
+        # encoding of them all raises what encoding each of them would.
+        "".join([text for header in headers for text in header]).encode("latin-1")
+        self.response.text_headers = headers
         return self._write
 
     def _write(self, data: bytes) -> None:

@@ -59,6 +59,18 @@ def storable_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[Header, ...]:
     return tuple(kept)
 
 
+def storable_text_headers(headers: Iterable[tuple[str, str]]) -> tuple[Header, ...]:
+    """:func:`storable_headers` of headers that are already text (WSGI's ``start_response``,
+    Django's response), so that they are not encoded only to be decoded again; the names are
+    lower-cased as ASGI's are. The caller has checked that they are latin-1."""
+    kept: list[Header] = []
+    for name, value in headers:
+        text = name.lower()
+        if text not in _NOT_STORED:
+            kept.append((text, value))
+    return tuple(kept)
+
+
 def encode_headers(headers: Iterable[Header]) -> RawHeaders:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
 

@@ -45,9 +45,14 @@ from typing import Generic, TypeVar
 from pgonce.core.outcomes import InFlight, Replay, Response
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import InvalidIdempotencyKey
-from pgonce.http.keys import key_of
+from pgonce.http.keys import key_of, parse_key
 from pgonce.http.problem import CONTENT_TYPE, problem_body
-from pgonce.http.replay import EXPIRES_HEADER, replay_headers, storable_headers
+from pgonce.http.replay import (
+    EXPIRES_HEADER,
+    replay_headers,
+    storable_headers,
+    storable_text_headers,
+)
 
 #: Response headers as every adapter exchanges them: lower-case names, latin-1 bytes (ASGI's own
 #: shape, so that the ASGI middleware sends them untouched).
@@ -236,6 +241,9 @@ class CapturedResponse:
     limit: int
     status: int | None = None
     headers: RawHeaders = field(default_factory=list)
+    #: The headers as text instead (WSGI and Django hand them over as latin-1 ``str``): when
+    #: set, they are what is stored, and :attr:`headers` is not used.
+    text_headers: Sequence[tuple[str, str]] | None = None
     body: list[bytes] = field(default_factory=list)
     size: int = 0
     complete: bool = False
@@ -276,7 +284,9 @@ class CapturedResponse:
 
     def response(self) -> Response:
         """What the key store keeps for replays."""
-        return Response(self.status, storable_headers(self.headers), b"".join(self.body))
+        text = self.text_headers
+        headers = storable_headers(self.headers) if text is None else storable_text_headers(text)
+        return Response(self.status, headers, b"".join(self.body))
 
 
 class IdempotencyRules:
@@ -375,6 +385,12 @@ class IdempotencyRules:
         """
         return key_of(values)
 
+    @staticmethod
+    def joined_key(value: str | None) -> str | None:
+        """:meth:`key` of the one text value a WSGI server (or Django) gives for the field, its
+        repeated values already joined with a comma; ``None`` without the header."""
+        return None if value is None else parse_key(value)
+
     def declared_too_large(self, content_length: bytes | str | None) -> bool:
         """Whether a declared Content-Length already exceeds ``max_request_bytes``."""
         return bool(
@@ -406,6 +422,10 @@ class IdempotencyRules:
 
     def expires_header(self, claimed_at: datetime) -> tuple[bytes, bytes]:
         return (_EXPIRES, self.expires(claimed_at).encode())
+
+    def expires_text_header(self, claimed_at: datetime) -> tuple[str, str]:
+        """:meth:`expires_header` as text, for WSGI and Django responses."""
+        return (EXPIRES_HEADER, self.expires(claimed_at))
 
     def replay(self, claim: Replay) -> Answer:
         """The stored response again, marked ``Idempotent-Replayed``, with its expiry."""

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from psycopg.pq import TransactionStatus
 
@@ -67,7 +67,11 @@ GetResponse = Callable[[HttpRequest], Any]
 
 
 class ClaimedRequest:
-    """The key a request claimed; ``began`` turns true at the view's first query."""
+    """The key a request claimed; ``began`` turns true at the view's first query.
+
+    It is also the execute wrapper (Django's ``connection.execute_wrapper()``) that sees that
+    query, installed on the connection while the view runs.
+    """
 
     __slots__ = ("began", "key", "scope")
 
@@ -75,6 +79,12 @@ class ClaimedRequest:
         self.scope = scope
         self.key = key
         self.began = False
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
+    ) -> Any:
+        self.began = True
+        return execute(sql, params, many, context)
 
 
 def begin(request: HttpRequest) -> None:
@@ -144,6 +154,7 @@ class IdempotencyMiddleware:
         self._stores: weakref.WeakKeyDictionary[psycopg.Connection[Any], KeyStore] = (
             weakref.WeakKeyDictionary()
         )
+        self._auto = settings.pooler == "auto"
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
@@ -181,9 +192,8 @@ class IdempotencyMiddleware:
         rules = self.rules
         if not rules.applies(request.method or "", request.path_info):
             return None
-        header = request.META.get("HTTP_IDEMPOTENCY_KEY")
         try:
-            key = rules.key([header.encode("latin-1")] if header is not None else [])
+            key = rules.joined_key(request.META.get("HTTP_IDEMPOTENCY_KEY"))
         except InvalidIdempotencyKey as error:
             return semantics.invalid_key(error)
         if key is None:
@@ -223,15 +233,17 @@ class IdempotencyMiddleware:
             )
             return to_django(semantics.unavailable(self.store.retry_after))
 
-    def _store_for(self, using: str) -> KeyStore:
+    def _store_for(self, wrapper: BaseDatabaseWrapper) -> KeyStore:
         """The key store for Django's connection now: with POOLER "auto", one that prepares its
         statements where the connection reaches PostgreSQL itself (checked once per
-        connection), since Django turns psycopg's preparing off for every connection."""
-        if self.settings.pooler != "auto":
+        connection, outside a transaction), since Django turns psycopg's preparing off for
+        every connection."""
+        if not self._auto:
             return self.store
-        wrapper = connections[using]
-        wrapper.ensure_connection()
         conn = wrapper.connection
+        if conn is None:
+            wrapper.ensure_connection()
+            conn = wrapper.connection
         store = self._stores.get(conn)
         if store is None:
             direct = conn.prepare_threshold is None and reaches_server_directly(conn)
@@ -242,32 +254,42 @@ class IdempotencyMiddleware:
         self, request: HttpRequest, caller: str, key: str, fingerprint: bytes, view: GetResponse
     ) -> HttpResponseBase:
         using = self.using
-        store = self._store_for(using)
+        # The thread's connection wrapper, looked up once: every lookup goes through Django's
+        # thread-and-task-local connection handler.
+        wrapper = connections[using]
+        store = self._store_for(wrapper)
         # Outermost, the middleware owns the request's transaction (it opened it), so BEGIN
         # travels with the claim and the completion with COMMIT: three round trips with the
         # view's one statement, as in the ASGI middleware. Inside someone else's atomic() block
         # it joins that transaction instead and never ends it.
-        owned = not connections[using].in_atomic_block
+        owned = not wrapper.in_atomic_block
         with transaction.atomic(using=using):
-            conn = psycopg_connection(using)
+            conn = wrapper.connection  # atomic() connected it
+            if not isinstance(conn, psycopg.Connection):
+                conn = psycopg_connection(using)  # raises what is wrong
             owned = owned and conn.pgconn.transaction_status == TransactionStatus.IDLE
             claim = (store.begin if owned else store.claim)(conn, caller, key, fingerprint)
             if not isinstance(claim, Won):
                 # The claim wrote nothing (begin() has already ended its transaction).
-                transaction.set_rollback(True, using=using)
+                wrapper.set_rollback(True)
                 if isinstance(claim, Replay):
                     return to_django(self.rules.replay(claim))
                 assert isinstance(claim, InFlight)
                 return to_django(semantics.in_flight(claim))
             claimed = ClaimedRequest(caller, key)
             setattr(request, REQUEST_ATTRIBUTE, claimed)
-            with _marks_begun(using, claimed):
+            # What connection.execute_wrapper(claimed) does, without its two context managers.
+            wrappers = wrapper.execute_wrappers
+            wrappers.append(claimed)
+            try:
                 response: HttpResponseBase = view(request)
+            finally:
+                wrappers.pop()
             captured = _capture(response, self.rules.capture())
             # A view that marked its transaction for rollback (set_rollback) must not commit.
-            began = claimed.began and not transaction.get_rollback(using=using)
+            began = claimed.began and not wrapper.get_rollback()
             if not captured.keep(began=began, status_kept=store.stores_status):
-                transaction.set_rollback(True, using=using)
+                wrapper.set_rollback(True)
             elif owned:
                 # The completion and COMMIT in one round trip; Django's own COMMIT at the end
                 # of the block then finds the transaction over and sends nothing.
@@ -278,28 +300,16 @@ class IdempotencyMiddleware:
         if captured.too_large:
             return to_django(semantics.RESPONSE_TOO_LARGE)
         if captured.stored:
-            name, value = self.rules.expires_header(claim.claimed_at)
-            response[name.decode()] = value.decode()
+            name, value = self.rules.expires_text_header(claim.claimed_at)
+            response[name] = value
         return response
-
-
-@contextmanager
-def _marks_begun(using: str, claimed: ClaimedRequest) -> Iterator[None]:
-    def mark(execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
-        claimed.began = True
-        return execute(sql, params, many, context)
-
-    with connections[using].execute_wrapper(mark):
-        yield
 
 
 def _capture(response: HttpResponseBase, captured: CapturedResponse) -> CapturedResponse:
     """Read the view's response into ``captured``; a streamed body is buffered (and re-set)."""
     captured.status = response.status_code
-    captured.headers = [
-        (name.lower().encode("latin-1"), value.encode("latin-1"))
-        for name, value in response.items()
-    ]
+    # Text as Django keeps them, already checked (ASCII names, latin-1 or MIME-encoded values).
+    captured.text_headers = list(response.items())
     if response.streaming:
         chunks: list[bytes] = []
         for chunk in response.streaming_content:
