@@ -376,6 +376,35 @@ async def test_notification_wakes_an_idle_worker(effects_dsn: str) -> None:
         await task
 
 
+async def test_a_delivery_that_missed_the_registration_is_found_by_the_second_look(
+    effects_dsn: str,
+) -> None:
+    """inbox_store() looked for waiting loops before the loop registered (so it sends no
+    notification), and commits after the look that follows the registration: the loop's second
+    look finds the event, not its ten-minute poll."""
+    worker = WatchedWorker(
+        [source()], dsn=effects_dsn, schema=SCHEMA, poll_interval=timedelta(minutes=10)
+    )
+    worker.settle = timedelta(seconds=3)  # room for this test to commit in between, on any machine
+    store = AsyncInboxStore(schema=SCHEMA)
+    stop, wake = asyncio.Event(), asyncio.Event()
+    async with (
+        await psycopg.AsyncConnection.connect(effects_dsn) as held,
+        await psycopg.AsyncConnection.connect(effects_dsn) as conn,
+    ):
+        async with held.transaction():
+            # Nobody waits yet: the store's check finds no registration.
+            assert set(await store.store(held, [delivery("e1", {})])) == {"stored"}
+            waiting = asyncio.create_task(worker._wait_for_events(conn, stop, wake, "settle-test"))
+            # Registered, and looked once: the event is not committed yet.
+            await eventually(lambda: worker.empty_looks >= 1, within=10)
+        try:
+            await eventually(lambda: len(effects(effects_dsn)) == 1, within=10)
+        finally:
+            stop.set()
+            await waiting
+
+
 async def test_polling_finds_events_without_notifications(effects_dsn: str) -> None:
     worker = WatchedWorker(
         [source()],

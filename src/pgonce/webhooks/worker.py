@@ -88,6 +88,14 @@ DEFAULT_POLL_INTERVAL = timedelta(seconds=1)
 #: at least this often, whatever its poll interval.
 MAX_WAIT = timedelta(seconds=30)
 
+#: A loop that registered as waiting and found nothing looks once more after this, before its long
+#: sleep. A delivery whose inbox_store() looked for waiting loops just before the registration
+#: committed sent no notification; if it committed only after the look that follows the
+#: registration, neither saw the other. Its transaction ends within milliseconds of that check
+#: (the store's statement, then COMMIT), so a second look this much later finds it; a delivery
+#: slower than that is found by the poll, as a lost notification is.
+SETTLE = timedelta(milliseconds=100)
+
 #: How long ``stop`` waits for in-flight batches before cancelling (and so rolling back) them.
 DEFAULT_SHUTDOWN_TIMEOUT = timedelta(seconds=30)
 
@@ -164,6 +172,8 @@ class InboxWorker:
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.poll_interval = poll_interval
+        #: The second look's delay after a registration (:data:`SETTLE`).
+        self.settle = SETTLE
         self.shutdown_timeout = shutdown_timeout
         self.listen = listen
         self.listen_dsn = listen_dsn or dsn
@@ -450,8 +460,10 @@ class InboxWorker:
 
         Without listening this is a plain poll. With it, the loop registers as waiting (from
         then on inbox_store() notifies), looks once more, because an event committed just before
-        the registration sent no notification, and unregisters when it wakes. A registration
-        counts for a minute, so the sleep is at most ``MAX_WAIT``.
+        the registration sent no notification, and again a :data:`SETTLE` later, for one whose
+        store checked for waiting loops before the registration and committed after that look;
+        it unregisters when it wakes. A registration counts for a minute, so the sleep is at
+        most ``MAX_WAIT``.
         """
         if not self.listen:
             await _wait(stop, wake, self.poll_interval)
@@ -459,12 +471,19 @@ class InboxWorker:
         async with conn.transaction():
             await self.store.set_waiting(conn, name, True)
         try:
-            started = time.perf_counter()
-            result = await self.run_once(conn)
-            if self.on_batch is not None and result.claimed:
-                self.on_batch(result, time.perf_counter() - started)
-            if not result.claimed:
-                await _wait(stop, wake, min(self.poll_interval, MAX_WAIT))
+            longest = min(self.poll_interval, MAX_WAIT)
+            settle = min(longest, self.settle)
+            # Once right after the registration, once more a SETTLE later (see SETTLE).
+            for pause in (settle, longest - settle):
+                started = time.perf_counter()
+                result = await self.run_once(conn)
+                if self.on_batch is not None and result.claimed:
+                    self.on_batch(result, time.perf_counter() - started)
+                if result.claimed:
+                    return
+                await _wait(stop, wake, pause)
+                if wake.is_set() or stop.is_set():
+                    return
         finally:
             if not conn.closed:
                 async with conn.transaction():
