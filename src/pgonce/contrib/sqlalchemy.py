@@ -85,8 +85,9 @@ class SessionCommitRefused(UsageError):
 
     def __init__(self) -> None:
         super().__init__(
-            "this Session is on the idempotent request's transaction, which the middleware "
-            "commits once the response is stored: call session.flush(), not session.commit()"
+            "the ORM object given to the endpoint is bound to the idempotent request's "
+            "transaction, which the middleware commits once the response is stored: call "
+            "flush() on it, not commit()"
         )
 
 
