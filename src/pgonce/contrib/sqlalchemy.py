@@ -85,9 +85,9 @@ class SessionCommitRefused(UsageError):
 
     def __init__(self) -> None:
         super().__init__(
-            "the ORM object given to the endpoint is bound to the idempotent request's "
-            "transaction, which the middleware commits once the response is stored: call "
-            "flush() on it, not commit()"
+            "the endpoint's ORM unit of work runs in the idempotent request's transaction, which "
+            "the middleware commits once the response is stored: call session.flush(), not "
+            "session.commit()"
         )
 
 
