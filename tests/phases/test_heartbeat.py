@@ -203,3 +203,59 @@ async def test_the_async_heartbeat_keeps_the_key_during_a_long_call(
         row = lease_of(db, "h5")
         assert row is not None
         assert (row[0], row[2]) == (op.token, "charge")
+
+
+class FlakyRenewal:
+    """A renewal that fails ``failing`` times in a row, then succeeds; ``done`` once it did."""
+
+    def __init__(self, failing: int) -> None:
+        self.failing = failing
+        self.done = threading.Event()
+
+    def __call__(self) -> None:
+        if self.failing:
+            self.failing -= 1
+            raise psycopg.OperationalError("the server closed the connection")
+        self.done.set()
+
+
+def test_a_run_of_failed_renewals_is_logged_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from pgonce.store.heartbeat import Heartbeat
+
+    renew = FlakyRenewal(failing=3)
+    with caplog.at_level("DEBUG", logger="pgonce.phases"), Heartbeat(renew, BEAT) as heartbeat:
+        assert renew.done.wait(timeout=10)
+    assert heartbeat.failures == 3
+    assert not heartbeat.lost
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records]
+    warnings = [m for level, m in levels if level == "WARNING"]
+    assert len(warnings) == 1
+    assert "tries again every" in warnings[0]
+    assert "OperationalError" in warnings[0]
+    assert [level for level, _ in levels].count("DEBUG") == 2
+    assert [m for level, m in levels if level == "INFO"] == [
+        "a lease's heartbeat renewed the lease again after 3 failures"
+    ]
+
+
+async def test_the_async_heartbeat_logs_a_run_of_failures_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from pgonce.store.heartbeat import AsyncHeartbeat
+
+    renewed = asyncio.Event()
+    failing = [2]
+
+    async def renew() -> None:
+        if failing[0]:
+            failing[0] -= 1
+            raise psycopg.OperationalError("the server closed the connection")
+        renewed.set()
+
+    with caplog.at_level("WARNING", logger="pgonce.phases"):
+        async with AsyncHeartbeat(renew, BEAT) as heartbeat:
+            await asyncio.wait_for(renewed.wait(), 10)
+    assert heartbeat.failures == 2
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1

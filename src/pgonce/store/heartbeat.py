@@ -11,9 +11,10 @@ for the ``_sync`` file generated from it, which names :class:`Heartbeat` where t
 
 - A renewal refused because the key was taken over (:class:`~pgonce.errors.LeaseLost`) ends the
   heartbeat and sets :attr:`lost`: the call's result must then not be recorded.
-- Any other failure of a renewal (the database away for a moment) is logged and the next beat
-  tries again: the lease lasts several beats, and a holder that cannot renew for a whole lease is
-  fenced by its token anyway.
+- Any other failure of a renewal (the database away for a moment) is counted in :attr:`failures`
+  and the next beat tries again: the lease lasts several beats, and a holder that cannot renew for
+  a whole lease is fenced by its token anyway. The first failure of a run of them is logged as a
+  warning that says so, the others at debug level, and the renewal that ends the run once more.
 - Leaving the ``with`` block waits for a renewal under way to end, so the connection is idle
   again when the block is left.
 """
@@ -35,8 +36,33 @@ log = logging.getLogger("pgonce.phases")
 NAME = "pgonce-heartbeat"
 
 
-def _failed(error: Exception, every: timedelta) -> None:
-    log.warning("a lease's heartbeat failed, tried again in %s: %s", every, error)
+class _Failures:
+    """The renewals that failed in a row, logged once per run of them (shared by both twins)."""
+
+    def __init__(self, every: timedelta) -> None:
+        self.every = every
+        #: Failed renewals since the heartbeat started (not counting a lost key).
+        self.total = 0
+        self._run = 0
+
+    def failed(self, error: Exception) -> None:
+        self.total += 1
+        self._run += 1
+        if self._run == 1:
+            log.warning(
+                "a lease's heartbeat failed (%s: %s); it tries again every %s, and the key stays "
+                "this holder's until its lease runs out",
+                type(error).__name__,
+                error,
+                self.every,
+            )
+        else:
+            log.debug("a lease's heartbeat failed again (%d in a row): %s", self._run, error)
+
+    def renewed(self) -> None:
+        if self._run:
+            log.info("a lease's heartbeat renewed the lease again after %d failures", self._run)
+            self._run = 0
 
 
 class AsyncHeartbeat:
@@ -47,6 +73,7 @@ class AsyncHeartbeat:
         self._every = every
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._failures = _Failures(every)
         #: True once a renewal found the key taken over by another holder.
         self.lost = False
 
@@ -63,7 +90,14 @@ class AsyncHeartbeat:
                 self.lost = True
                 return
             except Exception as error:
-                _failed(error, self._every)
+                self._failures.failed(error)
+            else:
+                self._failures.renewed()
+
+    @property
+    def failures(self) -> int:
+        """Renewals that failed (the database away) since the heartbeat started."""
+        return self._failures.total
 
     async def __aenter__(self) -> AsyncHeartbeat:
         self._task = asyncio.create_task(self._beat(), name=NAME)
@@ -90,6 +124,7 @@ class Heartbeat:
         self._every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=NAME, daemon=True)
+        self._failures = _Failures(every)
         #: True once a renewal found the key taken over by another holder.
         self.lost = False
 
@@ -101,7 +136,14 @@ class Heartbeat:
                 self.lost = True
                 return
             except Exception as error:
-                _failed(error, self._every)
+                self._failures.failed(error)
+            else:
+                self._failures.renewed()
+
+    @property
+    def failures(self) -> int:
+        """Renewals that failed (the database away) since the heartbeat started."""
+        return self._failures.total
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
