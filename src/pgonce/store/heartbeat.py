@@ -36,46 +36,56 @@ log = logging.getLogger("pgonce.phases")
 NAME = "pgonce-heartbeat"
 
 
-class _Failures:
-    """The renewals that failed in a row, logged once per run of them (shared by both twins)."""
+class _Beats:
+    """What both twins keep of their renewals: a lost key, and the failures counted and logged
+    once per run of them."""
 
     def __init__(self, every: timedelta) -> None:
-        self.every = every
-        #: Failed renewals since the heartbeat started (not counting a lost key).
-        self.total = 0
-        self._run = 0
+        self._every = every
+        self._failed_in_a_row = 0
+        #: Renewals that failed (the database away) since the heartbeat started.
+        self.failures = 0
+        #: True once a renewal found the key taken over by another holder.
+        self.lost = False
 
-    def failed(self, error: Exception) -> None:
-        self.total += 1
-        self._run += 1
-        if self._run == 1:
+    def _after(self, error: Exception | None) -> bool:
+        """Records one renewal's outcome; true when the heartbeat ends (the key was lost)."""
+        if isinstance(error, LeaseLost):
+            self.lost = True
+            return True
+        if error is None:
+            if self._failed_in_a_row:
+                log.info(
+                    "a lease's heartbeat renewed the lease again after %d failures",
+                    self._failed_in_a_row,
+                )
+                self._failed_in_a_row = 0
+            return False
+        self.failures += 1
+        self._failed_in_a_row += 1
+        if self._failed_in_a_row == 1:
             log.warning(
                 "a lease's heartbeat failed (%s: %s); it tries again every %s, and the key stays "
                 "this holder's until its lease runs out",
                 type(error).__name__,
                 error,
-                self.every,
+                self._every,
             )
         else:
-            log.debug("a lease's heartbeat failed again (%d in a row): %s", self._run, error)
-
-    def renewed(self) -> None:
-        if self._run:
-            log.info("a lease's heartbeat renewed the lease again after %d failures", self._run)
-            self._run = 0
+            log.debug(
+                "a lease's heartbeat failed again (%d in a row): %s", self._failed_in_a_row, error
+            )
+        return False
 
 
-class AsyncHeartbeat:
+class AsyncHeartbeat(_Beats):
     """Runs ``renew()`` every ``every`` in an asyncio task while the ``async with`` block runs."""
 
     def __init__(self, renew: Callable[[], Awaitable[None]], every: timedelta) -> None:
+        super().__init__(every)
         self._renew = renew
-        self._every = every
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._failures = _Failures(every)
-        #: True once a renewal found the key taken over by another holder.
-        self.lost = False
 
     async def _beat(self) -> None:
         while True:
@@ -86,18 +96,11 @@ class AsyncHeartbeat:
                 pass
             try:
                 await self._renew()
-            except LeaseLost:
-                self.lost = True
-                return
             except Exception as error:
-                self._failures.failed(error)
+                if self._after(error):
+                    return
             else:
-                self._failures.renewed()
-
-    @property
-    def failures(self) -> int:
-        """Renewals that failed (the database away) since the heartbeat started."""
-        return self._failures.total
+                self._after(None)
 
     async def __aenter__(self) -> AsyncHeartbeat:
         self._task = asyncio.create_task(self._beat(), name=NAME)
@@ -116,34 +119,24 @@ class AsyncHeartbeat:
         await self._task
 
 
-class Heartbeat:
+class Heartbeat(_Beats):
     """Runs ``renew()`` every ``every`` in a thread while the ``with`` block runs."""
 
     def __init__(self, renew: Callable[[], None], every: timedelta) -> None:
+        super().__init__(every)
         self._renew = renew
-        self._every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=NAME, daemon=True)
-        self._failures = _Failures(every)
-        #: True once a renewal found the key taken over by another holder.
-        self.lost = False
 
     def _beat(self) -> None:
         while not self._stop.wait(self._every.total_seconds()):
             try:
                 self._renew()
-            except LeaseLost:
-                self.lost = True
-                return
             except Exception as error:
-                self._failures.failed(error)
+                if self._after(error):
+                    return
             else:
-                self._failures.renewed()
-
-    @property
-    def failures(self) -> int:
-        """Renewals that failed (the database away) since the heartbeat started."""
-        return self._failures.total
+                self._after(None)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
