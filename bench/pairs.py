@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 
 from bench.report import Table, Targets, percentile, ratio
-from bench.servers import ROOT, cpu_seconds
+from bench.servers import ROOT, cpu_seconds, database_cpu, database_cpu_spent, database_pids
 from bench.workloads.http_middleware import Result, load, probe
 
 #: The two variants every adapter's workload compares: the app alone, and behind pgonce.
@@ -119,42 +119,17 @@ def _accepts(port: int) -> bool:
     return False
 
 
-def database_pids(dsn: str) -> list[int]:
-    """This database's backends and PostgreSQL's background processes (not other databases'
-    clients: the server may be shared)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
-            " AND (datname = current_database() OR backend_type <> 'client backend')"
-        )
-        return [int(pid) for (pid,) in rows.fetchall()]
-
-
-def _cpu_each(pids: list[int]) -> dict[int, float]:
-    return {pid: cpu_seconds([pid]) for pid in pids}
-
-
-def _cpu_spent(before: dict[int, float]) -> float:
-    """CPU seconds spent since ``before`` by the processes still alive (one that exited
-    meanwhile, such as the previous server's backend, would count negative)."""
-    spent = 0.0
-    for pid, seconds in before.items():
-        if os.path.exists(f"/proc/{pid}"):
-            spent += cpu_seconds([pid]) - seconds
-    return spent
-
-
 def measure(
     port: int, server_pids: list[int], dsn: str, seconds: float, concurrency: int
 ) -> tuple[Result, str]:
     """One round against a started server: a warm-up, then ``seconds`` of load with the CPU the
     server and PostgreSQL spent on it; and what a retry got (:func:`probe`)."""
     asyncio.run(load(port, min(1.0, seconds), concurrency))  # warm-up: pools, caches
-    database = database_pids(dsn)
-    server_before, database_before = cpu_seconds(server_pids), _cpu_each(database)
+    database_before = database_cpu(database_pids(dsn))
+    server_before = cpu_seconds(server_pids)
     result = asyncio.run(load(port, seconds, concurrency))
     result.server_cpu = cpu_seconds(server_pids) - server_before
-    result.database_cpu = _cpu_spent(database_before)
+    result.database_cpu = database_cpu_spent(database_before)
     return result, asyncio.run(probe(port))
 
 

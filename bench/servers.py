@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import psycopg
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -94,6 +96,34 @@ def cpu_seconds(pids: Iterable[int]) -> float:
             continue  # exited meanwhile
         total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def database_pids(dsn: str) -> list[int]:
+    """This database's backends and PostgreSQL's background processes (not other databases'
+    clients: the server may be shared)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+            " AND (datname = current_database() OR backend_type <> 'client backend')"
+        )
+        return [int(pid) for (pid,) in rows.fetchall()]
+
+
+def database_cpu(pids: Iterable[int]) -> dict[int, float]:
+    """Each process's CPU seconds so far: the reading before a round, for
+    :func:`database_cpu_spent`."""
+    return {pid: cpu_seconds([pid]) for pid in pids}
+
+
+def database_cpu_spent(before: dict[int, float]) -> float:
+    """CPU seconds spent since ``before`` by the processes alive at both readings: one that
+    exited meanwhile (the previous variant's backend, closing) would otherwise count its whole
+    life negative."""
+    spent = 0.0
+    for pid, seconds in before.items():
+        if os.path.exists(f"/proc/{pid}"):
+            spent += cpu_seconds([pid]) - seconds
+    return spent
 
 
 def main() -> None:

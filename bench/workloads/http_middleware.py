@@ -58,7 +58,13 @@ from bench.clients import wal_position
 from bench.context import BenchContext
 from bench.database_cost import MIDDLEWARE
 from bench.report import Table, Targets, percentile, ratio
-from bench.servers import cpu_seconds, serve_process
+from bench.servers import (
+    cpu_seconds,
+    database_cpu,
+    database_cpu_spent,
+    database_pids,
+    serve_process,
+)
 from pgonce import AsyncKeyStore, Replay, Response, Won, fingerprint
 from pgonce.http import (
     IdempotencyMiddleware,
@@ -408,14 +414,6 @@ def cleanup(ctx: BenchContext) -> None:
         conn.execute(f"TRUNCATE {TABLE}, {IDEMKIT_TABLE}".encode())
 
 
-def _database_pids(dsn: str) -> list[int]:
-    """PostgreSQL's processes that serve the load: the pools' backends and the background
-    processes (WAL writer, checkpointer...); the server's own connections are open by now."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()")
-        return [int(pid) for (pid,) in rows.fetchall()]
-
-
 def redis_up() -> bool:
     try:
         with socket.create_connection(("127.0.0.1", 6379), 1):
@@ -445,12 +443,12 @@ def run(ctx: BenchContext) -> list[Table]:
                 env = {"BENCH_HTTP_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
                 with serve_process(FACTORY, env, log) as (port, pid):
                     asyncio.run(load(port, min(1.0, seconds)))  # warm-up: pools, caches, JIT-less
-                    database = _database_pids(ctx.dsn)
-                    server_before, database_before = cpu_seconds([pid]), cpu_seconds(database)
+                    database_before = database_cpu(database_pids(ctx.dsn))
+                    server_before = cpu_seconds([pid])
                     wal_before = wal_position(ctx.dsn)
                     result = asyncio.run(load(port, seconds))
                     result.server_cpu = cpu_seconds([pid]) - server_before
-                    result.database_cpu = cpu_seconds(database) - database_before
+                    result.database_cpu = database_cpu_spent(database_before)
                     result.wal_bytes = wal_position(ctx.dsn) - wal_before
                     runs[-1][variant] = result
                     if variant not in probes:
