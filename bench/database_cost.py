@@ -45,7 +45,9 @@ class Cost:
 
 
 #: Figures of the middleware workload of this run: "cpu", "cpu_bare" (µs/req), "wal",
-#: "wal_bare" (bytes/req), "best", "median" (throughput over no middleware).
+#: "wal_bare" (bytes/req), "best", "median" (throughput over no middleware); and the same for
+#: the key store's statements alone over no middleware: "limit_cpu" (PostgreSQL CPU per request,
+#: ×), "limit_best", "limit_median" (throughput).
 MIDDLEWARE: dict[str, float] = {}
 
 
