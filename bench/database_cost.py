@@ -23,6 +23,7 @@ from pathlib import Path
 import psycopg
 
 from bench.clients import pgbench_command, wal_position
+from bench.servers import cpu_seconds
 
 
 @dataclass(frozen=True)
@@ -67,14 +68,15 @@ def postmaster(dsn: str) -> int | None:
             return None
 
 
-def _ticks(pid: int, *, children: bool) -> int:
+def _exited_children(pm: int) -> float:
+    """CPU seconds of the postmaster's children that exited and were waited for (cutime,
+    cstime: clock ticks, one tick of error per exited backend at most)."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
+        with open(f"/proc/{pm}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
     except OSError:
-        return 0
-    # utime, stime; cutime, cstime: what the waited-for children spent (exited backends).
-    return sum(int(f) for f in fields[11 : 15 if children else 13])
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
 def server_cpu(pm: int) -> float:
@@ -85,8 +87,7 @@ def server_cpu(pm: int) -> float:
             children = [int(pid) for pid in listing.read().split()]
     except OSError:
         children = []
-    ticks = _ticks(pm, children=True) + sum(_ticks(pid, children=False) for pid in children)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return _exited_children(pm) + cpu_seconds([pm, *children])
 
 
 def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:
