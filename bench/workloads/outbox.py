@@ -57,7 +57,7 @@ IN_FLIGHT = DEFAULT_CONCURRENCY
 #: Events per aggregate in the relay runs: orders get a few events each.
 EVENTS_PER_AGGREGATE = 4
 #: Rounds of the relay table: the raw loop, the publisher alone and the relay in turn.
-RELAY_ROUNDS = 2
+RELAY_ROUNDS = 3
 #: Events per transaction in the batch rows (enqueue_many).
 BATCH_EVENTS = 10
 BATCH_RANGE = range(BATCH_EVENTS)
