@@ -309,6 +309,26 @@ def test_an_argument_without_a_json_form_is_refused_before_the_claim(
     assert keys(db) == 0
 
 
+def test_values_that_contain_themselves_are_refused(dsn: str, db: psycopg.Connection[Any]) -> None:
+    # The encoders are made once and keep no record of the containers they met: a value that
+    # contains itself is refused by the depth it reaches, as a UsageError all the same.
+    loop: list[Any] = []
+    loop.append(loop)
+
+    @idempotent(key="order_id", commit=True)
+    def looping(conn: psycopg.Connection[Any], order_id: str, extra: Any = None) -> object:
+        conn.execute("INSERT INTO charges VALUES (%s, 1)", (order_id,))
+        return loop
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(UsageError, match="payload"):
+            looping(conn, "o-12", loop)
+        with pytest.raises(UsageError, match="codec"):
+            looping(conn, "o-12")
+    assert charges(db) == 0
+    assert keys(db) == 0
+
+
 def test_the_fingerprint_is_the_key_stores_own(dsn: str, db: psycopg.Connection[Any]) -> None:
     # A claim made by the decorator is an ordinary key-store row: the same scope, key and
     # fingerprint through the store directly replays it.
