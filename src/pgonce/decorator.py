@@ -61,10 +61,11 @@ from decimal import Decimal
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from pgonce.core.fingerprint import fingerprint
-from pgonce.core.outcomes import InFlight, Response
+from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won, _checked_response
 from pgonce.errors import KeyInFlight, UsageError
 from pgonce.store._async.keys import AsyncKeyStore
-from pgonce.store._sync.keys import KeyStore
+from pgonce.store._async.keys import rollback_quietly as async_rollback_quietly
+from pgonce.store._sync.keys import KeyStore, rollback_quietly
 
 __all__ = ["Codec", "JSONCodec", "idempotent"]
 
@@ -376,39 +377,79 @@ class _Call(Generic[P]):
         return {n: v for n, v in bound.arguments.items() if n != self.conn.name}
 
     def _stored(self, result: object) -> Response:
-        return Response(headers=self.headers, body=self.options.codec.encode(result))
+        body = self.options.codec.encode(result)
+        if type(body) is bytes:  # the headers were checked once: only the body is new
+            return _checked_response(None, self.headers, body)
+        return Response(headers=self.headers, body=body)
 
-    def _replayed(self, claim: object, response: Response | None, key: str) -> Any:
+    def _replayed(self, claim: Claim, key: str) -> Any:
         if isinstance(claim, InFlight):
             raise KeyInFlight(self.scope, key, claim.retry_after, claim.reason)
-        assert response is not None
-        return self.options.codec.decode(response.body)
+        assert isinstance(claim, Replay)
+        return self.options.codec.decode(claim.response.body)
 
     def run(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         conn, key, fp = self.claim(args, kwargs)
         store = self.store
         assert isinstance(store, KeyStore)
         options = self.options
-        with store.once(conn, self.scope, key, fp, commit=options.commit, wait=options.wait) as op:
+        if options.commit:
+            # once(commit=True)'s block, written out: begin(), the function, commit(), without
+            # the block's object and its checks of what this call made itself.
+            scope = self.scope
+            wait_ms = store._checked_wait_ms(conn, scope, key, fp, options.wait)
+            claim = store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
+            if not isinstance(claim, Won):
+                store._commit(conn, claim, None, (), None)  # begin() ended it: nothing is sent
+                return self._replayed(claim, key)
+            try:
+                result = self.function(*args, **kwargs)
+                response = self._stored(result)
+            except BaseException:
+                rollback_quietly(conn)
+                raise
+            store._commit(conn, claim, response, (), None)
+            return result
+        with store.once(conn, self.scope, key, fp, wait=options.wait) as op:
             if op.won:
                 result = self.function(*args, **kwargs)
                 op.respond(self._stored(result))
                 return result
-        return self._replayed(op.claim, op.response, key)
+        return self._replayed(op.claim, key)
 
     async def run_async(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         conn, key, fp = self.claim(args, kwargs)
         store = self.store
         assert isinstance(store, AsyncKeyStore)
         options = self.options
-        async with store.once(
-            conn, self.scope, key, fp, commit=options.commit, wait=options.wait
-        ) as op:
+        if options.commit:  # as in run()
+            scope = self.scope
+            wait_ms = store._checked_wait_ms(conn, scope, key, fp, options.wait)
+            claim = await store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
+            if not isinstance(claim, Won):
+                await store._commit(conn, claim, None, (), None)
+                return self._replayed(claim, key)
+            try:
+                result = await self.function(*args, **kwargs)
+                response = self._stored(result)
+            except BaseException:
+                await async_rollback_quietly(conn)
+                raise
+            await store._commit(conn, claim, response, (), None)
+            return result
+        async with store.once(conn, self.scope, key, fp, wait=options.wait) as op:
             if op.won:
                 result = await self.function(*args, **kwargs)
                 op.respond(self._stored(result))
                 return result
-        return self._replayed(op.claim, op.response, key)
+        return self._replayed(op.claim, key)
+
+
+#: What a connection inside a transaction is told by a function decorated with ``commit=True``.
+_OWNED_REFUSAL = (
+    "@idempotent(commit=True) commits a transaction of its own and needs an idle connection; "
+    "inside the caller's transaction, decorate the function without commit=True"
+)
 
 
 def idempotent(

@@ -171,6 +171,24 @@ def test_an_exception_rolls_back_the_writes_and_frees_the_key(
     assert charges(db) == 1
 
 
+def test_commit_true_refuses_a_connection_inside_a_transaction(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    @idempotent(key="order_id", commit=True)
+    def committing(conn: psycopg.Connection[Any], order_id: str) -> str:
+        conn.execute("INSERT INTO charges VALUES (%s, 1)", (order_id,))
+        return "charged"
+
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT 1")  # the caller's transaction is open
+        with pytest.raises(UsageError, match="without commit=True"):
+            committing(conn, "o-13")
+        conn.rollback()
+        assert committing(conn, "o-13") == "charged"  # idle again: it runs and commits
+    assert charges(db) == 1
+    assert keys(db) == 1
+
+
 def test_the_call_joins_the_callers_transaction_and_rolls_back_with_it(
     dsn: str, db: psycopg.Connection[Any]
 ) -> None:
