@@ -171,6 +171,24 @@ def test_an_exception_rolls_back_the_writes_and_frees_the_key(
     assert charges(db) == 1
 
 
+def test_commit_true_refuses_a_connection_inside_a_transaction(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    @idempotent(key="order_id", commit=True)
+    def committing(conn: psycopg.Connection[Any], order_id: str) -> str:
+        conn.execute("INSERT INTO charges VALUES (%s, 1)", (order_id,))
+        return "charged"
+
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT 1")  # the caller's transaction is open
+        with pytest.raises(UsageError, match="without commit=True"):
+            committing(conn, "o-13")
+        conn.rollback()
+        assert committing(conn, "o-13") == "charged"  # idle again: it runs and commits
+    assert charges(db) == 1
+    assert keys(db) == 1
+
+
 def test_the_call_joins_the_callers_transaction_and_rolls_back_with_it(
     dsn: str, db: psycopg.Connection[Any]
 ) -> None:
@@ -306,6 +324,26 @@ def test_an_argument_without_a_json_form_is_refused_before_the_claim(
 
     with psycopg.connect(dsn, autocommit=True) as conn, pytest.raises(UsageError, match="payload"):
         with_lock(conn, "o-10", threading.Lock())
+    assert keys(db) == 0
+
+
+def test_values_that_contain_themselves_are_refused(dsn: str, db: psycopg.Connection[Any]) -> None:
+    # The encoders are made once and keep no record of the containers they met: a value that
+    # contains itself is refused by the depth it reaches, as a UsageError all the same.
+    loop: list[Any] = []
+    loop.append(loop)
+
+    @idempotent(key="order_id", commit=True)
+    def looping(conn: psycopg.Connection[Any], order_id: str, extra: Any = None) -> object:
+        conn.execute("INSERT INTO charges VALUES (%s, 1)", (order_id,))
+        return loop
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(UsageError, match="payload"):
+            looping(conn, "o-12", loop)
+        with pytest.raises(UsageError, match="codec"):
+            looping(conn, "o-12")
+    assert charges(db) == 0
     assert keys(db) == 0
 
 
