@@ -82,9 +82,10 @@ def run(ctx: BenchContext) -> list[Table]:
         "connections (CONN_MAX_AGE=None). "
         "Server CPU is gunicorn's masters and workers; PostgreSQL CPU its backends and "
         "background processes, both per request over the measured round.",
-        "Django + pgonce does more per request than Django alone: BEGIN, the claim, the row, "
-        "the stored response and COMMIT in one transaction, against an autocommit INSERT. "
-        "Against the app alone with ATOMIC_REQUESTS (the same transaction, no key), median "
-        f"round: {100 * statistics.median(atomic):.0f} %.",
+        "Round trips per request (libpq's trace of one request): Django alone 1, an autocommit "
+        "INSERT; ATOMIC_REQUESTS 3, BEGIN, the INSERT and COMMIT each alone; Django + pgonce 3, "
+        "BEGIN with the claim, the INSERT, the stored response with COMMIT, in one transaction. "
+        "Against the app alone with ATOMIC_REQUESTS (the same transaction and round trips, no "
+        f"key), median round: {100 * statistics.median(atomic):.0f} %.",
     ]
     return compare(TITLE, LABELS, runs, probes, notes)
