@@ -8,8 +8,8 @@ statement, and the exchanges: the runs of messages the client sent with no answe
 between. A batch pgonce sends (libpq's pipeline, one Sync) and a simple-protocol Query are each
 one exchange and one round trip; psycopg's pipeline reads whatever answers arrived while it
 sends, so an exchange it opens may not be a wait (the by-hand variant, which sends BEGIN and its
-claim in one psycopg pipeline, shows more exchanges than it waits for answers). It creates and empties the payments table, as the benchmark
-does. Counts, not timings: they repeat exactly.
+claim in one psycopg pipeline, shows more exchanges than it waits for answers). It creates and
+empties the payments table, as the benchmark does. Counts, not timings: they repeat exactly.
 
 ``--variant NAME`` runs one variant in this process (what each child does).
 """
