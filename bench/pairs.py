@@ -20,7 +20,7 @@ import psycopg
 
 from bench.report import Table, Targets, percentile, ratio
 from bench.servers import ROOT, cpu_seconds, database_cpu, database_cpu_spent, database_pids
-from bench.workloads.http_middleware import Result, load, probe
+from bench.workloads.http_middleware import SLICE, Result, load, probe
 
 #: The two variants every adapter's workload compares: the app alone, and behind pgonce.
 VARIANTS = ("none", "pgonce")
@@ -57,10 +57,28 @@ def _children(pid: int) -> list[int]:
 @contextlib.contextmanager
 def gunicorn(
     app: str, env: Mapping[str, str], log: Path, *, workers: int = 2, threads: int = 4
+) -> Iterator[tuple[list[int], list[int]]]:
+    """``workers`` gunicorns of one gthread worker each serving the WSGI ``app``
+    (``module:callable()``) with ``env`` added to the environment, each on a socket bound here;
+    yields (their ports, pids of masters and workers).
+
+    One master per worker, so that the load's connections are spread evenly (:func:`load` deals
+    them out over the ports): the workers of one master race for each connection as it arrives,
+    and a keep-alive connection stays with the worker that won it. Eight connections opened at
+    once all went to one worker, ten times out of ten; under load the split changed from one
+    burst of connections to the next (the two workers' CPU 0.8 and 0.7 s in one 2 s burst, 0.7
+    and 0.3 s in another, at 960 and 520 requests/s), and with it the round's throughput.
+    """
+    with contextlib.ExitStack() as stack:
+        started = [stack.enter_context(_gunicorn(app, env, log, threads)) for _ in range(workers)]
+        yield [port for port, _ in started], [pid for _, pids in started for pid in pids]
+
+
+@contextlib.contextmanager
+def _gunicorn(
+    app: str, env: Mapping[str, str], log: Path, threads: int
 ) -> Iterator[tuple[int, list[int]]]:
-    """gunicorn (gthread workers) serving the WSGI ``app`` (``module:callable()``) with ``env``
-    added to the environment, on a socket bound here; yields (port, pids of master and
-    workers)."""
+    """One gunicorn of one gthread worker; yields its port and the pids of master and worker."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -75,7 +93,7 @@ def gunicorn(
         "--worker-class",
         "gthread",
         "--workers",
-        str(workers),
+        "1",
         "--threads",
         str(threads),
         "--no-control-socket",
@@ -93,7 +111,7 @@ def gunicorn(
     sock.close()
     try:
         deadline = time.monotonic() + 30
-        while len(_children(process.pid)) < workers or not _accepts(port):
+        while not _children(process.pid) or not _accepts(port):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gunicorn for {app} did not start; see {log}")
             time.sleep(0.05)
@@ -119,22 +137,19 @@ def _accepts(port: int) -> bool:
     return False
 
 
-def measure(
-    port: int, server_pids: list[int], dsn: str, seconds: float, concurrency: int
-) -> tuple[Result, str]:
-    """One round against a started server: a warm-up, then ``seconds`` of load with the CPU the
-    server and PostgreSQL spent on it; and what a retry got (:func:`probe`)."""
-    asyncio.run(load(port, min(1.0, seconds), concurrency))  # warm-up: pools, caches
-    database_before = database_cpu(database_pids(dsn))
-    server_before = cpu_seconds(server_pids)
-    result = asyncio.run(load(port, seconds, concurrency))
+def _slice(
+    ports: list[int], server_pids: list[int], database: list[int], seconds: float, concurrency: int
+) -> Result:
+    """``seconds`` of load on a started server, with the CPU it and PostgreSQL spent on it."""
+    server_before, database_before = cpu_seconds(server_pids), database_cpu(database)
+    result = asyncio.run(load(ports, seconds, concurrency))
     result.server_cpu = cpu_seconds(server_pids) - server_before
     result.database_cpu = database_cpu_spent(database_before)
-    return result, asyncio.run(probe(port))
+    return result
 
 
-#: Starts one variant's server; yields its port and the processes whose CPU is the server's.
-Serve = Callable[[str], AbstractContextManager[tuple[int, list[int]]]]
+#: Starts one variant's server; yields its ports and the processes whose CPU is the server's.
+Serve = Callable[[str], AbstractContextManager[tuple[list[int], list[int]]]]
 
 
 def alternate(
@@ -146,17 +161,46 @@ def alternate(
     seconds: float,
     concurrency: int,
 ) -> tuple[list[dict[str, Result]], dict[str, str]]:
-    """``rounds`` rounds of every variant, each on a fresh server, every other round in the
-    opposite order (so that neither variant always follows the other); the results per round,
-    and what a retry got from each variant."""
+    """``rounds`` rounds of every variant; the results per round, and what a retry got from each
+    variant.
+
+    Every variant's server runs for the whole measurement, each warmed up first; then the
+    variants take turns, ``SLICE`` seconds of load each, every other turn in the opposite
+    order, until each had ``seconds`` in the round. A neighbour's burst or a drift of the
+    machine's speed then lands on every variant of a round alike, where one variant's seconds
+    after another's would each meet their own.
+    """
+    slices = max(1, round(seconds / SLICE))
     runs: list[dict[str, Result]] = []
-    probes: dict[str, str] = {}
-    for number in range(rounds):
-        runs.append({})
-        for variant in variants if number % 2 == 0 else variants[::-1]:
-            with serve(variant) as (port, pids):
-                runs[-1][variant], probes[variant] = measure(port, pids, dsn, seconds, concurrency)
+    with contextlib.ExitStack() as stack:
+        servers = {variant: stack.enter_context(serve(variant)) for variant in variants}
+        for ports, _ in servers.values():
+            asyncio.run(load(ports, min(1.0, seconds), concurrency))  # warm-up: pools, caches
+        database = database_pids(dsn)
+        for number in range(rounds):
+            order = list(variants if number % 2 == 0 else variants[::-1])
+            totals = {variant: Result() for variant in variants}
+            for turn in range(slices):
+                for variant in order if turn % 2 == 0 else order[::-1]:
+                    ports, pids = servers[variant]
+                    part = _slice(ports, pids, database, seconds / slices, concurrency)
+                    totals[variant].add(part)
+            runs.append(totals)
+        probes = {v: asyncio.run(probe(ports[0])) for v, (ports, _) in servers.items()}
     return runs, probes
+
+
+def served(workers: int, threads: int, concurrency: int, rounds: int, seconds: float) -> str:
+    """How :func:`gunicorn` served and :func:`alternate` measured, for a workload's notes."""
+    turn = seconds / max(1, round(seconds / SLICE))
+    return (
+        f"{workers} gunicorns of one gthread worker x {threads} threads each, "
+        f"{concurrency // workers} of the {concurrency} keep-alive client connections on each "
+        "(the workers of one gunicorn race for connections, and one of them may win all of "
+        f"them); a new key on every request; every variant's servers running throughout, "
+        f"{rounds} round(s) of {seconds:g} s per variant in turns of {turn:g} s interleaved "
+        "across the variants, each variant's best round."
+    )
 
 
 def compare(

@@ -1,7 +1,7 @@
 """Django: the payments app under gunicorn, with pgonce's Idempotency-Key middleware and without.
 
 The same Django app (``bench.django_app``: POST /payments inserts one row with the ORM and answers
-201 with JSON) under one gunicorn (gthread workers, persistent connections), loaded by the
+201 with JSON) under gunicorn (gthread workers, persistent connections), loaded by the
 HTTP/1.1 client of the ASGI middleware's workload at the same concurrency, each request with a new
 key:
 
@@ -14,8 +14,10 @@ key:
   own ``atomic()`` block, in the same round trips (``bench.by_hand``), none of pgonce's code: the
   limit of the target.
 
-Rounds are interleaved (each variant first in every other round); each variant's best round is
-reported, and the target is also judged on the median over the rounds of the ratio within a round.
+Every variant's servers run throughout; in each round the variants take turns of half a second
+(every other turn in the opposite order), so that a drift of the shared machine lands on all of
+them alike. Each variant's best round is reported, and the target is also judged on the median over
+the rounds of the ratio within a round.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from pathlib import Path
 
 from bench.context import BenchContext
 from bench.django_app import SCOPE, TABLE
-from bench.pairs import LIMIT, alternate, cleanup_payments, compare, gunicorn, prepare_payments
+from bench.pairs import (
+    LIMIT,
+    alternate,
+    cleanup_payments,
+    compare,
+    gunicorn,
+    prepare_payments,
+    served,
+)
 from bench.pairs import VARIANTS as PAIR
 from bench.report import Table
 
@@ -68,14 +78,14 @@ def run(ctx: BenchContext) -> list[Table]:
     cleanup_payments(ctx.dsn, ctx.schema, SCOPE, TABLE)
     atomic = [r["pgonce"].rps / r["atomic"].rps for r in runs if r["atomic"].rps > 0]
     notes = [
-        f"gunicorn, {WORKERS} gthread workers x {THREADS} threads, persistent connections "
-        f"(CONN_MAX_AGE=None); {CONCURRENCY} keep-alive client connections, a new key on every "
-        f"request; {rounds} interleaved round(s) of {seconds:g} s, each variant's best round. "
-        "Server CPU is gunicorn's master and workers; PostgreSQL CPU its backends and "
+        f"{served(WORKERS, THREADS, CONCURRENCY, rounds, seconds)} Persistent database "
+        "connections (CONN_MAX_AGE=None). "
+        "Server CPU is gunicorn's masters and workers; PostgreSQL CPU its backends and "
         "background processes, both per request over the measured round.",
-        "Django + pgonce does more per request than Django alone: BEGIN, the claim, the row, "
-        "the stored response and COMMIT in one transaction, against an autocommit INSERT. "
-        "Against the app alone with ATOMIC_REQUESTS (the same transaction, no key), median "
-        f"round: {100 * statistics.median(atomic):.0f} %.",
+        "Round trips per request (libpq's trace of one request): Django alone 1, an autocommit "
+        "INSERT; ATOMIC_REQUESTS 3, BEGIN, the INSERT and COMMIT each alone; Django + pgonce 3, "
+        "BEGIN with the claim, the INSERT, the stored response with COMMIT, in one transaction. "
+        "Against the app alone with ATOMIC_REQUESTS (the same transaction and round trips, no "
+        f"key), median round: {100 * statistics.median(atomic):.0f} %.",
     ]
     return compare(TITLE, LABELS, runs, probes, notes)

@@ -1,7 +1,7 @@
 """Flask: the payments app under gunicorn, with pgonce's WSGI middleware and without.
 
 The same Flask app (``bench.flask_app``: POST /payments inserts one row on a psycopg pool
-connection and answers 201 with JSON) under one gunicorn (gthread workers), loaded by the HTTP/1.1
+connection and answers 201 with JSON) under gunicorn (gthread workers), loaded by the HTTP/1.1
 client of the ASGI middleware's workload at the same concurrency, each request with a new key:
 
 - ``Flask alone``: the reference, the app as a Flask app writes through a psycopg pool created
@@ -18,8 +18,10 @@ The target compares the app with pgonce and without it on the same pool, with th
 connection settings; the ratio to the autocommit pool, which has no transaction at all, is
 stated beside it.
 
-Rounds are interleaved (each variant first in every other round); each variant's best round is
-reported, and the target is also judged on the median over the rounds of the ratio within a round.
+Every variant's servers run throughout; in each round the variants take turns of half a second
+(every other turn in the opposite order), so that a drift of the shared machine lands on all of
+them alike. Each variant's best round is reported, and the target is also judged on the median over
+the rounds of the ratio within a round.
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from pathlib import Path
 
 from bench.context import BenchContext
 from bench.flask_app import SCOPE, TABLE
-from bench.pairs import LIMIT, alternate, cleanup_payments, compare, gunicorn, prepare_payments
+from bench.pairs import (
+    LIMIT,
+    alternate,
+    cleanup_payments,
+    compare,
+    gunicorn,
+    prepare_payments,
+    served,
+)
 from bench.pairs import VARIANTS as PAIR
 from bench.report import Table
 
@@ -75,10 +85,9 @@ def run(ctx: BenchContext) -> list[Table]:
     cleanup_payments(ctx.dsn, ctx.schema, SCOPE, TABLE)
     bare = [r["pgonce"].rps / r["autocommit"].rps for r in runs if r["autocommit"].rps > 0]
     notes = [
-        f"gunicorn, {WORKERS} gthread workers x {THREADS} threads, a psycopg_pool.ConnectionPool "
-        f"of {THREADS} connections per worker; {CONCURRENCY} keep-alive client connections, a "
-        f"new key on every request; {rounds} interleaved round(s) of {seconds:g} s, each "
-        "variant's best round. Server CPU is gunicorn's master and workers; PostgreSQL CPU its "
+        f"{served(WORKERS, THREADS, CONCURRENCY, rounds, seconds)} A "
+        f"psycopg_pool.ConnectionPool of {THREADS} connections per worker. "
+        "Server CPU is gunicorn's masters and workers; PostgreSQL CPU its "
         "backends and background processes, both per request over the measured round.",
         "Every variant's pool is created with psycopg's default connection settings but the "
         "autocommit pool's. Flask alone runs BEGIN, the INSERT and COMMIT (three round trips); "

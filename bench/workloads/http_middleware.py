@@ -22,17 +22,20 @@ the same concurrency, each request with a new key (the path every real request t
 
 The load generator is a small keep-alive HTTP/1.1 client on raw asyncio streams, so that it uses
 a fraction of the CPU that the server does (the machine is shared by client, server and database).
-Variants run in interleaved rounds, so that drift on a shared machine hits all of them alike, and
-each variant's best round is reported. Each pgonce variant runs right next to the reference it is
-compared with, every other round in the opposite order, and the targets are also judged on the
-median over the rounds of the two's ratio within a round: measured side by side, the pair shares
-whatever slowed the machine then, where the best rounds of two variants may come from different
-minutes (and the best of several noisy rounds favours the noisier variant).
+Every variant's server runs for the whole measurement. Variants run in interleaved rounds, and
+within a round they take turns of half a second each, so that drift on a shared machine hits all
+of them alike; each variant's best round is reported. Each pgonce variant runs right next to the
+reference it is compared with, every other turn and round in the opposite order, and the targets
+are also judged on the median over the rounds of the two's ratio within a round: measured side
+by side, the pair shares whatever slowed the machine then, where the best rounds of two variants
+may come from different minutes (and the best of several noisy rounds favours the noisier
+variant).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import math
@@ -42,7 +45,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +104,9 @@ LABELS = {
 }
 CONCURRENCY = 8
 POOL_SIZE = 8
+#: How long one variant runs before the next in a round: a round's load is cut into slices of
+#: this length, the variants' slices interleaved.
+SLICE = 0.5
 TABLE = "bench_http_payments"
 SCOPE_PREFIX = "bench-http:"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -295,6 +301,16 @@ class Result:
     #: WAL the server wrote meanwhile (its WAL position before and after).
     wal_bytes: int = 0
 
+    def add(self, part: Result) -> None:
+        """Count ``part`` (a slice of the same round) in this result."""
+        self.latencies.extend(part.latencies)
+        for status, count in part.statuses.items():
+            self.statuses[status] = self.statuses.get(status, 0) + count
+        self.seconds += part.seconds
+        self.server_cpu += part.server_cpu
+        self.database_cpu += part.database_cpu
+        self.wal_bytes += part.wal_bytes
+
     def per_request_us(self, cpu: float) -> str:
         return f"{cpu / len(self.latencies) * 1e6:.0f}" if self.latencies else "-"
 
@@ -340,15 +356,21 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, 
 
 
 async def load(
-    port: int, seconds: float, concurrency: int = CONCURRENCY, *, count: float = math.inf
+    port: int | Sequence[int],
+    seconds: float,
+    concurrency: int = CONCURRENCY,
+    *,
+    count: float = math.inf,
 ) -> Result:
     """``concurrency`` keep-alive connections, each sending new-key POSTs back to back, for
-    ``seconds`` or until ``count`` requests were sent."""
+    ``seconds`` or until ``count`` requests were sent; given several ports (one server process
+    on each), the connections are dealt out over them in turn."""
     result = Result()
     stop_at = time.perf_counter() + seconds
     budget = [count]
+    ports = [port] if isinstance(port, int) else list(port)
 
-    async def client() -> None:
+    async def client(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             while time.perf_counter() < stop_at and budget[0] > 0:
@@ -363,7 +385,7 @@ async def load(
             writer.close()
 
     started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    await asyncio.gather(*(client(ports[n % len(ports)]) for n in range(concurrency)))
     result.seconds = time.perf_counter() - started
     return result
 
@@ -430,31 +452,45 @@ def run(ctx: BenchContext) -> list[Table]:
     if not redis_up():
         skipped["asgi-idempotency-header"] = "Redis is not reachable on 127.0.0.1:6379"
     variants = [v for v in VARIANTS if v not in skipped]
-    rounds = ctx.pick(7, short=2, quick=1)
+    rounds = ctx.pick(7, short=3, quick=1)
     seconds = ctx.seconds(5)
+    slices = max(1, round(seconds / SLICE))
     runs: list[dict[str, Result]] = []
     probes: dict[str, str] = {}
-    for number in range(rounds):
-        runs.append({})
-        # Every other round in the opposite order: a variant and its reference run side by side,
-        # each first as often as second (a drift within a round favours neither).
-        for variant in variants if number % 2 == 0 else variants[::-1]:
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, tuple[int, int]] = {}
+        for variant in variants:
             try:
                 env = {"BENCH_HTTP_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
-                with serve_process(FACTORY, env, log) as (port, pid):
-                    asyncio.run(load(port, min(1.0, seconds)))  # warm-up: pools, caches, JIT-less
-                    database_before = database_cpu(database_pids(ctx.dsn))
-                    server_before = cpu_seconds([pid])
+                port, pid = servers[variant] = stack.enter_context(serve_process(FACTORY, env, log))
+                asyncio.run(load(port, min(1.0, seconds)))  # warm-up: pools, caches, JIT-less
+            except (RuntimeError, OSError) as error:
+                servers.pop(variant, None)
+                skipped[variant] = f"did not run: {error}"
+        database = database_pids(ctx.dsn)
+        running = [v for v in variants if v in servers]
+        for number in range(rounds):
+            # Every other round in the opposite order, and within a round the variants take
+            # turns of SLICE seconds, every other turn in the opposite order: a variant and its
+            # reference run side by side, each first as often as second, and a drift or a
+            # neighbour's burst lands on every variant of the round alike.
+            order = running if number % 2 == 0 else running[::-1]
+            runs.append({variant: Result() for variant in running})
+            for turn in range(slices):
+                for variant in order if turn % 2 == 0 else order[::-1]:
+                    port, pid = servers[variant]
+                    server_before, database_before = cpu_seconds([pid]), database_cpu(database)
                     wal_before = wal_position(ctx.dsn)
-                    result = asyncio.run(load(port, seconds))
+                    result = asyncio.run(load(port, seconds / slices))
                     result.server_cpu = cpu_seconds([pid]) - server_before
                     result.database_cpu = database_cpu_spent(database_before)
                     result.wal_bytes = wal_position(ctx.dsn) - wal_before
-                    runs[-1][variant] = result
-                    if variant not in probes:
-                        probes[variant] = asyncio.run(probe(port))
-            except (RuntimeError, OSError) as error:
-                skipped[variant] = f"did not run: {error}"
+                    runs[-1][variant].add(result)
+        for variant in running:
+            try:
+                probes[variant] = asyncio.run(probe(servers[variant][0]))
+            except OSError as error:
+                probes[variant] = f"did not answer: {error}"
     cleanup(ctx)
     # Each variant's best round: a neighbour's burst slows whichever variant it lands on.
     results = {
@@ -501,12 +537,13 @@ def run(ctx: BenchContext) -> list[Table]:
             probes.get(variant, "?"),
         )
     table.notes.append(
-        f"One uvicorn process per variant, {CONCURRENCY} keep-alive connections, a new "
-        f"Idempotency-Key on every request, {rounds} interleaved round(s) of {seconds:g} s each, "
+        f"One uvicorn process per variant, all running throughout, {CONCURRENCY} keep-alive "
+        f"connections, a new Idempotency-Key on every request, {rounds} round(s) of {seconds:g} s "
+        f"per variant, in turns of {seconds / slices:g} s interleaved across the variants, "
         f"each variant's best round reported (a neighbour's burst slows whichever variant it "
         f"lands on); 'throughput, median round' is the median over the rounds of the variant's "
         f"rate over no middleware's in the same round. Each pgonce variant runs right beside "
-        f"the endpoint it is compared with, every other round in the opposite order; pools of "
+        f"the endpoint it is compared with, every other turn in the opposite order; pools of "
         f"{POOL_SIZE} connections. 'retry' is what a second identical request got."
     )
     table.notes.append(

@@ -11,8 +11,10 @@ concurrency, each request with a new key:
   endpoint's session is ``idempotent_session``, on the middleware's connection, and flushes; the
   claim, the row and the stored response commit in one transaction.
 
-Rounds are interleaved (each variant first in every other round); each variant's best round is
-reported, and the target is also judged on the median over the rounds of the ratio within a round.
+Every variant's server runs throughout; in each round the variants take turns of half a second
+(every other turn in the opposite order), so that a drift of the shared machine lands on all of
+them alike. Each variant's best round is reported, and the target is also judged on the median over
+the rounds of the ratio within a round.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from bench.context import BenchContext
 from bench.pairs import VARIANTS, alternate, cleanup_payments, compare, prepare_payments
 from bench.report import Table
 from bench.servers import serve_process
+from bench.workloads.http_middleware import SLICE
 from pgonce.contrib.sqlalchemy import EngineConnections, idempotent_session
 from pgonce.http import IdempotencyMiddleware
 
@@ -125,10 +128,10 @@ def run(ctx: BenchContext) -> list[Table]:
     seconds = ctx.pick(5.0, short=4.0, quick=1.0)
 
     @contextlib.contextmanager
-    def serve(variant: str) -> Iterator[tuple[int, list[int]]]:
+    def serve(variant: str) -> Iterator[tuple[list[int], list[int]]]:
         env = {"BENCH_SQLALCHEMY_VARIANT": variant, "BENCH_HTTP_DSN": ctx.dsn}
         with serve_process(FACTORY, env, log) as (port, pid):
-            yield port, [pid]
+            yield [port], [pid]
 
     runs, probes = alternate(
         VARIANTS, serve, ctx.dsn, rounds=rounds, seconds=seconds, concurrency=CONCURRENCY
@@ -137,7 +140,9 @@ def run(ctx: BenchContext) -> list[Table]:
     notes = [
         f"One uvicorn process per variant, an AsyncEngine on psycopg 3 with a pool of "
         f"{POOL_SIZE}; {CONCURRENCY} keep-alive client connections, a new key on every request; "
-        f"{rounds} interleaved round(s) of {seconds:g} s, each variant's best round. Server CPU "
+        f"every variant's server running throughout, {rounds} round(s) of {seconds:g} s per "
+        f"variant in turns of {SLICE:g} s interleaved across the variants, each variant's best "
+        "round. Server CPU "
         "is the uvicorn process's; PostgreSQL CPU its backends on this database and its "
         "background processes, both per request over the measured round.",
         "With pgonce the request does more: BEGIN and the claim, the ORM's INSERT, the stored "
