@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 
 from bench.clients import pgbench_command, wal_position
-from bench.servers import cpu_seconds
+from bench.servers import backend_cpu
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def server_cpu(pm: int) -> float:
             children = [int(pid) for pid in listing.read().split()]
     except OSError:
         children = []
-    return _exited_children(pm) + cpu_seconds([pm, *children])
+    return _exited_children(pm) + sum(backend_cpu(pid) for pid in (pm, *children))
 
 
 def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:

@@ -86,23 +86,29 @@ def serve_process(
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds the live process ``pid`` has spent (0 once it exited).
-
-    From ``/proc/<pid>/schedstat`` (nanoseconds) where the kernel keeps it: ``/proc/<pid>/stat``
-    counts in clock ticks (10 ms), which over a round of a few seconds is a large share of a
-    backend's CPU, and a sum over eight backends carries eight such errors.
-    """
-    try:
-        with open(f"/proc/{pid}/schedstat") as schedstat:
-            return int(schedstat.read().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        pass  # no schedstat (a kernel without it) or the process exited: stat says which
+    """CPU seconds the live process ``pid`` has spent, all its threads, those that ended
+    included (0 once it exited): ``/proc/<pid>/stat``, in clock ticks (10 ms)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0  # exited meanwhile
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu(pid: int) -> float:
+    """CPU seconds a PostgreSQL process (one thread: a backend, the WAL writer...) has spent.
+
+    From ``/proc/<pid>/schedstat``, in nanoseconds, where the kernel keeps it: stat's clock
+    ticks (10 ms) are a large share of what a backend spends in a round of a few seconds, and a
+    sum over eight backends carries eight such errors. schedstat counts the process's first
+    thread only, which for PostgreSQL's processes is all of them.
+    """
+    try:
+        with open(f"/proc/{pid}/schedstat") as schedstat:
+            return int(schedstat.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return process_cpu(pid)  # no schedstat in this kernel, or exited: stat says which
 
 
 def cpu_seconds(pids: Iterable[int]) -> float:
@@ -124,7 +130,7 @@ def database_pids(dsn: str) -> list[int]:
 def database_cpu(pids: Iterable[int]) -> dict[int, float]:
     """Each process's CPU seconds so far: the reading before a round, for
     :func:`database_cpu_spent`."""
-    return {pid: cpu_seconds([pid]) for pid in pids}
+    return {pid: backend_cpu(pid) for pid in pids}
 
 
 def database_cpu_spent(before: dict[int, float]) -> float:
@@ -134,7 +140,7 @@ def database_cpu_spent(before: dict[int, float]) -> float:
     spent = 0.0
     for pid, seconds in before.items():
         if os.path.exists(f"/proc/{pid}"):
-            spent += cpu_seconds([pid]) - seconds
+            spent += backend_cpu(pid) - seconds
     return spent
 
 
