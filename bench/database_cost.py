@@ -46,9 +46,7 @@ class Cost:
 
 
 #: Figures of the middleware workload of this run: "cpu", "cpu_bare" (µs/req), "wal",
-#: "wal_bare" (bytes/req), "best", "median" (throughput over no middleware); and the same for
-#: the key store's statements alone over no middleware: "limit_cpu" (PostgreSQL CPU per request,
-#: ×), "limit_best", "limit_median" (throughput).
+#: "wal_bare" (bytes/req), "best", "median" (throughput over no middleware).
 MIDDLEWARE: dict[str, float] = {}
 
 

@@ -596,17 +596,6 @@ def _database_cost(results: dict[str, Result], runs: list[dict[str, Result]]) ->
     )
     if (median := paired(runs, "pgonce", "none-dependency")) is not None:
         MIDDLEWARE["median"] = median
-    # The floor of the one-transaction design against the app it is compared with (both take
-    # their connection by hand): the targets' limits.
-    floor, by_hand = results.get("pgonce-floor"), results.get("none")
-    if floor and by_hand and floor.latencies and by_hand.latencies and by_hand.rps:
-        MIDDLEWARE.update(
-            limit_cpu=(floor.database_cpu / len(floor.latencies))
-            / (by_hand.database_cpu / len(by_hand.latencies)),
-            limit_best=floor.rps / by_hand.rps,
-        )
-        if (limit_median := paired(runs, "pgonce-floor", "none")) is not None:
-            MIDDLEWARE["limit_median"] = limit_median
 
 
 def _installed(preferred: str, fallback: str) -> str:

@@ -717,25 +717,6 @@ def _cost_limits(
             "primary-key and by-age entries, and the response written into it, with none of "
             "pgonce's statements",
         )
-    if "limit_cpu" in MIDDLEWARE:
-        table.add(
-            "PostgreSQL CPU per request, middleware vs the bare app",
-            "≤ 1.50 ×",
-            f"{MIDDLEWARE['limit_cpu']:.2f} ×",
-            "the key store's statements alone around the same endpoint (the HTTP table's first "
-            "row, over no middleware): BEGIN, the claim, the stored response and COMMIT around "
-            "the app's INSERT, none of the middleware's Python; what those statements cost "
-            "against the least a key store writes is the database cost table's",
-        )
-    for name, figure in (("best round", "limit_best"), ("median round", "limit_median")):
-        if figure in MIDDLEWARE:
-            table.add(
-                f"middleware throughput vs no middleware ({name})",
-                "≥ 95 %",
-                f"{100 * MIDDLEWARE[figure]:.0f} %",
-                "the same: the claim and the stored response in the request's transaction, "
-                "which the guarantee needs, whatever code sends them",
-            )
     for figure, target, batches, floor in (
         ("fresh key through once() + op.execute() vs the Python floor", 0.90, floors[2], floors[0]),
         ("replay through once() vs the Python floor", 0.85, floors[3], floors[1]),
