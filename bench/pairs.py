@@ -20,7 +20,7 @@ import psycopg
 
 from bench.report import Table, Targets, percentile, ratio
 from bench.servers import ROOT, cpu_seconds, database_cpu, database_cpu_spent, database_pids
-from bench.workloads.http_middleware import SLICE, Result, load, probe
+from bench.workloads.http_middleware import SLICE, Result, load, paired, probe, round_ratios
 
 #: The two variants every adapter's workload compares: the app alone, and behind pgonce.
 VARIANTS = ("none", "pgonce")
@@ -214,7 +214,7 @@ def compare(
     against the app alone's, on the best rounds and on the median of the rounds' ratios."""
     # Every variant labelled (the pair, and any reference a workload adds beside it).
     best = {v: max((r[v] for r in runs), key=lambda result: result.rps) for v in labels}
-    ratios = [r["pgonce"].rps / r["none"].rps for r in runs if r["none"].rps > 0]
+    ratios = round_ratios(runs, "pgonce", "none")
     reference = best["none"]
     table = Table(
         title,
@@ -266,7 +266,7 @@ def _limit(
     alone, and pgonce against it, best rounds and median round."""
 
     def median(top: str, bottom: str) -> float:
-        return statistics.median(r[top].rps / r[bottom].rps for r in runs if r[bottom].rps > 0)
+        return paired(runs, top, bottom) or 0.0
 
     def best_of(top: str, bottom: str) -> float:
         return best[top].rps / best[bottom].rps

@@ -22,7 +22,6 @@ the rounds of the ratio within a round.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from bench.pairs import (
 )
 from bench.pairs import VARIANTS as PAIR
 from bench.report import Table
+from bench.workloads.http_middleware import paired
 
 TITLE = "Django: Idempotency-Key middleware under a WSGI server"
 
@@ -76,7 +76,6 @@ def run(ctx: BenchContext) -> list[Table]:
         concurrency=CONCURRENCY,
     )
     cleanup_payments(ctx.dsn, ctx.schema, SCOPE, TABLE)
-    atomic = [r["pgonce"].rps / r["atomic"].rps for r in runs if r["atomic"].rps > 0]
     notes = [
         f"{served(WORKERS, THREADS, CONCURRENCY, rounds, seconds)} Persistent database "
         "connections (CONN_MAX_AGE=None). "
@@ -86,17 +85,16 @@ def run(ctx: BenchContext) -> list[Table]:
         "INSERT; ATOMIC_REQUESTS 3, BEGIN, the INSERT and COMMIT each alone; Django + pgonce 3, "
         "BEGIN with the claim, the INSERT, the stored response with COMMIT, in one transaction. "
         "Against the app alone with ATOMIC_REQUESTS (the same transaction and round trips, no "
-        f"key), median round: {100 * statistics.median(atomic):.0f} %.",
+        f"key), median round: {100 * (paired(runs, 'pgonce', 'atomic') or 0):.0f} %.",
     ]
     tables = compare(TITLE, LABELS, runs, probes, notes)
-    alone = [r["atomic"].rps / r["none"].rps for r in runs if r["none"].rps > 0]
     best = max(r["atomic"].rps for r in runs) / max(r["none"].rps for r in runs)
     # The target's other limit: the view in the transaction the guarantee needs, with no key.
     tables[-1].notes.append(
         f"The guarantee's own limit: {LABELS['atomic']} (the view in a transaction, the one "
         "pgonce's claim and stored response join, and no key) runs at "
         f"{100 * best:.0f} % of {LABELS['none']} (best rounds; median round "
-        f"{100 * statistics.median(alone):.0f} %): no adapter that commits the key with the "
-        "view's writes does better than the view's own transaction."
+        f"{100 * (paired(runs, 'atomic', 'none') or 0):.0f} %): no adapter that commits the key "
+        "with the view's writes does better than the view's own transaction."
     )
     return tables

@@ -45,7 +45,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -608,7 +608,7 @@ def _installed(preferred: str, fallback: str) -> str:
 WITHOUT = {"pgonce": "none-dependency", "pgonce-request": "none"}
 
 
-def round_ratios(runs: list[dict[str, Result]], variant: str, reference: str) -> list[float]:
+def round_ratios(runs: Sequence[Mapping[str, Result]], variant: str, reference: str) -> list[float]:
     """``variant``'s requests/s over ``reference``'s, in each round in which both ran."""
     return [
         r[variant].rps / r[reference].rps
@@ -617,7 +617,7 @@ def round_ratios(runs: list[dict[str, Result]], variant: str, reference: str) ->
     ]
 
 
-def paired(runs: list[dict[str, Result]], variant: str, reference: str) -> float | None:
+def paired(runs: Sequence[Mapping[str, Result]], variant: str, reference: str) -> float | None:
     """The median over the rounds of ``variant``'s requests/s over ``reference``'s in that round.
 
     Each round's two figures were measured side by side, so what slowed the machine during that
