@@ -176,13 +176,41 @@ def _reset_naming() -> None:
     _naming.unnamed = False
 
 
-_sessions: weakref.WeakKeyDictionary[PGconn, _Session] = weakref.WeakKeyDictionary()
+class _Sessions:
+    """The sessions by connection (``PGconn``), each dropped when its connection goes.
+
+    A dict keyed by the connection's ``id()``, the entry removed by a finalizer of the
+    connection: the id cannot be taken by another object before that finalizer has run. A
+    ``WeakKeyDictionary`` did the same with a Python call and a new weak reference at every
+    lookup, two per batch.
+    """
+
+    __slots__ = ("by_id",)
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, _Session] = {}
+
+    def get(self, pgconn: PGconn) -> _Session | None:
+        return self.by_id.get(id(pgconn))
+
+    def __getitem__(self, pgconn: PGconn) -> _Session:
+        return self.by_id[id(pgconn)]
+
+    def add(self, pgconn: PGconn) -> _Session:
+        key = id(pgconn)
+        session = self.by_id[key] = _Session()
+        weakref.finalize(pgconn, self.by_id.pop, key, None)
+        return session
+
+
+_sessions = _Sessions()
+_by_id = _sessions.by_id
 
 
 def _session(pgconn: PGconn) -> _Session:
-    session = _sessions.get(pgconn)
+    session = _by_id.get(id(pgconn))
     if session is None:
-        session = _sessions[pgconn] = _Session()
+        session = _sessions.add(pgconn)
     return session
 
 
@@ -430,7 +458,7 @@ def round_trip(
         except BaseException:
             _abandon(conn, session)
             raise
-    return _settle(session, preparing, results)
+    return _settle(session, preparing, results) if preparing else results
 
 
 async def async_round_trip(
@@ -445,7 +473,11 @@ async def async_round_trip(
     ``named`` false sends every statement unnamed; ``always`` names them on a connection whose
     ``prepare_threshold`` is None too (see :func:`_queue`).
     """
-    async with conn.lock:
+    # acquire() and release() rather than ``async with``: the lock's __aenter__ and __aexit__
+    # are two more coroutines per round trip around the same calls.
+    lock = conn.lock
+    await lock.acquire()
+    try:
         session = _begin_batch(conn)
         try:
             count, preparing = _queue(conn, session, commands, named, always)
@@ -453,7 +485,9 @@ async def async_round_trip(
         except BaseException:
             _abandon(conn, session)
             raise
-    return _settle(session, preparing, results)
+    finally:
+        lock.release()
+    return _settle(session, preparing, results) if preparing else results
 
 
 def _begin_batch(conn: psycopg.BaseConnection[Any]) -> _Session:
