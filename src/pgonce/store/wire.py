@@ -685,9 +685,19 @@ def caller_command(
     if params is not None and type(query) in _CACHED_KINDS:
         converted = _converted(transformer, query)
         if converted is not None:
-            values = PostgresQuery.validate_and_reorder_params(
-                converted.parts, params, converted.order
-            )
+            # psycopg's check of the parameters against the placeholders, without its two calls
+            # where it passes: a list or tuple for as many positional placeholders. Anything
+            # else goes through psycopg's own check, which raises what conn.execute() would.
+            if (
+                converted.order is None
+                and (type(params) is tuple or type(params) is list)
+                and len(params) == converted.count
+            ):
+                values: Sequence[Any] = params
+            else:
+                values = PostgresQuery.validate_and_reorder_params(
+                    converted.parts, params, converted.order
+                )
             dumped = transformer.dump_sequence(values, converted.want_formats)
             shape = (transformer.types or (), tuple(transformer.formats or ()))
             statement = converted.statements.get(shape)
@@ -712,6 +722,8 @@ class _Converted:
     want_formats: list[Any]
     order: list[str] | None
     parts: list[Any]
+    #: The query's placeholders.
+    count: int
     #: The statement by the parameters' (types, formats), which the dumpers decide per call.
     statements: dict[tuple[tuple[int, ...], tuple[int, ...]], Statement] = field(
         default_factory=dict
@@ -732,7 +744,8 @@ def _converted(transformer: AdaptTransformer, query: QueryNoTemplate) -> _Conver
     sql, want_formats, order, parts = _query2pg_nocache(raw, encoding)
     if len(_CONVERTED) >= MAX_CALLER_STATEMENTS:
         _CONVERTED.clear()
-    converted = _CONVERTED[key] = _Converted(sql, want_formats, order, parts)  # type: ignore[index]
+    converted = _Converted(sql, want_formats, order, parts, len(parts) - 1)
+    _CONVERTED[key] = converted  # type: ignore[index]
     return converted
 
 
@@ -782,12 +795,36 @@ def headers_json(headers: Iterable[tuple[str, str]]) -> bytes:
 
     What ``json.dumps`` writes (compact, ASCII), built from its own string quoting: the
     encoder's general path costs more than the few pairs of a response.
+
+    A tuple of them (what a :class:`~pgonce.Response` holds) is encoded once and then found by
+    value: an application answers with few distinct sets of headers, and the lookup costs a
+    fifth of the encoding.
     """
+    if type(headers) is tuple:
+        try:
+            known = _HEADERS_JSON.get(headers)
+        except TypeError:  # an unhashable member: encoded below, and not kept
+            known = None
+            headers = list(headers)
+        if known is not None:
+            return known
     try:
         pairs = ",".join([f"[{_quote(name)},{_quote(value)}]" for name, value in headers])
     except TypeError:  # not str pairs: let the encoder say what it makes of them
         return json_text([list(pair) for pair in headers])
-    return f"[{pairs}]".encode()
+    encoded = f"[{pairs}]".encode()
+    if type(headers) is tuple and all(
+        type(pair) is tuple and type(pair[0]) is str and type(pair[1]) is str for pair in headers
+    ):
+        if len(_HEADERS_JSON) >= MAX_HEADER_SETS:
+            _HEADERS_JSON.clear()
+        _HEADERS_JSON[headers] = encoded
+    return encoded
+
+
+#: The encoded headers by the tuple of pairs they encode; at most MAX_HEADER_SETS, then anew.
+_HEADERS_JSON: dict[tuple[tuple[str, str], ...], bytes] = {}
+MAX_HEADER_SETS = 256
 
 
 _quote = json.encoder.encode_basestring_ascii

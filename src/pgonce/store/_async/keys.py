@@ -340,20 +340,26 @@ class AsyncKeyStore:
             if conn.pgconn.transaction_status == _IDLE:
                 return False  # begin() already ended it
             commands.append(_COMMIT)
-        elif not self.stores(response):
+        elif (
+            response is not None
+            and (status := response.status) is not None
+            and status >= 500
+            and not self.store_server_errors
+        ):  # not stored (stores(), written out: this runs for every fresh key)
             commands.append((wire.ROLLBACK, wire.NO_PARAMS))
         else:
             for query, params in writes:
                 commands.append(wire.caller_command(conn, query, params))
             stored = response or _NO_RESPONSE
             encoding = wire.encoding(conn)
+            status = stored.status
             completion = (
                 claim.scope.encode(encoding),
                 claim.key.encode(encoding),
-                wire.number(stored.status),
+                None if status is None else b"%d" % status,  # wire.number(), written out
                 wire.headers_json(stored.headers),
                 stored.body,
-                wire.timestamp(now),
+                None if now is None else wire.timestamp(now),
             )
             if claim.row is None:  # a claim() of this transaction, not begin()'s
                 commands.append((self._complete_batched, completion))
