@@ -68,6 +68,20 @@ class Response:
     def from_stored(
         cls, status: int | None, headers: Sequence[Sequence[str]] | None, body: bytes | None
     ) -> Response:
+        body = body if type(body) is bytes else bytes(body or b"")
+        if type(headers) is tuple and cls is Response and (status is None or type(status) is int):
+            # The key store's replays: its pairs are (name, value) tuples of str already. Checked
+            # here all the same (a plain loop), for a tuple from anywhere else.
+            for pair in headers:
+                if (
+                    type(pair) is not tuple
+                    or len(pair) != 2
+                    or type(pair[0]) is not str
+                    or type(pair[1]) is not str
+                ):
+                    break
+            else:
+                return _checked_response(status, headers, body)
         pairs = []
         # A plain loop (this runs for every replay): the pairs as stored, [name, value] lists
         # of str, become tuples as they are; anything else is made str, as it always was.
@@ -79,7 +93,6 @@ class Response:
                     continue
             name, value = pair
             pairs.append((str(name), str(value)))
-        body = body if type(body) is bytes else bytes(body or b"")
         if cls is Response and (status is None or type(status) is int):
             return _checked_response(status, tuple(pairs), body)
         return cls(status, tuple(pairs), body)

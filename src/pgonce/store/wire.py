@@ -865,9 +865,49 @@ def stored_row(stored: PGresult, encoding: str) -> ClaimRow:
         _time(value(0, 1)),
         _time(value(0, 2)),
         _int(value(0, 3)),
-        None if headers is None else _json_value(bytes(headers)[1:].decode(encoding)),
+        None if headers is None else _stored_headers(headers, encoding),
         _bytes(value(0, 5)),
     )
+
+
+def _stored_headers(stored: bytes, encoding: str) -> Any:
+    """A stored response's headers (jsonb in binary: a version byte, then the text).
+
+    As ``(name, value)`` tuples of str when they are such pairs, which a replay's
+    :class:`~pgonce.Response` then takes as they are; anything else as parsed. An application
+    stores few distinct sets of headers, so a UTF-8 connection's are parsed once and then found
+    by their bytes (at most MAX_HEADER_SETS of them): a dict lookup rather than a decode, a
+    parse and a list per pair for every replay.
+    """
+    if encoding != "utf-8":
+        return _header_pairs(_json_value(bytes(stored)[1:].decode(encoding)))
+    known = _STORED_HEADERS.get(stored)
+    if known is not None:
+        return known
+    stored = bytes(stored)
+    headers = _header_pairs(_json_value(stored[1:].decode(encoding)))
+    if type(headers) is tuple:
+        if len(_STORED_HEADERS) >= MAX_HEADER_SETS:
+            _STORED_HEADERS.clear()
+        _STORED_HEADERS[stored] = headers
+    return headers
+
+
+def _header_pairs(value: Any) -> Any:
+    """``value`` as a tuple of ``(name, value)`` str tuples if it is a list of such pairs."""
+    if type(value) is not list:
+        return value
+    for pair in value:
+        if type(pair) is not list or len(pair) != 2:
+            return value
+        name, text = pair
+        if type(name) is not str or type(text) is not str:
+            return value
+    return tuple([(name, text) for name, text in value])
+
+
+#: The stored headers of UTF-8 connections by their bytes, as _stored_headers gives them.
+_STORED_HEADERS: dict[bytes, Any] = {}
 
 
 def _json_value(text: str) -> Any:
