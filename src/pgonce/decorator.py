@@ -338,6 +338,9 @@ class _Call(Generic[P]):
         self.keywords = frozenset(p.name for p in parameters if p.kind != kinds.POSITIONAL_ONLY)
         self.defaults = {p.name: p.default for p in parameters if p.default is not kinds.empty}
         self.required = frozenset(p.name for p in parameters if p.default is kinds.empty)
+        #: Every parameter can be given by position: a call that gives them all so, and no
+        #: keyword, names each one exactly once.
+        self.all_positional = self.plain and len(self.positional) == len(signature.parameters)
 
     def claim(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, bytes]:
         """The call's connection, key and fingerprint."""
@@ -363,6 +366,11 @@ class _Call(Generic[P]):
         fingerprint. Any other call is bound, which raises the TypeError the function would.
         """
         names = self.positional
+        if not kwargs and self.all_positional and len(args) == len(names):
+            # Every argument given by position (the usual call): nothing to merge or check.
+            payload = dict(zip(names, args, strict=True))
+            del payload[self.conn.name]
+            return payload
         if self.plain and len(args) <= len(names):
             given = dict(zip(names, args, strict=False))
             keywords = kwargs.keys()
