@@ -77,6 +77,10 @@ _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _CONNECTION_OK = pq.ConnStatus.OK
 _PIPELINE_OFF = pq.PipelineStatus.OFF
+# Likewise the waits, looked up twice a round trip; exchange() yields these very members, so
+# _drive() tells a wait for the answers by identity rather than by IntEnum's comparison.
+_WAIT_R, _WAIT_W, _WAIT_RW = Wait.R, Wait.W, Wait.RW
+_READY_R, _READY_W = Ready.R, Ready.W
 # (Module constants, not pq.ExecStatus.X at each use: an enum class's attribute costs a thousand
 # client instructions to look up, and these are read several times a round trip.)
 # At most this many statements prepared per connection (a caller's queued writes included); more
@@ -350,15 +354,15 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
     before the answer came would be a system call for nothing.
     """
     while pgconn.flush():
-        ready = yield Wait.RW
-        if ready & Ready.R:
+        ready = yield _WAIT_RW
+        if ready & _READY_R:
             pgconn.consume_input()
     results: list[PGresult] = []
     ended = 0  # statements whose result and end marker were read
     last: PGresult | None = None
     while True:
         while pgconn.is_busy():
-            yield Wait.R
+            yield _WAIT_R
             try:
                 pgconn.consume_input()
             except psycopg.OperationalError:
@@ -524,7 +528,7 @@ async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn, session: _Session) 
         wait = next(gen)
         while True:
             future: asyncio.Future[Ready] = loop.create_future()
-            if wait == Wait.R and (watch := _watch(pgconn, session, loop)) is not None:
+            if wait is _WAIT_R and (watch := _watch(pgconn, session, loop)) is not None:
                 watch.wait(future)
                 try:
                     ready = await future
@@ -532,16 +536,16 @@ async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn, session: _Session) 
                     watch.waiter = None
             else:
                 fileno = pgconn.socket
-                if wait & Wait.W:
-                    loop.add_writer(fileno, _wake, future, Ready.W)
-                if wait & Wait.R:
-                    loop.add_reader(fileno, _wake, future, Ready.R)
+                if wait & _WAIT_W:
+                    loop.add_writer(fileno, _wake, future, _READY_W)
+                if wait & _WAIT_R:
+                    loop.add_reader(fileno, _wake, future, _READY_R)
                 try:
                     ready = await future
                 finally:
-                    if wait & Wait.W:
+                    if wait & _WAIT_W:
                         loop.remove_writer(fileno)
-                    if wait & Wait.R:
+                    if wait & _WAIT_R:
                         loop.remove_reader(fileno)
             wait = gen.send(ready)
     except StopIteration as done:
@@ -610,7 +614,7 @@ class _Watch:
         waiter = self.waiter
         if waiter is not None:
             if not waiter.done():
-                waiter.set_result(Ready.R)
+                waiter.set_result(_READY_R)
         elif self.strikes < _TOLERATED:
             self.strikes += 1
         else:
