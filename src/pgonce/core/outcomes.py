@@ -331,7 +331,8 @@ def decide(row: ClaimRow, *, scope: str, key: str, fingerprint: bytes, retry_aft
     if row.state == "existing":
         assert row.fingerprint is not None
         assert row.claimed_at is not None
-        if not hmac.compare_digest(bytes(row.fingerprint), fingerprint):
+        stored = row.fingerprint
+        if not hmac.compare_digest(stored if type(stored) is bytes else bytes(stored), fingerprint):
             raise KeyMismatch(scope, key)
         if row.completed_at is None or row.headers is None:
             # No response stored: a claim() committed before its completion, or a begin() claim

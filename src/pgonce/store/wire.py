@@ -871,15 +871,17 @@ def stored_row(stored: PGresult, encoding: str) -> ClaimRow:
     if fingerprint is None:
         # The row the INSERT conflicted with went before the read (the sweeper, or by hand).
         return ClaimRow("gone", None, None, None, None, None, None)
-    headers = value(0, 4)
+    # claimed_at is NOT NULL; the rest may be. The decoders written out (_time, _int, _bytes):
+    # this runs for every replay.
+    completed_at, status, headers, body = value(0, 2), value(0, 3), value(0, 4), value(0, 5)
     return ClaimRow(
         "existing",
-        bytes(fingerprint),
+        fingerprint if type(fingerprint) is bytes else bytes(fingerprint),
         _time(value(0, 1)),
-        _time(value(0, 2)),
-        _int(value(0, 3)),
+        None if completed_at is None else _EPOCH + _MICROSECOND * _INT64(completed_at)[0],
+        None if status is None else int.from_bytes(status, "big", signed=True),
         None if headers is None else _stored_headers(headers, encoding),
-        _bytes(value(0, 5)),
+        body if body is None or type(body) is bytes else bytes(body),
     )
 
 
