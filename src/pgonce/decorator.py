@@ -60,12 +60,13 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from pgonce.core.fingerprint import fingerprint
+from pgonce.core.fingerprint import fingerprint_of
 from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won, _checked_response
 from pgonce.errors import KeyInFlight, UsageError
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._async.keys import rollback_quietly as async_rollback_quietly
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
+from pgonce.store.wire import json_value
 
 __all__ = ["Codec", "JSONCodec", "idempotent"]
 
@@ -145,7 +146,9 @@ class JSONCodec:
         return text.encode("utf-8", "surrogatepass")
 
     def decode(self, data: bytes, /) -> Any:
-        return json.loads(data.decode("utf-8", "surrogatepass"))
+        # json.loads() as the key store parses its stored headers: straight to the json module's
+        # C scanner, json.loads() itself for anything the scanner does not take whole.
+        return json_value(data.decode("utf-8", "surrogatepass"))
 
 
 _JSON = JSONCodec()
@@ -356,7 +359,7 @@ class _Call(Generic[P]):
             payload = options.payload(*args, **kwargs)  # type: ignore[operator]
         else:
             payload = self.arguments(args, kwargs)
-        return conn, key, fingerprint(_canonical_bytes(payload, "the call's arguments"))
+        return conn, key, fingerprint_of(_canonical_bytes(payload, "the call's arguments"))
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Every argument by name, defaults included, but the connection.

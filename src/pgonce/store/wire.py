@@ -895,12 +895,12 @@ def _stored_headers(stored: bytes, encoding: str) -> Any:
     parse and a list per pair for every replay.
     """
     if encoding != "utf-8":
-        return _header_pairs(_json_value(bytes(stored)[1:].decode(encoding)))
+        return _header_pairs(json_value(bytes(stored)[1:].decode(encoding)))
     known = _STORED_HEADERS.get(stored)
     if known is not None:
         return known
     stored = bytes(stored)
-    headers = _header_pairs(_json_value(stored[1:].decode(encoding)))
+    headers = _header_pairs(json_value(stored[1:].decode(encoding)))
     if type(headers) is tuple:
         if len(_STORED_HEADERS) >= MAX_HEADER_SETS:
             _STORED_HEADERS.clear()
@@ -925,8 +925,8 @@ def _header_pairs(value: Any) -> Any:
 _STORED_HEADERS: dict[bytes, Any] = {}
 
 
-def _json_value(text: str) -> Any:
-    """A stored jsonb value (its text form), parsed as ``json.loads`` would parse it.
+def json_value(text: str) -> Any:
+    """A JSON text (a stored jsonb value's, a stored result's), parsed as ``json.loads`` would.
 
     The common case goes straight to the json module's C scanner: ``json.loads`` wraps it in
     three Python calls and two regular-expression matches, which cost a replay more than the
