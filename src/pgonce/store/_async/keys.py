@@ -339,7 +339,13 @@ class AsyncKeyStore:
         anything fails, the transaction is rolled back and the error raised: a write's own
         error as psycopg raised it, the completion's as a pgonce error.
         """
-        self._check_completion(conn, claim, response, won=False)
+        # _check_completion(won=False), its checks' common case without their calls.
+        if (
+            not isinstance(conn, AsyncConnection)
+            or type(claim) not in _CLAIM_TYPES
+            or (response is not None and type(response) is not Response)
+        ):
+            self._check_completion(conn, claim, response, won=False)
         return await self._commit(conn, claim, response, writes, now)
 
     async def _commit(
@@ -657,6 +663,7 @@ async def _open_transaction(conn: AsyncConnection[Row]) -> None:
 
 
 _NO_RESPONSE = Response()
+_CLAIM_TYPES = (Won, Replay, InFlight)
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
