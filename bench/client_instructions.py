@@ -11,7 +11,11 @@ warm-up cancel out. Three layers for each path, the same statements in the same 
 - the batches alone: the same batches through pgonce's libpq layer on the event loop (uvloop),
   with no API around them;
 - pgonce's API: ``once(commit=True)`` with ``op.execute()`` for a fresh key, ``once()`` for a
-  replay.
+  replay; ``begin()`` + ``commit(writes=...)`` for a fresh key too.
+
+And the sync decorator (``@idempotent(commit=True)`` on the decorator workload's function, one
+autocommit connection, as bench/workloads/decorator.py calls it), with a new key and with a key
+just used, beside the bare function it decorates: what the decorator adds is the difference.
 
 Timings on a shared 2-core machine vary by a fifth from run to run; these counts repeat to a few
 hundred instructions, so they show what a change to the client's path saves on any day. Needs
@@ -37,7 +41,7 @@ from psycopg import pq
 from psycopg.pq.abc import PGconn, PGresult
 
 from bench.clients import Trips, drive_async
-from bench.workloads import keys
+from bench.workloads import decorator, keys
 from pgonce import AsyncKeyStore
 from pgonce.store import wire
 
@@ -48,9 +52,13 @@ VARIANTS = (
     "fresh: Python floor",
     "fresh: batches alone",
     "fresh: once() + op.execute()",
+    "fresh: begin() + commit()",
     "replay: Python floor",
     "replay: batches alone",
     "replay: once()",
+    "decorator: bare function",
+    "decorator: @idempotent(commit=True), new key",
+    "decorator: @idempotent(commit=True), replay",
 )
 
 
@@ -70,6 +78,8 @@ def main() -> None:
         sys.exit("bench.client_instructions needs valgrind (apt-get install valgrind)")
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         conn.execute(keys.SETUP.encode())
+        columns = "(order_id text NOT NULL, amount int NOT NULL)"
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {decorator.TABLE} {columns}".encode())
     _setup_duplicates(args.dsn)
     print("| client path | client instructions per call |\n|---|---|")
     for variant in VARIANTS:
@@ -111,14 +121,19 @@ def _instructions(dsn: str, variant: str, count: int) -> int:
 
 
 def _run(dsn: str, variant: str, count: int) -> None:
-    store = AsyncKeyStore()
     path, layer = variant.split(": ")
+    if path == "decorator":
+        _decorated(dsn, layer, count)
+        return
+    store = AsyncKeyStore()
     trips = keys._fresh_trips(store) if path == "fresh" else keys._duplicate_trips(store)
     if layer == "Python floor":
         _floor(dsn, trips, count)
         return
     if layer == "batches alone":
         transaction = drive_async(trips)
+    elif layer.startswith("begin()"):
+        transaction = keys._begin_commit(store)
     elif path == "fresh":
         transaction = keys._pgonce_queued(store, keys._run_id())
     else:
@@ -130,6 +145,16 @@ def _run(dsn: str, variant: str, count: int) -> None:
                 await transaction(conn, 0, seq)
 
     uvloop.run(calls())
+
+
+def _decorated(dsn: str, layer: str, count: int) -> None:
+    """The decorator workload's function, bare or decorated, on one autocommit connection."""
+    call = decorator.charge if layer == "bare function" else decorator._pgonce()
+    run = keys._run_id()
+    replay = layer.endswith("replay")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for seq in range(-WARM_UP, count):
+            call(conn, {"id": run if replay else f"{run}-{seq}", "amount": 1})
 
 
 def _floor(dsn: str, trips: Trips, count: int) -> None:

@@ -326,11 +326,21 @@ def _pgonce_fresh(store: AsyncKeyStore, run: str) -> Any:
     return transaction
 
 
+#: once()'s queued write and its scope, shared with the layers' prebuilt batches (_fresh_trips).
+QUEUED_INSERT = "INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)"
+_QUEUED_SCOPE = "bench-queued"
+# QUEUED_INSERT as wire.caller_command() makes it for a str parameter: the $1 form, the text
+# format, the type left to the server (0).
+_QUEUED_INSERT = wire.Statement(
+    b"INSERT INTO bench.orders (key, amount) VALUES ($1, 4200)", (wire.TEXT,), (0,)
+)
+
+
 def _pgonce_queued(store: AsyncKeyStore, run: str) -> Any:
     async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
         key = f"{run}-{client}-{seq}"
-        async with store.once(conn, "bench-queued", key, FP, commit=True) as op:
-            op.execute("INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)", (key,))
+        async with store.once(conn, _QUEUED_SCOPE, key, FP, commit=True) as op:
+            op.execute(QUEUED_INSERT, (key,))
             op.respond(Response(201, HEADERS, BODY))
 
     return transaction
@@ -797,12 +807,17 @@ def _claim_forms(ctx: BenchContext, seconds: float) -> Table:
 
 
 def _fresh_trips(store: AsyncKeyStore) -> Trips:
-    """The statements once() sends for a fresh key with a queued insert, in its two round trips."""
-    insert = wire.Statement(b"INSERT INTO bench.orders (key, amount) VALUES ($1, 4200)", (0,))
+    """The statements once() sends for a fresh key with a queued insert, in its two round trips.
+
+    Exactly once()'s (_pgonce_queued): its scope, and the queued INSERT as op.execute() sends it
+    (wire.caller_command: the parameter's type given as 0, unknown, and so the same prepared
+    statement), so that the layers differ by the Python that sends them and nothing else.
+    """
+    insert = _QUEUED_INSERT
     headers = wire.headers_json(HEADERS)
     wait = _wait(store)
     run = _run_id()
-    scope = b"bench-layers"
+    scope = _QUEUED_SCOPE.encode()
 
     def trips(client: int, seq: int) -> Generator[Sequence[wire.Command], list[PGresult], None]:
         key = f"{run}-{client}-{seq}".encode()
@@ -848,13 +863,8 @@ def _begin_commit(store: AsyncKeyStore) -> Any:
 
     async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
         key = f"{run}-{client}-{seq}"
-        claim = await store.begin(conn, "bench-layers", key, FP)
-        await store.commit(
-            conn,
-            claim,
-            response,
-            writes=[("INSERT INTO bench.orders (key, amount) VALUES (%s, 4200)", (key,))],
-        )
+        claim = await store.begin(conn, _QUEUED_SCOPE, key, FP)
+        await store.commit(conn, claim, response, writes=[(QUEUED_INSERT, (key,))])
 
     return transaction
 

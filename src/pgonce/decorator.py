@@ -60,12 +60,13 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from pgonce.core.fingerprint import fingerprint
+from pgonce.core.fingerprint import fingerprint_of
 from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won, _checked_response
 from pgonce.errors import KeyInFlight, UsageError
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._async.keys import rollback_quietly as async_rollback_quietly
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
+from pgonce.store.wire import json_value
 
 __all__ = ["Codec", "JSONCodec", "idempotent"]
 
@@ -145,7 +146,9 @@ class JSONCodec:
         return text.encode("utf-8", "surrogatepass")
 
     def decode(self, data: bytes, /) -> Any:
-        return json.loads(data.decode("utf-8", "surrogatepass"))
+        # json.loads() as the key store parses its stored headers: straight to the json module's
+        # C scanner, json.loads() itself for anything the scanner does not take whole.
+        return json_value(data.decode("utf-8", "surrogatepass"))
 
 
 _JSON = JSONCodec()
@@ -338,6 +341,9 @@ class _Call(Generic[P]):
         self.keywords = frozenset(p.name for p in parameters if p.kind != kinds.POSITIONAL_ONLY)
         self.defaults = {p.name: p.default for p in parameters if p.default is not kinds.empty}
         self.required = frozenset(p.name for p in parameters if p.default is kinds.empty)
+        #: Every parameter can be given by position: a call that gives them all so, and no
+        #: keyword, names each one exactly once.
+        self.all_positional = self.plain and len(self.positional) == len(signature.parameters)
 
     def claim(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, bytes]:
         """The call's connection, key and fingerprint."""
@@ -353,7 +359,7 @@ class _Call(Generic[P]):
             payload = options.payload(*args, **kwargs)  # type: ignore[operator]
         else:
             payload = self.arguments(args, kwargs)
-        return conn, key, fingerprint(_canonical_bytes(payload, "the call's arguments"))
+        return conn, key, fingerprint_of(_canonical_bytes(payload, "the call's arguments"))
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Every argument by name, defaults included, but the connection.
@@ -363,6 +369,11 @@ class _Call(Generic[P]):
         fingerprint. Any other call is bound, which raises the TypeError the function would.
         """
         names = self.positional
+        if not kwargs and self.all_positional and len(args) == len(names):
+            # Every argument given by position (the usual call): nothing to merge or check.
+            payload = dict(zip(names, args, strict=True))
+            del payload[self.conn.name]
+            return payload
         if self.plain and len(args) <= len(names):
             given = dict(zip(names, args, strict=False))
             keywords = kwargs.keys()

@@ -77,6 +77,10 @@ _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _CONNECTION_OK = pq.ConnStatus.OK
 _PIPELINE_OFF = pq.PipelineStatus.OFF
+# Likewise the waits, looked up twice a round trip; exchange() yields these very members, so
+# _drive() tells a wait for the answers by identity rather than by IntEnum's comparison.
+_WAIT_R, _WAIT_W, _WAIT_RW = Wait.R, Wait.W, Wait.RW
+_READY_R, _READY_W = Ready.R, Ready.W
 # (Module constants, not pq.ExecStatus.X at each use: an enum class's attribute costs a thousand
 # client instructions to look up, and these are read several times a round trip.)
 # At most this many statements prepared per connection (a caller's queued writes included); more
@@ -176,13 +180,41 @@ def _reset_naming() -> None:
     _naming.unnamed = False
 
 
-_sessions: weakref.WeakKeyDictionary[PGconn, _Session] = weakref.WeakKeyDictionary()
+class _Sessions:
+    """The sessions by connection (``PGconn``), each dropped when its connection goes.
+
+    A dict keyed by the connection's ``id()``, the entry removed by a finalizer of the
+    connection: the id cannot be taken by another object before that finalizer has run. A
+    ``WeakKeyDictionary`` did the same with a Python call and a new weak reference at every
+    lookup, two per batch.
+    """
+
+    __slots__ = ("by_id",)
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, _Session] = {}
+
+    def get(self, pgconn: PGconn) -> _Session | None:
+        return self.by_id.get(id(pgconn))
+
+    def __getitem__(self, pgconn: PGconn) -> _Session:
+        return self.by_id[id(pgconn)]
+
+    def add(self, pgconn: PGconn) -> _Session:
+        key = id(pgconn)
+        session = self.by_id[key] = _Session()
+        weakref.finalize(pgconn, self.by_id.pop, key, None)
+        return session
+
+
+_sessions = _Sessions()
+_by_id = _sessions.by_id
 
 
 def _session(pgconn: PGconn) -> _Session:
-    session = _sessions.get(pgconn)
+    session = _by_id.get(id(pgconn))
     if session is None:
-        session = _sessions[pgconn] = _Session()
+        session = _sessions.add(pgconn)
     return session
 
 
@@ -207,9 +239,9 @@ def begin_statement(conn: psycopg.BaseConnection[Any]) -> Statement:
 _BEGINS: dict[tuple[Any, bool | None, bool | None], Statement] = {}
 
 
-def encoding(conn: psycopg.BaseConnection[Any]) -> str:
-    """The connection's Python encoding, as psycopg keeps it (``conn.info`` builds an object)."""
-    return conn_encoding(conn)
+#: The connection's Python encoding, as psycopg keeps it (``conn.info`` builds an object):
+#: psycopg's own function, not a call around it.
+encoding = conn_encoding
 
 
 _SIMPLE: dict[bytes, Statement] = {}
@@ -322,15 +354,15 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
     before the answer came would be a system call for nothing.
     """
     while pgconn.flush():
-        ready = yield Wait.RW
-        if ready & Ready.R:
+        ready = yield _WAIT_RW
+        if ready & _READY_R:
             pgconn.consume_input()
     results: list[PGresult] = []
     ended = 0  # statements whose result and end marker were read
     last: PGresult | None = None
     while True:
         while pgconn.is_busy():
-            yield Wait.R
+            yield _WAIT_R
             try:
                 pgconn.consume_input()
             except psycopg.OperationalError:
@@ -430,7 +462,7 @@ def round_trip(
         except BaseException:
             _abandon(conn, session)
             raise
-    return _settle(session, preparing, results)
+    return _settle(session, preparing, results) if preparing else results
 
 
 async def async_round_trip(
@@ -445,7 +477,11 @@ async def async_round_trip(
     ``named`` false sends every statement unnamed; ``always`` names them on a connection whose
     ``prepare_threshold`` is None too (see :func:`_queue`).
     """
-    async with conn.lock:
+    # acquire() and release() rather than ``async with``: the lock's __aenter__ and __aexit__
+    # are two more coroutines per round trip around the same calls.
+    lock = conn.lock
+    await lock.acquire()
+    try:
         session = _begin_batch(conn)
         try:
             count, preparing = _queue(conn, session, commands, named, always)
@@ -453,7 +489,9 @@ async def async_round_trip(
         except BaseException:
             _abandon(conn, session)
             raise
-    return _settle(session, preparing, results)
+    finally:
+        lock.release()
+    return _settle(session, preparing, results) if preparing else results
 
 
 def _begin_batch(conn: psycopg.BaseConnection[Any]) -> _Session:
@@ -490,7 +528,7 @@ async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn, session: _Session) 
         wait = next(gen)
         while True:
             future: asyncio.Future[Ready] = loop.create_future()
-            if wait == Wait.R and (watch := _watch(pgconn, session, loop)) is not None:
+            if wait is _WAIT_R and (watch := _watch(pgconn, session, loop)) is not None:
                 watch.wait(future)
                 try:
                     ready = await future
@@ -498,16 +536,16 @@ async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn, session: _Session) 
                     watch.waiter = None
             else:
                 fileno = pgconn.socket
-                if wait & Wait.W:
-                    loop.add_writer(fileno, _wake, future, Ready.W)
-                if wait & Wait.R:
-                    loop.add_reader(fileno, _wake, future, Ready.R)
+                if wait & _WAIT_W:
+                    loop.add_writer(fileno, _wake, future, _READY_W)
+                if wait & _WAIT_R:
+                    loop.add_reader(fileno, _wake, future, _READY_R)
                 try:
                     ready = await future
                 finally:
-                    if wait & Wait.W:
+                    if wait & _WAIT_W:
                         loop.remove_writer(fileno)
-                    if wait & Wait.R:
+                    if wait & _WAIT_R:
                         loop.remove_reader(fileno)
             wait = gen.send(ready)
     except StopIteration as done:
@@ -576,7 +614,7 @@ class _Watch:
         waiter = self.waiter
         if waiter is not None:
             if not waiter.done():
-                waiter.set_result(Ready.R)
+                waiter.set_result(_READY_R)
         elif self.strikes < _TOLERATED:
             self.strikes += 1
         else:
@@ -651,9 +689,19 @@ def caller_command(
     if params is not None and type(query) in _CACHED_KINDS:
         converted = _converted(transformer, query)
         if converted is not None:
-            values = PostgresQuery.validate_and_reorder_params(
-                converted.parts, params, converted.order
-            )
+            # psycopg's check of the parameters against the placeholders, without its two calls
+            # where it passes: a list or tuple for as many positional placeholders. Anything
+            # else goes through psycopg's own check, which raises what conn.execute() would.
+            if (
+                converted.order is None
+                and (type(params) is tuple or type(params) is list)
+                and len(params) == converted.count
+            ):
+                values: Sequence[Any] = params
+            else:
+                values = PostgresQuery.validate_and_reorder_params(
+                    converted.parts, params, converted.order
+                )
             dumped = transformer.dump_sequence(values, converted.want_formats)
             shape = (transformer.types or (), tuple(transformer.formats or ()))
             statement = converted.statements.get(shape)
@@ -678,6 +726,8 @@ class _Converted:
     want_formats: list[Any]
     order: list[str] | None
     parts: list[Any]
+    #: The query's placeholders.
+    count: int
     #: The statement by the parameters' (types, formats), which the dumpers decide per call.
     statements: dict[tuple[tuple[int, ...], tuple[int, ...]], Statement] = field(
         default_factory=dict
@@ -698,7 +748,8 @@ def _converted(transformer: AdaptTransformer, query: QueryNoTemplate) -> _Conver
     sql, want_formats, order, parts = _query2pg_nocache(raw, encoding)
     if len(_CONVERTED) >= MAX_CALLER_STATEMENTS:
         _CONVERTED.clear()
-    converted = _CONVERTED[key] = _Converted(sql, want_formats, order, parts)  # type: ignore[index]
+    converted = _Converted(sql, want_formats, order, parts, len(parts) - 1)
+    _CONVERTED[key] = converted  # type: ignore[index]
     return converted
 
 
@@ -748,12 +799,36 @@ def headers_json(headers: Iterable[tuple[str, str]]) -> bytes:
 
     What ``json.dumps`` writes (compact, ASCII), built from its own string quoting: the
     encoder's general path costs more than the few pairs of a response.
+
+    A tuple of them (what a :class:`~pgonce.Response` holds) is encoded once and then found by
+    value: an application answers with few distinct sets of headers, and the lookup costs a
+    fifth of the encoding.
     """
+    if type(headers) is tuple:
+        try:
+            known = _HEADERS_JSON.get(headers)
+        except TypeError:  # an unhashable member: encoded below, and not kept
+            known = None
+            headers = list(headers)
+        if known is not None:
+            return known
     try:
         pairs = ",".join([f"[{_quote(name)},{_quote(value)}]" for name, value in headers])
     except TypeError:  # not str pairs: let the encoder say what it makes of them
         return json_text([list(pair) for pair in headers])
-    return f"[{pairs}]".encode()
+    encoded = f"[{pairs}]".encode()
+    if type(headers) is tuple and all(
+        type(pair) is tuple and type(pair[0]) is str and type(pair[1]) is str for pair in headers
+    ):
+        if len(_HEADERS_JSON) >= MAX_HEADER_SETS:
+            _HEADERS_JSON.clear()
+        _HEADERS_JSON[headers] = encoded
+    return encoded
+
+
+#: The encoded headers by the tuple of pairs they encode; at most MAX_HEADER_SETS, then anew.
+_HEADERS_JSON: dict[tuple[tuple[str, str], ...], bytes] = {}
+MAX_HEADER_SETS = 256
 
 
 _quote = json.encoder.encode_basestring_ascii
@@ -769,6 +844,15 @@ def claimed_at(inserted: PGresult) -> datetime:
     value = _time(inserted.get_value(0, 0))
     assert value is not None
     return value
+
+
+def claimed(inserted: PGresult) -> tuple[datetime, bytes | None]:
+    """:func:`claimed_at` and :func:`row` in one call (begin()'s won claim reads both)."""
+    value = inserted.get_value
+    stamp = value(0, 0)
+    assert stamp is not None  # claimed_at NOT NULL
+    microseconds: int = _INT64(stamp)[0]
+    return _EPOCH + _MICROSECOND * microseconds, value(0, 2)
 
 
 def row(inserted: PGresult) -> bytes | None:
@@ -787,20 +871,62 @@ def stored_row(stored: PGresult, encoding: str) -> ClaimRow:
     if fingerprint is None:
         # The row the INSERT conflicted with went before the read (the sweeper, or by hand).
         return ClaimRow("gone", None, None, None, None, None, None)
-    headers = value(0, 4)
+    # claimed_at is NOT NULL; the rest may be. The decoders written out (_time, _int, _bytes):
+    # this runs for every replay.
+    completed_at, status, headers, body = value(0, 2), value(0, 3), value(0, 4), value(0, 5)
     return ClaimRow(
         "existing",
-        bytes(fingerprint),
+        fingerprint if type(fingerprint) is bytes else bytes(fingerprint),
         _time(value(0, 1)),
-        _time(value(0, 2)),
-        _int(value(0, 3)),
-        None if headers is None else _json_value(bytes(headers)[1:].decode(encoding)),
-        _bytes(value(0, 5)),
+        None if completed_at is None else _EPOCH + _MICROSECOND * _INT64(completed_at)[0],
+        None if status is None else int.from_bytes(status, "big", signed=True),
+        None if headers is None else _stored_headers(headers, encoding),
+        body if body is None or type(body) is bytes else bytes(body),
     )
 
 
-def _json_value(text: str) -> Any:
-    """A stored jsonb value (its text form), parsed as ``json.loads`` would parse it.
+def _stored_headers(stored: bytes, encoding: str) -> Any:
+    """A stored response's headers (jsonb in binary: a version byte, then the text).
+
+    As ``(name, value)`` tuples of str when they are such pairs, which a replay's
+    :class:`~pgonce.Response` then takes as they are; anything else as parsed. An application
+    stores few distinct sets of headers, so a UTF-8 connection's are parsed once and then found
+    by their bytes (at most MAX_HEADER_SETS of them): a dict lookup rather than a decode, a
+    parse and a list per pair for every replay.
+    """
+    if encoding != "utf-8":
+        return _header_pairs(json_value(bytes(stored)[1:].decode(encoding)))
+    known = _STORED_HEADERS.get(stored)
+    if known is not None:
+        return known
+    stored = bytes(stored)
+    headers = _header_pairs(json_value(stored[1:].decode(encoding)))
+    if type(headers) is tuple:
+        if len(_STORED_HEADERS) >= MAX_HEADER_SETS:
+            _STORED_HEADERS.clear()
+        _STORED_HEADERS[stored] = headers
+    return headers
+
+
+def _header_pairs(value: Any) -> Any:
+    """``value`` as a tuple of ``(name, value)`` str tuples if it is a list of such pairs."""
+    if type(value) is not list:
+        return value
+    for pair in value:
+        if type(pair) is not list or len(pair) != 2:
+            return value
+        name, text = pair
+        if type(name) is not str or type(text) is not str:
+            return value
+    return tuple([(name, text) for name, text in value])
+
+
+#: The stored headers of UTF-8 connections by their bytes, as _stored_headers gives them.
+_STORED_HEADERS: dict[bytes, Any] = {}
+
+
+def json_value(text: str) -> Any:
+    """A JSON text (a stored jsonb value's, a stored result's), parsed as ``json.loads`` would.
 
     The common case goes straight to the json module's C scanner: ``json.loads`` wraps it in
     three Python calls and two regular-expression matches, which cost a replay more than the

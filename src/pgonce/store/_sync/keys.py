@@ -30,6 +30,7 @@ from pgonce.config import (
     validate_pooler,
 )
 from pgonce.core.checks import check_connection
+from pgonce.core.fingerprint import FINGERPRINT_SIZE
 from pgonce.core.outcomes import (
     Claim,
     ClaimRow,
@@ -138,6 +139,8 @@ class KeyStore:
             positional(complete_claimed(schema), _COMPLETE_PARAMS), (*formats, BINARY)
         )
         self._wait_ms = wait_ms
+        #: The wait as begin()'s claim sends it, made once.
+        self._wait_param = b"%d" % wait_ms
 
     def stores(self, response: Response | None) -> bool:
         """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
@@ -200,9 +203,12 @@ class KeyStore:
         wait: timedelta | None,
     ) -> int:
         """Refuse a bad connection, scope, key, fingerprint or wait; the wait in milliseconds."""
-        check_connection(conn, Connection, self)
+        # The checks' own tests first, so that the common case makes no call for them.
+        if not isinstance(conn, Connection):
+            check_connection(conn, Connection, self)
         validate_key(scope, key)
-        validate_fingerprint(fingerprint)
+        if type(fingerprint) is not bytes or len(fingerprint) != FINGERPRINT_SIZE:
+            validate_fingerprint(fingerprint)
         if wait is None:
             return self._wait_ms
         return check_wait(wait)
@@ -260,14 +266,21 @@ class KeyStore:
         # ``refusal``: what a connection that cannot begin here is told (once()'s own words).
         if conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
             raise UsageError(refusal)
-        self._check_pooled(conn)
+        if not self._named:
+            self._check_pooled(conn)
         encoding = wire.encoding(conn)
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         claim: list[Command] = [
             (wire.begin_statement(conn), wire.NO_PARAMS),
             (
                 self._claim_insert,
-                (scope_param, key_param, fingerprint, wire.timestamp(now), b"%d" % wait_ms),
+                (
+                    scope_param,
+                    key_param,
+                    fingerprint,
+                    None if now is None else wire.timestamp(now),
+                    self._wait_param if wait_ms == self._wait_ms else b"%d" % wait_ms,
+                ),
             ),
         ]
         for attempt in range(1, _ATTEMPTS + 1):
@@ -277,9 +290,7 @@ class KeyStore:
                     raise failed[1]
                 inserted = results[1]
                 if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
-                    return won(
-                        scope, key, fingerprint, wire.claimed_at(inserted), wire.row(inserted)
-                    )
+                    return won(scope, key, fingerprint, *wire.claimed(inserted))
                 # Another claim has the key: read it and end this transaction, which wrote
                 # nothing, in one round trip.
                 results = round_trip(
@@ -302,7 +313,13 @@ class KeyStore:
                     return InFlight(retry_after=self.retry_after, reason=reason)
                 with translate_errors("claiming a key"):
                     raise
-        return self._decide(wire.stored_row(results[0], encoding), scope, key, fingerprint)
+        return decide(
+            wire.stored_row(results[0], encoding),
+            scope=scope,
+            key=key,
+            fingerprint=fingerprint,
+            retry_after=self.retry_after,
+        )
 
     def commit(
         self,
@@ -322,7 +339,13 @@ class KeyStore:
         anything fails, the transaction is rolled back and the error raised: a write's own
         error as psycopg raised it, the completion's as a pgonce error.
         """
-        self._check_completion(conn, claim, response, won=False)
+        # _check_completion(won=False), its checks' common case without their calls.
+        if (
+            not isinstance(conn, Connection)
+            or type(claim) not in _CLAIM_TYPES
+            or (response is not None and type(response) is not Response)
+        ):
+            self._check_completion(conn, claim, response, won=False)
         return self._commit(conn, claim, response, writes, now)
 
     def _commit(
@@ -340,20 +363,26 @@ class KeyStore:
             if conn.pgconn.transaction_status == _IDLE:
                 return False  # begin() already ended it
             commands.append(_COMMIT)
-        elif not self.stores(response):
+        elif (
+            response is not None
+            and (status := response.status) is not None
+            and status >= 500
+            and not self.store_server_errors
+        ):  # not stored (stores(), written out: this runs for every fresh key)
             commands.append((wire.ROLLBACK, wire.NO_PARAMS))
         else:
             for query, params in writes:
                 commands.append(wire.caller_command(conn, query, params))
             stored = response or _NO_RESPONSE
             encoding = wire.encoding(conn)
+            status = stored.status
             completion = (
                 claim.scope.encode(encoding),
                 claim.key.encode(encoding),
-                wire.number(stored.status),
+                None if status is None else b"%d" % status,  # wire.number(), written out
                 wire.headers_json(stored.headers),
                 stored.body,
-                wire.timestamp(now),
+                None if now is None else wire.timestamp(now),
             )
             if claim.row is None:  # a claim() of this transaction, not begin()'s
                 commands.append((self._complete_batched, completion))
@@ -525,9 +554,10 @@ class Operation(Generic[Row]):
 
     def respond(self, response: Response) -> None:
         """Set the response that completes this claim when the block ends."""
-        if not self.won:
+        if not isinstance(self._claim, Won):  # self.won, without the property's call
             raise UsageError("only the operation that won the claim can respond")
-        validate_response(response)
+        if type(response) is not Response:
+            validate_response(response)
         self.response = response
 
     def execute(self, query: Query, params: Params | None = None) -> None:
@@ -539,7 +569,7 @@ class Operation(Generic[Row]):
         trips in all. An error in one rolls the block back and is raised as psycopg raised it.
         Statements whose results the block reads go through ``conn`` as usual.
         """
-        if not self.won:
+        if not isinstance(self._claim, Won):  # self.won, without the property's call
             raise UsageError("only the operation that won the claim writes")
         self._writes.append((query, params))
 
@@ -631,6 +661,7 @@ def _open_transaction(conn: Connection[Row]) -> None:
 
 
 _NO_RESPONSE = Response()
+_CLAIM_TYPES = (Won, Replay, InFlight)
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
