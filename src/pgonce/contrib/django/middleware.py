@@ -319,10 +319,10 @@ class IdempotencyMiddleware:
 def _header_store(response: HttpResponseBase) -> dict[str, tuple[str, str]] | None:
     """Django's own store of the response's headers: each name lower-cased, to ``(name,
     value)`` as set, in order (``ResponseHeaders._store``, since Django 3.2); ``None`` when the
-    response keeps its headers otherwise."""
-    headers = getattr(response, "headers", None)
-    store = getattr(headers, "_store", None) if isinstance(headers, ResponseHeaders) else None
-    return store if isinstance(store, dict) else None
+    response keeps its headers in anything else (a subclass, say)."""
+    headers = response.headers
+    store = headers._store if type(headers) is ResponseHeaders else None
+    return store if type(store) is dict else None
 
 
 def _set_header(response: HttpResponseBase, name: str, value: str) -> None:
