@@ -14,9 +14,10 @@ builds one. The variants:
 - ``flask: alone``, ``flask: pgonce``, ``flask: by hand``.
 
 Under gunicorn the server's own share (parsing, the socket) is added to each, and the timings on
-the shared 2-core machine move by a fifth from run to run; these counts repeat to a few hundred
-instructions, so they show what a change to an adapter saves on any day. Needs valgrind; about
-half a minute a variant.
+the shared 2-core machine move by a fifth from run to run; these counts repeat to a few thousand
+instructions (a quarter of a percent: how often the client polls for the server's answer varies
+with the machine's load), so they show what a change to an adapter saves on any day. Needs
+valgrind; a few minutes a variant.
 
 ``--only TEXT`` measures the variants whose name contains TEXT. ``--profile`` runs cProfile on
 the pgonce variants instead (``--only`` applies; ``--count`` requests each, no valgrind) and
