@@ -1,0 +1,243 @@
+"""What the Django and Flask apps run per request, with pgonce and without, counted in instructions.
+
+``.venv/bin/python -m bench.adapter_instructions DSN`` (a database pgonce migrated; it is migrated
+here if it is not) runs each variant below in a process of its own under ``valgrind
+--tool=callgrind``, twice: 200 and then 1,200 requests, and prints the difference of the two
+processes' instruction counts over 1,000: what one request costs. Start-up, imports, Django's
+set-up and the warm-up cancel out. Each process builds its app exactly as the Django and Flask
+benchmarks do (``bench.django_app.create_app()``, ``bench.flask_app.create_app()``, on one
+connection) and drives it IN-PROCESS through its WSGI callable: no server and no sockets but the
+database's, each request a POST /payments with a new Idempotency-Key, its environ as gunicorn
+builds one. The variants:
+
+- ``django: alone``, ``django: ATOMIC_REQUESTS``, ``django: pgonce``, ``django: by hand``;
+- ``flask: alone``, ``flask: pgonce``, ``flask: by hand``.
+
+Under gunicorn the server's own share (parsing, the socket) is added to each, and the timings on
+the shared 2-core machine move by a fifth from run to run; these counts repeat to a few thousand
+instructions (a quarter of a percent: how often the client polls for the server's answer varies
+with the machine's load), so they show what a change to an adapter saves on any day. Needs
+valgrind; a few minutes a variant.
+
+``--only TEXT`` measures the variants whose name contains TEXT. ``--profile`` runs cProfile on
+the pgonce variants instead (``--only`` applies; ``--count`` requests each, no valgrind) and
+prints the functions with the most own time; ``--callgrind DIR`` keeps each long run's callgrind
+output there (``--dump-instr=no``, for ``callgrind_annotate``). ``--variant NAME --count N`` runs
+one variant in this process (what each measured process does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import django_app, flask_app
+from bench.pairs import prepare_payments
+from pgonce.store.migrate import migrate
+
+SHORT, LONG = 200, 1200
+WARM_UP = 20
+
+#: Variant name -> (app, its BENCH_*_VARIANT).
+VARIANTS = {
+    "django: alone": ("django", "none"),
+    "django: ATOMIC_REQUESTS": ("django", "atomic"),
+    "django: pgonce": ("django", "pgonce"),
+    "django: by hand": ("django", "hand"),
+    "flask: alone": ("flask", "none"),
+    "flask: pgonce": ("flask", "pgonce"),
+    "flask: by hand": ("flask", "hand"),
+}
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.adapter_instructions", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("dsn")
+    parser.add_argument("--variant", choices=VARIANTS)
+    parser.add_argument("--count", type=int, default=LONG)
+    parser.add_argument("--only", help="measure only the variants whose name contains this")
+    parser.add_argument("--profile", action="store_true", help="cProfile the pgonce variants")
+    parser.add_argument("--callgrind", type=Path, help="keep the long runs' callgrind output here")
+    args = parser.parse_args()
+    if args.variant is not None:
+        _run(args.dsn, args.variant, args.count, profile=args.profile)
+        return
+    _prepare(args.dsn)
+    chosen = [v for v in VARIANTS if not args.only or args.only in v]
+    if args.profile:
+        for variant in chosen:
+            if VARIANTS[variant][1] == "pgonce":
+                print(f"## {variant}, {args.count} requests", flush=True)
+                command = [sys.executable, "-m", "bench.adapter_instructions", args.dsn]
+                command += ["--variant", variant, "--count", str(args.count), "--profile"]
+                subprocess.run(command, check=True)
+        return
+    if shutil.which("valgrind") is None:
+        sys.exit("bench.adapter_instructions needs valgrind (apt-get install valgrind)")
+    print("| variant | instructions per request |\n|---|---|")
+    for variant in chosen:
+        keep: dict[int, Path | None] = {LONG: None, SHORT: None}
+        if args.callgrind is not None:
+            args.callgrind.mkdir(parents=True, exist_ok=True)
+            name = variant.replace(": ", "-").replace(" ", "_")
+            keep = {n: args.callgrind / f"callgrind.{name}.{n}" for n in keep}
+        # The two processes side by side: their counts do not depend on the timing.
+        with ThreadPoolExecutor(2) as pool:
+            long_run = pool.submit(_instructions, args.dsn, variant, LONG, keep[LONG])
+            short = _instructions(args.dsn, variant, SHORT, keep[SHORT])
+            long = long_run.result()
+        print(f"| {variant} | {(long - short) / (LONG - SHORT):,.0f} |", flush=True)
+    if args.callgrind is not None:
+        for variant in chosen:
+            name = variant.replace(": ", "-").replace(" ", "_")
+            print(f"\n{variant}: the C functions' own instructions per request (the most)")
+            files = (args.callgrind / f"callgrind.{name}.{n}" for n in (LONG, SHORT))
+            for function, count in _by_function(*files)[:30]:
+                print(f"{count:>10,.0f}  {function}")
+
+
+def _prepare(dsn: str) -> None:
+    """pgonce's schema and both apps' empty payments tables."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, "pgonce")
+    prepare_payments(dsn, django_app.TABLE)
+    prepare_payments(dsn, flask_app.TABLE)
+
+
+def _instructions(dsn: str, variant: str, count: int, keep: Path | None) -> int:
+    """The instructions of a process that answers ``count`` requests of ``variant``."""
+    with tempfile.TemporaryDirectory(prefix="pgonce-adapter-") as tmp:
+        out = keep or Path(tmp) / "callgrind.out"
+        command = ["valgrind", "--tool=callgrind", "--dump-instr=no", f"--callgrind-out-file={out}"]
+        command += [sys.executable, "-m", "bench.adapter_instructions", dsn]
+        command += ["--variant", variant, "--count", str(count)]
+        # One hash seed for every process: a dict's probing then repeats from run to run.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        subprocess.run(command, check=True, capture_output=True, env=env)
+        for line in out.read_text(errors="replace").splitlines():
+            if line.startswith("totals:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"callgrind wrote no total for {variant}")
+
+
+def _by_function(long: Path, short: Path) -> list[tuple[str, float]]:
+    """Each function's own instructions per request (``callgrind_annotate`` of the long and the
+    short run, the difference over the requests between them), the most first."""
+
+    def own(out: Path) -> dict[str, int]:
+        text = subprocess.run(
+            ["callgrind_annotate", "--threshold=100", str(out)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        counts: dict[str, int] = {}
+        for line in text.splitlines():
+            match = re.match(r"\s*([\d,]+) \([ \d.]+%\)\s+(\S.*?)(?: \[.*\])?$", line)
+            if match and "PROGRAM TOTALS" not in line:
+                name = match[2].rsplit("/", 1)[-1]
+                counts[name] = counts.get(name, 0) + int(match[1].replace(",", ""))
+        return counts
+
+    many, few = own(long), own(short)
+    per = {f: (n - few.get(f, 0)) / (LONG - SHORT) for f, n in many.items()}
+    return sorted(per.items(), key=lambda item: -item[1])
+
+
+def _app(dsn: str, variant: str) -> WSGIApp:
+    """The benchmark's app for ``variant``, built by its own factory, on one connection."""
+    framework, setting = VARIANTS[variant]
+    os.environ["BENCH_HTTP_DSN"] = dsn
+    if framework == "django":
+        os.environ["BENCH_DJANGO_VARIANT"] = setting
+        app: WSGIApp = django_app.create_app()
+        return app
+    os.environ["BENCH_FLASK_VARIANT"] = setting
+    os.environ["BENCH_FLASK_THREADS"] = "1"
+    return flask_app.create_app()
+
+
+def _environ(key: str, body: bytes) -> dict[str, Any]:
+    """A POST /payments as gunicorn's gthread worker hands it to the app."""
+    return {
+        "REQUEST_METHOD": "POST",
+        "SCRIPT_NAME": "",
+        "PATH_INFO": "/payments",
+        "QUERY_STRING": "",
+        "RAW_URI": "/payments",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "8000",
+        "REMOTE_ADDR": "127.0.0.1",
+        "REMOTE_PORT": "50000",
+        "HTTP_HOST": "127.0.0.1:8000",
+        "HTTP_AUTHORIZATION": "Bearer bench",
+        "HTTP_IDEMPOTENCY_KEY": key,
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+        "wsgi.input_terminated": True,
+        "wsgi.file_wrapper": None,
+    }
+
+
+def _run(dsn: str, variant: str, count: int, *, profile: bool = False) -> None:
+    app = _app(dsn, variant)
+    run = uuid.uuid4().hex[:12]  # the keys of this process, new to the key store
+    statuses: list[str] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        statuses.append(status)
+        return None
+
+    def requests(first: int, last: int) -> None:
+        for seq in range(first, last):
+            body = b'{"amount": %d, "currency": "EUR"}' % (1000 + seq % 9000)
+            result = app(_environ(f"{run}-{seq:08d}", body), start_response)
+            try:
+                b"".join(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+            if not statuses[-1].startswith("201"):
+                raise RuntimeError(f"{variant} answered {statuses[-1]}")
+
+    requests(-WARM_UP, 0)
+    if not profile:
+        requests(0, count)
+        return
+    profiler = cProfile.Profile()
+    profiler.runcall(requests, 0, count)
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(60)
+
+
+if __name__ == "__main__":
+    main()
