@@ -39,7 +39,6 @@ from django.core.exceptions import RequestDataTooBig
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
-from django.http.response import ResponseHeaders
 from psycopg.pq import TransactionStatus
 
 from pgonce.contrib.django import conf
@@ -156,9 +155,6 @@ class IdempotencyMiddleware:
             weakref.WeakKeyDictionary()
         )
         self._auto = settings.pooler == "auto"
-        #: The last connection _store_for() looked at and its store: a server's connections stay
-        #: open (CONN_MAX_AGE), so the weak dictionary is asked only when the connection changed.
-        self._last: tuple[weakref.ref[psycopg.Connection[Any]], KeyStore] | None = None
         #: One atomic block for every request, as ``@transaction.atomic`` makes one for every call
         #: of the function it decorates: Django keeps a block's state on the thread's
         #: connection, never on the block, so threads share it safely.
@@ -252,14 +248,10 @@ class IdempotencyMiddleware:
         if conn is None:
             wrapper.ensure_connection()
             conn = wrapper.connection
-        last = self._last
-        if last is not None and last[0]() is conn:
-            return last[1]
         store = self._stores.get(conn)
         if store is None:
             direct = conn.prepare_threshold is None and reaches_server_directly(conn)
             store = self._stores[conn] = self.direct_store if direct else self.store
-        self._last = (weakref.ref(conn), store)
         return store
 
     def _transact(
@@ -312,41 +304,16 @@ class IdempotencyMiddleware:
         if captured.too_large:
             return to_django(semantics.RESPONSE_TOO_LARGE)
         if captured.stored:
-            _set_header(response, *self.rules.expires_text_header(claim.claimed_at))
+            name, value = self.rules.expires_text_header(claim.claimed_at)
+            response[name] = value
         return response
-
-
-def _header_store(response: HttpResponseBase) -> dict[str, tuple[str, str]] | None:
-    """Django's own store of the response's headers: each name lower-cased, to ``(name,
-    value)`` as set, in order (``ResponseHeaders._store``, since Django 3.2); ``None`` when the
-    response keeps its headers in anything else (a subclass, say)."""
-    headers = response.headers
-    store = headers._store if type(headers) is ResponseHeaders else None
-    return store if type(store) is dict else None
-
-
-def _set_header(response: HttpResponseBase, name: str, value: str) -> None:
-    """``response[name] = value`` for a lower-case ASCII name and an ASCII value without a line
-    break (the expiry header), whose checks Django's ``__setitem__`` would pass unchanged."""
-    store = _header_store(response) if type(response).__setitem__ is _SETITEM else None
-    if store is None:
-        response[name] = value
-    else:
-        store[name] = (name, value)
-
-
-_SETITEM = HttpResponseBase.__setitem__
-_ITEMS = HttpResponseBase.items
 
 
 def _capture(response: HttpResponseBase, captured: CapturedResponse) -> CapturedResponse:
     """Read the view's response into ``captured``; a streamed body is buffered (and re-set)."""
     captured.status = response.status_code
-    # Text as Django keeps them, already checked (ASCII names, latin-1 or MIME-encoded values):
-    # what response.items() yields, read from Django's store at once rather than by a lookup
-    # per name.
-    store = _header_store(response) if type(response).items is _ITEMS else None
-    captured.text_headers = list(response.items() if store is None else store.values())
+    # Text as Django keeps them, already checked (ASCII names, latin-1 or MIME-encoded values).
+    captured.text_headers = list(response.items())
     if response.streaming:
         chunks: list[bytes] = []
         for chunk in response.streaming_content:
