@@ -3,10 +3,13 @@
 At scale the database is the part a deployment cannot simply multiply, so its cost per request is
 measured on the server's side: the CPU time of every PostgreSQL process (the backends, including
 those that exited during the run, whose time the postmaster collects, and the background writers)
-and the WAL written (the server's WAL position before and after). Both count the whole server: on
-a shared server another client's work lands in them, which is why each figure stands beside its
-reference, measured in the same run by the same means. The load is pgbench's, whose own CPU is not
-the server's.
+and the WAL written (the server's WAL position before and after), split by ``pg_waldump --stats``
+into the records and the full-page images: a page's first change after a checkpoint writes the
+whole page, so the images follow when the checkpoints fell, not the statements (one run's fresh
+key read 727 bytes, the next one's 1,393 with a checkpoint inside it). Both count the whole
+server: on a shared server another client's work lands in them, which is why each figure stands
+beside its reference, measured in the same run by the same means. The load is pgbench's, whose own
+CPU is not the server's.
 
 The middleware workload, which runs before the key store's, leaves its figures in
 :data:`MIDDLEWARE`; the key store's workload then reports the issue's targets in one table.
@@ -15,6 +18,7 @@ The middleware workload, which runs before the key store's, leaves its figures i
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.clients import pgbench_command, wal_position
+from bench.clients import pgbench_command
 from bench.servers import backend_cpu
 
 
@@ -32,7 +36,10 @@ class Cost:
 
     tx: int
     cpu_seconds: float
+    #: WAL records' bytes, full-page images left out.
     wal_bytes: int
+    #: Bytes of full-page images over the run.
+    image_bytes: int = 0
 
     @property
     def cpu_us(self) -> float:
@@ -41,8 +48,13 @@ class Cost:
 
     @property
     def wal(self) -> float:
-        """WAL bytes per transaction."""
+        """WAL bytes per transaction, without full-page images."""
         return self.wal_bytes / self.tx
+
+    @property
+    def images(self) -> float:
+        """Bytes of full-page images per transaction."""
+        return self.image_bytes / self.tx
 
 
 #: Figures of the middleware workload of this run: "cpu", "cpu_bare" (µs/req), "wal",
@@ -103,7 +115,7 @@ def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:
     with tempfile.TemporaryDirectory() as tmp:
         script_file = Path(tmp) / "script.sql"
         script_file.write_text(script)
-        wal_before = wal_position(dsn)
+        wal_before = _insert_lsn(dsn)
         cpu_before = server_cpu(pm)
         result = subprocess.run(
             pgbench_command(script_file, dsn, clients, seconds),
@@ -113,7 +125,7 @@ def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:
         )
         # pgbench has disconnected: its backends have exited, their time is the postmaster's.
         cpu = server_cpu(pm) - cpu_before
-        wal = wal_position(dsn) - wal_before
+        wal, images = wal_split(dsn, wal_before, _insert_lsn(dsn))
     if result.returncode != 0:
         raise RuntimeError(f"pgbench failed: {result.stderr.strip()[-500:]}")
     for line in result.stdout.splitlines():
@@ -124,8 +136,52 @@ def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:
                     f"a pgbench run read {tx} transactions and {cpu:.3f} s of server CPU: "
                     "nothing was measured"
                 )
-            return Cost(tx, cpu, wal)
+            return Cost(tx, cpu, wal, images)
     raise RuntimeError(f"pgbench said no transaction count: {result.stdout[-300:]}")
+
+
+_TOTAL = re.compile(r"^Total\s+\d+\s+(\d+) \[[^]]*\]\s+(\d+) \[", re.MULTILINE)
+
+
+def _insert_lsn(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def wal_split(dsn: str, start: str, end: str) -> tuple[int, int]:
+    """The bytes of WAL records and of full-page images between two WAL positions, as the
+    server's own ``pg_waldump --stats`` counts them (read at once: a later checkpoint may
+    recycle the segments)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT current_setting('data_directory'),"
+            " (SELECT setting FROM pg_config WHERE name = 'BINDIR')"
+        ).fetchone()
+    assert row is not None
+    data, bindir = row
+    result = subprocess.run(
+        [
+            str(Path(bindir) / "pg_waldump"),
+            "--stats",
+            "-p",
+            str(Path(data) / "pg_wal"),
+            "-s",
+            start,
+            "-e",
+            end,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    found = _TOTAL.search(result.stdout)
+    if found is None:
+        raise RuntimeError(
+            f"pg_waldump read no WAL between {start} and {end}: {result.stderr.strip()[-300:]}"
+        )
+    return int(found[1]), int(found[2])
 
 
 def alternated(
@@ -140,6 +196,9 @@ def alternated(
             cost = run(dsn, scripts[i], clients, seconds)
             old = totals[i]
             totals[i] = Cost(
-                old.tx + cost.tx, old.cpu_seconds + cost.cpu_seconds, old.wal_bytes + cost.wal_bytes
+                old.tx + cost.tx,
+                old.cpu_seconds + cost.cpu_seconds,
+                old.wal_bytes + cost.wal_bytes,
+                old.image_bytes + cost.image_bytes,
             )
     return totals
