@@ -154,6 +154,8 @@ def wal_split(dsn: str, start: str, end: str) -> tuple[int, int]:
     """The bytes of WAL records and of full-page images between two WAL positions, as the
     server's own ``pg_waldump --stats`` counts them (read at once: a later checkpoint may
     recycle the segments)."""
+    if start == end:  # nothing written (a replay): pg_waldump would find no record to read
+        return 0, 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT current_setting('data_directory'),"
