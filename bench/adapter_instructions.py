@@ -37,7 +37,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +46,7 @@ from typing import Any
 import psycopg
 
 from bench import django_app, flask_app
+from bench.callgrind import instructions
 from bench.pairs import prepare_payments
 from pgonce.store.migrate import migrate
 
@@ -102,8 +102,12 @@ def main() -> None:
             keep = {n: args.callgrind / f"callgrind.{name}.{n}" for n in keep}
         # The two processes side by side: their counts do not depend on the timing.
         with ThreadPoolExecutor(2) as pool:
-            long_run = pool.submit(_instructions, args.dsn, variant, LONG, keep[LONG])
-            short = _instructions(args.dsn, variant, SHORT, keep[SHORT])
+            long_run = pool.submit(
+                instructions, "bench.adapter_instructions", args.dsn, variant, LONG, keep[LONG]
+            )
+            short = instructions(
+                "bench.adapter_instructions", args.dsn, variant, SHORT, keep[SHORT]
+            )
             long = long_run.result()
         print(f"| {variant} | {(long - short) / (LONG - SHORT):,.0f} |", flush=True)
     if args.callgrind is not None:
@@ -121,22 +125,6 @@ def _prepare(dsn: str) -> None:
         migrate(conn, "pgonce")
     prepare_payments(dsn, django_app.TABLE)
     prepare_payments(dsn, flask_app.TABLE)
-
-
-def _instructions(dsn: str, variant: str, count: int, keep: Path | None) -> int:
-    """The instructions of a process that answers ``count`` requests of ``variant``."""
-    with tempfile.TemporaryDirectory(prefix="pgonce-adapter-") as tmp:
-        out = keep or Path(tmp) / "callgrind.out"
-        command = ["valgrind", "--tool=callgrind", "--dump-instr=no", f"--callgrind-out-file={out}"]
-        command += [sys.executable, "-m", "bench.adapter_instructions", dsn]
-        command += ["--variant", variant, "--count", str(count)]
-        # One hash seed for every process: a dict's probing then repeats from run to run.
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        subprocess.run(command, check=True, capture_output=True, env=env)
-        for line in out.read_text(errors="replace").splitlines():
-            if line.startswith("totals:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"callgrind wrote no total for {variant}")
 
 
 def _by_function(long: Path, short: Path) -> list[tuple[str, float]]:

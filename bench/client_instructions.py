@@ -26,20 +26,17 @@ valgrind; takes a few minutes. ``--variant NAME --count N`` runs one variant in 
 from __future__ import annotations
 
 import argparse
-import os
 import select
 import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import psycopg
 import uvloop
 from psycopg import pq
 from psycopg.pq.abc import PGconn, PGresult
 
+from bench.callgrind import instructions
 from bench.clients import Trips, drive_async
 from bench.workloads import decorator, keys
 from pgonce import AsyncKeyStore
@@ -85,8 +82,8 @@ def main() -> None:
     for variant in VARIANTS:
         if args.only and args.only not in variant:
             continue
-        long = _instructions(args.dsn, variant, LONG)
-        short = _instructions(args.dsn, variant, SHORT)
+        long = instructions("bench.client_instructions", args.dsn, variant, LONG)
+        short = instructions("bench.client_instructions", args.dsn, variant, SHORT)
         print(f"| {variant} | {(long - short) / (LONG - SHORT):,.0f} |", flush=True)
 
 
@@ -102,22 +99,6 @@ def _setup_duplicates(dsn: str) -> None:
                  FROM generate_series(1, %s) AS g""",
             (keys.FP, keys.BODY, keys.DUPLICATE_KEYS),
         )
-
-
-def _instructions(dsn: str, variant: str, count: int) -> int:
-    """The instructions of a process that runs ``count`` calls of ``variant``."""
-    with tempfile.TemporaryDirectory(prefix="pgonce-client-") as tmp:
-        out = Path(tmp) / "callgrind.out"
-        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-        command += [sys.executable, "-m", "bench.client_instructions", dsn]
-        command += ["--variant", variant, "--count", str(count)]
-        # One hash seed for every process: a dict's probing then repeats from run to run.
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        subprocess.run(command, check=True, capture_output=True, env=env)
-        for line in out.read_text(errors="replace").splitlines():
-            if line.startswith("totals:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"callgrind wrote no total for {variant}")
 
 
 def _run(dsn: str, variant: str, count: int) -> None:

@@ -48,18 +48,7 @@ class Response:
             raise UsageError(f"Response status must be an int or None, not {type(status).__name__}")
         if type(body) is not bytes:
             body = _body(body)
-        plain = type(headers) is tuple
-        if plain:
-            # A plain loop: this runs for every stored response, and a generator costs more.
-            for header in headers:
-                if (
-                    type(header) is not tuple
-                    or len(header) != 2
-                    or type(header[0]) is not str
-                    or type(header[1]) is not str
-                ):
-                    plain = False
-                    break
+        plain = type(headers) is tuple and _str_pairs(headers)
         _response_status(self, status)
         _response_headers(self, headers if plain else _headers(headers))
         _response_body(self, body)
@@ -69,19 +58,15 @@ class Response:
         cls, status: int | None, headers: Sequence[Sequence[str]] | None, body: bytes | None
     ) -> Response:
         body = body if type(body) is bytes else bytes(body or b"")
-        if type(headers) is tuple and cls is Response and (status is None or type(status) is int):
-            # The key store's replays: its pairs are (name, value) tuples of str already. Checked
-            # here all the same (a plain loop), for a tuple from anywhere else.
-            for pair in headers:
-                if (
-                    type(pair) is not tuple
-                    or len(pair) != 2
-                    or type(pair[0]) is not str
-                    or type(pair[1]) is not str
-                ):
-                    break
-            else:
-                return _checked_response(status, headers, body)
+        if (
+            type(headers) is tuple
+            and cls is Response
+            and (status is None or type(status) is int)
+            and _str_pairs(headers)
+        ):
+            # The key store's replays: its pairs are (name, value) tuples of str already (checked
+            # all the same, for a tuple from anywhere else).
+            return _checked_response(status, headers, body)
         pairs = []
         # A plain loop (this runs for every replay): the pairs as stored, [name, value] lists
         # of str, become tuples as they are; anything else is made str, as it always was.
@@ -107,6 +92,20 @@ def _body(body: object) -> bytes:
             "and say which encoding in a Content-Type header"
         )
     raise UsageError(f"Response body must be bytes, not {type(body).__name__}")
+
+
+def _str_pairs(headers: tuple[Any, ...]) -> bool:
+    """Whether every member is a ``(str, str)`` tuple: headers a Response holds as they are.
+
+    A plain loop: this runs for every stored and every replayed response, and a generator costs
+    more.
+    """
+    for pair in headers:
+        if type(pair) is not tuple or len(pair) != 2:
+            return False
+        if type(pair[0]) is not str or type(pair[1]) is not str:
+            return False
+    return True
 
 
 def _headers(headers: object) -> tuple[Header, ...]:
