@@ -28,13 +28,11 @@ one variant in this process (what each measured process does).
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import os
 import pstats
 import re
-import shutil
 import subprocess
 import sys
 import uuid
@@ -46,7 +44,7 @@ from typing import Any
 import psycopg
 
 from bench import django_app, flask_app
-from bench.callgrind import instructions
+from bench.callgrind import instructions, parser, require_valgrind
 from bench.pairs import prepare_payments
 from pgonce.store.migrate import migrate
 
@@ -68,16 +66,10 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.adapter_instructions", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("dsn")
-    parser.add_argument("--variant", choices=VARIANTS)
-    parser.add_argument("--count", type=int, default=LONG)
-    parser.add_argument("--only", help="measure only the variants whose name contains this")
-    parser.add_argument("--profile", action="store_true", help="cProfile the pgonce variants")
-    parser.add_argument("--callgrind", type=Path, help="keep the long runs' callgrind output here")
-    args = parser.parse_args()
+    cli = parser("bench.adapter_instructions", __doc__, VARIANTS, LONG)
+    cli.add_argument("--profile", action="store_true", help="cProfile the pgonce variants")
+    cli.add_argument("--callgrind", type=Path, help="keep the long runs' callgrind output here")
+    args = cli.parse_args()
     if args.variant is not None:
         _run(args.dsn, args.variant, args.count, profile=args.profile)
         return
@@ -91,8 +83,7 @@ def main() -> None:
                 command += ["--variant", variant, "--count", str(args.count), "--profile"]
                 subprocess.run(command, check=True)
         return
-    if shutil.which("valgrind") is None:
-        sys.exit("bench.adapter_instructions needs valgrind (apt-get install valgrind)")
+    require_valgrind("bench.adapter_instructions")
     print("| variant | instructions per request |\n|---|---|")
     for variant in chosen:
         keep: dict[int, Path | None] = {LONG: None, SHORT: None}

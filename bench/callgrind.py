@@ -8,11 +8,35 @@ difference of the two totals, over the difference of the counts, is what one cal
 
 from __future__ import annotations
 
+import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+
+
+def parser(
+    tool: str, doc: str | None, variants: Iterable[str], count: int
+) -> argparse.ArgumentParser:
+    """The command line every such tool shares: the DSN, ``--variant NAME --count N`` (one variant
+    in this process, what each measured process runs) and ``--only`` (a subset of the variants)."""
+    parsed = argparse.ArgumentParser(
+        prog=f"python -m {tool}", description=(doc or "").split("\n\n")[0]
+    )
+    parsed.add_argument("dsn")
+    parsed.add_argument("--variant", choices=list(variants))
+    parsed.add_argument("--count", type=int, default=count)
+    parsed.add_argument("--only", help="measure only the variants whose name contains this")
+    return parsed
+
+
+def require_valgrind(tool: str) -> None:
+    """Exit with what to install when valgrind is missing."""
+    if shutil.which("valgrind") is None:
+        sys.exit(f"{tool} needs valgrind (apt-get install valgrind)")
 
 
 def instructions(tool: str, dsn: str, variant: str, count: int, keep: Path | None = None) -> int:

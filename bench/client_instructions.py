@@ -25,10 +25,7 @@ valgrind; takes a few minutes. ``--variant NAME --count N`` runs one variant in 
 
 from __future__ import annotations
 
-import argparse
 import select
-import shutil
-import sys
 from collections.abc import Sequence
 
 import psycopg
@@ -36,7 +33,7 @@ import uvloop
 from psycopg import pq
 from psycopg.pq.abc import PGconn, PGresult
 
-from bench.callgrind import instructions
+from bench.callgrind import instructions, parser, require_valgrind
 from bench.clients import Trips, drive_async
 from bench.workloads import decorator, keys
 from pgonce import AsyncKeyStore
@@ -60,19 +57,11 @@ VARIANTS = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.client_instructions", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("dsn")
-    parser.add_argument("--variant", choices=VARIANTS)
-    parser.add_argument("--count", type=int, default=LONG)
-    parser.add_argument("--only", help="measure only the variants whose name contains this")
-    args = parser.parse_args()
+    args = parser("bench.client_instructions", __doc__, VARIANTS, LONG).parse_args()
     if args.variant is not None:
         _run(args.dsn, args.variant, args.count)
         return
-    if shutil.which("valgrind") is None:
-        sys.exit("bench.client_instructions needs valgrind (apt-get install valgrind)")
+    require_valgrind("bench.client_instructions")
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         conn.execute(keys.SETUP.encode())
         columns = "(order_id text NOT NULL, amount int NOT NULL)"
