@@ -31,7 +31,7 @@ FILL = {
     "keys": """
         INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at)
         SELECT 's', g::text, sha256(g::text::bytea), now() - g * interval '1 minute',
-               CASE WHEN g % 100 = 0 THEN NULL ELSE now() END
+               CASE WHEN g % 100 = 0 THEN NULL ELSE now() - g * interval '1 minute' END
           FROM generate_series(1, 5000) AS g""",
     "inbox": """
         INSERT INTO pgonce.inbox (source, event_id, body, headers, digest, received_at, status,
@@ -78,12 +78,8 @@ RELAY_CLAIM = {"now": None, "limit": 100, "per_aggregate": 10}
 READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
     "keys": {
         "keys_pkey": ("keys", "claim_read", {"scope": "s", "key": "k"}),
-        "keys_completed_by_age": ("sweep", "delete_keys", SWEEP),
-        "keys_incomplete": (
-            "health",
-            "stuck_keys",
-            {"now": None, "stuck_after": timedelta(minutes=5)},
-        ),
+        # And every other statement of KEYS_BY_COMPLETION below.
+        "keys_by_completion": ("sweep", "delete_keys", SWEEP),
     },
     "inbox": {
         "inbox_pkey": ("inbox", "get", {"source": "github", "event_id": "7"}),
@@ -184,12 +180,37 @@ def test_each_index_has_its_reader_and_there_is_no_other(dsn: str, table: str) -
             assert index in _indexes_read(conn, statement, params), f"{group}.{name}"
 
 
-@pytest.mark.parametrize("name", ["delete_keys", "delete_keys_by_ctid"])
-def test_both_sweep_paths_read_completed_keys_by_age(dsn: str, name: str) -> None:
+STUCK = {"now": None, "stuck_after": timedelta(minutes=5)}
+
+# The statements keys_by_completion serves: both sweep paths and the retention figures by its
+# non-NULL values in age order, the stuck claims (and their listing) by its NULLs.
+KEYS_BY_COMPLETION: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "delete_keys": ("sweep", "delete_keys", SWEEP),
+    "delete_keys_by_ctid": ("sweep", "delete_keys_by_ctid", SWEEP),
+    "horizon_keys": ("health", "horizon_keys", SWEEP),
+    "stuck_keys": ("health", "stuck_keys", STUCK),
+    "stuck_claims": ("inspect", "stuck_claims", {"now": None, "older_than": DAY, "limit": 50}),
+}
+
+
+@pytest.mark.parametrize("reader", sorted(KEYS_BY_COMPLETION))
+def test_the_keys_statements_read_a_range_of_keys_by_completion(dsn: str, reader: str) -> None:
+    group, name, params = KEYS_BY_COMPLETION[reader]
     with psycopg.connect(dsn) as conn:
+        conn.execute(FILL["keys"].encode())
+        conn.execute("ANALYZE pgonce.keys")
         conn.execute("SET LOCAL enable_seqscan = off")
-        statement = getattr(pgsql.Queries("sweep", "pgonce"), name)
-        assert "keys_completed_by_age" in _indexes_read(conn, statement, SWEEP)
+        statement = getattr(pgsql.Queries(group, "pgonce"), name)
+        nodes = [
+            node
+            for node in _plan_nodes(conn, statement, params)
+            if node.get("Relation Name") == "keys"
+        ]
+        ranges = [node for node in nodes if node.get("Index Name") == "keys_by_completion"]
+        assert ranges, nodes
+        # A range of the index (an Index Cond on completed_at), never the whole index.
+        assert all("completed_at" in node.get("Index Cond", "") for node in ranges), ranges
+        assert all(node["Node Type"] != "Seq Scan" for node in nodes), nodes
 
 
 def test_every_table_of_the_schema_is_covered(dsn: str) -> None:
@@ -219,8 +240,14 @@ def test_the_idle_aggregates_sweep_probes_the_outbox_and_never_scans_it(dsn: str
         assert all(kind != "Seq Scan" for kind, _ in scans), scans
 
 
-# A retention's worth of handled rows and a small backlog: 100,000 rows, 0.3 % pending, 0.1 % dead.
+# A retention's worth of handled rows and a small backlog: 100,000 rows, 0.3 % pending, 0.1 % dead;
+# of keys, 100,000 with 0.1 % never completed.
 RETAINED = {
+    "keys": """
+        INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at)
+        SELECT 's', g::text, sha256(g::text::bytea), now() - g * interval '1 second',
+               CASE WHEN g % 1000 <> 0 THEN now() - g * interval '1 second' END
+          FROM generate_series(1, 100000) AS g""",
     "inbox": """
         INSERT INTO pgonce.inbox (source, event_id, body, headers, digest, received_at, status,
                                   next_attempt_at, processed_at)
@@ -241,25 +268,30 @@ RETAINED = {
 
 
 @pytest.mark.parametrize(
-    ("table", "group", "name", "indexes"),
+    ("table", "group", "name", "indexes", "params"),
     [
-        ("inbox", "inspect", "inbox_backlog", {"inbox_pending", "inbox_dead"}),
-        ("outbox", "outbox", "backlog", {"outbox_pending", "outbox_parked"}),
+        ("inbox", "inspect", "inbox_backlog", {"inbox_pending", "inbox_dead"}, {"now": None}),
+        ("outbox", "outbox", "backlog", {"outbox_pending", "outbox_parked"}, {"now": None}),
+        # The stuck claims: keys_by_completion's NULLs, never its completed keys.
+        ("keys", "health", "stuck_keys", {"keys_by_completion"}, STUCK),
     ],
 )
 def test_the_metrics_read_the_backlog_and_never_the_retained_rows(
-    dsn: str, table: str, group: str, name: str, indexes: set[str]
+    dsn: str, table: str, group: str, name: str, indexes: set[str], params: dict[str, Any]
 ) -> None:
     with psycopg.connect(dsn) as conn:
         conn.execute(RETAINED[table].encode())
         conn.execute(f"ANALYZE pgonce.{table}".encode())
         statement = getattr(pgsql.Queries(group, "pgonce"), name)
-        nodes = list(_plan_nodes(conn, statement, {"now": None}))
+        nodes = list(_plan_nodes(conn, statement, params))
         # The planner's own choice (sequential scans not priced out): every scrape runs this.
         assert {node["Index Name"] for node in nodes if "Index Name" in node} == indexes
         scans = [node["Node Type"] for node in nodes if node.get("Relation Name") == table]
         assert scans, "the statement reads no table"
         assert "Seq Scan" not in scans, scans
+        # An index that also holds the retained rows is read by a range of the backlog's alone.
+        unfiltered = [n for n in nodes if n.get("Index Name") == "keys_by_completion"]
+        assert all("IS NULL" in n.get("Index Cond", "") for n in unfiltered), unfiltered
 
 
 # A completion that changes no column an index reads, and whose new version fits on the row's
@@ -310,10 +342,10 @@ def test_the_completions_of_once_and_begin_are_hot_updates(dsn: str, path: str) 
     assert (after[0] - before[0], after[1] - before[1]) == (60, 60)
 
 
-def test_a_bare_claims_completion_moves_it_between_the_partial_indexes(dsn: str) -> None:
-    # A bare claim() is born with completed_at NULL, in keys_incomplete, for the stuck-claims
-    # check (its caller may commit it without a response); its completion moves it to
-    # keys_completed_by_age, which no HOT update can do.
+def test_a_bare_claims_completion_is_not_a_hot_update(dsn: str) -> None:
+    # A bare claim() is born with completed_at NULL, among keys_by_completion's NULLs, for the
+    # stuck-claims check (its caller may commit it without a response); its completion sets
+    # completed_at, a new keys_by_completion entry, which no HOT update can write.
     with psycopg.connect(dsn, autocommit=True) as conn:
         before = _updates(conn)
         _complete(conn, "claim", "k")
@@ -322,8 +354,8 @@ def test_a_bare_claims_completion_moves_it_between_the_partial_indexes(dsn: str)
 
 
 def test_a_bare_claim_committed_without_a_response_is_still_a_stuck_claim(dsn: str) -> None:
-    # What keys_incomplete is kept for: the born-completed claims of once() and begin() cannot
-    # be committed without their response, a bare claim()'s can.
+    # What keys_by_completion's NULLs are for: the born-completed claims of once() and begin()
+    # cannot be committed without their response, a bare claim()'s can.
     from datetime import UTC, datetime
 
     from pgonce import KeyStore, Won
@@ -362,7 +394,7 @@ CONSOLE: dict[str, tuple[str, set[str], dict[str, Any]]] = {
     "outbox_page_parked": ("outbox", {"outbox_parked"}, OUTBOX_PAGE),
     "outbox_detail": ("outbox", {"outbox_pkey"}, {"id": 7}),
     "outbox_counts_by_type": ("outbox", {"outbox_parked"}, {}),
-    "chart_keys": ("keys", {"keys_completed_by_age"}, CHART),
+    "chart_keys": ("keys", {"keys_by_completion"}, CHART),
     "chart_inbox": (
         "inbox",
         {"inbox_finished_by_age", "inbox_pending", "inbox_dead"},

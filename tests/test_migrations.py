@@ -258,3 +258,57 @@ def test_keys_stored_before_the_hot_completions_migration_replay_after_it(empty_
             assert op.replayed
             assert op.response is not None
             assert op.response.body == b"new"
+
+
+def test_keys_stored_before_the_one_completion_index_replay_after_it(empty_dsn: str) -> None:
+    # 0019 replaces keys_incomplete and keys_completed_by_age with keys_by_completion. Every key
+    # stored before it is still there and reads the same: completed keys replay, a claim committed
+    # without a response is still in flight and still stuck, and the sweeper finds the keys due.
+    from datetime import UTC, datetime, timedelta
+
+    from pgonce import InFlight, KeyStore, Response, Won, fingerprint
+    from pgonce.core.retention import SweepLimits
+    from pgonce.store._sync.health import HealthCheck
+    from pgonce.store._sync.sweeper import Sweeper
+    from pgonce.store.migrate import _apply_one
+
+    fp = fingerprint("POST", "/orders", b"{}")
+    store = KeyStore()
+    now, day = datetime.now(UTC), timedelta(days=1)
+    responses = {f"k{i}": Response(201, body=b'{"n": %d}' % i) for i in range(6)}
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for m in pgsql.migrations():
+            if m.version < 19:
+                _apply_one(conn, "pgonce", m.text, m.version, m.name)
+        for name, response in responses.items():
+            if name in ("k0", "k1"):  # begin()'s statements
+                assert store.commit(conn, store.begin(conn, "tenant", name, fp), response)
+            elif name in ("k2", "k3"):  # once() in the caller's transaction
+                with conn.transaction(), store.once(conn, "tenant", name, fp) as op:
+                    op.respond(response)
+            else:  # a bare claim() and its completion
+                with conn.transaction():
+                    claim = store.claim(conn, "tenant", name, fp)
+                    assert isinstance(claim, Won)
+                    assert store.complete(conn, claim, response)
+        with conn.transaction():
+            assert isinstance(store.claim(conn, "tenant", "stuck", fp, now=now - day), Won)
+        with conn.transaction():  # due for the sweeper: completed 40 days ago
+            claim = store.claim(conn, "tenant", "old", fp, now=now - 40 * day)
+            assert isinstance(claim, Won)
+            assert store.complete(conn, claim, Response(200), now=now - 40 * day)
+        before = conn.execute("SELECT count(*) FROM pgonce.keys").fetchone()
+        assert migrate(conn, "pgonce") == [19]
+        assert conn.execute("SELECT count(*) FROM pgonce.keys").fetchone() == before
+        for name, response in responses.items():
+            with store.once(conn, "tenant", name, fp, commit=True) as op:
+                assert op.replayed, name
+                assert op.response == response
+        with store.once(conn, "tenant", "stuck", fp, commit=True) as op:
+            assert isinstance(op.claim, InFlight)
+        report = HealthCheck(targets=["keys"]).check(conn)
+        stuck = [f for f in report.findings if f.check == "stuck claims"]
+        assert [(f.status, f.value.split(" ")[0]) for f in stuck] == [("fail", "1")]
+        swept = Sweeper(targets=["keys"], limits=SweepLimits(pause=timedelta(0))).sweep(conn)
+        assert swept.deleted == 1
+        assert conn.execute("SELECT count(*) FROM pgonce.keys WHERE key = 'old'").fetchone() == (0,)

@@ -50,22 +50,26 @@ def add_keys(
     age: timedelta,
     scope: str = "api",
     completed: bool = True,
+    completed_age: timedelta | None = None,
     prefix: str = "k",
 ) -> None:
-    """``count`` keys claimed ``age`` before NOW, completed or still in flight."""
+    """``count`` keys claimed ``age`` before NOW, completed (``completed_age`` before NOW, by
+    default at once) or still in flight."""
     claimed_at = NOW - age
+    completed_at = NOW - (age if completed_age is None else completed_age)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             """INSERT INTO pgonce.keys (scope, key, fingerprint, claimed_at, completed_at,
                                        response_status)
                SELECT %(scope)s, %(prefix)s || g, sha256(g::text::bytea), %(claimed_at)s,
-                      CASE WHEN %(completed)s THEN %(claimed_at)s END,
+                      CASE WHEN %(completed)s THEN %(completed_at)s END,
                       CASE WHEN %(completed)s THEN 200 END
                  FROM generate_series(1, %(count)s) AS g""",
             {
                 "scope": scope,
                 "prefix": prefix,
                 "claimed_at": claimed_at,
+                "completed_at": completed_at,
                 "completed": completed,
                 "count": count,
             },
@@ -140,6 +144,20 @@ def test_only_completed_keys_past_their_retention_go(dsn: str, by_ctid: bool) ->
     assert remaining(dsn, "key LIKE 'old-in-flight-%'") == 3
     assert remaining(dsn, "key LIKE 'young-done-%'") == 4
     assert remaining(dsn) == 7
+
+
+def test_retention_counts_from_the_completion(dsn: str, by_ctid: bool) -> None:
+    # A key answered long after its claim (a bare claim() or a two-phase request) is kept for its
+    # retention after the answer; the sweep notes the completion time it deleted.
+    add_keys(dsn, 2, age=40 * DAY, completed_age=29 * DAY, prefix="late-")
+    add_keys(dsn, 3, age=40 * DAY, completed_age=31 * DAY, prefix="due-")
+    assert sweep(dsn, Sweeper(ctid=by_ctid, limits=limits(100))).deleted == 3
+    assert remaining(dsn, "key LIKE 'late-%'") == remaining(dsn) == 2
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        newest = conn.execute(
+            "SELECT newest FROM pgonce.sweep_marks WHERE target = 'keys' AND scope = 'api'"
+        ).fetchone()
+    assert newest == (NOW - 31 * DAY,)
 
 
 def test_an_open_claim_in_another_transaction_is_untouched(

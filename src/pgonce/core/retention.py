@@ -114,7 +114,7 @@ class SweepTarget:
 KEYS = SweepTarget(
     name="keys",
     scope_word="scope",
-    age_column="claimed_at",
+    age_column="completed_at",
     deletable="completed keys (completed_at IS NOT NULL); never a claim in flight",
     has_stuck=True,
     has_ctid_twin=True,
@@ -213,7 +213,9 @@ def format_duration(value: timedelta) -> str:
 class Retention:
     """How long rows are kept, and how long the other side keeps retrying them."""
 
+    #: How long a row is kept, from its target's age column (a key: from its completion).
     keep: timedelta = DEFAULT_RETENTION
+    #: How long senders keep retrying; ``keep`` must cover it.
     retry_horizon: timedelta = DEFAULT_RETRY_HORIZON
 
 

@@ -80,7 +80,7 @@ class KeyPages(ConsoleBase):
             )
         policy = next((p for p in self.health.policies if p.target == KEYS.name), None)
         keep = policy.for_scope(scope).keep if policy else None
-        expires = found.claimed_at + keep if keep and found.completed_at else None
+        expires = found.completed_at + keep if keep and found.completed_at else None
         facts = [
             ["scope", escape(found.scope)],
             ["key", escape(found.key)],

@@ -113,10 +113,11 @@ SELECT id, aggregatetype, aggregateid, type, created_at, published_at, attempts,
 -- Buckets without rows are absent; the console fills them with zeros.
 
 -- name: chart_keys
--- Keys claimed (and completed) per bucket: the API calls pgonce answered (keys_completed_by_age).
-SELECT floor(extract(epoch FROM claimed_at - %(since)s::timestamptz) / %(step_s)s)::integer, count(*)
+-- Keys completed per bucket: the API calls pgonce answered, by the time of the answer
+-- (keys_by_completion).
+SELECT floor(extract(epoch FROM completed_at - %(since)s::timestamptz) / %(step_s)s)::integer, count(*)
   FROM {schema}.keys
- WHERE completed_at IS NOT NULL AND claimed_at >= %(since)s::timestamptz
+ WHERE completed_at >= %(since)s::timestamptz
  GROUP BY 1
 
 -- name: chart_inbox

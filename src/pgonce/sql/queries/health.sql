@@ -16,11 +16,12 @@
 SELECT coalesce(%(now)s::timestamptz, now())
 
 -- name: horizon_keys
--- Both figures come from keys_completed_by_age: the oldest key is an index probe, the overdue
--- count reads only overdue rows (none, when the sweeper keeps up).
+-- Both figures come from keys_by_completion, by completed_at as the sweeper ages keys: the oldest
+-- key is an index probe, the overdue count reads only overdue rows (none, when the sweeper keeps
+-- up).
 SELECT g.scope,
        coalesce(%(now)s::timestamptz, now()) - (
-           SELECT min(k.claimed_at)
+           SELECT min(k.completed_at)
              FROM {schema}.keys AS k
             WHERE k.completed_at IS NOT NULL
               AND CASE WHEN g.scope IS NULL THEN k.scope <> ALL (%(scopes)s::text[])
@@ -28,8 +29,7 @@ SELECT g.scope,
        ) AS oldest_age,
        (SELECT count(*)
           FROM {schema}.keys AS k
-         WHERE k.completed_at IS NOT NULL
-           AND k.claimed_at < coalesce(%(now)s::timestamptz, now()) - g.keep
+         WHERE k.completed_at < coalesce(%(now)s::timestamptz, now()) - g.keep
            AND CASE WHEN g.scope IS NULL THEN k.scope <> ALL (%(scopes)s::text[])
                     ELSE k.scope = g.scope END
        ) AS overdue,
@@ -45,7 +45,8 @@ SELECT g.scope,
         SELECT NULL, %(default_keep)s::interval) AS g(scope, keep)
 
 -- name: stuck_keys
--- Claims committed without a response and older than the threshold (the keys_incomplete index).
+-- Claims committed without a response and older than the threshold: keys_by_completion finds
+-- the claims that never completed (its NULLs), never the retained keys.
 SELECT count(*), coalesce(%(now)s::timestamptz, now()) - min(claimed_at)
   FROM {schema}.keys
  WHERE completed_at IS NULL

@@ -53,7 +53,8 @@ SELECT source, event_id, status, attempts, received_at, next_attempt_at, process
  WHERE source = %(source)s AND event_id = %(event_id)s
 
 -- name: stuck_claims
--- Claims in flight for longer than %(older_than)s: the rows the health check counts, by name.
+-- Claims in flight for longer than %(older_than)s: the rows the health check counts, by name
+-- (keys_by_completion's NULLs, sorted).
 SELECT scope, key, claimed_at
   FROM {schema}.keys
  WHERE completed_at IS NULL

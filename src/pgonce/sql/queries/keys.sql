@@ -31,9 +31,9 @@ SELECT state, fingerprint, claimed_at, completed_at, response_status, response_h
 --
 -- The row is born with completed_at set: begin()'s transaction either stores the response
 -- (commit()) or rolls back, so nobody ever reads the row without it, and the completion then
--- changes no column that an index reads (keys_incomplete and keys_completed_by_age filter on
--- completed_at): a HOT update, which writes no index entry and a smaller WAL record, as long as
--- the new version fits on the row's page (the table's fillfactor keeps room for it, 0013).
+-- changes no column that an index reads (keys_by_completion indexes completed_at): a HOT
+-- update, which writes no index entry and a smaller WAL record, as long as the new version fits
+-- on the row's page (the table's fillfactor keeps room for it, 0013).
 -- Whether a response was stored is response_headers IS NULL or not (see the keys table).
 --
 -- RETURNING also gives the row's ctid: commit() completes the row by it (see complete).
@@ -71,7 +71,7 @@ SELECT k.fingerprint::bytea, k.claimed_at, k.completed_at, k.response_status,
 -- Only a claim without a response is completed: a second completion changes nothing. A claim of
 -- begin() or once() keeps the completed_at it was born with (unless a time is given), so that
 -- nothing an index reads changes and the update is HOT; a bare claim() gets its completion time
--- here (and moves from keys_incomplete to keys_completed_by_age).
+-- here (and a new keys_by_completion entry: not a HOT update).
 --
 -- commit() appends `AND ctid = $row::tid` for a claim of begin(): the row is reached by the ctid
 -- its INSERT returned (a TID scan) instead of descending the primary key. The row cannot have

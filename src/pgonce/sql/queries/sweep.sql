@@ -48,28 +48,29 @@ SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus'
 
 -- name: delete_keys
 -- Completed keys only: a claim in flight is never deleted, however old (a claim() committed
--- without its response has completed_at NULL; a begin() claim is invisible until it commits
--- with its response).
--- claimed_at ages a key: a provider's retry horizon runs from its first delivery. Oldest first,
--- through keys_completed_by_age: a batch reads the rows it deletes, not the table.
+-- without its response has completed_at NULL, which no bound is greater than; a begin() claim is
+-- invisible until it commits with its response).
+-- completed_at ages a key: its retention runs from the stored answer. For a claim of begin() or
+-- once(), born completed, that is its claim time, from which a provider's retry horizon runs; a
+-- bare claim() or a two-phase request answered later is kept longer by as much. Oldest first,
+-- through keys_by_completion: a batch reads the rows it deletes, not the table.
 -- A completed key keeps a lease row (key_leases) only when the completer retired its two-phase
 -- request (the record health counts): it goes with the key, so that the key can be claimed again.
 WITH doomed AS MATERIALIZED (
-    SELECT k.ctid, k.scope, k.key, k.claimed_at
+    SELECT k.ctid, k.scope, k.key, k.completed_at
       FROM {schema}.keys AS k
       LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
              ON p.scope = k.scope
-     WHERE k.completed_at IS NOT NULL
-       AND k.claimed_at < coalesce(%(now)s::timestamptz, now()) - %(min_keep)s::interval
-       AND k.claimed_at < coalesce(%(now)s::timestamptz, now())
-                          - coalesce(p.keep, %(default_keep)s::interval)
-     ORDER BY k.claimed_at
+     WHERE k.completed_at < coalesce(%(now)s::timestamptz, now()) - %(min_keep)s::interval
+       AND k.completed_at < coalesce(%(now)s::timestamptz, now())
+                            - coalesce(p.keep, %(default_keep)s::interval)
+     ORDER BY k.completed_at
      LIMIT %(batch_size)s
        FOR UPDATE OF k SKIP LOCKED
 ),
 noted AS (
     INSERT INTO {schema}.sweep_marks AS m (target, scope, deleted, newest, swept_at)
-    SELECT 'keys', d.scope, count(*), max(d.claimed_at), coalesce(%(now)s::timestamptz, now())
+    SELECT 'keys', d.scope, count(*), max(d.completed_at), coalesce(%(now)s::timestamptz, now())
       FROM doomed AS d
      GROUP BY 2
      ORDER BY 2
@@ -90,21 +91,20 @@ DELETE FROM {schema}.keys AS k
 -- name: delete_keys_by_ctid
 -- delete_keys, joined on ctid: plain PostgreSQL only (see the header).
 WITH doomed AS MATERIALIZED (
-    SELECT k.ctid, k.scope, k.key, k.claimed_at
+    SELECT k.ctid, k.scope, k.key, k.completed_at
       FROM {schema}.keys AS k
       LEFT JOIN unnest(%(scopes)s::text[], %(keeps)s::interval[]) AS p(scope, keep)
              ON p.scope = k.scope
-     WHERE k.completed_at IS NOT NULL
-       AND k.claimed_at < coalesce(%(now)s::timestamptz, now()) - %(min_keep)s::interval
-       AND k.claimed_at < coalesce(%(now)s::timestamptz, now())
-                          - coalesce(p.keep, %(default_keep)s::interval)
-     ORDER BY k.claimed_at
+     WHERE k.completed_at < coalesce(%(now)s::timestamptz, now()) - %(min_keep)s::interval
+       AND k.completed_at < coalesce(%(now)s::timestamptz, now())
+                            - coalesce(p.keep, %(default_keep)s::interval)
+     ORDER BY k.completed_at
      LIMIT %(batch_size)s
        FOR UPDATE OF k SKIP LOCKED
 ),
 noted AS (
     INSERT INTO {schema}.sweep_marks AS m (target, scope, deleted, newest, swept_at)
-    SELECT 'keys', d.scope, count(*), max(d.claimed_at), coalesce(%(now)s::timestamptz, now())
+    SELECT 'keys', d.scope, count(*), max(d.completed_at), coalesce(%(now)s::timestamptz, now())
       FROM doomed AS d
      GROUP BY 2
      ORDER BY 2
