@@ -61,12 +61,12 @@ from decimal import Decimal
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from pgonce.core.fingerprint import fingerprint_of
-from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won, _checked_response
+from pgonce.core.outcomes import Claim, InFlight, Replay, Response, _checked_response
 from pgonce.errors import KeyInFlight, UsageError
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._async.keys import rollback_quietly as async_rollback_quietly
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
-from pgonce.store.wire import json_value
+from pgonce.store.wire import headers_json, json_value
 
 __all__ = ["Codec", "JSONCodec", "idempotent"]
 
@@ -328,6 +328,7 @@ class _Call(Generic[P]):
             else None
         )
         self.headers = (("content-type", str(getattr(options.codec, "content_type", ""))),)
+        self.headers_json = headers_json(self.headers)  # as a completion stores them
         parameters = signature.parameters.values()
         kinds = inspect.Parameter
         self.plain = all(
@@ -408,6 +409,11 @@ class _Call(Generic[P]):
             return _checked_response(None, self.headers, body)
         return Response(headers=self.headers, body=body)
 
+    def _body(self, result: object) -> bytes:
+        """The stored body of ``result``: what :meth:`_stored` would hold, without the Response."""
+        body = self.options.codec.encode(result)
+        return body if type(body) is bytes else Response(body=body).body
+
     def _replayed(self, claim: Claim, key: str) -> Any:
         if isinstance(claim, InFlight):
             raise KeyInFlight(self.scope, key, claim.retry_after, claim.reason)
@@ -422,20 +428,21 @@ class _Call(Generic[P]):
         options = self.options
         if options.commit:
             # once(commit=True)'s block, written out: begin(), the function, commit(), without
-            # the block's object and its checks of what this call made itself.
+            # the block's object and its checks of what this call made itself, nor a Won and a
+            # Response made only to be read back by commit().
             scope = self.scope
             wait_ms = store._checked_wait_ms(conn, scope, key, fp, options.wait)
-            claim = store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
-            if not isinstance(claim, Won):
-                store._commit(conn, claim, None, (), None)  # begin() ended it: nothing is sent
-                return self._replayed(claim, key)
+            claimed = store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
+            if not isinstance(claimed, tuple):
+                store._commit(conn, claimed, None, (), None)  # begin() ended it: nothing is sent
+                return self._replayed(claimed, key)
             try:
                 result = self.function(*args, **kwargs)
-                response = self._stored(result)
+                body = self._body(result)
             except BaseException:
                 rollback_quietly(conn)
                 raise
-            store._commit(conn, claim, response, (), None)
+            store._complete_owned(conn, claimed, self.headers_json, body)
             return result
         with store.once(conn, self.scope, key, fp, wait=options.wait) as op:
             if op.won:
@@ -452,17 +459,17 @@ class _Call(Generic[P]):
         if options.commit:  # as in run()
             scope = self.scope
             wait_ms = store._checked_wait_ms(conn, scope, key, fp, options.wait)
-            claim = await store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
-            if not isinstance(claim, Won):
-                await store._commit(conn, claim, None, (), None)
-                return self._replayed(claim, key)
+            claimed = await store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
+            if not isinstance(claimed, tuple):
+                await store._commit(conn, claimed, None, (), None)
+                return self._replayed(claimed, key)
             try:
                 result = await self.function(*args, **kwargs)
-                response = self._stored(result)
+                body = self._body(result)
             except BaseException:
                 await async_rollback_quietly(conn)
                 raise
-            await store._commit(conn, claim, response, (), None)
+            await store._complete_owned(conn, claimed, self.headers_json, body)
             return result
         async with store.once(conn, self.scope, key, fp, wait=options.wait) as op:
             if op.won:
