@@ -61,12 +61,12 @@ from decimal import Decimal
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from pgonce.core.fingerprint import fingerprint_of
-from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won, _checked_response
+from pgonce.core.outcomes import Claim, InFlight, Replay, Response, _checked_response
 from pgonce.errors import KeyInFlight, UsageError
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._async.keys import rollback_quietly as async_rollback_quietly
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
-from pgonce.store.wire import json_value
+from pgonce.store.wire import headers_json, json_value
 
 __all__ = ["Codec", "JSONCodec", "idempotent"]
 
@@ -289,14 +289,14 @@ class Idempotent:
 
             @functools.wraps(function)
             async def called_async(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return await run_async(*args, **kwargs)
+                return await run_async(args, kwargs)
 
             return called_async
         run = call.run
 
         @functools.wraps(function)
         def called(*args: P.args, **kwargs: P.kwargs) -> Any:
-            return run(*args, **kwargs)
+            return run(args, kwargs)
 
         return called
 
@@ -328,6 +328,7 @@ class _Call(Generic[P]):
             else None
         )
         self.headers = (("content-type", str(getattr(options.codec, "content_type", ""))),)
+        self.headers_json = headers_json(self.headers)  # as a completion stores them
         parameters = signature.parameters.values()
         kinds = inspect.Parameter
         self.plain = all(
@@ -344,36 +345,51 @@ class _Call(Generic[P]):
         #: Every parameter can be given by position: a call that gives them all so, and no
         #: keyword, names each one exactly once.
         self.all_positional = self.plain and len(self.positional) == len(signature.parameters)
+        #: How many arguments a call that gives every parameter by position has (-1 where
+        #: not every parameter can be given so): such a call has each argument at its
+        #: parameter's index.
+        self.by_position = len(self.positional) if self.all_positional else -1
+        self.conn_index = self.conn.index
+        #: The payload's arguments of such a call: (name, index), in the signature's order.
+        self.others = tuple(
+            (name, index)
+            for index, name in enumerate(self.positional)
+            if name != options.connection
+        )
+        self.key_function = None if isinstance(options.key, str) else options.key
+        self.payload_function = None if isinstance(options.payload, str) else options.payload
 
     def claim(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, bytes]:
         """The call's connection, key and fingerprint."""
-        options = self.options
-        conn = self.conn.of(args, kwargs)
+        positional = not kwargs and len(args) == self.by_position
+        conn = args[self.conn_index] if positional else self.conn.of(args, kwargs)  # type: ignore[index]
         if self.key is not None:
-            key = _key_text(self.key.of(args, kwargs))
+            value = self.key.of(args, kwargs)
         else:
-            key = _key_text(options.key(*args, **kwargs))  # type: ignore[operator]
+            value = self.key_function(*args, **kwargs)  # type: ignore[misc]
+        key = value if type(value) is str else _key_text(value)
         if self.payload is not None:
             payload = self.payload.of(args, kwargs)
-        elif options.payload is not None:
-            payload = options.payload(*args, **kwargs)  # type: ignore[operator]
+        elif self.payload_function is not None:
+            payload = self.payload_function(*args, **kwargs)
+        elif positional:
+            # Every argument given by position (the usual call): nothing to merge or check.
+            payload = {}
+            for name, index in self.others:
+                payload[name] = args[index]
         else:
             payload = self.arguments(args, kwargs)
         return conn, key, fingerprint_of(_canonical_bytes(payload, "the call's arguments"))
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Every argument by name, defaults included, but the connection.
+        """Every argument by name, defaults included, but the connection, for a call that does
+        not give every parameter by position (:meth:`claim` reads those itself).
 
         Without binding the signature when the call is plain (no ``*args``/``**kwargs`` in the
         signature, every name known, none given twice): binding costs more than the rest of the
         fingerprint. Any other call is bound, which raises the TypeError the function would.
         """
         names = self.positional
-        if not kwargs and self.all_positional and len(args) == len(names):
-            # Every argument given by position (the usual call): nothing to merge or check.
-            payload = dict(zip(names, args, strict=True))
-            del payload[self.conn.name]
-            return payload
         if self.plain and len(args) <= len(names):
             given = dict(zip(names, args, strict=False))
             keywords = kwargs.keys()
@@ -393,33 +409,40 @@ class _Call(Generic[P]):
             return _checked_response(None, self.headers, body)
         return Response(headers=self.headers, body=body)
 
+    def _body(self, result: object) -> bytes:
+        """The stored body of ``result``: what :meth:`_stored` would hold, without the Response."""
+        body = self.options.codec.encode(result)
+        return body if type(body) is bytes else Response(body=body).body
+
     def _replayed(self, claim: Claim, key: str) -> Any:
         if isinstance(claim, InFlight):
             raise KeyInFlight(self.scope, key, claim.retry_after, claim.reason)
         assert isinstance(claim, Replay)
         return self.options.codec.decode(claim.response.body)
 
-    def run(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # The wrapper's arguments as they came, not unpacked and packed again for this call.
         conn, key, fp = self.claim(args, kwargs)
         store = self.store
         assert isinstance(store, KeyStore)
         options = self.options
         if options.commit:
             # once(commit=True)'s block, written out: begin(), the function, commit(), without
-            # the block's object and its checks of what this call made itself.
+            # the block's object and its checks of what this call made itself, nor a Won and a
+            # Response made only to be read back by commit().
             scope = self.scope
             wait_ms = store._checked_wait_ms(conn, scope, key, fp, options.wait)
-            claim = store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
-            if not isinstance(claim, Won):
-                store._commit(conn, claim, None, (), None)  # begin() ended it: nothing is sent
-                return self._replayed(claim, key)
+            claimed = store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
+            if not isinstance(claimed, tuple):
+                store._commit(conn, claimed, None, (), None)  # begin() ended it: nothing is sent
+                return self._replayed(claimed, key)
             try:
                 result = self.function(*args, **kwargs)
-                response = self._stored(result)
+                body = self._body(result)
             except BaseException:
                 rollback_quietly(conn)
                 raise
-            store._commit(conn, claim, response, (), None)
+            store._complete_owned(conn, claimed, self.headers_json, body)
             return result
         with store.once(conn, self.scope, key, fp, wait=options.wait) as op:
             if op.won:
@@ -428,7 +451,7 @@ class _Call(Generic[P]):
                 return result
         return self._replayed(op.claim, key)
 
-    async def run_async(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+    async def run_async(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         conn, key, fp = self.claim(args, kwargs)
         store = self.store
         assert isinstance(store, AsyncKeyStore)
@@ -436,17 +459,17 @@ class _Call(Generic[P]):
         if options.commit:  # as in run()
             scope = self.scope
             wait_ms = store._checked_wait_ms(conn, scope, key, fp, options.wait)
-            claim = await store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
-            if not isinstance(claim, Won):
-                await store._commit(conn, claim, None, (), None)
-                return self._replayed(claim, key)
+            claimed = await store._begin(conn, scope, key, fp, wait_ms, None, _OWNED_REFUSAL)
+            if not isinstance(claimed, tuple):
+                await store._commit(conn, claimed, None, (), None)
+                return self._replayed(claimed, key)
             try:
                 result = await self.function(*args, **kwargs)
-                response = self._stored(result)
+                body = self._body(result)
             except BaseException:
                 await async_rollback_quietly(conn)
                 raise
-            await store._commit(conn, claim, response, (), None)
+            await store._complete_owned(conn, claimed, self.headers_json, body)
             return result
         async with store.once(conn, self.scope, key, fp, wait=options.wait) as op:
             if op.won:

@@ -379,6 +379,30 @@ def test_a_default_given_or_left_out_and_any_call_shape_is_the_same_call(
     assert ran == [5]
 
 
+def test_every_argument_by_position_is_the_same_call_as_by_name(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    # A call that gives every parameter by position is read without merging or binding: the
+    # connection where it stands (not first here), every other argument in the fingerprint.
+    ran: list[int] = []
+
+    @idempotent(key=lambda order_id, db, amount: order_id, connection="db", commit=True)
+    def pay(order_id: str, db: psycopg.Connection[Any], amount: int) -> int:
+        ran.append(amount)
+        return amount
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert pay("o-13", conn, 5) == 5
+        assert pay(amount=5, db=conn, order_id="o-13") == 5
+        with pytest.raises(KeyMismatch):
+            pay("o-13", conn, 6)
+    assert ran == [5]
+    expected = fingerprint(b'{"amount":5,"order_id":"o-13"}')
+    scope = f"{pay.__module__}.{pay.__qualname__}"
+    with psycopg.connect(dsn) as conn, KeyStore().once(conn, scope, "o-13", expected) as op:
+        assert op.replayed
+
+
 def test_in_flight_inside_the_callers_transaction_leaves_it_usable(
     dsn: str, db: psycopg.Connection[Any]
 ) -> None:

@@ -351,7 +351,11 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
     connection's handlers, as psycopg's own fetch would pass them on.
 
     libpq is asked for input only after a wait said the socket is readable: a read attempted
-    before the answer came would be a system call for nothing.
+    before the answer came would be a system call for nothing. It is asked whether it is busy
+    only where the next result may need input: not for the end marker that follows a result,
+    which ``PQgetResult`` returns without reading (the result's command is over; it blocks
+    only while a command waits for data not read yet). Each ask is a call into libpq that
+    releases and takes back the GIL, and a statement was asked about twice.
     """
     while pgconn.flush():
         ready = yield _WAIT_RW
@@ -361,7 +365,7 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
     ended = 0  # statements whose result and end marker were read
     last: PGresult | None = None
     while True:
-        while pgconn.is_busy():
+        while last is None and pgconn.is_busy():
             yield _WAIT_R
             try:
                 pgconn.consume_input()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import psycopg
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
+from psycopg.pq.abc import PGresult
 from psycopg.types.json import Jsonb
 
 from pgonce.config import (
@@ -250,7 +251,10 @@ class KeyStore:
         an error the transaction has been rolled back.
         """
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
-        return self._begin(conn, scope, key, fingerprint, wait_ms, now)
+        claimed = self._begin(conn, scope, key, fingerprint, wait_ms, now)
+        if isinstance(claimed, tuple):  # won: its Won, from the claim's result
+            return won(scope, key, fingerprint, *wire.claimed(claimed[2]))
+        return claimed
 
     def _begin(
         self,
@@ -261,9 +265,11 @@ class KeyStore:
         wait_ms: int,
         now: datetime | None,
         refusal: str = _BEGIN_REFUSAL,
-    ) -> Claim:
+    ) -> Claim | Owned:
         # begin() once its arguments were checked (by begin(), or by once() when it was called).
         # ``refusal``: what a connection that cannot begin here is told (once()'s own words).
+        # A won claim is returned as the batch answered it (Owned): begin() and once() make
+        # their Won of it, @idempotent completes it with _complete_owned() and needs none.
         if conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
             raise UsageError(refusal)
         if not self._named:
@@ -290,7 +296,7 @@ class KeyStore:
                     raise failed[1]
                 inserted = results[1]
                 if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
-                    return won(scope, key, fingerprint, *wire.claimed(inserted))
+                    return scope, key, inserted
                 # Another claim has the key: read it and end this transaction, which wrote
                 # nothing, in one round trip.
                 results = round_trip(
@@ -404,6 +410,37 @@ class KeyStore:
             with translate_errors("completing a key"):
                 raise error
         return len(commands) > 1 and results[-2].command_tuples == 1
+
+    def _complete_owned(
+        self, conn: Connection[Row], owned: Owned, headers: bytes, body: bytes
+    ) -> None:
+        """_commit() of a claim that _begin() won, for a response with no status, its
+        ``headers`` as they are stored (wire.headers_json()): the completion and COMMIT in one
+        round trip. If it fails, the transaction is rolled
+        back and the error raised, as a pgonce error."""
+        scope, key, inserted = owned
+        encoding = wire.encoding(conn)  # the connection's now: the work may have changed it
+        completion = (
+            scope.encode(encoding),
+            key.encode(encoding),
+            None,
+            headers,
+            body,
+            None,
+            wire.row(inserted),
+        )
+        commands: list[Command] = [(self._complete_claimed, completion), _COMMIT]
+        try:
+            results = round_trip(conn, commands, named=self._named, always=self._always)
+            failed = wire.failure(conn, results)
+        except BaseException:
+            rollback_quietly(conn)
+            with translate_errors("completing a key"):
+                raise
+        if failed:
+            rollback_quietly(conn)
+            with translate_errors("completing a key"):
+                raise failed[1]
 
     def complete(
         self,
@@ -577,9 +614,12 @@ class Operation(Generic[Row]):
         scope, key, fingerprint = self._args
         conn = self._conn
         if self._owned:
-            self._claim = self._store._begin(
+            claimed = self._store._begin(
                 conn, scope, key, fingerprint, self._wait_ms, self._now, _OWNED_REFUSAL
             )
+            if isinstance(claimed, tuple):  # won (as in begin())
+                claimed = won(scope, key, fingerprint, *wire.claimed(claimed[2]))
+            self._claim = claimed
         else:
             if conn.pgconn.transaction_status == _IDLE:
                 if conn.autocommit:
@@ -659,6 +699,10 @@ def _open_transaction(conn: Connection[Row]) -> None:
             # ahead of the first one: an empty statement lets it send that BEGIN.
             cursor(conn).execute(b"SELECT")
 
+
+#: A claim that _begin() won: its scope and key, and the claim's result (the row's claimed_at
+#: and ctid).
+Owned = tuple[str, str, PGresult]
 
 _NO_RESPONSE = Response()
 _CLAIM_TYPES = (Won, Replay, InFlight)
