@@ -395,6 +395,14 @@ class KeyStore:
             else:
                 commands.append((self._complete_claimed, (*completion, claim.row)))
             commands.append(_COMMIT)
+        results = self._finish(conn, commands)
+        return len(commands) > 1 and results[-2].command_tuples == 1
+
+    def _finish(self, conn: Connection[Row], commands: list[Command]) -> list[PGresult]:
+        """Send the commands that end a transaction (the caller's writes, the completion,
+        COMMIT or ROLLBACK) in one round trip. If anything fails, the transaction is rolled
+        back and the error raised: a write's own error as psycopg raised it, the completion's
+        or COMMIT's as a pgonce error."""
         try:
             results = round_trip(conn, commands, named=self._named, always=self._always)
             failed = wire.failure(conn, results)
@@ -409,15 +417,14 @@ class KeyStore:
                 raise error  # one of the caller's writes
             with translate_errors("completing a key"):
                 raise error
-        return len(commands) > 1 and results[-2].command_tuples == 1
+        return results
 
     def _complete_owned(
         self, conn: Connection[Row], owned: Owned, headers: bytes, body: bytes
     ) -> None:
         """_commit() of a claim that _begin() won, for a response with no status, its
         ``headers`` as they are stored (wire.headers_json()): the completion and COMMIT in one
-        round trip. If it fails, the transaction is rolled
-        back and the error raised, as a pgonce error."""
+        round trip, through _finish()."""
         scope, key, inserted = owned
         encoding = wire.encoding(conn)  # the connection's now: the work may have changed it
         completion = (
@@ -429,18 +436,7 @@ class KeyStore:
             None,
             wire.row(inserted),
         )
-        commands: list[Command] = [(self._complete_claimed, completion), _COMMIT]
-        try:
-            results = round_trip(conn, commands, named=self._named, always=self._always)
-            failed = wire.failure(conn, results)
-        except BaseException:
-            rollback_quietly(conn)
-            with translate_errors("completing a key"):
-                raise
-        if failed:
-            rollback_quietly(conn)
-            with translate_errors("completing a key"):
-                raise failed[1]
+        self._finish(conn, [(self._complete_claimed, completion), _COMMIT])
 
     def complete(
         self,
