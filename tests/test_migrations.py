@@ -298,7 +298,7 @@ def test_keys_stored_before_the_one_completion_index_replay_after_it(empty_dsn: 
             assert isinstance(claim, Won)
             assert store.complete(conn, claim, Response(200), now=now - 40 * day)
         before = conn.execute("SELECT count(*) FROM pgonce.keys").fetchone()
-        assert migrate(conn, "pgonce") == [19]
+        assert migrate(conn, "pgonce") == [m.version for m in pgsql.migrations() if m.version >= 19]
         assert conn.execute("SELECT count(*) FROM pgonce.keys").fetchone() == before
         for name, response in responses.items():
             with store.once(conn, "tenant", name, fp, commit=True) as op:
