@@ -79,6 +79,37 @@ def test_the_orm_writes_commit_with_the_key_and_are_replayed(engine: Engine, dsn
     assert len(rows(dsn)) == 2
 
 
+def test_the_request_session_is_closed_when_the_request_ends(engine: Engine) -> None:
+    app = app_on(engine)
+    closed: list[bool] = []
+
+    @app.post("/kept")
+    def kept() -> tuple[str, int]:
+        opened = session()
+        close = opened.close
+
+        def counted() -> None:
+            closed.append(True)
+            close()
+
+        opened.close = counted  # type: ignore[method-assign]
+        opened.add(Payment(amount=3))  # flushed when the view returns
+        return "", 201
+
+    client = app.test_client()
+    assert client.post("/kept", headers={"Idempotency-Key": "k-4"}).status_code == 201
+    assert closed == [True]  # closed at the request's teardown
+
+
+def test_a_plain_pool_app_has_no_session_to_close(dsn: str) -> None:
+    from psycopg_pool import ConnectionPool
+
+    app = Flask(__name__)
+    with ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
+        Idempotency(app, pool=pool, key_scope=lambda environ: "tenant")
+    assert not app.teardown_request_funcs  # session() is refused there: no teardown per request
+
+
 def test_a_session_commit_is_refused_and_nothing_commits(engine: Engine, dsn: str) -> None:
     client = app_on(engine).test_client()
     assert client.post("/commit", headers={"Idempotency-Key": "k-3"}).status_code == 500

@@ -234,7 +234,10 @@ class Idempotency:
         app.register_error_handler(MissingKeyScope, _missing_scope)
         app.register_error_handler(psycopg.OperationalError, _unavailable(middleware))
         app.register_error_handler(DatabaseUnavailable, _unavailable(middleware))
-        app.teardown_request(_close_session)
+        if isinstance(pool, EngineConnections):
+            # Only these connections can carry a session() (any other pool's view is refused
+            # one), so only then does a request have one to close when it ends.
+            app.teardown_request(_close_session)
         return middleware
 
 
