@@ -110,6 +110,30 @@ def test_a_plain_pool_app_has_no_session_to_close(dsn: str) -> None:
     assert not app.teardown_request_funcs  # session() is refused there: no teardown per request
 
 
+def test_a_session_through_another_source_is_refused_not_leaked(engine: Engine, dsn: str) -> None:
+    # A source of one's own around EngineConnections: its connections are the engine's, but the
+    # app was not given EngineConnections and closes no session at the request's end, so
+    # session() refuses one there rather than leave it open.
+    wrapped = EngineConnections(engine)
+
+    class Wrapper:
+        def connection(self) -> Any:
+            return wrapped.connection()
+
+    app = Flask(__name__)
+    Idempotency(app, pool=Wrapper(), key_scope=lambda environ: "tenant")
+
+    @app.post("/wrapped")
+    def create() -> tuple[str, int]:
+        with pytest.raises(UsageError, match="EngineConnections"):
+            session()
+        return "", 201
+
+    client = app.test_client()
+    assert client.post("/wrapped", headers={"Idempotency-Key": "k-5"}).status_code == 201
+    assert rows(dsn) == []
+
+
 def test_a_session_commit_is_refused_and_nothing_commits(engine: Engine, dsn: str) -> None:
     client = app_on(engine).test_client()
     assert client.post("/commit", headers={"Idempotency-Key": "k-3"}).status_code == 500

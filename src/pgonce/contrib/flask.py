@@ -58,7 +58,15 @@ from pgonce.http.semantics import (
 from pgonce.store._sync.keys import KeyStore
 
 with needs("flask", "the Flask Idempotency-Key integration"):
-    from flask import Flask, Response, after_this_request, g, has_request_context, request
+    from flask import (
+        Flask,
+        Response,
+        after_this_request,
+        current_app,
+        g,
+        has_request_context,
+        request,
+    )
     from psycopg_pool import ConnectionPool
 
 if TYPE_CHECKING:
@@ -161,7 +169,10 @@ def session() -> Session:
     with needs("sqlalchemy", "pgonce.contrib.flask.session()"):
         from pgonce.contrib.sqlalchemy import _RequestSession
     bound = _checked_out.get(transaction().connection)
-    if bound is None:
+    owner = current_app.extensions.get("pgonce")
+    if bound is None or not getattr(owner, "closes_sessions", False):
+        # Only an app given EngineConnections itself closes a request's session when the
+        # request ends (init_app): one on connections handed on by another source would leak.
         raise UsageError(
             "session() needs the idempotency middleware on EngineConnections(engine): this "
             "request's connection did not come from a SQLAlchemy engine"
@@ -192,6 +203,8 @@ class Idempotency:
 
     def __init__(self, app: Flask | None = None, **options: Any) -> None:
         self.middleware: IdempotencyMiddleware | None = None
+        #: Set by init_app(): whether the app closes a request's session() when the request ends.
+        self.closes_sessions = False
         if app is not None:
             self.init_app(app, **options)
 
@@ -234,9 +247,10 @@ class Idempotency:
         app.register_error_handler(MissingKeyScope, _missing_scope)
         app.register_error_handler(psycopg.OperationalError, _unavailable(middleware))
         app.register_error_handler(DatabaseUnavailable, _unavailable(middleware))
-        if isinstance(pool, EngineConnections):
-            # Only these connections can carry a session() (any other pool's view is refused
-            # one), so only then does a request have one to close when it ends.
+        # Requests can have a session() to close when they end only on EngineConnections
+        # (session() refuses one on any other source): only then does the app run the teardown.
+        self.closes_sessions = isinstance(pool, EngineConnections)
+        if self.closes_sessions:
             app.teardown_request(_close_session)
         return middleware
 
