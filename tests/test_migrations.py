@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -12,6 +13,9 @@ import pytest
 from pgonce import sql as pgsql
 from pgonce.errors import SchemaNotMigrated
 from pgonce.store.migrate import apply_schema_file, migrate, status
+
+if TYPE_CHECKING:
+    from pgonce import KeyStore, Response
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -205,14 +209,42 @@ def test_identifiers_stored_before_the_bytewise_migrations_are_found_after_them(
         assert counts == (len(names), len(names), [2], len(names))
 
 
+def assert_replayed_and_stuck(
+    conn: psycopg.Connection[Any],
+    store: KeyStore,
+    fp: bytes,
+    responses: dict[str, Response],
+    *,
+    in_transaction: bool,
+) -> None:
+    """After a migration: every stored response replays (also through once() in a transaction,
+    ``in_transaction``), and the claim "stuck", committed without a response, is in flight and
+    reported by the health check."""
+    from pgonce import InFlight
+    from pgonce.store._sync.health import HealthCheck
+
+    for name, response in responses.items():
+        with store.once(conn, "tenant", name, fp, commit=True) as op:
+            assert op.replayed, name
+            assert op.response == response
+        if in_transaction:
+            with conn.transaction(), store.once(conn, "tenant", name, fp) as op:
+                assert op.replayed, name
+                assert op.response == response
+    with store.once(conn, "tenant", "stuck", fp, commit=True) as op:
+        assert isinstance(op.claim, InFlight)
+    report = HealthCheck(targets=["keys"]).check(conn)
+    stuck = [f for f in report.findings if f.check == "stuck claims"]
+    assert [(f.status, f.value.split(" ")[0]) for f in stuck] == [("fail", "1")]
+
+
 def test_keys_stored_before_the_hot_completions_migration_replay_after_it(empty_dsn: str) -> None:
     # 0013 sets the key store's and the inbox's fillfactor and gives claim() p_completed. What was
     # stored before it must read the same after it: completed keys replay their own responses
     # byte for byte, a claim committed without a response is still in flight and still stuck.
     from datetime import UTC, datetime, timedelta
 
-    from pgonce import InFlight, KeyStore, Response, Won, fingerprint
-    from pgonce.store._sync.health import HealthCheck
+    from pgonce import KeyStore, Response, Won, fingerprint
     from pgonce.store.migrate import _apply_one
 
     fp = fingerprint("POST", "/orders", b"{}")
@@ -238,18 +270,7 @@ def test_keys_stored_before_the_hot_completions_migration_replay_after_it(empty_
         with conn.transaction():
             assert isinstance(store.claim(conn, "tenant", "stuck", fp, now=hour_ago), Won)
         assert migrate(conn, "pgonce") == [m.version for m in pgsql.migrations() if m.version >= 13]
-        for name, response in responses.items():
-            with store.once(conn, "tenant", name, fp, commit=True) as op:
-                assert op.replayed, name
-                assert op.response == response
-            with conn.transaction(), store.once(conn, "tenant", name, fp) as op:
-                assert op.replayed, name
-                assert op.response == response
-        with store.once(conn, "tenant", "stuck", fp, commit=True) as op:
-            assert isinstance(op.claim, InFlight)
-        report = HealthCheck(targets=["keys"]).check(conn)
-        stuck = [f for f in report.findings if f.check == "stuck claims"]
-        assert [(f.status, f.value.split(" ")[0]) for f in stuck] == [("fail", "1")]
+        assert_replayed_and_stuck(conn, store, fp, responses, in_transaction=True)
         # And a new key after it: claimed, completed, replayed.
         with conn.transaction(), store.once(conn, "tenant", "new", fp) as op:
             assert op.won
@@ -266,9 +287,8 @@ def test_keys_stored_before_the_one_completion_index_replay_after_it(empty_dsn: 
     # without a response is still in flight and still stuck, and the sweeper finds the keys due.
     from datetime import UTC, datetime, timedelta
 
-    from pgonce import InFlight, KeyStore, Response, Won, fingerprint
+    from pgonce import KeyStore, Response, Won, fingerprint
     from pgonce.core.retention import SweepLimits
-    from pgonce.store._sync.health import HealthCheck
     from pgonce.store._sync.sweeper import Sweeper
     from pgonce.store.migrate import _apply_one
 
@@ -300,15 +320,7 @@ def test_keys_stored_before_the_one_completion_index_replay_after_it(empty_dsn: 
         before = conn.execute("SELECT count(*) FROM pgonce.keys").fetchone()
         assert migrate(conn, "pgonce") == [m.version for m in pgsql.migrations() if m.version >= 19]
         assert conn.execute("SELECT count(*) FROM pgonce.keys").fetchone() == before
-        for name, response in responses.items():
-            with store.once(conn, "tenant", name, fp, commit=True) as op:
-                assert op.replayed, name
-                assert op.response == response
-        with store.once(conn, "tenant", "stuck", fp, commit=True) as op:
-            assert isinstance(op.claim, InFlight)
-        report = HealthCheck(targets=["keys"]).check(conn)
-        stuck = [f for f in report.findings if f.check == "stuck claims"]
-        assert [(f.status, f.value.split(" ")[0]) for f in stuck] == [("fail", "1")]
+        assert_replayed_and_stuck(conn, store, fp, responses, in_transaction=False)
         swept = Sweeper(targets=["keys"], limits=SweepLimits(pause=timedelta(0))).sweep(conn)
         assert swept.deleted == 1
         assert conn.execute("SELECT count(*) FROM pgonce.keys WHERE key = 'old'").fetchone() == (0,)
