@@ -250,8 +250,8 @@ class AsyncKeyStore:
         """
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         claimed = await self._begin(conn, scope, key, fingerprint, wait_ms, now)
-        if isinstance(claimed, tuple):  # won: its Won, from the claim's result
-            return won(scope, key, fingerprint, *wire.claimed(claimed[2]))
+        if isinstance(claimed, tuple):
+            return _won(claimed, fingerprint)
         return claimed
 
     async def _begin(
@@ -615,9 +615,7 @@ class AsyncOperation(Generic[Row]):
             claimed = await self._store._begin(
                 conn, scope, key, fingerprint, self._wait_ms, self._now, _OWNED_REFUSAL
             )
-            if isinstance(claimed, tuple):  # won (as in begin())
-                claimed = won(scope, key, fingerprint, *wire.claimed(claimed[2]))
-            self._claim = claimed
+            self._claim = _won(claimed, fingerprint) if isinstance(claimed, tuple) else claimed
         else:
             if conn.pgconn.transaction_status == _IDLE:
                 if conn.autocommit:
@@ -708,6 +706,12 @@ _CLAIM_TYPES = (Won, Replay, InFlight)
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
 _IDLE = TransactionStatus.IDLE
+
+
+def _won(owned: Owned, fingerprint: bytes) -> Won:
+    """The :class:`Won` of a claim that ``_begin()`` answered as owned, from the claim's result."""
+    scope, key, result = owned
+    return won(scope, key, fingerprint, *wire.claimed(result))
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:
