@@ -137,7 +137,8 @@ SELECT current_setting('synchronous_standby_names') <> '' AS configured,
 -- What holds this database's MVCC horizon back: the oldest transaction with an xid or a snapshot
 -- (sessions of this database, and prepared transactions), its session's state, and the age in
 -- xids of the oldest xmin anything holds (replication slots too). The reader's own transaction
--- is left out. Other roles' sessions are visible to superusers and pg_read_all_stats only.
+-- is left out. Ages run to clock_timestamp(), not to the reader's now(): a transaction that began
+-- after the reader's own is young, never negative. Other roles' sessions are visible to superusers and pg_read_all_stats only.
 WITH open AS (
     SELECT a.xact_start AS since, a.state
       FROM pg_stat_activity AS a
@@ -148,7 +149,7 @@ WITH open AS (
       FROM pg_prepared_xacts AS p
      WHERE p.database = current_database()
 )
-SELECT now() - o.since AS oldest,
+SELECT clock_timestamp() - o.since AS oldest,
        o.state,
        coalesce(greatest(
            (SELECT max(greatest(age(a.backend_xid), age(a.backend_xmin)))
