@@ -104,25 +104,19 @@ def _loop(
     call: Call,
     conn: psycopg.Connection[Any],
     seconds: float,
-    order: dict[str, Any] | None,
-) -> tuple[int, float, float, dict[str, Any]]:
-    """Call for ``seconds``, each call with a new key or (given the last ``order``) repeating
-    it; return the calls, the time they took, this process's CPU time over them (the Python
-    side of each variant, wherever it waits) and the last order."""
+    stored: dict[str, Any] | None,
+) -> tuple[int, float, float]:
+    """Call for ``seconds``, each call with a new key or, given a ``stored`` order, repeating it;
+    return the calls, the time they took and this process's CPU time over them (the Python side
+    of each variant, wherever it waits)."""
     calls = 0
-    replay = order is not None
-    if order is None:
-        order = {"id": uuid.uuid4().hex, "amount": 1}
-        call(conn, order)
     deadline = time.perf_counter() + seconds
     started, cpu = time.perf_counter(), time.process_time()
     while time.perf_counter() < deadline:
         for _ in range(20):
-            if not replay:
-                order = {"id": uuid.uuid4().hex, "amount": 1}
-            call(conn, order)
+            call(conn, stored or {"id": uuid.uuid4().hex, "amount": 1})
         calls += 20
-    return calls, time.perf_counter() - started, time.process_time() - cpu, order
+    return calls, time.perf_counter() - started, time.process_time() - cpu
 
 
 def _round(
@@ -133,16 +127,14 @@ def _round(
     µs per call over its turns."""
     turns = max(1, round(seconds / TURN))
     done = {variant: [0, 0.0, 0.0] for variant in calls}
-    last: dict[str, dict[str, Any] | None] = dict.fromkeys(calls)
+    stored: dict[str, dict[str, Any] | None] = dict.fromkeys(calls)
     if mode == "replay":  # a key each variant has stored, repeated through every turn
         for variant, call in calls.items():
-            last[variant] = stored = {"id": uuid.uuid4().hex, "amount": 1}
-            call(conn, stored)
+            stored[variant] = order = {"id": uuid.uuid4().hex, "amount": 1}
+            call(conn, order)
     for turn in range(turns):
         for variant in VARIANTS if turn % 2 == 0 else VARIANTS[::-1]:
-            n, took, cpu, order = _loop(calls[variant], conn, seconds / turns, last[variant])
-            if mode == "replay":
-                last[variant] = order
+            n, took, cpu = _loop(calls[variant], conn, seconds / turns, stored[variant])
             done[variant][0] += n
             done[variant][1] += took
             done[variant][2] += cpu
