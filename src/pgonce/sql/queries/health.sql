@@ -138,7 +138,8 @@ SELECT current_setting('synchronous_standby_names') <> '' AS configured,
 -- (sessions of this database, and prepared transactions), its session's state, and the age in
 -- xids of the oldest xmin anything holds (replication slots too). The reader's own transaction
 -- is left out. Ages run to clock_timestamp(), not to the reader's now(): a transaction that began
--- after the reader's own is young, never negative. Other roles' sessions are visible to superusers and pg_read_all_stats only.
+-- after the reader's own is young, never negative. Other roles' sessions are visible to
+-- superusers and pg_read_all_stats only.
 WITH open AS (
     SELECT a.xact_start AS since, a.state
       FROM pg_stat_activity AS a
