@@ -21,8 +21,10 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -125,9 +127,9 @@ def run(dsn: str, script: str, clients: int, seconds: float) -> Cost:
         )
         # pgbench has disconnected: its backends have exited, their time is the postmaster's.
         cpu = server_cpu(pm) - cpu_before
+        if result.returncode != 0:
+            raise RuntimeError(f"pgbench failed: {result.stderr.strip()[-500:]}")
         wal, images = wal_split(dsn, wal_before, _insert_lsn(dsn))
-    if result.returncode != 0:
-        raise RuntimeError(f"pgbench failed: {result.stderr.strip()[-500:]}")
     for line in result.stdout.splitlines():
         if line.startswith("number of transactions actually processed:"):
             tx = int(line.split(":")[1].split()[0].split("/")[0])
@@ -161,8 +163,9 @@ def wal_split(dsn: str, start: str, end: str) -> tuple[int, int]:
             "SELECT current_setting('data_directory'),"
             " (SELECT setting FROM pg_config WHERE name = 'BINDIR')"
         ).fetchone()
-    assert row is not None
-    data, bindir = row
+        assert row is not None
+        data, bindir = row
+        _await_flush(conn, end)
     result = subprocess.run(
         [
             str(Path(bindir) / "pg_waldump"),
@@ -184,6 +187,29 @@ def wal_split(dsn: str, start: str, end: str) -> tuple[int, int]:
             f"pg_waldump read no WAL between {start} and {end}: {result.stderr.strip()[-300:]}"
         )
     return int(found[1]), int(found[2])
+
+
+def _await_flush(conn: psycopg.Connection[Any], end: str, timeout: float = 10.0) -> None:
+    """Wait until the WAL up to ``end`` is on disk, where pg_waldump reads it.
+
+    A run that commits nothing (a replay) may still see a record another process wrote (the
+    background writer's snapshot of running transactions, every 15 s of activity), and such a
+    record waits in the WAL buffers for the WAL writer: read at once, pg_waldump finds no valid
+    record where it starts. A transaction that takes an id and commits flushes everything
+    before its commit record (which lands after ``end``, outside the range read).
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_current_xact_id()")
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (end,)).fetchone()
+        if row is not None and row[0]:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the WAL up to {end} was not flushed within {timeout:.0f} s")
+        # With synchronous_commit off the commit above does not wait for the flush; the WAL
+        # writer does it within wal_writer_delay.
+        time.sleep(0.01)
 
 
 def alternated(
