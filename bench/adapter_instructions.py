@@ -1,17 +1,21 @@
-"""What the Django and Flask apps run per request, with pgonce and without, counted in instructions.
+"""What the Django, Flask and FastAPI + SQLAlchemy apps run per request, with pgonce and without,
+counted in instructions.
 
 ``.venv/bin/python -m bench.adapter_instructions DSN`` (a database pgonce migrated; it is migrated
 here if it is not) runs each variant below in a process of its own under ``valgrind
 --tool=callgrind``, twice: 200 and then 1,200 requests, and prints the difference of the two
 processes' instruction counts over 1,000: what one request costs. Start-up, imports, Django's
-set-up and the warm-up cancel out. Each process builds its app exactly as the Django and Flask
-benchmarks do (``bench.django_app.create_app()``, ``bench.flask_app.create_app()``, on one
-connection) and drives it IN-PROCESS through its WSGI callable: no server and no sockets but the
-database's, each request a POST /payments with a new Idempotency-Key, its environ as gunicorn
-builds one. The variants:
+set-up and the warm-up cancel out. Each process builds its app exactly as the Django, Flask and
+SQLAlchemy benchmarks do (``bench.django_app.create_app()``, ``bench.flask_app.create_app()`` on
+one connection, ``bench.workloads.sqlalchemy_middleware.create_app()``) and drives it IN-PROCESS,
+one request after the other: a WSGI app through its callable, its environ as gunicorn builds one;
+the ASGI app through its callable on uvloop, its scope as uvicorn builds one. No server and no
+sockets but the database's; each request a POST /payments with a new Idempotency-Key. The
+variants:
 
 - ``django: alone``, ``django: ATOMIC_REQUESTS``, ``django: pgonce``, ``django: by hand``;
-- ``flask: alone``, ``flask: pgonce``, ``flask: by hand``.
+- ``flask: alone``, ``flask: pgonce``, ``flask: by hand``;
+- ``sqlalchemy: alone``, ``sqlalchemy: pgonce`` (FastAPI on an ``AsyncEngine``).
 
 Under gunicorn the server's own share (parsing, the socket) is added to each, and the timings on
 the shared 2-core machine move by a fifth from run to run; these counts repeat to a few thousand
@@ -28,6 +32,7 @@ one variant in this process (what each measured process does).
 
 from __future__ import annotations
 
+import asyncio
 import cProfile
 import io
 import os
@@ -36,16 +41,18 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import uvloop
 
 from bench import django_app, flask_app
 from bench.callgrind import instructions, parser, require_valgrind
 from bench.pairs import prepare_payments
+from bench.workloads import sqlalchemy_middleware
 from pgonce.store.migrate import migrate
 
 SHORT, LONG = 200, 1200
@@ -60,9 +67,12 @@ VARIANTS = {
     "flask: alone": ("flask", "none"),
     "flask: pgonce": ("flask", "pgonce"),
     "flask: by hand": ("flask", "hand"),
+    "sqlalchemy: alone": ("sqlalchemy", "none"),
+    "sqlalchemy: pgonce": ("sqlalchemy", "pgonce"),
 }
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+ASGIApp = Callable[..., Awaitable[None]]
 
 
 def main() -> None:
@@ -116,6 +126,7 @@ def _prepare(dsn: str) -> None:
         migrate(conn, "pgonce")
     prepare_payments(dsn, django_app.TABLE)
     prepare_payments(dsn, flask_app.TABLE)
+    prepare_payments(dsn, sqlalchemy_middleware.TABLE)
 
 
 def _by_function(long: Path, short: Path) -> list[tuple[str, float]]:
@@ -186,27 +197,11 @@ def _environ(key: str, body: bytes) -> dict[str, Any]:
 
 
 def _run(dsn: str, variant: str, count: int, *, profile: bool = False) -> None:
-    app = _app(dsn, variant)
     run = uuid.uuid4().hex[:12]  # the keys of this process, new to the key store
-    statuses: list[str] = []
-
-    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-        statuses.append(status)
-        return None
-
-    def requests(first: int, last: int) -> None:
-        for seq in range(first, last):
-            body = b'{"amount": %d, "currency": "EUR"}' % (1000 + seq % 9000)
-            result = app(_environ(f"{run}-{seq:08d}", body), start_response)
-            try:
-                b"".join(result)
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-            if not statuses[-1].startswith("201"):
-                raise RuntimeError(f"{variant} answered {statuses[-1]}")
-
+    if VARIANTS[variant][0] == "sqlalchemy":
+        requests = _asgi_requests(_asgi_app(dsn, variant), run, variant)
+    else:
+        requests = _wsgi_requests(_app(dsn, variant), run, variant)
     requests(-WARM_UP, 0)
     if not profile:
         requests(0, count)
@@ -216,6 +211,96 @@ def _run(dsn: str, variant: str, count: int, *, profile: bool = False) -> None:
     stats = pstats.Stats(profiler)
     stats.sort_stats("tottime").print_stats(40)
     stats.sort_stats("cumulative").print_stats(60)
+
+
+def _body(seq: int) -> bytes:
+    return b'{"amount": %d, "currency": "EUR"}' % (1000 + seq % 9000)
+
+
+def _wsgi_requests(app: WSGIApp, run: str, variant: str) -> Callable[[int, int], None]:
+    statuses: list[str] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        statuses.append(status)
+        return None
+
+    def requests(first: int, last: int) -> None:
+        for seq in range(first, last):
+            result = app(_environ(f"{run}-{seq:08d}", _body(seq)), start_response)
+            try:
+                b"".join(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+            if not statuses[-1].startswith("201"):
+                raise RuntimeError(f"{variant} answered {statuses[-1]}")
+
+    return requests
+
+
+def _asgi_app(dsn: str, variant: str) -> ASGIApp:
+    os.environ["BENCH_HTTP_DSN"] = dsn
+    os.environ["BENCH_SQLALCHEMY_VARIANT"] = VARIANTS[variant][1]
+    app: ASGIApp = sqlalchemy_middleware.create_app()
+    return app
+
+
+def _asgi_requests(app: ASGIApp, run: str, variant: str) -> Callable[[int, int], None]:
+    loop = uvloop.new_event_loop()
+    statuses: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    async def request(seq: int) -> None:
+        body = _body(seq)
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await asyncio.Future()  # the client stays connected until the answer is out
+            raise AssertionError("unreachable")
+
+        await app(_scope(f"{run}-{seq:08d}", body), receive, send)
+        if statuses[-1] != 201:
+            raise RuntimeError(f"{variant} answered {statuses[-1]}")
+
+    async def serially(first: int, last: int) -> None:
+        for seq in range(first, last):
+            await request(seq)
+
+    def requests(first: int, last: int) -> None:
+        loop.run_until_complete(serially(first, last))
+
+    return requests
+
+
+def _scope(key: str, body: bytes) -> dict[str, Any]:
+    """A POST /payments as uvicorn hands it to the app."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 50000),
+        "scheme": "http",
+        "method": "POST",
+        "root_path": "",
+        "path": "/payments",
+        "raw_path": b"/payments",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"authorization", b"Bearer bench"),
+            (b"idempotency-key", key.encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "state": {},
+    }
 
 
 if __name__ == "__main__":
