@@ -38,10 +38,12 @@ with needs("sqlalchemy", "pgonce.contrib.sqlalchemy"):
     from sqlalchemy import event
     from sqlalchemy.dialects import registry
     from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
+    from sqlalchemy.engine import Connection, Engine
     from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
     from sqlalchemy.orm import Session
     from sqlalchemy.pool import NullPool
+    from sqlalchemy.util import greenlet_spawn
 
 try:  # only idempotent_session() needs it, and only an application on Starlette or FastAPI
     from starlette.requests import Request
@@ -112,12 +114,18 @@ async def async_driver_connection(session: AsyncSession) -> psycopg.AsyncConnect
 
     Raises :class:`NotPsycopgSession` for another driver.
     """
-    connection = await session.connection()
-    raw = await connection.get_raw_connection()
-    driver = raw.driver_connection
+    # One call in SQLAlchemy's greenlet (run_sync): session.connection() and
+    # get_raw_connection() would start one each.
+    driver, dialect = await session.run_sync(_driver)
     if not isinstance(driver, psycopg.AsyncConnection):
-        raise NotPsycopgSession(_dialect_name(connection.dialect))
+        raise NotPsycopgSession(_dialect_name(dialect))
     return driver
+
+
+def _driver(session: Session) -> tuple[Any, Any]:
+    """The driver's connection under ``session`` and the dialect it was reached through."""
+    connection = session.connection()
+    return connection.connection.driver_connection, connection.dialect
 
 
 @contextmanager
@@ -343,19 +351,13 @@ class EngineConnections:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         try:
-            bound = await self.engine.connect()
+            sync, conn = await greenlet_spawn(_open, self.engine.sync_engine)
         except (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError) as error:
             raise DatabaseUnavailable(f"connecting through the engine failed: {error}") from error
+        bound = SAAsyncConnection(self.engine, sync)
         try:
-            raw = await bound.get_raw_connection()
-            conn = raw.driver_connection
             if not isinstance(conn, psycopg.AsyncConnection):
                 raise NotPsycopgSession(_dialect_name(bound.dialect))
-            # SQLAlchemy's view of the transaction the middleware opens: no SQL is sent (psycopg
-            # opens transactions itself). A session joining it never commits it (see
-            # idempotent_session); when the connection goes back to the pool, the middleware
-            # has ended the transaction, and SQLAlchemy's rollback finds nothing to do.
-            await bound.begin()
             _checked_out[conn] = bound
             try:
                 yield conn
@@ -363,6 +365,26 @@ class EngineConnections:
                 _checked_out.pop(conn, None)
         finally:
             await bound.close()
+
+
+def _open(engine: Engine) -> tuple[Connection, Any]:
+    """A connection from ``engine``'s pool, the driver's connection under it, and SQLAlchemy's
+    view of the transaction the middleware opens begun on it.
+
+    No SQL is sent (psycopg opens transactions itself). A session joining it never commits it
+    (see idempotent_session); when the connection goes back to the pool, the middleware has ended
+    the transaction, and SQLAlchemy's rollback finds nothing to do. One call in SQLAlchemy's
+    greenlet for the three: ``AsyncEngine.connect()``, ``get_raw_connection()`` and ``begin()``
+    would start one each.
+    """
+    connection = engine.connect()
+    try:
+        driver = connection.connection.driver_connection
+        connection.begin()
+    except BaseException:
+        connection.close()
+        raise
+    return connection, driver
 
 
 def _refuse_commit(session: Session) -> None:
@@ -415,6 +437,15 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
     )
     try:
         yield session
-        await session.flush()
-    finally:
+    except BaseException:
         await session.close()
+        raise
+    # The last flush and the close in one call in SQLAlchemy's greenlet (each would start one).
+    await session.run_sync(_flush_and_close)
+
+
+def _flush_and_close(session: Session) -> None:
+    try:
+        session.flush()  # returns at once when there is nothing to write
+    finally:
+        session.close()
