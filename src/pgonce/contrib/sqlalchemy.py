@@ -102,10 +102,9 @@ def driver_connection(session: Session) -> psycopg.Connection[Any]:
 
     Raises :class:`NotPsycopgSession` for another driver.
     """
-    connection = session.connection()
-    driver = connection.connection.driver_connection
+    driver, dialect = _driver(session)
     if not isinstance(driver, psycopg.Connection):
-        raise NotPsycopgSession(_dialect_name(connection.dialect))
+        raise NotPsycopgSession(_dialect_name(dialect))
     return driver
 
 
