@@ -12,7 +12,7 @@ import json
 import random
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pgonce.core.backoff import capped_exponential
@@ -94,6 +94,18 @@ def after_failure(
         return DeadLetter()
     spread = random.random() if jitter is None else jitter
     return Retry(now + backoff(policy, attempts, spread))
+
+
+def next_step(event: InboxEvent, decision: Retry | DeadLetter) -> str:
+    """What happens to ``event`` after a failed run, in words for the log line that reports it."""
+    if isinstance(decision, DeadLetter):
+        return (
+            f"dead-lettered after {event.attempts + 1} attempts; replay it with "
+            f"`pgonce replay --source {event.source} --event-id {event.id}` once the cause is "
+            "fixed"
+        )
+    at = decision.at.astimezone(UTC)
+    return f"attempt {event.attempts + 1}, retry at {at:%Y-%m-%d %H:%M:%S}Z"
 
 
 def describe_error(error: BaseException) -> str:

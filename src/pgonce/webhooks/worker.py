@@ -57,6 +57,7 @@ from pgonce.core.inbox import (
     after_failure,
     describe_error,
     needs_watermark,
+    next_step,
     parse_json,
 )
 from pgonce.core.throttle import Throttle, held_back
@@ -345,23 +346,12 @@ class InboxWorker:
         held = self.throttle.admit((event.source, reason, dead), now or self.clock())
         if held is None:
             return decision
-        if isinstance(decision, DeadLetter):
-            next_step = (
-                f"dead-lettered after {event.attempts + 1} attempts; replay it with "
-                f"`pgonce replay --source {event.source} --event-id {event.id}` once the cause "
-                "is fixed"
-            )
-        else:
-            next_step = (
-                f"attempt {event.attempts + 1}, retry at "
-                f"{decision.at.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z"
-            )
         (log.error if dead else log.warning)(
             "inbox: the handler of %s event %s failed: %s; %s%s",
             event.source,
             event.id,
             describe_error(error),
-            next_step,
+            next_step(event, decision),
             held_back(held),
         )
         return decision

@@ -19,52 +19,35 @@ source's :class:`~pgonce.core.inbox.RetryPolicy`); the other events of the batch
         pass
 
 Run it from a management command or a periodic task; several processes may run it at once (rows
-are claimed with ``FOR UPDATE SKIP LOCKED``). Not supported here: LISTEN wake-ups and handler
-timeouts (the async worker has them).
+are claimed with ``FOR UPDATE SKIP LOCKED``). The batch itself is
+:func:`pgonce.webhooks.batch.run_batch`, which the SQLAlchemy adapter shares. Not supported here:
+LISTEN wake-ups and handler timeouts (the async worker has them).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.contrib.django.connection import psycopg_connection
-from pgonce.core.inbox import (
-    InboxEvent,
-    OutOfOrderPolicy,
-    RetryPolicy,
-    after_failure,
-    describe_error,
-    needs_watermark,
-    parse_json,
-)
-from pgonce.errors import BadPayload
+from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
 from pgonce.store._sync.inbox import InboxStore
-
-log = logging.getLogger("pgonce.inbox")
+from pgonce.webhooks.batch import DEFAULT_LIMIT, run_batch
 
 #: A handler for the ORM: it gets the event (``payload`` parsed when the body is JSON).
 DjangoHandler = Callable[[InboxEvent], None]
-
-
-def _payload(event: InboxEvent) -> InboxEvent:
-    try:
-        return replace(event, payload=parse_json(event.body))
-    except BadPayload:
-        return event
 
 
 def process_batch(
     source: str,
     handler: DjangoHandler,
     *,
-    limit: int = 50,
+    limit: int = DEFAULT_LIMIT,
     retry: RetryPolicy | None = None,
     out_of_order: OutOfOrderPolicy = "process",
     using: str | None = None,
@@ -82,32 +65,23 @@ def process_batch(
     pgonce = getattr(settings, "PGONCE", None) or {}
     alias = using or pgonce.get("DATABASE", "default")
     store = InboxStore(schema=pgonce.get("SCHEMA", DEFAULT_SCHEMA))
-    policy = retry or RetryPolicy()
+
+    def handle(event: InboxEvent, _: Any) -> None:
+        handler(event)
+        # Django makes foreign keys DEFERRABLE INITIALLY DEFERRED: a handler's broken reference
+        # would surface at the batch's COMMIT and take every event of the batch down with it,
+        # batch after batch. Checked here, it fails this handler's savepoint only.
+        connections[alias].check_constraints()
+
     with transaction.atomic(using=alias):
-        conn = psycopg_connection(alias)
-        events = store.claim(conn, source, limit=limit, now=now)
-        for event in events:
-            try:
-                with transaction.atomic(using=alias):
-                    if needs_watermark(out_of_order, event) and not store.advance_watermark(
-                        conn, event, now=now
-                    ):
-                        store.skip(conn, event)
-                        continue
-                    handler(_payload(event))
-                    # Django makes foreign keys DEFERRABLE INITIALLY DEFERRED: a handler's
-                    # broken reference would surface at the batch's COMMIT and take every
-                    # event of the batch down with it, batch after batch. Checked here, it
-                    # fails this handler's savepoint only.
-                    connections[alias].check_constraints()
-            except Exception as error:
-                decision = after_failure(policy, event.attempts, now=now or datetime.now(UTC))
-                log.info(
-                    "inbox event %s/%s failed (%s): %s",
-                    event.source,
-                    event.id,
-                    type(error).__qualname__,
-                    decision.status,
-                )
-                store.fail(conn, event, decision, describe_error(error), now=now)
-    return len(events)
+        return run_batch(
+            psycopg_connection(alias),
+            source,
+            handle,
+            lambda: transaction.atomic(using=alias),
+            store=store,
+            limit=limit,
+            retry=retry,
+            out_of_order=out_of_order,
+            now=now,
+        )

@@ -1,0 +1,115 @@
+"""One batch of a source's inbox events, in a transaction an ORM opened (sync).
+
+:class:`~pgonce.webhooks.worker.InboxWorker` owns its connection and its transaction, and runs
+async handlers. A handler that writes through an ORM has to run on the ORM's connection, inside
+the ORM's transaction, or its writes and its event's "done" would commit apart. :func:`run_batch`
+is what the ORM adapters (:mod:`pgonce.contrib.django.inbox`, :mod:`pgonce.contrib.sqlalchemy`)
+share: on the psycopg connection under the ORM, in the transaction the adapter opened, it claims a
+batch of the source's due events (which marks them done, ``FOR UPDATE SKIP LOCKED``), and runs
+each one's handler in a savepoint the adapter opens its own way (``atomic()``, a ``Session``'s
+SAVEPOINT). A handler that raises has its savepoint rolled back, and then its failure is recorded
+(retry after a backoff, dead letter after the policy's last attempt) and logged once with what
+happens next; the batch's other events commit with the adapter's transaction.
+
+Every event gets a savepoint, so one failing handler never reruns the others: a batch run here
+is a loop of a management command or a periodic task, where a round trip per event is cheap and
+a rerun of the other handlers is not. The async worker's LISTEN wake-ups and handler timeouts are
+not here: a sync handler cannot be interrupted, and the caller's loop decides when to look again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from psycopg import Connection
+
+from pgonce.core.inbox import (
+    DeadLetter,
+    InboxEvent,
+    OutOfOrderPolicy,
+    RetryPolicy,
+    after_failure,
+    describe_error,
+    needs_watermark,
+    next_step,
+    parse_json,
+)
+from pgonce.errors import BadPayload, UsageError
+from pgonce.store._sync.inbox import InboxStore
+
+__all__ = ["DEFAULT_LIMIT", "run_batch"]
+
+log = logging.getLogger("pgonce.inbox")
+
+#: Events claimed per call: their rows stay locked, and their "done" uncommitted, until the last
+#: handler of the batch returned.
+DEFAULT_LIMIT = 50
+
+T = TypeVar("T")
+
+
+def with_payload(event: InboxEvent) -> InboxEvent:
+    """``event`` with ``payload`` parsed when its body is JSON; as it is otherwise."""
+    try:
+        return replace(event, payload=parse_json(event.body))
+    except BadPayload:
+        return event
+
+
+def run_batch(
+    conn: Connection[Any],
+    source: str,
+    handle: Callable[[InboxEvent, T], None],
+    savepoint: Callable[[], AbstractContextManager[T]],
+    *,
+    store: InboxStore,
+    limit: int = DEFAULT_LIMIT,
+    retry: RetryPolicy | None = None,
+    out_of_order: OutOfOrderPolicy = "process",
+    now: datetime | None = None,
+) -> int:
+    """Claim up to ``limit`` due events of ``source`` on ``conn`` and run ``handle`` on each.
+
+    ``conn`` is inside the transaction that will commit the batch (the caller commits it; a
+    connection outside a transaction is refused with
+    :class:`~pgonce.errors.NotInTransaction`). Each event runs in ``with savepoint() as s:``,
+    as ``handle(event, s)``, its ``payload`` parsed when the body is JSON. With
+    ``out_of_order="drop"``, an event older than its ordering key's watermark is recorded as
+    skipped, its handler not run; the watermark moves inside the event's savepoint, so a handler
+    that fails leaves it where it was. Returns how many events were claimed (0: none was due).
+    ``now`` fixes the clock of the claim, the watermark and the backoff (tests).
+    """
+    if out_of_order not in ("process", "drop"):
+        raise UsageError(f"out_of_order is 'process' or 'drop', not {out_of_order!r}")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise UsageError(f"retry must be a RetryPolicy, not {type(retry).__qualname__}")
+    policy = retry or RetryPolicy()
+    events = store.claim(conn, source, limit=limit, now=now)
+    for event in events:
+        try:
+            with savepoint() as opened:
+                if needs_watermark(out_of_order, event) and not store.advance_watermark(
+                    conn, event, now=now
+                ):
+                    store.skip(conn, event)
+                    continue
+                handle(with_payload(event), opened)
+        except Exception as error:
+            # The savepoint was rolled back: the handler's writes and the watermark's move with
+            # it. A cancellation (KeyboardInterrupt, SystemExit) is no Exception: it reaches the
+            # caller, whose transaction then rolls the whole batch back.
+            decision = after_failure(policy, event.attempts, now=now or datetime.now(UTC))
+            store.fail(conn, event, decision, describe_error(error), now=now)
+            (log.error if isinstance(decision, DeadLetter) else log.warning)(
+                "inbox: the handler of %s event %s failed: %s; %s",
+                event.source,
+                event.id,
+                describe_error(error),
+                next_step(event, decision),
+            )
+    return len(events)
