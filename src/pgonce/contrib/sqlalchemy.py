@@ -10,7 +10,8 @@ exception leaving ``session.begin()``) frees the key with everything else.
   before the claim completes, so they are part of the block.
 - :func:`enqueue` / :func:`async_enqueue`: an outbox event in the session's transaction.
 - :func:`inbox_handler`: an inbox worker handler that takes an ``AsyncSession`` bound to the
-  event's transaction.
+  event's transaction; :func:`process_batch`: a batch of inbox events whose handlers take a
+  ``Session``, for sync code.
 - :class:`EngineConnections` and :func:`idempotent_session`: the ASGI middleware on an
   ``AsyncEngine``'s pool, and an ``AsyncSession`` for the endpoint on the middleware's
   transaction (FastAPI).
@@ -49,12 +50,14 @@ try:  # only idempotent_session() needs it, and only an application on Starlette
     from starlette.requests import Request
 except ModuleNotFoundError:  # pragma: no cover - the core and [sqlalchemy] without [asgi]
     Request = Any  # type: ignore[misc,assignment]
-from pgonce.core.inbox import InboxEvent
+from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
 from pgonce.errors import DatabaseUnavailable, UsageError
 from pgonce.store._async.keys import AsyncKeyStore, AsyncOperation
 from pgonce.store._async.outbox import enqueue as _async_enqueue
+from pgonce.store._sync.inbox import InboxStore
 from pgonce.store._sync.keys import KeyStore, Operation
 from pgonce.store._sync.outbox import enqueue as _enqueue
+from pgonce.webhooks.batch import DEFAULT_LIMIT, run_batch
 
 __all__ = [
     "EngineConnections",
@@ -68,6 +71,7 @@ __all__ = [
     "idempotent_session",
     "inbox_handler",
     "once",
+    "process_batch",
 ]
 
 
@@ -319,6 +323,78 @@ def inbox_handler(
             _borrowed.reset(token)
 
     return run
+
+
+#: A handler for :func:`process_batch`: the event (``payload`` parsed when the body is JSON) and a
+#: ``Session`` in the event's savepoint.
+SessionHandler = Callable[[InboxEvent, Session], None]
+
+
+def process_batch(
+    engine: Engine,
+    source: str,
+    handler: SessionHandler,
+    *,
+    session_factory: Callable[..., Session] = Session,
+    limit: int = DEFAULT_LIMIT,
+    retry: RetryPolicy | None = None,
+    out_of_order: OutOfOrderPolicy = "process",
+    schema: str = DEFAULT_SCHEMA,
+    now: datetime | None = None,
+) -> int:
+    """Claim up to ``limit`` pending events of ``source`` and run ``handler(event, session)`` on
+    each, in one transaction on a connection of ``engine``; returns how many were claimed.
+
+    The sync counterpart of :func:`inbox_handler`, for code that writes through a ``Session``:
+    the batch runs in a transaction of its own (the claim marks the events done), each handler
+    gets a ``Session`` bound to that transaction in a savepoint of its own, and the batch commits
+    when the last handler returned. A handler that raises has its savepoint rolled back and its
+    failure recorded (retry after the ``retry`` policy's backoff, then dead letter); the other
+    events commit. As with :func:`inbox_handler`, ``session.commit()`` in a handler only
+    releases its savepoint and ``session.rollback()`` undoes only its writes. ``session_factory``
+    (a ``sessionmaker``) makes the sessions; it is called with ``bind`` and
+    ``join_transaction_mode``. ``out_of_order="drop"``, ``now`` and the rest are
+    :func:`pgonce.webhooks.batch.run_batch`'s.
+
+    Call it in a loop (``while process_batch(...): pass``) from a script, a management command
+    or a periodic task; several processes may run it at once (``FOR UPDATE SKIP LOCKED``).
+    """
+    if not isinstance(engine, Engine):
+        raise UsageError(
+            "process_batch() takes a SQLAlchemy Engine (create_engine()), not "
+            f"{type(engine).__qualname__}: an AsyncEngine's handlers run in the async inbox "
+            "worker, through inbox_handler()"
+        )
+    if engine.dialect.driver != "psycopg":
+        raise NotPsycopgSession(_dialect_name(engine.dialect))
+    store = InboxStore(schema=schema)
+    with engine.connect() as bound, bound.begin():
+        conn = bound.connection.driver_connection
+        if not isinstance(conn, psycopg.Connection):  # a custom creator's
+            raise NotPsycopgSession(_dialect_name(engine.dialect))
+
+        @contextmanager
+        def savepoint() -> Iterator[Session]:
+            with session_factory(bind=bound, join_transaction_mode="create_savepoint") as session:
+                session.connection()  # the SAVEPOINT now: a watermark's move happens inside it
+                try:
+                    yield session
+                    session.commit()  # flushes, and releases the savepoint
+                except BaseException:
+                    session.rollback()
+                    raise
+
+        return run_batch(
+            conn,
+            source,
+            handler,
+            savepoint,
+            store=store,
+            limit=limit,
+            retry=retry,
+            out_of_order=out_of_order,
+            now=now,
+        )
 
 
 # -- the HTTP path ----------------------------------------------------------------------------
