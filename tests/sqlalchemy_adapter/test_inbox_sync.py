@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from pgonce.contrib.sqlalchemy import NotPsycopgSession, enqueue, process_batch
 from pgonce.core.inbox import Delivery, InboxEvent, Ordering, RetryPolicy, digest
-from pgonce.errors import UsageError
+from pgonce.errors import DatabaseUnavailable, UsageError
 from pgonce.store._sync.inbox import InboxStore
 from tests.inbox.conftest import SCHEMA
 from tests.sqlalchemy_adapter.batch_process import APPLICATION_NAME
@@ -165,6 +165,8 @@ async def test_misuse_is_refused_at_the_call(
         process_batch(engine, "shop", handle, limit=0)
     with pytest.raises(UsageError, match="'process' or 'drop'"):
         process_batch(engine, "shop", handle, out_of_order="dorp")  # type: ignore[arg-type]
+    with pytest.raises(DatabaseUnavailable, match="connecting through the engine failed"):
+        process_batch(create_engine("postgresql+psycopg://postgres@127.0.0.1:1/x"), "s", handle)
     autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
     deliver(dsn, "e1")
     with pytest.raises(UsageError, match="transaction"):

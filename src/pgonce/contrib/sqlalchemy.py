@@ -368,7 +368,11 @@ def process_batch(
     if engine.dialect.driver != "psycopg":
         raise NotPsycopgSession(_dialect_name(engine.dialect))
     store = InboxStore(schema=schema)
-    with engine.connect() as bound, bound.begin():
+    try:
+        connected = engine.connect()
+    except (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError) as error:
+        raise DatabaseUnavailable(f"connecting through the engine failed: {error}") from error
+    with connected as bound, bound.begin():
         conn = bound.connection.driver_connection
         if not isinstance(conn, psycopg.Connection):  # a custom creator's
             raise NotPsycopgSession(_dialect_name(engine.dialect))
