@@ -31,6 +31,14 @@ T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 POLICY = RetryPolicy(attempts=2, base=timedelta(seconds=10), cap=timedelta(seconds=15))
 
 
+class LedgerDown(Exception):
+    """A failure of its own kind: the log throttle is per source and exception type."""
+
+
+class ClockStopped(Exception):
+    pass
+
+
 def deliver(dsn: str, *event_ids: str, ordering: list[Ordering] | None = None) -> None:
     store = InboxStore(schema=SCHEMA)
     with psycopg.connect(dsn) as conn:
@@ -65,7 +73,7 @@ def test_handler_writes_commit_with_done_and_a_failure_commits_nothing_of_its_ow
         # One transaction for the batch: a handler sees the earlier handlers' writes.
         seen.append(session.scalar(select(func.count()).select_from(Order)) or 0)
         if event.id == "boom":
-            raise RuntimeError("the ledger is down")
+            raise LedgerDown("the ledger is down")
 
     with caplog.at_level(logging.WARNING, logger="pgonce.inbox"):
         assert process_batch(engine, "shop", handle, retry=POLICY, now=T0) == 3
@@ -73,7 +81,7 @@ def test_handler_writes_commit_with_done_and_a_failure_commits_nothing_of_its_ow
     assert orders(dsn) == ["e1", "e2"]
     assert inbox(dsn) == {"e1": ("done", 0), "boom": ("pending", 1), "e2": ("done", 0)}
     (record,) = [r for r in caplog.records if "boom" in r.getMessage()]
-    assert "RuntimeError: the ledger is down" in record.getMessage()
+    assert "LedgerDown: the ledger is down" in record.getMessage()
     assert "attempt 1, retry at 2026-01-01 12:00:" in record.getMessage()
     # Its backoff has not run out: nothing is due.
     assert process_batch(engine, "shop", handle, retry=POLICY, now=T0) == 0
@@ -84,6 +92,31 @@ def test_handler_writes_commit_with_done_and_a_failure_commits_nothing_of_its_ow
     assert inbox(dsn)["boom"] == ("dead", 2)
     assert "pgonce replay --source shop --event-id boom" in caplog.records[-1].getMessage()
     assert orders(dsn) == ["e1", "e2"]
+
+
+def test_failures_alike_are_logged_once_a_minute_across_batches(
+    dsn: str, engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    deliver(dsn, "a", "b")
+
+    def handle(event: InboxEvent, session: Session) -> None:
+        raise ClockStopped(event.id)
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "ClockStopped" in r.getMessage()]
+
+    policy = RetryPolicy(attempts=5, base=timedelta(seconds=10), cap=timedelta(seconds=15))
+    with caplog.at_level(logging.WARNING, logger="pgonce.inbox"):
+        assert process_batch(engine, "shop", handle, retry=policy, now=T0) == 2
+        assert len(lines()) == 1  # b's failure, alike, is held back
+        deliver(dsn, "c")
+        assert process_batch(engine, "shop", handle, retry=policy, now=T0) == 1
+        assert len(lines()) == 1  # so is c's, in another batch within the minute
+        later = T0 + timedelta(minutes=2)
+        assert process_batch(engine, "shop", handle, retry=policy, now=later) == 3
+    assert len(lines()) == 2
+    assert "(2 more like it since the last report)" in lines()[1]
+    assert inbox(dsn) == {"a": ("pending", 2), "b": ("pending", 2), "c": ("pending", 2)}
 
 
 def test_a_handlers_commit_and_rollback_stay_inside_its_event(dsn: str, engine: Engine) -> None:

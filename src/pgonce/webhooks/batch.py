@@ -8,8 +8,11 @@ share: on the psycopg connection under the ORM, in the transaction the adapter o
 batch of the source's due events (which marks them done, ``FOR UPDATE SKIP LOCKED``), and runs
 each one's handler in a savepoint the adapter opens its own way (``atomic()``, a ``Session``'s
 SAVEPOINT). A handler that raises has its savepoint rolled back, and then its failure is recorded
-(retry after a backoff, dead letter after the policy's last attempt) and logged once with what
-happens next; the batch's other events commit with the adapter's transaction.
+(retry after a backoff, dead letter after the policy's last attempt) and logged with what happens
+next, as the worker logs it: the first failure of a kind (the source, the exception's type, dead
+or not) at once, then at most one a minute for the whole process, however many batches fail that
+way (:mod:`pgonce.core.throttle`). The batch's other events commit with the adapter's
+transaction.
 
 Every event gets a savepoint, so one failing handler never reruns the others: a batch run here
 is a loop of a management command or a periodic task, where a round trip per event is cheap and
@@ -20,6 +23,7 @@ not here: a sync handler cannot be interrupted, and the caller's loop decides wh
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -39,6 +43,7 @@ from pgonce.core.inbox import (
     next_step,
     parse_json,
 )
+from pgonce.core.throttle import Throttle, held_back
 from pgonce.errors import BadPayload, UsageError
 from pgonce.store._sync.inbox import InboxStore
 
@@ -51,6 +56,11 @@ log = logging.getLogger("pgonce.inbox")
 DEFAULT_LIMIT = 50
 
 T = TypeVar("T")
+
+# One throttle for every batch of the process: a loop of batches that fail alike logs as one
+# worker does. Batches may run in threads side by side.
+_throttle = Throttle()
+_throttle_lock = threading.Lock()
 
 
 def with_payload(event: InboxEvent) -> InboxEvent:
@@ -103,13 +113,19 @@ def run_batch(
             # The savepoint was rolled back: the handler's writes and the watermark's move with
             # it. A cancellation (KeyboardInterrupt, SystemExit) is no Exception: it reaches the
             # caller, whose transaction then rolls the whole batch back.
-            decision = after_failure(policy, event.attempts, now=now or datetime.now(UTC))
+            clock = now or datetime.now(UTC)
+            decision = after_failure(policy, event.attempts, now=clock)
             store.fail(conn, event, decision, describe_error(error), now=now)
-            (log.error if isinstance(decision, DeadLetter) else log.warning)(
-                "inbox: the handler of %s event %s failed: %s; %s",
-                event.source,
-                event.id,
-                describe_error(error),
-                next_step(event, decision),
-            )
+            dead = isinstance(decision, DeadLetter)
+            with _throttle_lock:
+                held = _throttle.admit((event.source, type(error).__qualname__, dead), clock)
+            if held is not None:
+                (log.error if dead else log.warning)(
+                    "inbox: the handler of %s event %s failed: %s; %s%s",
+                    event.source,
+                    event.id,
+                    describe_error(error),
+                    next_step(event, decision),
+                    held_back(held),
+                )
     return len(events)
