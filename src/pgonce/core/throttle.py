@@ -4,11 +4,13 @@ A broken broker refuses every row, and a failing handler fails every event of a 
 each would flood the log and hide everything else. The relay and the inbox workers report the
 first failure of a kind (an aggregate type or a source, and a reason) when it happens, then hold
 back the same kind for ``interval``, and say on the next report how many were held back. Counting
-every one of them is the metrics' job. No I/O: the caller passes the clock.
+every one of them is the metrics' job. No I/O: the caller passes the clock. One throttle may be
+shared by threads (the sync inbox batches of a process share one).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable
 from datetime import datetime, timedelta
 
@@ -27,10 +29,15 @@ class Throttle:
         self.interval = interval
         self._last: dict[Hashable, datetime] = {}
         self._held: dict[Hashable, int] = {}
+        self._lock = threading.Lock()
 
     def admit(self, kind: Hashable, now: datetime) -> int | None:
         """``None`` to hold this occurrence back; else how many of ``kind`` were held back since
         the last one reported (0 for the first)."""
+        with self._lock:
+            return self._admit(kind, now)
+
+    def _admit(self, kind: Hashable, now: datetime) -> int | None:
         last = self._last.get(kind)
         if last is not None and now - last < self.interval:
             self._held[kind] = self._held.get(kind, 0) + 1

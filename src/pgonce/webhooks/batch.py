@@ -22,8 +22,6 @@ not here: a sync handler cannot be interrupted, and the caller's loop decides wh
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -33,23 +31,20 @@ from typing import Any, TypeVar
 from psycopg import Connection
 
 from pgonce.core.inbox import (
-    DeadLetter,
     InboxEvent,
     OutOfOrderPolicy,
     RetryPolicy,
     after_failure,
     describe_error,
     needs_watermark,
-    next_step,
     parse_json,
 )
-from pgonce.core.throttle import Throttle, held_back
+from pgonce.core.throttle import Throttle
 from pgonce.errors import BadPayload, UsageError
 from pgonce.store._sync.inbox import InboxStore
+from pgonce.webhooks.failures import report_failure
 
 __all__ = ["DEFAULT_LIMIT", "run_batch"]
-
-log = logging.getLogger("pgonce.inbox")
 
 #: Events claimed per call: their rows stay locked, and their "done" uncommitted, until the last
 #: handler of the batch returned.
@@ -57,10 +52,9 @@ DEFAULT_LIMIT = 50
 
 T = TypeVar("T")
 
-# One throttle for every batch of the process: a loop of batches that fail alike logs as one
-# worker does. Batches may run in threads side by side.
+# One throttle for every batch of the process (batches may run in threads side by side): a loop
+# of batches that fail alike logs as one worker does.
 _throttle = Throttle()
-_throttle_lock = threading.Lock()
 
 
 def with_payload(event: InboxEvent) -> InboxEvent:
@@ -116,16 +110,5 @@ def run_batch(
             clock = now or datetime.now(UTC)
             decision = after_failure(policy, event.attempts, now=clock)
             store.fail(conn, event, decision, describe_error(error), now=now)
-            dead = isinstance(decision, DeadLetter)
-            with _throttle_lock:
-                held = _throttle.admit((event.source, type(error).__qualname__, dead), clock)
-            if held is not None:
-                (log.error if dead else log.warning)(
-                    "inbox: the handler of %s event %s failed: %s; %s%s",
-                    event.source,
-                    event.id,
-                    describe_error(error),
-                    next_step(event, decision),
-                    held_back(held),
-                )
+            report_failure(_throttle, event, error, decision, clock)
     return len(events)

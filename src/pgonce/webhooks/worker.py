@@ -57,10 +57,9 @@ from pgonce.core.inbox import (
     after_failure,
     describe_error,
     needs_watermark,
-    next_step,
     parse_json,
 )
-from pgonce.core.throttle import Throttle, held_back
+from pgonce.core.throttle import Throttle
 from pgonce.errors import (
     DatabaseUnavailable,
     HandlerSwallowedError,
@@ -69,6 +68,7 @@ from pgonce.errors import (
     UsageError,
 )
 from pgonce.store._async.inbox import AsyncInboxStore
+from pgonce.webhooks.failures import report_failure
 from pgonce.webhooks.source import Source, by_name
 
 log = logging.getLogger("pgonce.inbox")
@@ -342,18 +342,7 @@ class InboxWorker:
         reason = type(error).__qualname__
         if self.on_failure is not None:
             self.on_failure(event.source, reason)
-        dead = isinstance(decision, DeadLetter)
-        held = self.throttle.admit((event.source, reason, dead), now or self.clock())
-        if held is None:
-            return decision
-        (log.error if dead else log.warning)(
-            "inbox: the handler of %s event %s failed: %s; %s%s",
-            event.source,
-            event.id,
-            describe_error(error),
-            next_step(event, decision),
-            held_back(held),
-        )
+        report_failure(self.throttle, event, error, decision, now or self.clock())
         return decision
 
     async def _run_handler(
