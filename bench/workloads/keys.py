@@ -171,22 +171,30 @@ TWO_TRIPS_NO_KEYS = (
 HEADERS = (("content-type", "application/json"),)
 
 
-# once() in the caller's transaction (its default): a savepoint around the claim() function, the
-# business insert and the completion. once() claims with p_completed (the row born completed, a
-# HOT completion); a bare claim() without it (born incomplete: its completion moves the row
-# between the partial indexes).
-def _once_in_transaction(completed: bool) -> str:
-    flag = ", true" if completed else ""
-    scope = "bench-once" if completed else "bench-bare"
-    return (
-        FRESH_KEY
-        + f"""BEGIN;
-SAVEPOINT pgonce_once;
-SELECT state FROM pgonce.claim('{scope}', :k::text, decode('{FP_HEX}', 'hex'), 2000, NULL{flag});
+# once() in the caller's transaction (its default): the caller's BEGIN and business insert, each
+# a round trip of its own as psycopg sends them; once()'s savepoint with its claim in one round
+# trip, and the completion with the savepoint's release in another; the caller's COMMIT.
+ONCE_IN_TRANSACTION = (
+    FRESH_KEY
+    + "BEGIN;\n"
+    + f"\\startpipeline\nSAVEPOINT pgonce_once;\n{claim_insert('bench-once', ':k::text')};\n"
+    + "\\endpipeline\n"
+    + BUSINESS_INSERT
+    + "\\startpipeline\n"
+    + COMPLETION.replace("'bench-own'", "'bench-once'")
+    + "RELEASE SAVEPOINT pgonce_once;\n\\endpipeline\nCOMMIT;\n"
+)
+
+# A bare claim() in the caller's transaction: the claim() function (its row born incomplete, so
+# its completion moves the row between the partial indexes), the business insert and complete().
+BARE_CLAIM = (
+    FRESH_KEY
+    + f"""BEGIN;
+SELECT state FROM pgonce.claim('bench-bare', :k::text, decode('{FP_HEX}', 'hex'), 2000, NULL);
 {BUSINESS_INSERT}"""
-        + COMPLETION.replace("'bench-own'", f"'{scope}'")
-        + "RELEASE SAVEPOINT pgonce_once;\nCOMMIT;\n"
-    )
+    + COMPLETION.replace("'bench-own'", "'bench-bare'")
+    + "COMMIT;\n"
+)
 
 
 # The least WAL any key store that keeps a response can write for a fresh key: the key and its
@@ -239,8 +247,6 @@ COMMIT;
 """
 )
 
-ONCE_IN_TRANSACTION = _once_in_transaction(True)
-BARE_CLAIM = _once_in_transaction(False)
 
 # The inbox, one event at a time: stored (inbox_store(), as the receiver does), then taken and
 # marked done by the worker's claim (queries/inbox.sql), each its own transaction. Beside it a

@@ -657,3 +657,131 @@ def test_a_queued_write_with_the_wrong_parameters_fails_as_psycopg_does(
         assert str(ours.value) == str(theirs.value)
     # Parameters that are no sequence nor mapping: a TypeError from either (psycopg's own
     # conversion stumbles on len() before its check; pgonce's reaches the check).
+
+
+def _syncs_and_named_parses(trace: Path) -> tuple[int, list[list[str]]]:
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    syncs = [fields for fields in sent if fields[0] == "F" and fields[2] == "Sync"]
+    named = [f for f in sent if f[0] == "F" and f[2] == "Parse" and not f[3].startswith(' ""')]
+    return len(syncs), named
+
+
+@pytest.mark.parametrize("opened", [True, False], ids=["in a transaction", "idle"])
+def test_once_in_the_callers_transaction_takes_two_round_trips(
+    dsn: str, store: KeyStore, tmp_path: Path, opened: bool
+) -> None:
+    # The savepoint travels with the claim (and BEGIN, when no transaction is open yet), and
+    # ends with the completion: RELEASE; or, for a duplicate, with the stored row's read:
+    # ROLLBACK TO and RELEASE. The savepoint's statements are never prepared.
+    trace = tmp_path / "trace"
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE effects (key text)")
+        conn.commit()
+        for _ in range(2):  # a fresh key, then its duplicate: every statement prepared once
+            with store.once(conn, "s", "warm", FP) as op:
+                if op.won:
+                    op.execute("INSERT INTO effects VALUES ('k')")
+                    op.respond(Response(201))
+            conn.commit()
+        conn.execute("DELETE FROM effects")
+        conn.commit()
+        if opened:
+            conn.execute("INSERT INTO effects VALUES ('before')")
+        with trace.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            with store.once(conn, "s", "k", FP) as op:
+                op.execute("INSERT INTO effects VALUES ('k')")
+                op.respond(Response(201))
+            with store.once(conn, "s", "k", FP) as replay:
+                assert replay.replayed
+            conn.pgconn.untrace()
+        assert conn.info.transaction_status == TransactionStatus.INTRANS
+        conn.commit()
+    syncs, named = _syncs_and_named_parses(trace)
+    assert op.stored
+    assert syncs == 4  # fresh: 2 round trips; duplicate: 2 round trips
+    assert named == []
+    assert effects(dsn, "k") == 1
+    assert effects(dsn, "before") == (1 if opened else 0)
+
+
+def test_once_in_the_callers_transaction_leaves_its_settings_and_writes_as_they_were(
+    dsn: str, store: KeyStore
+) -> None:
+    # Won, in flight (the wait ran out) or replayed: the caller's lock_timeout is its own after
+    # the block, and what the transaction wrote before it is still there.
+    with psycopg.connect(dsn) as conn, psycopg.connect(dsn) as other:
+        conn.execute("CREATE TABLE effects (key text)")
+        conn.execute("SET lock_timeout = '7s'")
+        conn.commit()
+        conn.execute("INSERT INTO effects VALUES ('before')")
+        with store.once(conn, "s", "won", FP, wait=timedelta(milliseconds=100)) as op:
+            assert op.won
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
+            op.respond(Response(201))
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
+        assert isinstance(store.claim(other, "s", "taken", FP), Won)
+        with store.once(conn, "s", "taken", FP, wait=timedelta(milliseconds=100)) as busy:
+            assert busy.in_flight
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
+        with store.once(conn, "s", "won", FP) as replay:
+            assert replay.replayed
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("7s",)
+        assert conn.execute("SELECT count(*) FROM effects").fetchone() == (1,)
+        conn.commit()
+        other.rollback()
+    assert effects(dsn, "before") == 1
+
+
+def test_deallocate_all_inside_the_callers_transaction_keeps_its_writes(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    # The claim's prepared name is gone when once() runs: the failure comes after the
+    # savepoint, which is rolled back, and the claim runs again; the caller's transaction, and
+    # what it wrote before, never see the failure.
+    with store.once(conn, "s", "warm", FP) as op:
+        op.respond(Response(201))
+    conn.execute("CREATE TABLE effects (key text)")
+    conn.commit()
+    conn.execute("INSERT INTO effects VALUES ('before')")
+    conn.execute("DEALLOCATE ALL")
+    with store.once(conn, "s", "k", FP) as op:
+        assert op.won
+        op.respond(Response(201))
+    conn.commit()
+    assert op.stored
+    assert effects(dsn, "before") == 1
+    with store.once(conn, "s", "k", FP) as replay:
+        assert replay.replayed
+    conn.rollback()
+
+
+def test_a_transaction_ended_inside_the_block_is_refused(
+    conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    # The commit took the claim with it, without a response: the key stays in flight, as a
+    # begin() claim committed by hand does, and the caller is told at the block's end.
+    with pytest.raises(UsageError, match="ended inside its block"), store.once(conn, "s", "k", FP):
+        conn.commit()
+    with store.once(conn, "s", "k", FP, wait=timedelta(milliseconds=100)) as again:
+        assert again.in_flight
+    conn.rollback()
+
+
+def test_connection_killed_inside_a_joined_block_is_a_typed_error(
+    dsn: str, store: KeyStore
+) -> None:
+    with (
+        psycopg.connect(dsn) as conn,
+        psycopg.connect(dsn, autocommit=True) as killer,
+    ):
+        conn.execute("CREATE TABLE effects (key text)")
+        conn.commit()
+        with pytest.raises(DatabaseUnavailable), store.once(conn, "s", "k", FP) as op:
+            op.execute("INSERT INTO effects VALUES ('k')")
+            killer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+            op.respond(Response(201, (), b"lost"))
+    assert effects(dsn, "k") == 0
+    with psycopg.connect(dsn) as conn, store.once(conn, "s", "k", FP) as retry:
+        assert retry.won

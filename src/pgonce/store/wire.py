@@ -98,6 +98,10 @@ class Statement:
     formats: tuple[int, ...] = ()
     #: Parameter type OIDs; empty lets the server infer them from the statement.
     types: tuple[int, ...] = ()
+    #: False: always sent unnamed. For a statement that must not fail on a prepared name inside
+    #: the caller's transaction, where a failed statement would abort all of it (the savepoint
+    #: that once() sets there before anything else).
+    prepare: bool = True
     name: bytes = field(init=False)
 
     def __post_init__(self) -> None:
@@ -257,6 +261,12 @@ def _simple(sql: bytes) -> Statement:
 COMMIT = _simple(b"COMMIT")
 ROLLBACK = _simple(b"ROLLBACK")
 
+# once()'s savepoint in the caller's transaction, never prepared: the SAVEPOINT runs before
+# anything that could fail on a name, and what undoes it must run whatever happened to names.
+SAVEPOINT = Statement(b"SAVEPOINT pgonce_once", prepare=False)
+RELEASE = Statement(b"RELEASE SAVEPOINT pgonce_once", prepare=False)
+ROLLBACK_TO = Statement(b"ROLLBACK TO SAVEPOINT pgonce_once", prepare=False)
+
 
 def usable(conn: psycopg.BaseConnection[Any]) -> bool:
     """Whether a batch may run here: the connection is open and not in psycopg's pipeline."""
@@ -292,7 +302,7 @@ def _queue(
     pgconn.enter_pipeline_mode()
     for statement, params in commands:
         name: bytes | None = None
-        if prepared is not None:
+        if prepared is not None and statement.prepare:
             name = statement.name
             # Not prepared on this connection yet, nor earlier in this batch: prepare it now,
             # or send it unnamed once the connection holds as many as it may.

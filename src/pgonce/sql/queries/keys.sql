@@ -5,10 +5,11 @@ SELECT state, fingerprint, claimed_at, completed_at, response_status, response_h
   FROM {schema}.claim(%(scope)s, %(key)s, %(fingerprint)s, %(wait_ms)s, %(now)s)
 
 -- name: claim_completed
--- once()'s claim in the caller's transaction: the row is born with completed_at set (0013), as
--- begin()'s is, so that its completion is a HOT update. once()'s savepoint ends with the
--- completion or is rolled back with the claim; a bare claim() may be committed without a
--- response, and keeps completed_at NULL for the stuck-claims check.
+-- once()'s claim in the caller's transaction where pgonce's batches cannot run (inside psycopg's
+-- pipeline): the row is born with completed_at set (0013), as begin()'s is, so that its
+-- completion is a HOT update. once()'s savepoint ends with the completion or is rolled back with
+-- the claim; a bare claim() may be committed without a response, and keeps completed_at NULL for
+-- the stuck-claims check.
 SELECT state, fingerprint, claimed_at, completed_at, response_status, response_headers, response_body
   FROM {schema}.claim(%(scope)s, %(key)s, %(fingerprint)s, %(wait_ms)s, %(now)s, true)
 
@@ -16,10 +17,12 @@ SELECT state, fingerprint, claimed_at, completed_at, response_status, response_h
 -- begin()'s claim: the INSERT travels with BEGIN in the round trip that opens the transaction. The
 -- claim() function above does the same in one statement, but a PL/pgSQL call costs the server more
 -- than the INSERT itself (16 connections, pgbench: a replay 12 to 30 per cent faster through plain
--- statements, a fresh key 3 to 17; the keys benchmark measures both). claim() keeps the function:
--- inside the caller's transaction a lock timeout must not abort it, and only the function's
--- exception block can catch one. begin() owns its transaction, so it lets the timeout abort it,
--- rolls back and answers in flight.
+-- statements, a fresh key 3 to 17; the keys benchmark measures both). A bare claim() keeps the
+-- function: inside the caller's transaction a lock timeout must not abort it, and with no
+-- savepoint of pgonce's around it only the function's exception block can catch one. begin()
+-- owns its transaction, so it lets the timeout abort it, rolls back and answers in flight; once()
+-- in the caller's transaction sends this INSERT after its SAVEPOINT, in the same round trip, and
+-- rolls back to the savepoint instead.
 --
 -- The INSERT's own row source sets the bound of its wait for a concurrent claim of the same key
 -- (lock_timeout is read when a wait begins, after the row was made) and keeps the caller's value;

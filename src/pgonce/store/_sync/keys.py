@@ -182,8 +182,9 @@ class KeyStore:
         now: datetime | None,
         statement: Query,
     ) -> Claim:
-        # claim(), and once() in the caller's transaction with claim_completed (a row born
-        # completed: once()'s savepoint ends with the completion or rolls the claim back). The
+        # claim(), and once() in the caller's transaction inside psycopg's pipeline, with
+        # claim_completed (a row born completed: once()'s savepoint ends with the completion or
+        # rolls the claim back). The
         # arguments were checked by the caller (_checked_wait_ms); the connection's state is
         # checked here, where it counts.
         require_transaction(conn)
@@ -265,43 +266,60 @@ class KeyStore:
         wait_ms: int,
         now: datetime | None,
         refusal: str = _BEGIN_REFUSAL,
+        *,
+        joined: bool = False,
     ) -> Claim | Owned:
         # begin() once its arguments were checked (by begin(), or by once() when it was called).
         # ``refusal``: what a connection that cannot begin here is told (once()'s own words).
         # A won claim is returned as the batch answered it (Owned): begin() and once() make
         # their Won of it, @idempotent completes it with _complete_owned() and needs none.
-        if conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
+        #
+        # ``joined``: once() in the caller's transaction, whose state the caller checked (in a
+        # transaction, or idle with autocommit off). The same batches inside a savepoint: BEGIN
+        # (only when no transaction is open yet), SAVEPOINT and the claim's INSERT in one round
+        # trip; a duplicate's read with the savepoint rolled back and released in a second. A
+        # failure rolls back to the savepoint, so the caller's transaction goes on as it was.
+        if joined:
+            end: Sequence[Command] = _LEAVE
+        elif conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
             raise UsageError(refusal)
+        else:
+            end = (_COMMIT,)
         if not self._named:
             self._check_pooled(conn)
         encoding = wire.encoding(conn)
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
-        claim: list[Command] = [
-            (wire.begin_statement(conn), wire.NO_PARAMS),
+        insert: Command = (
+            self._claim_insert,
             (
-                self._claim_insert,
-                (
-                    scope_param,
-                    key_param,
-                    fingerprint,
-                    None if now is None else wire.timestamp(now),
-                    self._wait_param if wait_ms == self._wait_ms else b"%d" % wait_ms,
-                ),
+                scope_param,
+                key_param,
+                fingerprint,
+                None if now is None else wire.timestamp(now),
+                self._wait_param if wait_ms == self._wait_ms else b"%d" % wait_ms,
             ),
-        ]
+        )
         for attempt in range(1, _ATTEMPTS + 1):
+            claim: list[Command] = []
+            # Each attempt: a failed one may have left the transaction open (joined: it rolled
+            # back to the savepoint) or not begun it.
+            if not joined or conn.pgconn.transaction_status == _IDLE:
+                claim.append((wire.begin_statement(conn), wire.NO_PARAMS))
+            if joined:
+                claim.append(_SAVEPOINT)
+            claim.append(insert)
             try:
                 results = round_trip(conn, claim, named=self._named, always=self._always)
                 if failed := wire.failure(conn, results):
                     raise failed[1]
-                inserted = results[1]
+                inserted = results[-1]
                 if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
                     return scope, key, inserted
-                # Another claim has the key: read it and end this transaction, which wrote
-                # nothing, in one round trip.
+                # Another claim has the key: read it and end this transaction (or savepoint),
+                # which wrote nothing, in one round trip.
                 results = round_trip(
                     conn,
-                    [(self._claim_read, (scope_param, key_param)), _COMMIT],
+                    [(self._claim_read, (scope_param, key_param)), *end],
                     named=self._named,
                     always=self._always,
                 )
@@ -309,7 +327,10 @@ class KeyStore:
                     raise failed[1]
                 break
             except BaseException as error:
-                rollback_quietly(conn)
+                if joined:
+                    leave_quietly(conn)
+                else:
+                    rollback_quietly(conn)
                 if attempt < _ATTEMPTS and _naming_failed(error):
                     # DEALLOCATE ALL or DISCARD ALL ran (prepare again), or a pooler's shared
                     # sessions were met (unnamed from now on): the batch began the transaction,
@@ -361,13 +382,16 @@ class KeyStore:
         response: Response | None,
         writes: Sequence[tuple[Query, Params | None]],
         now: datetime | None,
+        *,
+        joined: bool = False,
     ) -> bool:
         # commit() for once()'s block: its claim is begin()'s own, its response was checked by
-        # respond().
+        # respond(). ``joined``: once()'s block in the caller's transaction, which ends its
+        # savepoint instead of the transaction (RELEASE, or ROLLBACK TO and RELEASE).
         commands: list[Command] = []
         if not isinstance(claim, Won):
-            if conn.pgconn.transaction_status == _IDLE:
-                return False  # begin() already ended it
+            if joined or conn.pgconn.transaction_status == _IDLE:
+                return False  # _begin() already ended it
             commands.append(_COMMIT)
         elif (
             response is not None
@@ -375,6 +399,9 @@ class KeyStore:
             and status >= 500
             and not self.store_server_errors
         ):  # not stored (stores(), written out: this runs for every fresh key)
+            if joined:
+                self._finish(conn, list(_LEAVE), joined=True)
+                return False
             commands.append((wire.ROLLBACK, wire.NO_PARAMS))
         else:
             for query, params in writes:
@@ -394,24 +421,28 @@ class KeyStore:
                 commands.append((self._complete_batched, completion))
             else:
                 commands.append((self._complete_claimed, (*completion, claim.row)))
-            commands.append(_COMMIT)
-        results = self._finish(conn, commands)
+            commands.append((wire.RELEASE, wire.NO_PARAMS) if joined else _COMMIT)
+        results = self._finish(conn, commands, joined=joined)
         return len(commands) > 1 and results[-2].command_tuples == 1
 
-    def _finish(self, conn: Connection[Row], commands: list[Command]) -> list[PGresult]:
+    def _finish(
+        self, conn: Connection[Row], commands: list[Command], *, joined: bool = False
+    ) -> list[PGresult]:
         """Send the commands that end a transaction (the caller's writes, the completion,
-        COMMIT or ROLLBACK) in one round trip. If anything fails, the transaction is rolled
-        back and the error raised: a write's own error as psycopg raised it, the completion's
-        or COMMIT's as a pgonce error."""
+        COMMIT or ROLLBACK) in one round trip; ``joined``, once()'s savepoint instead. If
+        anything fails, the transaction (the savepoint) is rolled back and the error raised: a
+        write's own error as psycopg raised it, the completion's or COMMIT's as a pgonce
+        error."""
+        undo = leave_quietly if joined else rollback_quietly
         try:
             results = round_trip(conn, commands, named=self._named, always=self._always)
             failed = wire.failure(conn, results)
         except BaseException:
-            rollback_quietly(conn)
+            undo(conn)
             with translate_errors("completing a key"):
                 raise
         if failed:
-            rollback_quietly(conn)
+            undo(conn)
             index, error = failed
             if index < len(commands) - 2:
                 raise error  # one of the caller's writes
@@ -561,6 +592,9 @@ class Operation(Generic[Row]):
         # When the block joins the caller's transaction: its savepoint. None when the block owns
         # its transaction (commit=True: begin() and commit()).
         self._savepoint: AbstractContextManager[Any] | None = None
+        #: True when the block joined the caller's transaction through pgonce's batches (the
+        #: savepoint is pgonce's own, see _begin()); psycopg's savepoint is in _savepoint.
+        self._joined = False
         self._claim: Claim | None = None
         self._writes: list[tuple[Query, Params | None]] = []
         self.response: Response | None = None
@@ -614,13 +648,22 @@ class Operation(Generic[Row]):
                 conn, scope, key, fingerprint, self._wait_ms, self._now, _OWNED_REFUSAL
             )
             self._claim = _won(claimed, fingerprint) if isinstance(claimed, tuple) else claimed
+        elif (status := conn.pgconn.transaction_status) == _IDLE and conn.autocommit:
+            raise NotInTransaction(
+                "once() joins the caller's transaction, and an autocommit connection "
+                "has none: open one (conn.transaction()), or pass commit=True"
+            )
+        elif status in (_IDLE, _INTRANS) and wire.usable(conn):
+            # pgonce's batches, in a savepoint of their own (see _begin()).
+            claimed = self._store._begin(
+                conn, scope, key, fingerprint, self._wait_ms, self._now, joined=True
+            )
+            self._claim = _won(claimed, fingerprint) if isinstance(claimed, tuple) else claimed
+            self._joined = True
         else:
-            if conn.pgconn.transaction_status == _IDLE:
-                if conn.autocommit:
-                    raise NotInTransaction(
-                        "once() joins the caller's transaction, and an autocommit connection "
-                        "has none: open one (conn.transaction()), or pass commit=True"
-                    )
+            # In psycopg's pipeline (or a failed transaction, whose SAVEPOINT fails as psycopg
+            # says): psycopg's savepoint around the claim() function.
+            if status == _IDLE:
                 _open_transaction(conn)
             self._savepoint = savepoint = conn.transaction()
             savepoint.__enter__()
@@ -643,26 +686,42 @@ class Operation(Generic[Row]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        assert self._claim is not None
+        claim = self._claim
+        assert claim is not None
+        if self._joined:
+            if not isinstance(claim, Won):
+                return None  # the savepoint ended with the claim
+            conn = self._conn
+            if exc is not None:
+                leave_quietly(conn)
+                return None
+            if conn.pgconn.transaction_status == _IDLE:
+                raise UsageError(
+                    "the transaction that once() joined ended inside its block (a commit or "
+                    "rollback of the connection there), so the response was not stored; a "
+                    "claim committed that way stays in flight until its key expires"
+                )
+            self.stored = self._store._commit(
+                conn, claim, self.response, self._writes, self._now, joined=True
+            )
+            return None
         savepoint = self._savepoint
         if savepoint is None:
             if exc is not None:
                 rollback_quietly(self._conn)
             else:
                 self.stored = self._store._commit(
-                    self._conn, self._claim, self.response, self._writes, self._now
+                    self._conn, claim, self.response, self._writes, self._now
                 )
             return None
-        if exc is None and isinstance(self._claim, Won):
+        if exc is None and isinstance(claim, Won):
             if not self._store.stores(self.response):
                 rollback = psycopg.Rollback()
                 return savepoint.__exit__(type(rollback), rollback, None)
             try:
                 for query, params in self._writes:
                     self._conn.execute(query, params)
-                self.stored = self._store.complete(
-                    self._conn, self._claim, self.response, now=self._now
-                )
+                self.stored = self._store.complete(self._conn, claim, self.response, now=self._now)
             except BaseException as error:
                 savepoint.__exit__(type(error), error, error.__traceback__)
                 raise
@@ -702,8 +761,12 @@ _NO_RESPONSE = Response()
 _CLAIM_TYPES = (Won, Replay, InFlight)
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
+_SAVEPOINT: Command = (wire.SAVEPOINT, wire.NO_PARAMS)
+# What ends once()'s savepoint when the claim did not win, failed or is not stored.
+_LEAVE: tuple[Command, ...] = ((wire.ROLLBACK_TO, wire.NO_PARAMS), (wire.RELEASE, wire.NO_PARAMS))
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
 _IDLE = TransactionStatus.IDLE
+_INTRANS = TransactionStatus.INTRANS
 
 
 def _won(owned: Owned, fingerprint: bytes) -> Won:
@@ -750,6 +813,18 @@ def _naming_failed(error: BaseException) -> bool:
 def _psycopg_error(error: BaseException) -> BaseException | None:
     """The psycopg error behind ``error`` (pgonce's translation keeps it as the cause)."""
     return error.__cause__ if isinstance(error, PgonceError) else error
+
+
+def leave_quietly(conn: Connection[Row]) -> None:
+    """Roll back to once()'s savepoint and release it after a failure, without hiding it.
+
+    The caller's transaction goes on as it was before the block. Nothing to do when no
+    transaction is open (the failure came before BEGIN ran); a failure of the rollback itself
+    (the connection died) is dropped, as :func:`rollback_quietly` drops its own.
+    """
+    if wire.usable(conn) and conn.pgconn.transaction_status != _IDLE:
+        with contextlib.suppress(psycopg.Error):
+            round_trip(conn, _LEAVE, named=False)
 
 
 def rollback_quietly(conn: Connection[Row]) -> None:
