@@ -3,8 +3,9 @@
 The async worker (:mod:`pgonce.webhooks.worker`) and the sync batches of the ORM adapters
 (:mod:`pgonce.webhooks.batch`) log a failure alike: the source, the event, the error and what
 happens next (the retry's time, or the dead letter and the command that replays it), at error
-level for a dead letter and warning level for a retry, through a :class:`~pgonce.core.throttle.
-Throttle` so that a source whose every event fails writes a line a minute, not a line an event.
+level for a dead letter and warning level for a retry, through a
+:class:`~pgonce.core.throttle.Throttle` so that a source whose every event fails writes a line a
+minute, not a line an event.
 """
 
 from __future__ import annotations

@@ -333,16 +333,15 @@ class InboxWorker:
         *,
         claimed: bool = True,
     ) -> Retry | DeadLetter:
-        decision = after_failure(
-            source.retry, event.attempts, now=now or self.clock(), jitter=jitter
-        )
+        at = now or self.clock()
+        decision = after_failure(source.retry, event.attempts, now=at, jitter=jitter)
         await self.store.fail(
             conn, event, decision, describe_error(error), claimed=claimed, now=now
         )
         reason = type(error).__qualname__
         if self.on_failure is not None:
             self.on_failure(event.source, reason)
-        report_failure(self.throttle, event, error, decision, now or self.clock())
+        report_failure(self.throttle, event, error, decision, at)
         return decision
 
     async def _run_handler(
