@@ -454,6 +454,15 @@ async def test_cancelled_task_mid_round_trip_closes_the_connection(
         assert op.won
 
 
+def _syncs_and_named_parses(trace: Path) -> tuple[int, list[list[str]]]:
+    """From libpq's trace: how many round trips the client ended (one Sync each), and the
+    statements it prepared under a name."""
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    syncs = [fields for fields in sent if fields[0] == "F" and fields[2] == "Sync"]
+    named = [f for f in sent if f[0] == "F" and f[2] == "Parse" and not f[3].startswith(' ""')]
+    return len(syncs), named
+
+
 def test_two_round_trips_on_the_wire(dsn: str, store: KeyStore, tmp_path: Path) -> None:
     # libpq's own protocol trace: each round trip ends with one Sync from the client. A fresh
     # key is BEGIN + claim, then completion + COMMIT (the block's insert is its own statement);
@@ -474,11 +483,9 @@ def test_two_round_trips_on_the_wire(dsn: str, store: KeyStore, tmp_path: Path) 
             with store.once(conn, "s", "k", FP, commit=True) as replay:
                 assert replay.replayed
             conn.pgconn.untrace()
-    sent = [line.split("\t") for line in trace.read_text().splitlines()]
-    syncs = [fields for fields in sent if fields[0] == "F" and fields[2] == "Sync"]
-    named = [f for f in sent if f[0] == "F" and f[2] == "Parse" and not f[3].startswith(' ""')]
+    syncs, named = _syncs_and_named_parses(trace)
     assert op.stored
-    assert len(syncs) == 4  # fresh: 2 round trips; duplicate: 2 round trips
+    assert syncs == 4  # fresh: 2 round trips; duplicate: 2 round trips
     assert named == []  # pgonce's statements were prepared once, on the warm-up
 
 
@@ -657,13 +664,6 @@ def test_a_queued_write_with_the_wrong_parameters_fails_as_psycopg_does(
         assert str(ours.value) == str(theirs.value)
     # Parameters that are no sequence nor mapping: a TypeError from either (psycopg's own
     # conversion stumbles on len() before its check; pgonce's reaches the check).
-
-
-def _syncs_and_named_parses(trace: Path) -> tuple[int, list[list[str]]]:
-    sent = [line.split("\t") for line in trace.read_text().splitlines()]
-    syncs = [fields for fields in sent if fields[0] == "F" and fields[2] == "Sync"]
-    named = [f for f in sent if f[0] == "F" and f[2] == "Parse" and not f[3].startswith(' ""')]
-    return len(syncs), named
 
 
 @pytest.mark.parametrize("opened", [True, False], ids=["in a transaction", "idle"])
