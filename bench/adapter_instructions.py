@@ -14,7 +14,8 @@ sockets but the database's; each request a POST /payments with a new Idempotency
 variants:
 
 - ``django: alone``, ``django: ATOMIC_REQUESTS``, ``django: pgonce``, ``django: by hand``;
-- ``flask: alone``, ``flask: pgonce``, ``flask: by hand``;
+- ``flask: alone``, ``flask: pgonce``, ``flask: statements`` (the key store's statements alone,
+  ``bench.flask_app.StatementsAlone``), ``flask: by hand``;
 - ``sqlalchemy: alone``, ``sqlalchemy: pgonce`` (FastAPI on an ``AsyncEngine``).
 
 Under gunicorn the server's own share (parsing, the socket) is added to each, and the timings on
@@ -66,6 +67,7 @@ VARIANTS = {
     "django: by hand": ("django", "hand"),
     "flask: alone": ("flask", "none"),
     "flask: pgonce": ("flask", "pgonce"),
+    "flask: statements": ("flask", "statements"),
     "flask: by hand": ("flask", "hand"),
     "sqlalchemy: alone": ("sqlalchemy", "none"),
     "sqlalchemy: pgonce": ("sqlalchemy", "pgonce"),

@@ -2,13 +2,14 @@
 
 ``BENCH_FLASK_VARIANT`` is ``none`` (the app alone, as a Flask app writes through a psycopg pool:
 its INSERT in the transaction that ``pool.connection()`` opens and commits), ``autocommit`` (the
-app alone on a pool of autocommit connections: its INSERT commits on its own, no transaction) or
+app alone on a pool of autocommit connections: its INSERT commits on its own, no transaction),
 ``pgonce`` (the same app behind :mod:`pgonce.contrib.flask`: the claim, the row and the stored
-response in one transaction) or ``hand`` (the reference doing pgonce's writes itself,
-:mod:`bench.by_hand`: the limit); ``BENCH_HTTP_DSN`` is the database. The view inserts one row and
-answers 201 with JSON, on a ``psycopg_pool.ConnectionPool`` of one connection per server thread,
-created as the how-to creates it (psycopg's default connection settings) except in
-``autocommit``.
+response in one transaction), ``statements`` (the same app between the key store's begin() and
+commit() with none of the middleware's logic, :class:`StatementsAlone`) or ``hand`` (the
+reference doing pgonce's writes itself, :mod:`bench.by_hand`); ``BENCH_HTTP_DSN`` is the
+database. The view inserts one row and answers 201 with JSON, on a
+``psycopg_pool.ConnectionPool`` of one connection per server thread, created as the how-to
+creates it (psycopg's default connection settings) except in ``autocommit``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from typing import Any
 from flask import Flask, Response, request
 from psycopg_pool import ConnectionPool
 
+import pgonce
 from bench import by_hand
+from pgonce import KeyStore, Replay, Won, fingerprint
 from pgonce.contrib.flask import Idempotency, connection
+from pgonce.contrib.wsgi import ENVIRON_KEY, IdempotentTransaction
 
 TABLE = "bench_flask_payments"
 SCOPE = "bench-flask:bench"
@@ -44,6 +48,8 @@ def create_app() -> Flask:
     app = Flask("bench")
     if variant == "pgonce":
         Idempotency(app, pool=pool, key_scope=lambda environ: SCOPE)
+    elif variant == "statements":
+        app.wsgi_app = StatementsAlone(app.wsgi_app, pool)  # type: ignore[method-assign]
 
     def insert(conn: Any, data: dict[str, Any]) -> int:
         row = conn.execute(INSERT, (data["amount"], data["currency"])).fetchone()
@@ -61,7 +67,7 @@ def create_app() -> Flask:
                 encoded = json.dumps(body).encode()
                 by_hand.complete(conn, SCOPE, key, 201, encoded)
             return Response(encoded, 201, {"Location": f"/payments/{payment}"}, "application/json")
-        if variant == "pgonce":
+        if variant in ("pgonce", "statements"):
             payment = insert(connection(), data)
         else:
             # "none": BEGIN, the INSERT, and COMMIT when the block ends, as psycopg does on a
@@ -72,3 +78,48 @@ def create_app() -> Flask:
         return body, 201, {"Location": f"/payments/{payment}"}
 
     return app
+
+
+_FLOOR_FP = fingerprint("POST", "/payments", b"")
+
+
+class StatementsAlone:
+    """The key store's statements alone around a WSGI app: the floor of the one-transaction
+    design under a WSGI server.
+
+    The key store's two batches around the app: begin() with a fixed fingerprint, the app on the
+    claim's connection (the same ``connection()`` as under the middleware), its response
+    buffered, stored by commit() and sent after it; a replay sends the stored response. No key
+    validation, scope, fingerprint of the request, size limits, problem answers or expiry
+    header. What separates it from Flask + pgonce is the middleware's own Python; what separates
+    it from Flask alone is the database work the one-transaction design needs (the claim and the
+    stored response), with the least Python around the key store's calls.
+    """
+
+    def __init__(self, app: Any, pool: ConnectionPool[Any]) -> None:
+        self.app = app
+        self.pool = pool
+        self.store = KeyStore()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        key = environ["HTTP_IDEMPOTENCY_KEY"]
+        kept: list[Any] = []
+
+        def keep(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            kept[:] = [status, headers]
+            return None
+
+        with self.pool.connection() as conn:
+            claim = self.store.begin(conn, SCOPE, key, _FLOOR_FP)
+            if isinstance(claim, Won):
+                environ[ENVIRON_KEY] = IdempotentTransaction(conn, claim.scope, key)
+                body = b"".join(self.app(environ, keep))
+                status, headers = kept
+                answer = pgonce.Response(int(status[:3]), tuple(headers), body)
+                self.store.commit(conn, claim, answer)
+                start_response(status, headers)
+                return [body]
+        assert isinstance(claim, Replay)
+        stored = claim.response
+        start_response(f"{stored.status} Stored", list(stored.headers))
+        return [stored.body]

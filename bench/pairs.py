@@ -262,8 +262,8 @@ def compare(
 def _limit(
     labels: Mapping[str, str], runs: Sequence[Mapping[str, Result]], best: Mapping[str, Result]
 ) -> str:
-    """The target's limit: the app doing pgonce's writes itself (bench.by_hand) against the app
-    alone, and pgonce against it, best rounds and median round."""
+    """The app doing pgonce's writes itself (bench.by_hand) against the app alone, and pgonce
+    against it, best rounds and median round."""
 
     def median(top: str, bottom: str) -> float:
         return paired(runs, top, bottom) or 0.0
@@ -272,10 +272,9 @@ def _limit(
         return best[top].rps / best[bottom].rps
 
     return (
-        f"The limit of this target: {labels[LIMIT]} (pgonce's rows and round trips written by "
-        f"hand, none of its code) runs at {100 * best_of(LIMIT, 'none'):.0f} % of "
-        f"{labels['none']} (best rounds; median round {100 * median(LIMIT, 'none'):.0f} %): "
-        "what storing a key and a response costs whatever stores it. "
+        f"A key by hand: {labels[LIMIT]} (pgonce's rows and round trips written by hand through "
+        f"psycopg, none of pgonce's code) runs at {100 * best_of(LIMIT, 'none'):.0f} % of "
+        f"{labels['none']} (best rounds; median round {100 * median(LIMIT, 'none'):.0f} %). "
         f"{labels['pgonce']} against it: {100 * best_of('pgonce', LIMIT):.0f} % (best rounds; "
-        f"median round {100 * median('pgonce', LIMIT):.0f} %), what pgonce's own code costs."
+        f"median round {100 * median('pgonce', LIMIT):.0f} %)."
     )

@@ -11,8 +11,10 @@ key:
 - ``Django + pgonce``: ``pgonce.contrib.django``'s middleware; the claim, the row and the stored
   response commit in one transaction on Django's connection;
 - ``Django alone + a key by hand``: the view writing pgonce's key row and response itself in its
-  own ``atomic()`` block, in the same round trips (``bench.by_hand``), none of pgonce's code: the
-  limit of the target.
+  own ``atomic()`` block, in the same round trips (``bench.by_hand``), none of pgonce's code.
+
+The limit of the target is ``ATOMIC_REQUESTS``: no adapter that commits the key with the view's
+writes does better than the view's own transaction.
 
 Every variant's servers run throughout; in each round the variants take turns of half a second
 (every other turn in the opposite order), so that a drift of the shared machine lands on all of
