@@ -255,26 +255,47 @@ def compare(
     if ratios:
         targets.at_least(f"{mine} vs {alone}, median round", statistics.median(ratios), TARGET)
     if LIMIT in labels:
-        targets.table.notes.append(_limit(labels, runs, best))
+        targets.table.notes.append(_limit(labels, runs))
     return [table, targets.table]
 
 
-def _limit(
-    labels: Mapping[str, str], runs: Sequence[Mapping[str, Result]], best: Mapping[str, Result]
-) -> str:
+def _limit(labels: Mapping[str, str], runs: Sequence[Mapping[str, Result]]) -> str:
     """The app doing pgonce's writes itself (bench.by_hand) against the app alone, and pgonce
-    against it, best rounds and median round."""
-
-    def median(top: str, bottom: str) -> float:
-        return paired(runs, top, bottom) or 0.0
-
-    def best_of(top: str, bottom: str) -> float:
-        return best[top].rps / best[bottom].rps
-
-    return (
+    against it."""
+    return limit_note(
+        labels,
+        runs,
+        LIMIT,
         f"A key by hand: {labels[LIMIT]} (pgonce's rows and round trips written by hand through "
-        f"psycopg, none of pgonce's code) runs at {100 * best_of(LIMIT, 'none'):.0f} % of "
-        f"{labels['none']} (best rounds; median round {100 * median(LIMIT, 'none'):.0f} %). "
-        f"{labels['pgonce']} against it: {100 * best_of('pgonce', LIMIT):.0f} % (best rounds; "
-        f"median round {100 * median('pgonce', LIMIT):.0f} %)."
+        "psycopg, none of pgonce's code)",
+    )
+
+
+def best_ratio(runs: Sequence[Mapping[str, Result]], top: str, bottom: str) -> float:
+    """``top``'s best round over ``bottom``'s best round."""
+    return max(r[top].rps for r in runs) / max(r[bottom].rps for r in runs)
+
+
+def against(runs: Sequence[Mapping[str, Result]], top: str, bottom: str, of: str = "") -> str:
+    """``top`` against ``bottom``: "N % [of <of>] (best rounds; median round M %)"."""
+    of_text = f" of {of}" if of else ""
+    return (
+        f"{100 * best_ratio(runs, top, bottom):.0f} %{of_text} (best rounds; median round "
+        f"{100 * (paired(runs, top, bottom) or 0.0):.0f} %)"
+    )
+
+
+def limit_note(
+    labels: Mapping[str, str],
+    runs: Sequence[Mapping[str, Result]],
+    limit: str,
+    subject: str,
+    why: str = "",
+    mine: str = "",
+) -> str:
+    """A target's limit in the target table's notes: the ``limit`` variant against the app
+    alone, then pgonce against that variant, each on the best rounds and the median round."""
+    return (
+        f"{subject} runs at {against(runs, limit, 'none', labels['none'])}{why}. "
+        f"{labels['pgonce']} against it: {against(runs, 'pgonce', limit)}{mine}."
     )

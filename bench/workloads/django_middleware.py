@@ -35,12 +35,12 @@ from bench.pairs import (
     cleanup_payments,
     compare,
     gunicorn,
+    limit_note,
     prepare_payments,
     served,
 )
 from bench.pairs import VARIANTS as PAIR
 from bench.report import Table
-from bench.workloads.http_middleware import paired
 
 TITLE = "Django: Idempotency-Key middleware under a WSGI server"
 
@@ -85,18 +85,19 @@ def run(ctx: BenchContext) -> list[Table]:
         "background processes, both per request over the measured round.",
         "Round trips per request (libpq's trace of one request): Django alone 1, an autocommit "
         "INSERT; ATOMIC_REQUESTS 3, BEGIN, the INSERT and COMMIT each alone; Django + pgonce 3, "
-        "BEGIN with the claim, the INSERT, the stored response with COMMIT, in one transaction. "
-        "Against the app alone with ATOMIC_REQUESTS (the same transaction and round trips, no "
-        f"key), median round: {100 * (paired(runs, 'pgonce', 'atomic') or 0):.0f} %.",
+        "BEGIN with the claim, the INSERT, the stored response with COMMIT, in one transaction.",
     ]
     tables = compare(TITLE, LABELS, runs, probes, notes)
-    best = max(r["atomic"].rps for r in runs) / max(r["none"].rps for r in runs)
     # The target's other limit: the view in the transaction the guarantee needs, with no key.
     tables[-1].notes.append(
-        f"The guarantee's own limit: {LABELS['atomic']} (the view in a transaction, the one "
-        "pgonce's claim and stored response join, and no key) runs at "
-        f"{100 * best:.0f} % of {LABELS['none']} (best rounds; median round "
-        f"{100 * (paired(runs, 'atomic', 'none') or 0):.0f} %): no adapter that commits the key "
-        "with the view's writes does better than the view's own transaction."
+        limit_note(
+            LABELS,
+            runs,
+            "atomic",
+            f"The guarantee's own limit: {LABELS['atomic']} (the view in a transaction, the one "
+            "pgonce's claim and stored response join, and no key)",
+            ": no adapter that commits the key with the view's writes does better than the "
+            "view's own transaction",
+        )
     )
     return tables

@@ -41,12 +41,13 @@ from bench.pairs import (
     cleanup_payments,
     compare,
     gunicorn,
+    limit_note,
     prepare_payments,
     served,
 )
 from bench.pairs import VARIANTS as PAIR
 from bench.report import Table
-from bench.workloads.http_middleware import Result, paired
+from bench.workloads.http_middleware import paired
 
 TITLE = "Flask: Idempotency-Key middleware under a WSGI server"
 
@@ -90,8 +91,6 @@ def run(ctx: BenchContext) -> list[Table]:
     )
     cleanup_payments(ctx.dsn, ctx.schema, SCOPE, TABLE)
     autocommit = paired(runs, "pgonce", "autocommit") or 0.0
-    floor, median = _best(runs, STATEMENTS, "none"), paired(runs, STATEMENTS, "none") or 0.0
-    mine, mine_median = _best(runs, "pgonce", STATEMENTS), paired(runs, "pgonce", STATEMENTS) or 0.0
     notes = [
         f"{served(WORKERS, THREADS, CONCURRENCY, rounds, seconds)} A "
         f"psycopg_pool.ConnectionPool of {THREADS} connections per worker. "
@@ -112,16 +111,14 @@ def run(ctx: BenchContext) -> list[Table]:
         "in the database; between it and Flask + pgonce: the middleware's own Python."
     )
     tables[1].notes.append(
-        f"The design's limit: {LABELS[STATEMENTS]} runs at {100 * floor:.0f} % of "
-        f"{LABELS['none']} (best rounds; median round {100 * median:.0f} %): what the claim "
-        "and the stored response cost the app in the database with the least Python around "
-        "them; no middleware on the key store does better. "
-        f"{LABELS['pgonce']} against it: {100 * mine:.0f} % (best rounds; median "
-        f"round {100 * mine_median:.0f} %), what the middleware's own logic costs."
+        limit_note(
+            LABELS,
+            runs,
+            STATEMENTS,
+            f"The design's limit: {LABELS[STATEMENTS]}",
+            ": what the claim and the stored response cost the app in the database with the "
+            "least Python around them; no middleware on the key store does better",
+            ", what the middleware's own logic costs",
+        )
     )
     return tables
-
-
-def _best(runs: list[dict[str, Result]], top: str, bottom: str) -> float:
-    """``top``'s best round over ``bottom``'s best round."""
-    return max(r[top].rps for r in runs) / max(r[bottom].rps for r in runs)

@@ -230,21 +230,31 @@ CREATE TABLE IF NOT EXISTS bench.claim_floor (
     WITH (fillfactor = 80);
 CREATE INDEX IF NOT EXISTS claim_floor_by_age ON bench.claim_floor (claimed_at);
 """
-CLAIM_FLOOR = (
-    FRESH_KEY
-    + f"""\\startpipeline
+_CLAIM_FLOOR_CLAIM = f"""\\startpipeline
 BEGIN;
 INSERT INTO bench.claim_floor (scope, key, fingerprint, claimed_at)
   VALUES ('bench-own', :k::text, decode('{FP_HEX}', 'hex'), now());
 \\endpipeline
-\\startpipeline
-{BUSINESS_INSERT}UPDATE bench.claim_floor SET completed_at = now(), response_status = 201,
+"""
+_CLAIM_FLOOR_COMPLETION = f"""UPDATE bench.claim_floor
+  SET completed_at = now(), response_status = 201,
   response_headers = '[["content-type","application/json"]]',
   response_body = convert_to('{BODY.decode()}', 'UTF8')
   WHERE scope = 'bench-own' AND key = :k::text;
 COMMIT;
-\\endpipeline
 """
+CLAIM_FLOOR = (
+    FRESH_KEY
+    + _CLAIM_FLOOR_CLAIM
+    + f"\\startpipeline\n{BUSINESS_INSERT}{_CLAIM_FLOOR_COMPLETION}\\endpipeline\n"
+)
+# The same in the middleware's three round trips (OWN_FRESH's): the app's insert a round trip of
+# its own, as the bare app sends it between its BEGIN and COMMIT.
+CLAIM_FLOOR_FRESH = (
+    FRESH_KEY
+    + _CLAIM_FLOOR_CLAIM
+    + BUSINESS_INSERT
+    + f"\\startpipeline\n{_CLAIM_FLOOR_COMPLETION}\\endpipeline\n"
 )
 
 
@@ -580,24 +590,36 @@ def _database_cost(
     """
     conns = _conns(ctx)
     rounds = ctx.pick(3, short=2, quick=1)
-    business, floor, claim_floor, begin, once, bare, replay, queue, inbox = (
-        database_cost.alternated(
-            ctx.dsn,
-            [
-                BUSINESS_TX,
-                KEY_FLOOR,
-                CLAIM_FLOOR,
-                OWN_QUEUED,
-                ONCE_IN_TRANSACTION,
-                BARE_CLAIM,
-                OWN_DUPLICATE,
-                QUEUE_EVENT,
-                INBOX_EVENT,
-            ],
-            conns,
-            seconds,
-            rounds,
-        )
+    (
+        business,
+        floor,
+        claim_floor,
+        claim_floor_fresh,
+        begin,
+        begin_fresh,
+        once,
+        bare,
+        replay,
+        queue,
+        inbox,
+    ) = database_cost.alternated(
+        ctx.dsn,
+        [
+            BUSINESS_TX,
+            KEY_FLOOR,
+            CLAIM_FLOOR,
+            CLAIM_FLOOR_FRESH,
+            OWN_QUEUED,
+            OWN_FRESH,
+            ONCE_IN_TRANSACTION,
+            BARE_CLAIM,
+            OWN_DUPLICATE,
+            QUEUE_EVENT,
+            INBOX_EVENT,
+        ],
+        conns,
+        seconds,
+        rounds,
     )
     table = Table(
         "Database cost per request",
@@ -645,7 +667,18 @@ def _database_cost(
         claim_floor,
         business,
     )
-    add("fresh key, begin() + commit() (once(commit=True), the middleware)", begin, business)
+    add(
+        "the same in the middleware's three round trips (BEGIN with the claim; the insert; "
+        "the response with COMMIT)",
+        claim_floor_fresh,
+        business,
+    )
+    add("fresh key, begin() + commit() (once(commit=True)), two round trips", begin, business)
+    add(
+        "fresh key, begin() + commit() in the middleware's three round trips",
+        begin_fresh,
+        business,
+    )
     add("fresh key, once() in the caller's transaction", once, business)
     add("fresh key, a bare claim() + complete() (born incomplete)", bare, business)
     add("replay of a stored response (begin())", replay, business)
@@ -673,7 +706,8 @@ def _database_cost(
             "PostgreSQL processes' CPU and the server's WAL, page images included (see that "
             "table)."
         )
-    cpu = (claim_floor.cpu_us / business.cpu_us, begin.cpu_us / business.cpu_us)
+    # The CPU target's limit in the middleware's shape: as many round trips as the bare app's.
+    cpu = (claim_floor_fresh.cpu_us / business.cpu_us, begin_fresh.cpu_us / business.cpu_us)
     return table, (begin.wal / business.wal, floor.wal / business.wal), cpu
 
 
@@ -754,12 +788,11 @@ def _cost_limits(
         "PostgreSQL CPU per request, middleware vs the bare app",
         "≤ 1.50 ×",
         f"{claim_floor_cpu:.2f} × (pgonce: {begin_cpu:.2f} ×)",
-        "measured where both run alone, in pgbench against the business transaction (the "
-        "database cost table): a claim before the work and its completion in a plain table, "
-        "the least a key store that holds a duplicate off while the work runs costs the "
-        "server; in brackets pgonce's begin() + commit() on the same scale. The target's own "
-        "figure is taken under HTTP, where the bare app's per-request work in PostgreSQL "
-        "(connections, background writers) dilutes every ratio",
+        "measured where both run alone, in pgbench against the business transaction, in the "
+        "middleware's three round trips, as many as the bare app's BEGIN, insert and COMMIT "
+        "(the database cost table): a claim before the work and its completion in a plain "
+        "table, the least a key store that holds a duplicate off while the work runs costs "
+        "the server; in brackets pgonce's begin() + commit() in the same shape",
     )
     if two_trip_limit:
         table.add(
