@@ -8,9 +8,11 @@ Only a run of every workload writes ``latest.md``, in one piece, headed by the c
 and the profile; ``--only`` and ``--quick`` write ``partial-<name>.md`` beside it. Nothing in a
 report is written by hand: a figure that is not in this run is not in the report.
 
-    python -m bench                      # the standard profile (~25 minutes on 2 cores)
-    python -m bench --profile short      # every workload, shorter (~12 minutes on 2 cores)
+    python -m bench                      # the standard profile (about 45 minutes on 2 cores)
+    python -m bench --profile short      # every workload, shorter measurements, fewer rounds
     python -m bench --quick              # a smoke test; writes partial-quick.md
+
+The report's header gives the time each workload took, and the whole run's.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="make bench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="make bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", help="run only workloads whose name contains this")
     parser.add_argument(
         "--profile",
@@ -81,7 +85,9 @@ def main() -> int:
         "Client and server share the machine. Every figure stands next to a reference measured "
         "in the same run.",
         "",
-        "Time per workload: " + ", ".join(f"{n} {s:.0f} s" for n, s in took.items()) + ".",
+        "Time per workload: "
+        + ", ".join(f"{n} {s:.0f} s" for n, s in took.items())
+        + f"; in all {sum(took.values()) / 60:.0f} min.",
         "",
     ]
     text = "\n".join(head + intro) + "\n" + "\n".join(t.markdown() for t in tables)

@@ -15,7 +15,7 @@ T = TypeVar("T")
 PROFILES = {
     "standard": "every measurement at its full length and number of rounds",
     "short": "measurements 0.4 × as long, fewer rounds and rows (stated in each table's notes), "
-    "so that a full run finishes in about 12 minutes on 2 cores",
+    "for a quicker full run",
     "quick": "a smoke test: figures are not meaningful, the code paths are exercised",
 }
 #: How much shorter a measurement of the short profile is than the standard one.
