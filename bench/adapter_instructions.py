@@ -13,7 +13,8 @@ the ASGI app through its callable on uvloop, its scope as uvicorn builds one. No
 sockets but the database's; each request a POST /payments with a new Idempotency-Key. The
 variants:
 
-- ``django: alone``, ``django: ATOMIC_REQUESTS``, ``django: pgonce``, ``django: by hand``;
+- ``django: alone``, ``django: ATOMIC_REQUESTS``, ``django: pgonce``, ``django: statements``
+  (the key store's statements alone, ``bench.django_app.StatementsAlone``), ``django: by hand``;
 - ``flask: alone``, ``flask: pgonce``, ``flask: statements`` (the key store's statements alone,
   ``bench.flask_app.StatementsAlone``), ``flask: by hand``;
 - ``sqlalchemy: alone``, ``sqlalchemy: pgonce`` (FastAPI on an ``AsyncEngine``).
@@ -64,6 +65,7 @@ VARIANTS = {
     "django: alone": ("django", "none"),
     "django: ATOMIC_REQUESTS": ("django", "atomic"),
     "django: pgonce": ("django", "pgonce"),
+    "django: statements": ("django", "statements"),
     "django: by hand": ("django", "hand"),
     "flask: alone": ("flask", "none"),
     "flask: pgonce": ("flask", "pgonce"),

@@ -2,9 +2,10 @@
 
 One module is the settings, the URLconf and the WSGI application. ``BENCH_DJANGO_VARIANT`` is
 ``none`` (the app alone), ``atomic`` (the app alone with ``ATOMIC_REQUESTS``: its INSERT in a
-transaction of its own), ``pgonce`` (the same app behind pgonce's Idempotency-Key middleware) or
-``hand`` (the app doing pgonce's writes itself in its own ``atomic()`` block,
-:mod:`bench.by_hand`: the limit);
+transaction of its own), ``pgonce`` (the same app behind pgonce's Idempotency-Key middleware),
+``statements`` (the same app between the key store's begin() and commit() in an ``atomic()``
+block, :class:`StatementsAlone`) or ``hand`` (the app doing pgonce's writes itself in its own
+``atomic()`` block, :mod:`bench.by_hand`);
 ``BENCH_HTTP_DSN`` is the database. The view inserts one row with the ORM and answers 201 with JSON.
 """
 
@@ -19,14 +20,56 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 
+import pgonce
 from bench import by_hand
+from pgonce import KeyStore, Won, fingerprint
 
 TABLE = "bench_django_payments"
 SCOPE = "bench-django:bench"
+_FLOOR_FP = fingerprint("POST", "/payments", b"")
 
 
 def scope(request: HttpRequest) -> str:
     return SCOPE
+
+
+class StatementsAlone:
+    """The key store's statements alone around a Django view: the floor of the one-transaction
+    design under Django.
+
+    What pgonce's middleware does in the database, with none of its logic: ``atomic()`` on
+    Django's connection, begin() with a fixed fingerprint (BEGIN with the claim), the view, then
+    commit() with the view's response (the completion with COMMIT; Django's COMMIT at the end of
+    the block then finds the transaction over); a replay answers the stored response. No key
+    validation, scope, request fingerprint, size limits, problem answers or expiry header. What
+    separates it from Django + pgonce is the middleware's own Python; what separates it from
+    Django alone is the transaction and the database work the one-transaction design needs.
+    """
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+        # As the middleware's store on a connection that reaches PostgreSQL itself: Django turns
+        # psycopg's preparing off, and the key store prepares its statements anyway.
+        self.store = KeyStore(pooler="none")
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        from django.db import connection, transaction
+
+        key = request.META["HTTP_IDEMPOTENCY_KEY"]
+        with transaction.atomic():
+            conn = connection.connection  # atomic() connected it
+            claim = self.store.begin(conn, SCOPE, key, _FLOOR_FP)
+            if isinstance(claim, Won):
+                response: HttpResponse = self.get_response(request)
+                answer = pgonce.Response(
+                    response.status_code, tuple(response.items()), response.content
+                )
+                self.store.commit(conn, claim, answer)
+                return response
+            transaction.set_rollback(True)  # begin() has already ended its transaction
+        assert isinstance(claim, pgonce.Replay)
+        stored = claim.response
+        return HttpResponse(stored.body, status=stored.status)
 
 
 def create_app() -> Any:
@@ -37,8 +80,10 @@ def create_app() -> Any:
     params = conninfo_to_dict(os.environ["BENCH_HTTP_DSN"])
     variant = os.environ.get("BENCH_DJANGO_VARIANT", "none")
     middleware = []
-    if os.environ.get("BENCH_DJANGO_VARIANT") == "pgonce":
+    if variant == "pgonce":
         middleware.append("pgonce.contrib.django.middleware.IdempotencyMiddleware")
+    elif variant == "statements":
+        middleware.append(f"{__name__}.StatementsAlone")
     settings.configure(
         DEBUG=False,
         SECRET_KEY="bench-only",
@@ -56,7 +101,7 @@ def create_app() -> Any:
                 "HOST": params.get("host", ""),
                 "PORT": params.get("port", ""),
                 "CONN_MAX_AGE": None,  # one connection per thread, kept: as a deployment would
-                "ATOMIC_REQUESTS": os.environ.get("BENCH_DJANGO_VARIANT") == "atomic",
+                "ATOMIC_REQUESTS": variant == "atomic",
             }
         },
         PGONCE={"SCOPE": f"{__name__}.scope"},

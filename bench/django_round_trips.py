@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.pairs import prepare_payments
 
-VARIANTS = ("none", "atomic", "pgonce", "hand")
+VARIANTS = ("none", "atomic", "pgonce", "statements", "hand")
 WARM = 3
 BODY = json.dumps({"amount": 5, "currency": "EUR"}).encode()
 
