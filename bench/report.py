@@ -79,3 +79,18 @@ def percentile(samples: list[float], p: float) -> float:
     ordered = sorted(samples)
     rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
     return ordered[rank]
+
+
+def statements_alone(middleware: str, runs: str, reference: str, mine: str) -> str:
+    """The note that says what a table's "key store's statements alone" variant is.
+
+    ``middleware``: which kind it is; ``runs``: what it runs between the key store's begin() and
+    commit(); ``reference`` and ``mine``: the rows on either side of it, the app without the key
+    store and the app with pgonce's middleware.
+    """
+    return (
+        f"The key store's statements alone: {middleware} with no logic of its own (no key "
+        f"checks, scope, request fingerprint, size limits or expiry header) that runs {runs}. "
+        f"Between it and {reference}: the claim and the stored response in the database; "
+        f"between it and {mine}: the middleware's own Python."
+    )

@@ -44,7 +44,7 @@ from bench.pairs import (
     served,
 )
 from bench.pairs import VARIANTS as PAIR
-from bench.report import Table
+from bench.report import Table, statements_alone
 
 TITLE = "Django: Idempotency-Key middleware under a WSGI server"
 
@@ -93,12 +93,13 @@ def run(ctx: BenchContext) -> list[Table]:
         "INSERT; ATOMIC_REQUESTS 3, BEGIN, the INSERT and COMMIT each alone; Django + pgonce 3, "
         "BEGIN with the claim, the INSERT, the stored response with COMMIT, in one transaction; "
         "the key store's statements alone the same 3.",
-        "The key store's statements alone: a Django middleware with no logic of its own (no "
-        "key checks, scope, request fingerprint, size limits or expiry header) that runs the "
-        "view between the key store's begin() and commit() in an atomic() block on Django's "
-        "connection, as Django + pgonce does. Between it and ATOMIC_REQUESTS: the claim and the "
-        "stored response in the database; between it and Django + pgonce: the middleware's own "
-        "Python.",
+        statements_alone(
+            "a Django middleware",
+            "the view between the key store's begin() and commit() in an atomic() block on "
+            "Django's connection, as Django + pgonce does",
+            "ATOMIC_REQUESTS",
+            "Django + pgonce",
+        ),
     ]
     tables = compare(TITLE, LABELS, runs, probes, notes)
     # The target's other limit: the view in the transaction the guarantee needs, with no key.

@@ -46,7 +46,7 @@ from bench.pairs import (
     served,
 )
 from bench.pairs import VARIANTS as PAIR
-from bench.report import Table
+from bench.report import Table, statements_alone
 from bench.workloads.http_middleware import paired
 
 TITLE = "Flask: Idempotency-Key middleware under a WSGI server"
@@ -104,11 +104,13 @@ def run(ctx: BenchContext) -> list[Table]:
     ]
     tables = compare(TITLE, LABELS, runs, probes, notes)
     tables[0].notes.append(
-        "The key store's statements alone: a WSGI middleware with no logic of its own (no key "
-        "checks, request fingerprint, size limits or expiry header) that runs the app between "
-        "the key store's begin() and commit(), the view writing on the claim's connection as "
-        "under Flask + pgonce. Between it and Flask alone: the claim and the stored response "
-        "in the database; between it and Flask + pgonce: the middleware's own Python."
+        statements_alone(
+            "a WSGI middleware",
+            "the app between the key store's begin() and commit(), the view writing on the "
+            "claim's connection as under Flask + pgonce",
+            "Flask alone",
+            "Flask + pgonce",
+        )
     )
     tables[1].notes.append(
         limit_note(

@@ -13,7 +13,10 @@ the same concurrency, each request with a new key (the path every real request t
   request (``connection(request)``), which skips FastAPI's dependency resolution;
 - ``the key store's statements alone``: the floor of that design, a middleware with no logic of
   its own around the key store's two batches (:class:`_StatementsAlone`): what the claim and the
-  stored response cost in the database, without the middleware's Python;
+  stored response cost in the database, without the middleware's Python. Twice, as pgonce: the
+  endpoint takes the transaction through the request, or through FastAPI's dependency (the
+  limit of the database-cost target on the middleware's throughput, which is measured in that
+  shape);
 - the peers a user would pick instead, wired as their documentation says:
   ``fastapi-idempotency`` (it ships only an in-process memory store), ``asgi-idempotency-header``
   (its Redis backend, Redis on 6379) and ``idemkit`` (its PostgreSQL backend, asyncpg). None of
@@ -60,7 +63,7 @@ from pydantic import BaseModel
 from bench.clients import wal_position
 from bench.context import BenchContext
 from bench.database_cost import MIDDLEWARE
-from bench.report import Table, Targets, percentile, ratio
+from bench.report import Table, Targets, percentile, ratio, statements_alone
 from bench.servers import (
     cpu_seconds,
     database_cpu,
@@ -86,6 +89,7 @@ VARIANTS = (
     "pgonce-floor",
     "none",
     "pgonce-request",
+    "pgonce-floor-dependency",
     "none-dependency",
     "pgonce",
     "fastapi-idempotency",
@@ -98,6 +102,7 @@ LABELS = {
     "pgonce": "pgonce, FastAPI dependency",
     "pgonce-request": "pgonce, connection(request)",
     "pgonce-floor": "the key store's statements alone (no middleware logic)",
+    "pgonce-floor-dependency": "the key store's statements alone, FastAPI dependency",
     "fastapi-idempotency": "fastapi-idempotency 0.1 (memory store)",
     "asgi-idempotency-header": "asgi-idempotency-header 0.2 (Redis)",
     "idemkit": "idemkit 1.0 (PostgreSQL, asyncpg)",
@@ -150,12 +155,12 @@ def create_app() -> FastAPI:
         def key_scope(scope: Any) -> str:
             return SCOPE_PREFIX + "bench"
 
-        if variant == "pgonce-floor":
+        if variant.startswith("pgonce-floor"):
             app.add_middleware(_StatementsAlone, pool=pool)
         else:
             app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=key_scope)
 
-        if variant == "pgonce":
+        if variant in DEPENDENCY:
 
             @app.post("/payments", status_code=201)
             async def create_pgonce(
@@ -560,11 +565,15 @@ def run(ctx: BenchContext) -> list[Table]:
         "a dependency."
     )
     table.notes.append(
-        "The key store's statements alone: a middleware with no logic of its own (no key "
-        "checks, request fingerprint, size limits or expiry header) that runs the endpoint "
-        "between begin() and commit(), the floor of the one-transaction design. Between it and "
-        "no middleware: the claim and the stored response in the database; between it and "
-        "pgonce: the middleware's own Python."
+        statements_alone(
+            "an ASGI middleware",
+            "the endpoint between the key store's begin() and commit(), the floor of the "
+            "one-transaction design",
+            "no middleware",
+            "pgonce",
+        )
+        + " Its two rows, as pgonce's, differ only in how the endpoint takes the transaction: "
+        "`connection(request)`, or FastAPI's dependency."
     )
     table.notes.append(
         f"uvicorn's own choices here: HTTP/1.1 by {_installed('httptools', 'h11')}, the event "
@@ -583,7 +592,8 @@ def run(ctx: BenchContext) -> list[Table]:
 
 def _database_cost(results: dict[str, Result], runs: list[dict[str, Result]]) -> None:
     """The middleware's figures for the key store's "database cost per request" tables: pgonce
-    (FastAPI dependency) and the same app without it, each over its best round."""
+    (FastAPI dependency) and the same app without it, each over its best round; and the limit
+    of its throughput, the key store's statements alone in the same shape over the same app."""
     pgonce, bare = results.get("pgonce"), results.get("none-dependency")
     if not (pgonce and bare and pgonce.latencies and bare.latencies):
         return
@@ -596,6 +606,11 @@ def _database_cost(results: dict[str, Result], runs: list[dict[str, Result]]) ->
     )
     if (median := paired(runs, "pgonce", "none-dependency")) is not None:
         MIDDLEWARE["median"] = median
+    floor = results.get("pgonce-floor-dependency")
+    if floor is not None and floor.latencies and bare.rps:
+        MIDDLEWARE["limit_best"] = floor.rps / bare.rps
+        if (median := paired(runs, "pgonce-floor-dependency", "none-dependency")) is not None:
+            MIDDLEWARE["limit_median"] = median
 
 
 def _installed(preferred: str, fallback: str) -> str:
@@ -606,6 +621,8 @@ def _installed(preferred: str, fallback: str) -> str:
 #: Each pgonce variant against the same app without the middleware: the endpoint takes its
 #: connection the way it would without pgonce (a FastAPI dependency, or by hand).
 WITHOUT = {"pgonce": "none-dependency", "pgonce-request": "none"}
+#: The variants whose endpoint takes pgonce's transaction through FastAPI's dependency.
+DEPENDENCY = ("pgonce", "pgonce-floor-dependency")
 
 
 def round_ratios(runs: Sequence[Mapping[str, Result]], variant: str, reference: str) -> list[float]:

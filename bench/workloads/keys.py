@@ -816,6 +816,19 @@ def _cost_limits(
             "'batches alone' over its Python floor): what asyncio costs before pgonce's first "
             "line runs",
         )
+    for name, figure in (("best round", "best"), ("median round", "median")):
+        if (limit := MIDDLEWARE.get(f"limit_{figure}")) is None:
+            continue
+        pgonce = MIDDLEWARE.get(figure)
+        table.add(
+            f"middleware throughput vs no middleware ({name})",
+            "≥ 95 %",
+            f"{100 * limit:.0f} %" + ("" if pgonce is None else f" (pgonce: {100 * pgonce:.0f} %)"),
+            "the key store's statements alone, FastAPI dependency (the HTTP workload's table): "
+            "the same app and endpoint, between begin() and commit() with no middleware logic "
+            "at all, over the same app without them: what the claim and the stored response "
+            "cost the app in the database; in brackets pgonce's middleware, as in the targets",
+        )
     return table
 
 
