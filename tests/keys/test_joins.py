@@ -86,6 +86,27 @@ class TestRawConnection:
         assert state(dsn, "before") == (1, 0)
         assert state(dsn, "k") == (0, 0)
 
+    def test_an_unstored_response_rolls_back_only_the_block(
+        self, dsn: str, orders: None, conn: psycopg.Connection[Any], store: KeyStore
+    ) -> None:
+        conn.execute("INSERT INTO orders VALUES ('before')")
+        with store.once(conn, "s", "k", FP) as op:
+            conn.execute("INSERT INTO orders VALUES ('k')")
+            op.execute("INSERT INTO orders VALUES ('queued')")
+            op.respond(Response(503, (), b"try later"))
+        assert not op.stored
+        assert conn.info.transaction_status == TransactionStatus.INTRANS  # the caller's, usable
+        conn.execute("INSERT INTO orders VALUES ('after')")
+        conn.commit()
+        assert [state(dsn, k) for k in ("before", "k", "queued", "after")] == [
+            (1, 0),
+            (0, 0),
+            (0, 0),
+            (1, 0),
+        ]
+        with store.once(conn, "s", "k", FP) as retry:
+            assert retry.won  # the key stayed free
+
     def test_the_transaction_is_opened_with_the_connections_settings(
         self, orders: None, conn: psycopg.Connection[Any], store: KeyStore
     ) -> None:

@@ -184,9 +184,8 @@ class KeyStore:
     ) -> Claim:
         # claim(), and once() in the caller's transaction inside psycopg's pipeline, with
         # claim_completed (a row born completed: once()'s savepoint ends with the completion or
-        # rolls the claim back). The
-        # arguments were checked by the caller (_checked_wait_ms); the connection's state is
-        # checked here, where it counts.
+        # rolls the claim back). The arguments were checked by the caller (_checked_wait_ms);
+        # the connection's state is checked here, where it counts.
         require_transaction(conn)
         self._check_pooled(conn)
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
@@ -389,6 +388,7 @@ class KeyStore:
         # respond(). ``joined``: once()'s block in the caller's transaction, which ends its
         # savepoint instead of the transaction (RELEASE, or ROLLBACK TO and RELEASE).
         commands: list[Command] = []
+        completing = False
         if not isinstance(claim, Won):
             if joined or conn.pgconn.transaction_status == _IDLE:
                 return False  # _begin() already ended it
@@ -399,11 +399,9 @@ class KeyStore:
             and status >= 500
             and not self.store_server_errors
         ):  # not stored (stores(), written out: this runs for every fresh key)
-            if joined:
-                self._finish(conn, list(_LEAVE), joined=True)
-                return False
-            commands.append((wire.ROLLBACK, wire.NO_PARAMS))
+            commands.extend(_LEAVE if joined else _UNDO)
         else:
+            completing = True
             for query, params in writes:
                 commands.append(wire.caller_command(conn, query, params))
             stored = response or _NO_RESPONSE
@@ -423,7 +421,8 @@ class KeyStore:
                 commands.append((self._complete_claimed, (*completion, claim.row)))
             commands.append((wire.RELEASE, wire.NO_PARAMS) if joined else _COMMIT)
         results = self._finish(conn, commands, joined=joined)
-        return len(commands) > 1 and results[-2].command_tuples == 1
+        # The completion's answer, just before COMMIT's (or RELEASE's).
+        return completing and results[-2].command_tuples == 1
 
     def _finish(
         self, conn: Connection[Row], commands: list[Command], *, joined: bool = False
@@ -764,6 +763,8 @@ _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
 _SAVEPOINT: Command = (wire.SAVEPOINT, wire.NO_PARAMS)
 # What ends once()'s savepoint when the claim did not win, failed or is not stored.
 _LEAVE: tuple[Command, ...] = ((wire.ROLLBACK_TO, wire.NO_PARAMS), (wire.RELEASE, wire.NO_PARAMS))
+# What ends begin()'s transaction when its response is not stored.
+_UNDO: tuple[Command, ...] = ((wire.ROLLBACK, wire.NO_PARAMS),)
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
