@@ -17,7 +17,11 @@ variants:
   (the key store's statements alone, ``bench.django_app.StatementsAlone``), ``django: by hand``;
 - ``flask: alone``, ``flask: pgonce``, ``flask: statements`` (the key store's statements alone,
   ``bench.flask_app.StatementsAlone``), ``flask: by hand``;
-- ``sqlalchemy: alone``, ``sqlalchemy: pgonce`` (FastAPI on an ``AsyncEngine``).
+- ``sqlalchemy: alone``, ``sqlalchemy: pgonce`` (FastAPI on an ``AsyncEngine``);
+- ``fastapi: alone``, ``fastapi: pgonce``, ``fastapi: statements``: the HTTP middleware
+  benchmark's app (``bench.workloads.http_middleware.create_app()``, a psycopg pool) in the
+  shape its database-cost target measures, the endpoint taking its connection through a FastAPI
+  dependency: without the middleware, with pgonce's, and with the key store's statements alone.
 
 Under gunicorn the server's own share (parsing, the socket) is added to each, and the timings on
 the shared 2-core machine move by a fifth from run to run; these counts repeat to a few thousand
@@ -35,6 +39,7 @@ one variant in this process (what each measured process does).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import cProfile
 import io
 import os
@@ -54,7 +59,7 @@ import uvloop
 from bench import django_app, flask_app
 from bench.callgrind import instructions, parser, require_valgrind
 from bench.pairs import prepare_payments
-from bench.workloads import sqlalchemy_middleware
+from bench.workloads import http_middleware, sqlalchemy_middleware
 from pgonce.store.migrate import migrate
 
 SHORT, LONG = 200, 1200
@@ -73,6 +78,9 @@ VARIANTS = {
     "flask: by hand": ("flask", "hand"),
     "sqlalchemy: alone": ("sqlalchemy", "none"),
     "sqlalchemy: pgonce": ("sqlalchemy", "pgonce"),
+    "fastapi: alone": ("fastapi", "none-dependency"),
+    "fastapi: pgonce": ("fastapi", "pgonce"),
+    "fastapi: statements": ("fastapi", "pgonce-floor-dependency"),
 }
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -91,7 +99,7 @@ def main() -> None:
     chosen = [v for v in VARIANTS if not args.only or args.only in v]
     if args.profile:
         for variant in chosen:
-            if VARIANTS[variant][1] == "pgonce":
+            if VARIANTS[variant][1].startswith("pgonce"):
                 print(f"## {variant}, {args.count} requests", flush=True)
                 command = [sys.executable, "-m", "bench.adapter_instructions", args.dsn]
                 command += ["--variant", variant, "--count", str(args.count), "--profile"]
@@ -131,6 +139,7 @@ def _prepare(dsn: str) -> None:
     prepare_payments(dsn, django_app.TABLE)
     prepare_payments(dsn, flask_app.TABLE)
     prepare_payments(dsn, sqlalchemy_middleware.TABLE)
+    prepare_payments(dsn, http_middleware.TABLE)
 
 
 def _by_function(long: Path, short: Path) -> list[tuple[str, float]]:
@@ -202,7 +211,7 @@ def _environ(key: str, body: bytes) -> dict[str, Any]:
 
 def _run(dsn: str, variant: str, count: int, *, profile: bool = False) -> None:
     run = uuid.uuid4().hex[:12]  # the keys of this process, new to the key store
-    if VARIANTS[variant][0] == "sqlalchemy":
+    if VARIANTS[variant][0] in ("sqlalchemy", "fastapi"):
         requests = _asgi_requests(_asgi_app(dsn, variant), run, variant)
     else:
         requests = _wsgi_requests(_app(dsn, variant), run, variant)
@@ -244,10 +253,14 @@ def _wsgi_requests(app: WSGIApp, run: str, variant: str) -> Callable[[int, int],
 
 
 def _asgi_app(dsn: str, variant: str) -> ASGIApp:
+    framework, setting = VARIANTS[variant]
     os.environ["BENCH_HTTP_DSN"] = dsn
-    os.environ["BENCH_SQLALCHEMY_VARIANT"] = VARIANTS[variant][1]
-    app: ASGIApp = sqlalchemy_middleware.create_app()
-    return app
+    if framework == "fastapi":
+        os.environ["BENCH_HTTP_VARIANT"] = setting
+        app: ASGIApp = http_middleware.create_app()
+        return app
+    os.environ["BENCH_SQLALCHEMY_VARIANT"] = setting
+    return sqlalchemy_middleware.create_app()
 
 
 def _asgi_requests(app: ASGIApp, run: str, variant: str) -> Callable[[int, int], None]:
@@ -279,6 +292,12 @@ def _asgi_requests(app: ASGIApp, run: str, variant: str) -> Callable[[int, int],
     def requests(first: int, last: int) -> None:
         loop.run_until_complete(serially(first, last))
 
+    # The app's lifespan (the HTTP benchmark's opens its pool there), for the whole process.
+    lifespan = getattr(getattr(app, "router", None), "lifespan_context", None)
+    if lifespan is not None:
+        running = lifespan(app)
+        loop.run_until_complete(running.__aenter__())
+        atexit.register(lambda: loop.run_until_complete(running.__aexit__(None, None, None)))
     return requests
 
 
