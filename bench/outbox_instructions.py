@@ -77,15 +77,24 @@ def _enqueue_known(conn: psycopg.Connection[Any], ref: str) -> None:
     enqueue(conn, "order", f"known-{n % 10}", "order.updated", PAYLOAD)
 
 
-def _enqueue_many(conn: psycopg.Connection[Any], ref: str) -> None:
-    enqueue_many(conn, [OutboxEvent("order", ref, f"order.line.{n}", PAYLOAD) for n in BATCHED])
+def _enqueue_many(ordered: bool) -> Step:
+    def step(conn: psycopg.Connection[Any], ref: str) -> None:
+        events = [OutboxEvent("order", ref, f"order.line.{n}", PAYLOAD) for n in BATCHED]
+        enqueue_many(conn, events, ordered=ordered)
+
+    return step
 
 
-def _floor_many(conn: psycopg.Connection[Any], ref: str) -> None:
-    params: list[Any] = []
-    for n in BATCHED:
-        params += ["order", ref, f"order.line.{n}", Jsonb(PAYLOAD)]
-    conn.execute(FLOOR_MANY, params)
+def _floor_many(table: str) -> Step:
+    sql = FLOOR_MANY.replace("bench.outbox_floor", table)
+
+    def step(conn: psycopg.Connection[Any], ref: str) -> None:
+        params: list[Any] = []
+        for n in BATCHED:
+            params += ["order", ref, f"order.line.{n}", Jsonb(PAYLOAD)]
+        conn.execute(sql, params)
+
+    return step
 
 
 def _row(table: str) -> Step:
@@ -106,8 +115,12 @@ SHAPES: dict[str, list[Step]] = {
     "+ the outbox row alone (plain INSERT into pgonce.outbox)": [_row("pgonce.outbox")],
     "+ the lock row's upsert alone": [_statement(LOCK_ROW)],
     "+ the NOTIFY check alone": [_statement(WAITING)],
-    f"+ plain {BATCH_EVENTS}-row INSERT (the batch's floor)": [_floor_many],
-    f"+ enqueue_many({BATCH_EVENTS} events)": [_enqueue_many],
+    f"+ plain {BATCH_EVENTS}-row INSERT (the batch's floor)": [_floor_many("bench.outbox_floor")],
+    f"+ enqueue_many({BATCH_EVENTS} events)": [_enqueue_many(True)],
+    f"+ enqueue_many({BATCH_EVENTS} events, ordered=False)": [_enqueue_many(False)],
+    f"+ the {BATCH_EVENTS} outbox rows alone (a plain INSERT into pgonce.outbox)": [
+        _floor_many("pgonce.outbox")
+    ],
 }
 
 

@@ -398,6 +398,7 @@ _FLOOR_MANY = (
     "INSERT INTO bench.outbox_floor (aggregatetype, aggregateid, type, payload) VALUES "
     + ", ".join(["(%s, %s, %s, %s)"] * BATCH_EVENTS)
 )
+_POLLED_MANY = _FLOOR_MANY.replace("bench.outbox_floor", "bench.outbox_polled")
 
 
 def _enqueue(ordered: bool) -> Transaction:
@@ -461,16 +462,21 @@ async def _insert_and_enqueue_many(
         )
 
 
-async def _insert_and_floor_many(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
-    async with conn.transaction():
-        ref = f"{client}-{seq}"
-        await conn.execute(
-            "INSERT INTO bench.outbox_orders (ref, amount) VALUES (%s, 4200)", (ref,)
-        )
-        params: list[Any] = []
-        for n in BATCH_RANGE:
-            params += ["order", ref, f"order.line.{n}", Jsonb(PAYLOAD)]
-        await conn.execute(_FLOOR_MANY, params)
+def _insert_and_many(statement: str) -> Transaction:
+    """The business insert and one plain multi-row INSERT of the batch's events."""
+
+    async def transaction(conn: psycopg.AsyncConnection[Any], client: int, seq: int) -> None:
+        async with conn.transaction():
+            ref = f"{client}-{seq}"
+            await conn.execute(
+                "INSERT INTO bench.outbox_orders (ref, amount) VALUES (%s, 4200)", (ref,)
+            )
+            params: list[Any] = []
+            for n in BATCH_RANGE:
+                params += ["order", ref, f"order.line.{n}", Jsonb(PAYLOAD)]
+            await conn.execute(statement, params)
+
+    return transaction
 
 
 class _Figures(NamedTuple):
@@ -495,6 +501,10 @@ FLOOR = "insert + plain outbox INSERT (the floor)"
 POLLED = "insert + plain INSERT with the relay's pending indexes (the polled floor)"
 ORDERED = "insert + the polled floor's INSERT after a lock row (the ordered polled floor)"
 BATCH_FLOOR = f"insert + plain {BATCH_EVENTS}-row INSERT (the batch's floor)"
+BATCH_POLLED = (
+    f"insert + plain {BATCH_EVENTS}-row INSERT with the relay's pending indexes "
+    "(the batch's polled floor)"
+)
 #: The variants of the enqueue table, in the order they run in each round.
 VARIANTS = (
     ("insert alone", _insert_alone),
@@ -503,7 +513,8 @@ VARIANTS = (
     (ORDERED, _insert_and_ordered),
     ("insert + enqueue", _enqueue(ordered=True)),
     ("insert + enqueue(ordered=False)", _enqueue(ordered=False)),
-    (BATCH_FLOOR, _insert_and_floor_many),
+    (BATCH_FLOOR, _insert_and_many(_FLOOR_MANY)),
+    (BATCH_POLLED, _insert_and_many(_POLLED_MANY)),
     (f"insert + enqueue_many({BATCH_EVENTS} events)", _insert_and_enqueue_many),
 )
 #: Each outbox write's floor, for the "vs its floor" column.
@@ -512,6 +523,7 @@ FLOORS = {
     ORDERED: FLOOR,
     "insert + enqueue": FLOOR,
     "insert + enqueue(ordered=False)": FLOOR,
+    BATCH_POLLED: BATCH_FLOOR,
     VARIANTS[-1][0]: BATCH_FLOOR,
 }
 
@@ -544,7 +556,8 @@ def _enqueue_table(ctx: BenchContext) -> tuple[Table, dict[int, dict[str, float]
             "indexes and column checks, and the NOTIFY check, in one statement. ordered=False "
             f"leaves out the lock row. The batch rows write {BATCH_EVENTS} events of one "
             "aggregate per transaction in one statement; their floor is one plain "
-            f"{BATCH_EVENTS}-row INSERT.",
+            f"{BATCH_EVENTS}-row INSERT, and their polled floor the same INSERT into the "
+            "polled floor's table (below).",
             "The polled floor: the floor's INSERT into a table that also has the outbox's two "
             "pending indexes, the lookups of a relay that finds its rows in PostgreSQL (pending "
             "rows in id order; an aggregate's oldest pending row) rather than in the WAL, as "
