@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
-from pgonce.core.outbox import RetryPolicy
+from pgonce.core.outbox import OutboxMessage, RetryPolicy
+from pgonce.publishers.base import PublishResult
 from pgonce.publishers.http import HttpPublisher
 from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from pgonce.publishers.redis_streams import RedisStreamsPublisher
@@ -116,6 +118,58 @@ async def test_a_broker_that_is_down_makes_rows_wait_without_counting_attempts(d
     assert [(attempts, parked) for _, attempts, _, parked, _ in pending_rows(dsn)] == [
         (0, None)
     ] * 3
+
+
+class _HeldBroker:
+    """Acknowledges every batch; the first one only once ``release`` is set. Counts the batches
+    at the broker at once."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.at_once = self.most_at_once = self.batches = 0
+
+    async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
+        self.at_once += 1
+        self.most_at_once = max(self.most_at_once, self.at_once)
+        self.batches += 1
+        try:
+            if self.batches == 1:
+                await self.release.wait()
+            return PublishResult(acked=frozenset(m.id for m in batch))
+        finally:
+            self.at_once -= 1
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_the_next_batch_is_claimed_while_one_is_at_the_broker(dsn: str) -> None:
+    # Ten aggregates of one row, batches of five, one batch in flight: while the first batch waits
+    # for its acknowledgements, a second loop holds the next five rows, ready to publish.
+    fill(dsn, 10, aggregates=10)
+    broker = _HeldBroker()
+    relay = Relay(dsn, broker, batch_size=5, concurrency=1, listen=False)
+    draining = asyncio.create_task(relay.drain())
+
+    async def nothing_left_to_claim() -> bool:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            cur = await conn.execute(
+                "SELECT id FROM pgonce.outbox WHERE published_at IS NULL FOR UPDATE SKIP LOCKED"
+            )
+            return not await cur.fetchall()
+
+    try:
+        await wait_until(lambda: broker.batches == 1)
+        await wait_until(nothing_left_to_claim)
+        # Claimed, and held back from the broker: one batch in flight means one.
+        assert broker.batches == 1
+    finally:
+        broker.release.set()
+        stats = await draining
+    assert (stats.published, broker.batches, broker.most_at_once) == (10, 2, 1)
+    assert pending_rows(dsn) == []
 
 
 @pytest.mark.pooled
