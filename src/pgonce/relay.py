@@ -38,7 +38,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -312,13 +312,9 @@ class Relay:
             except BrokerUnavailable as error:
                 log.warning("relay: %s; the rows wait until it is fixed", error)
         listener = asyncio.create_task(self._listen(stop)) if self.listen else None
-        self._at_broker = asyncio.Semaphore(self.concurrency)
         try:
-            await asyncio.gather(
-                *(self._loop(stop, f"{self.name}/{n}") for n in range(self._loops))
-            )
+            await self._batch_loops(lambda n: self._loop(stop, f"{self.name}/{n}"))
         finally:
-            self._at_broker = None
             if listener is not None:
                 listener.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -406,16 +402,19 @@ class Relay:
             finally:
                 await conn.close()
 
-        self._at_broker = asyncio.Semaphore(self.concurrency)
-        try:
-            await asyncio.gather(*(loop() for _ in range(self._loops)))
-        finally:
-            self._at_broker = None
+        await self._batch_loops(lambda _: loop())
         return stats
 
-    @property
-    def _loops(self) -> int:
-        return self.concurrency * LOOPS_PER_BATCH_IN_FLIGHT
+    async def _batch_loops(self, loop: Callable[[int], Awaitable[None]]) -> None:
+        """Run :data:`LOOPS_PER_BATCH_IN_FLIGHT` batch loops per batch in flight (``loop(n)``
+        for each), with ``concurrency`` batches at the broker at once, until all have ended."""
+        self._at_broker = asyncio.Semaphore(self.concurrency)
+        try:
+            await asyncio.gather(
+                *(loop(n) for n in range(self.concurrency * LOOPS_PER_BATCH_IN_FLIGHT))
+            )
+        finally:
+            self._at_broker = None
 
     def wake(self) -> None:
         """Make a waiting :meth:`run` look for rows now (what a notification does)."""
