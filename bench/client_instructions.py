@@ -13,6 +13,10 @@ warm-up cancel out. Three layers for each path, the same statements in the same 
 - pgonce's API: ``once(commit=True)`` with ``op.execute()`` for a fresh key, ``once()`` for a
   replay; ``begin()`` + ``commit(writes=...)`` for a fresh key too.
 
+The outbox's business transaction as its benchmark runs it (bench/workloads/outbox.py, one
+connection): BEGIN, the business insert, then ``enqueue()`` or the ordered polled floor's plain
+statement through psycopg, COMMIT; what the enqueue adds is the difference.
+
 And the sync decorator (``@idempotent(commit=True)`` on the decorator workload's function, one
 autocommit connection, as bench/workloads/decorator.py calls it), with a new key and with a key
 just used, beside the bare function it decorates: what the decorator adds is the difference.
@@ -35,7 +39,7 @@ from psycopg.pq.abc import PGconn, PGresult
 
 from bench.callgrind import instructions, parser, require_valgrind
 from bench.clients import Trips, drive_async
-from bench.workloads import decorator, keys
+from bench.workloads import decorator, keys, outbox
 from pgonce import AsyncKeyStore
 from pgonce.store import wire
 
@@ -53,6 +57,8 @@ VARIANTS = (
     "decorator: bare function",
     "decorator: @idempotent(commit=True), new key",
     "decorator: @idempotent(commit=True), replay",
+    "outbox: insert + the ordered polled floor",
+    "outbox: insert + enqueue()",
 )
 
 
@@ -66,6 +72,7 @@ def main() -> None:
         conn.execute(keys.SETUP.encode())
         columns = "(order_id text NOT NULL, amount int NOT NULL)"
         conn.execute(f"CREATE TABLE IF NOT EXISTS {decorator.TABLE} {columns}".encode())
+        conn.execute(outbox.SETUP.encode())
     _setup_duplicates(args.dsn)
     print("| client path | client instructions per call |\n|---|---|")
     for variant in VARIANTS:
@@ -94,6 +101,9 @@ def _run(dsn: str, variant: str, count: int) -> None:
     path, layer = variant.split(": ")
     if path == "decorator":
         _decorated(dsn, layer, count)
+        return
+    if path == "outbox":
+        _outbox(dsn, layer, count)
         return
     store = AsyncKeyStore()
     trips = keys._fresh_trips(store) if path == "fresh" else keys._duplicate_trips(store)
@@ -125,6 +135,19 @@ def _decorated(dsn: str, layer: str, count: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for seq in range(-WARM_UP, count):
             call(conn, {"id": run if replay else f"{run}-{seq}", "amount": 1})
+
+
+def _outbox(dsn: str, layer: str, count: int) -> None:
+    """The outbox benchmark's business transaction, with enqueue() or its ordered polled floor."""
+    transaction = outbox._enqueue(True) if "enqueue" in layer else outbox._insert_and_ordered
+    run = int(keys._run_id(), 16)  # the "client" of the rows' refs: new aggregates each run
+
+    async def calls() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            for seq in range(-WARM_UP, count):
+                await transaction(conn, run, seq)
+
+    uvloop.run(calls())
 
 
 def _floor(dsn: str, trips: Trips, count: int) -> None:

@@ -19,7 +19,16 @@ from __future__ import annotations
 import json
 from typing import Any, overload
 
-from psycopg import AsyncConnection, AsyncCursor, Connection, Cursor, dbapi20, postgres
+from psycopg import (
+    AsyncConnection,
+    AsyncCursor,
+    AsyncRawCursor,
+    Connection,
+    Cursor,
+    RawCursor,
+    dbapi20,
+    postgres,
+)
 from psycopg.adapt import AdaptersMap
 from psycopg.rows import TupleRow, tuple_row
 from psycopg.types import array
@@ -62,6 +71,22 @@ class _Cursor(Cursor[TupleRow]):
         return ADAPTERS
 
 
+class _AsyncRawCursor(AsyncRawCursor[TupleRow]):
+    __slots__ = ()
+
+    @property
+    def adapters(self) -> AdaptersMap:
+        return ADAPTERS
+
+
+class _RawCursor(RawCursor[TupleRow]):
+    __slots__ = ()
+
+    @property
+    def adapters(self) -> AdaptersMap:
+        return ADAPTERS
+
+
 @overload
 def cursor(conn: AsyncConnection[Any]) -> AsyncCursor[TupleRow]: ...
 @overload
@@ -76,3 +101,22 @@ def cursor(
     if isinstance(conn, AsyncConnection):
         return _AsyncCursor(conn, row_factory=tuple_row)
     return _Cursor(conn, row_factory=tuple_row)
+
+
+@overload
+def raw_cursor(conn: AsyncConnection[Any]) -> AsyncRawCursor[TupleRow]: ...
+@overload
+def raw_cursor(conn: Connection[Any]) -> RawCursor[TupleRow]: ...
+def raw_cursor(
+    conn: AsyncConnection[Any] | Connection[Any],
+) -> AsyncRawCursor[TupleRow] | RawCursor[TupleRow]:
+    """:func:`cursor` for a statement with PostgreSQL's own ``$n`` placeholders.
+
+    psycopg sends the statement as it is and dumps the parameters in order: no conversion of
+    ``%(name)s`` placeholders and no reordering of a mapping, which on a hot statement of many
+    parameters cost the client as much as the rest of its execution. psycopg still prepares it
+    (after ``prepare_threshold`` executions) and keeps its prepared statements as for any other.
+    """
+    if isinstance(conn, AsyncConnection):
+        return _AsyncRawCursor(conn, row_factory=tuple_row)
+    return _RawCursor(conn, row_factory=tuple_row)

@@ -13,6 +13,7 @@ next relay (a redelivery with the same message id, never a loss). This file is t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -42,10 +43,10 @@ from pgonce.core.outbox import (
     validate_event,
 )
 from pgonce.errors import UsageError
-from pgonce.sql import Queries
+from pgonce.sql import Queries, positional
 from pgonce.store._sync.notify import listen
 from pgonce.store.common import require_transaction
-from pgonce.store.cursors import cursor
+from pgonce.store.cursors import cursor, raw_cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
@@ -73,29 +74,48 @@ def enqueue(
     wait (and the aggregate's lock row) for events whose order does not matter: concurrent
     transactions may then commit them in another order than their ids.
     """
-    check_connection(conn, Connection, "enqueue()")
+    # The checks' own tests first, so that the common case makes no call for them.
+    if not isinstance(conn, Connection):
+        check_connection(conn, Connection, "enqueue()")
     validate_event(aggregatetype, aggregateid, type)
-    check_bool(ordered, "ordered")
-    check_optional_time(now)
+    if ordered is not True and ordered is not False:
+        check_bool(ordered, "ordered")
+    if now is not None:
+        check_optional_time(now)
     require_transaction(conn)
-    params = {
-        "aggregatetype": aggregatetype,
-        "aggregateid": aggregateid,
-        "type": type,
-        "payload": Jsonb(payload),
-        # None for no headers (the common case): the statement stores '{}' without a dump here.
-        "headers": None if headers is None else Jsonb(_headers(headers)),
-        "now": now,
-        "channel": notify_channel(schema, "outbox"),
-    }
-    queries = Queries("outbox", schema)
-    statement = queries.enqueue if ordered else queries.enqueue_unordered
-    with translate_errors("enqueueing an outbox event"), _json_refused():
-        cur = cursor(conn)
-        cur.execute(statement, params)
+    try:
+        # Encoded here, as the text that the statement casts to jsonb: psycopg's Jsonb wrapper
+        # would look up its dumper at execute time to call the same json.dumps().
+        body = json.dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"an outbox payload must be JSON-encodable: {exc}") from exc
+    # None for no headers (the common case): the statement stores '{}'.
+    extra = None if headers is None else json.dumps(_headers(headers))
+    prepared = _ENQUEUE.get((schema, ordered))
+    if prepared is None:
+        prepared = _enqueue_statement(schema, ordered)
+    statement, channel = prepared
+    with translate_errors("enqueueing an outbox event"):
+        cur = raw_cursor(conn)
+        cur.execute(statement, (aggregatetype, aggregateid, type, body, extra, now, channel))
         row = cur.fetchone()
     assert row is not None, "the enqueue statement returned no row"
     return int(row[0])
+
+
+# enqueue()'s parameters, in the order of its statements' $n (both statements take them all).
+_ENQUEUE_PARAMS = ("aggregatetype", "aggregateid", "type", "payload", "headers", "now", "channel")
+# enqueue()'s statement by (schema, ordered), with $n placeholders (see raw_cursor()), and the
+# channel it notifies.
+_ENQUEUE: dict[tuple[str, bool], tuple[bytes, str]] = {}
+
+
+def _enqueue_statement(schema: str, ordered: bool) -> tuple[bytes, str]:
+    queries = Queries("outbox", schema)
+    text = queries.enqueue if ordered else queries.enqueue_unordered
+    prepared = positional(text, _ENQUEUE_PARAMS), notify_channel(schema, "outbox")
+    _ENQUEUE[schema, ordered] = prepared
+    return prepared
 
 
 def enqueue_many(
