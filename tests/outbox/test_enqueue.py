@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import psycopg
@@ -336,3 +337,19 @@ async def test_unordered_events_do_not_wait_for_another_producer(dsn: str) -> No
     finally:
         for c in (first, second):
             await c.close()
+
+
+def test_enqueue_after_psycopg_deallocated_every_prepared_statement(dsn: str) -> None:
+    # psycopg sends DEALLOCATE ALL after a ROLLBACK (here a nested transaction() that failed)
+    # while it holds prepared statements of its own (prepare_threshold=0: at once). enqueue()'s
+    # statement is psycopg's to prepare and forget, so the next enqueue of the same transaction
+    # is prepared again rather than run under a name the server no longer has.
+    with psycopg.connect(dsn, prepare_threshold=0) as conn:
+        with conn.transaction():
+            enqueue(conn, "order", "1", "order.created", {"n": 1})
+            with contextlib.suppress(psycopg.errors.DivisionByZero), conn.transaction():
+                conn.execute("SELECT 1 / 0")
+            prepared = "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s"
+            assert conn.execute(prepared, ("%pgonce.outbox_aggregates%",)).fetchone() == (0,)
+            enqueue(conn, "order", "1", "order.updated", {"n": 2})
+        assert [row[2] for row in outbox_rows(conn)] == ["order.created", "order.updated"]
