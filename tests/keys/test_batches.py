@@ -306,12 +306,19 @@ def test_prepared_once_per_connection(conn: psycopg.Connection[Any], store: KeyS
     assert len(names) == 5
 
 
-def _prepared_statements(conn: psycopg.Connection[Any]) -> list[str]:
+def _pgonce_statements(conn: psycopg.Connection[Any]) -> list[str]:
+    """pgonce's statements that the connection's server session holds prepared."""
     rows = conn.execute(
         "SELECT statement FROM pg_prepared_statements WHERE name LIKE '_pgonce_%'"
     ).fetchall()
-    conn.rollback()
     return [statement for (statement,) in rows]
+
+
+def _prepared_statements(conn: psycopg.Connection[Any]) -> list[str]:
+    """:func:`_pgonce_statements`, the transaction of the query ended."""
+    statements = _pgonce_statements(conn)
+    conn.rollback()
+    return statements
 
 
 def test_a_statement_twice_in_one_batch_is_prepared_once(
@@ -816,24 +823,15 @@ def test_prepared_statements_dropped_inside_the_block_keep_the_completion(
         with store.once(conn, "s", "k", FP, commit=not joined) as op:
             assert op.won
             conn.execute("INSERT INTO effects VALUES ('k')")
-            assert pgonce_prepared(conn) > 0
+            assert _pgonce_statements(conn)
             if how == "DEALLOCATE ALL":
                 conn.execute("DEALLOCATE ALL")
             else:
                 with contextlib.suppress(psycopg.errors.DivisionByZero), conn.transaction():
                     conn.execute("SELECT 1 / 0")
-            assert pgonce_prepared(conn) == 0
+            assert _pgonce_statements(conn) == []
             op.respond(Response(201, body=b"done"))
         if joined:
             conn.commit()
         assert op.stored
         assert effects(dsn, "k") == 1
-
-
-def pgonce_prepared(conn: psycopg.Connection[Any]) -> int:
-    """How many of pgonce's statements the connection's server session holds prepared."""
-    row = conn.execute(
-        "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE '\\_pgonce\\_%'"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
