@@ -25,7 +25,7 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
-from pgonce.errors import ConfigError, DatabaseError, DatabaseUnavailable
+from pgonce.errors import ConfigError, DatabaseUnavailable
 from pgonce.store import wire
 from pgonce.store.common import complete_claimed
 from tests.keys.helpers import wait_until_blocked
@@ -794,15 +794,6 @@ def test_connection_killed_inside_a_joined_block_is_a_typed_error(
         assert retry.won
 
 
-# Known defect, to be fixed first: pgonce's completion is a named statement that pgonce believes
-# prepared, and psycopg sends DEALLOCATE ALL after any ROLLBACK (a nested transaction() that
-# failed), DROP, ALTER or DISCARD ALL it runs while it holds prepared statements of its own: the
-# completion then fails with 26000 and the request's work is rolled back (loudly: DatabaseError).
-@pytest.mark.xfail(
-    strict=True,
-    raises=DatabaseError,
-    reason="the completion's prepared name is not renewed after psycopg's DEALLOCATE ALL",
-)
 @pytest.mark.parametrize("joined", [True, False], ids=["caller's transaction", "commit=True"])
 @pytest.mark.parametrize("how", ["DEALLOCATE ALL", "a rolled-back savepoint"])
 def test_prepared_statements_dropped_inside_the_block_keep_the_completion(

@@ -87,6 +87,54 @@ def test_enqueue_commits_with_the_session(dsn: str, engine: Engine) -> None:
     assert counts(dsn) == (1, 0, 1)
 
 
+def _savepoint_rolled_back(session: Session) -> None:
+    """A nested transaction that failed: its ROLLBACK TO SAVEPOINT makes psycopg, which holds
+    prepared statements of its own here, send DEALLOCATE ALL."""
+    with pytest.raises(Failure), session.begin_nested():
+        session.add(Order(key="abandoned"))
+        session.flush()
+        raise Failure
+
+
+def test_once_completes_after_a_nested_transaction_rolled_back(dsn: str, engine: Engine) -> None:
+    # The fixture's engine made the tables. prepare_threshold=0: psycopg prepares every
+    # statement of the session at once, so the rolled-back savepoint inside the block removes
+    # pgonce's prepared completion as well.
+    preparing = create_engine(sqlalchemy_url(dsn), connect_args={"prepare_threshold": 0})
+    try:
+        for key in ("warm", "k"):  # warm: the claim and the completion prepared, then used
+            with Session(preparing) as session, session.begin():
+                with once(session, "tenant", key, FP) as op:
+                    assert op.won
+                    session.add(Order(key=key))
+                    if key == "k":
+                        _savepoint_rolled_back(session)
+                    op.respond(CREATED)
+                assert op.stored
+    finally:
+        preparing.dispose()
+    assert counts(dsn) == (2, 2, 0)
+
+
+async def test_async_once_completes_after_a_nested_transaction_rolled_back(
+    dsn: str, engine: Engine
+) -> None:
+    preparing = create_async_engine(sqlalchemy_url(dsn), connect_args={"prepare_threshold": 0})
+    try:
+        for key in ("warm", "k"):
+            async with AsyncSession(preparing) as session, session.begin():
+                async with async_once(session, "tenant", key, FP) as op:
+                    assert op.won
+                    session.add(Order(key=key))
+                    if key == "k":
+                        await session.run_sync(_savepoint_rolled_back)
+                    op.respond(CREATED)
+                assert op.stored
+    finally:
+        await preparing.dispose()
+    assert counts(dsn) == (2, 2, 0)
+
+
 async def test_async_once_and_enqueue(dsn: str, async_engine: AsyncEngine) -> None:
     async with (
         AsyncSession(async_engine) as session,

@@ -215,13 +215,6 @@ _sessions = _Sessions()
 _by_id = _sessions.by_id
 
 
-def _session(pgconn: PGconn) -> _Session:
-    session = _by_id.get(id(pgconn))
-    if session is None:
-        session = _sessions.add(pgconn)
-    return session
-
-
 def begin_statement(conn: psycopg.BaseConnection[Any]) -> Statement:
     """The BEGIN that psycopg would send for this connection's transaction settings."""
     settings = (conn.isolation_level, conn.read_only, conn.deferrable)
@@ -515,7 +508,37 @@ def _begin_batch(conn: psycopg.BaseConnection[Any]) -> _Session:
         raise psycopg.OperationalError("the connection is closed")
     if pgconn.pipeline_status != _PIPELINE_OFF:
         raise psycopg.ProgrammingError("a pgonce batch cannot run inside psycopg's pipeline")
-    return _session(pgconn)
+    session = _by_id.get(id(pgconn))
+    if session is None:
+        session = _sessions.add(pgconn)
+        _follow_deallocations(conn, session)
+    return session
+
+
+def _follow_deallocations(conn: psycopg.BaseConnection[Any], session: _Session) -> None:
+    """Forget the session's prepared names whenever psycopg deallocates its own.
+
+    psycopg sends DEALLOCATE ALL after a ROLLBACK, DROP, ALTER or DISCARD ALL it runs while it
+    holds prepared statements, and on ``rollback()`` while it holds any: each time after its
+    prepare manager's ``clear()`` returned True; this wraps that method on this connection's
+    manager only. pgonce's statements go with psycopg's, so the next batch prepares them again
+    instead of failing on a name the server no longer has (26000) inside a transaction it
+    cannot run again.
+    """
+    manager = getattr(conn, "_prepared", None)
+    clear = getattr(manager, "clear", None)
+    if clear is None:
+        return
+    prepared = session.prepared
+
+    def cleared() -> bool:
+        # rollback() calls clear() whether psycopg holds names or not: only True deallocates.
+        deallocating = bool(clear())
+        if deallocating:
+            prepared.clear()
+        return deallocating
+
+    manager.clear = cleared  # type: ignore[union-attr]
 
 
 def _abandon(conn: psycopg.BaseConnection[Any], session: _Session) -> None:
