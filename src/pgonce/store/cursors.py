@@ -55,7 +55,10 @@ def _pinned_adapters() -> AdaptersMap:
 ADAPTERS = _pinned_adapters()
 
 
-class _AsyncCursor(AsyncCursor[TupleRow]):
+class _Pinned:
+    """Adapts with :data:`ADAPTERS` whatever the connection's adapters are (psycopg's cursor
+    builds its transformer from this property)."""
+
     __slots__ = ()
 
     @property
@@ -63,28 +66,20 @@ class _AsyncCursor(AsyncCursor[TupleRow]):
         return ADAPTERS
 
 
-class _Cursor(Cursor[TupleRow]):
+class _AsyncCursor(_Pinned, AsyncCursor[TupleRow]):
     __slots__ = ()
 
-    @property
-    def adapters(self) -> AdaptersMap:
-        return ADAPTERS
 
-
-class _AsyncRawCursor(AsyncRawCursor[TupleRow]):
+class _Cursor(_Pinned, Cursor[TupleRow]):
     __slots__ = ()
 
-    @property
-    def adapters(self) -> AdaptersMap:
-        return ADAPTERS
 
-
-class _RawCursor(RawCursor[TupleRow]):
+class _AsyncRawCursor(_Pinned, AsyncRawCursor[TupleRow]):
     __slots__ = ()
 
-    @property
-    def adapters(self) -> AdaptersMap:
-        return ADAPTERS
+
+class _RawCursor(_Pinned, RawCursor[TupleRow]):
+    __slots__ = ()
 
 
 @overload
@@ -113,9 +108,11 @@ def raw_cursor(
     """:func:`cursor` for a statement with PostgreSQL's own ``$n`` placeholders.
 
     psycopg sends the statement as it is and dumps the parameters in order: no conversion of
-    ``%(name)s`` placeholders and no reordering of a mapping, which on a hot statement of many
-    parameters cost the client as much as the rest of its execution. psycopg still prepares it
-    (after ``prepare_threshold`` executions) and keeps its prepared statements as for any other.
+    ``%(name)s`` placeholders and no reordering of a mapping, which psycopg does at every
+    execution (for the outbox's enqueue, eight parameters, a measurable share of the business
+    transaction's client work: ``python -m bench.client_instructions DSN --only outbox``).
+    psycopg still prepares the statement (after ``prepare_threshold`` executions) and keeps its
+    prepared statements as for any other.
     """
     if isinstance(conn, AsyncConnection):
         return _AsyncRawCursor(conn, row_factory=tuple_row)
