@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from functools import cache
 from typing import Any, TypeVar
 
 from psycopg import Connection
@@ -91,10 +92,7 @@ def enqueue(
         raise UsageError(f"an outbox payload must be JSON-encodable: {exc}") from exc
     # None for no headers (the common case): the statement stores '{}'.
     extra = None if headers is None else json.dumps(_headers(headers))
-    prepared = _ENQUEUE.get((schema, ordered))
-    if prepared is None:
-        prepared = _enqueue_statement(schema, ordered)
-    statement, channel = prepared
+    statement, channel = _enqueue_statement(schema, ordered)
     with translate_errors("enqueueing an outbox event"):
         cur = raw_cursor(conn)
         cur.execute(statement, (aggregatetype, aggregateid, type, body, extra, now, channel))
@@ -105,17 +103,15 @@ def enqueue(
 
 # enqueue()'s parameters, in the order of its statements' $n (both statements take them all).
 _ENQUEUE_PARAMS = ("aggregatetype", "aggregateid", "type", "payload", "headers", "now", "channel")
-# enqueue()'s statement by (schema, ordered), with $n placeholders (see raw_cursor()), and the
-# channel it notifies.
-_ENQUEUE: dict[tuple[str, bool], tuple[bytes, str]] = {}
 
 
+@cache
 def _enqueue_statement(schema: str, ordered: bool) -> tuple[bytes, str]:
+    """enqueue()'s statement with $n placeholders (see raw_cursor()), and the channel it
+    notifies: made once per schema, so that an enqueue looks up one cache, not three."""
     queries = Queries("outbox", schema)
     text = queries.enqueue if ordered else queries.enqueue_unordered
-    prepared = positional(text, _ENQUEUE_PARAMS), notify_channel(schema, "outbox")
-    _ENQUEUE[schema, ordered] = prepared
-    return prepared
+    return positional(text, _ENQUEUE_PARAMS), notify_channel(schema, "outbox")
 
 
 def enqueue_many(
