@@ -38,7 +38,7 @@ from psycopg import pq
 from psycopg.pq.abc import PGconn, PGresult
 
 from bench.callgrind import instructions, parser, require_valgrind
-from bench.clients import Trips, drive_async
+from bench.clients import Transaction, Trips, drive_async
 from bench.workloads import decorator, keys, outbox
 from pgonce import AsyncKeyStore
 from pgonce.store import wire
@@ -118,11 +118,16 @@ def _run(dsn: str, variant: str, count: int) -> None:
         transaction = keys._pgonce_queued(store, keys._run_id())
     else:
         transaction = keys._pgonce_duplicate(store)
+    _on_one_connection(dsn, transaction, 0, count)
+
+
+def _on_one_connection(dsn: str, transaction: Transaction, client: int, count: int) -> None:
+    """``transaction`` ``count`` times (after the warm-up) on one async connection, on uvloop."""
 
     async def calls() -> None:
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             for seq in range(-WARM_UP, count):
-                await transaction(conn, 0, seq)
+                await transaction(conn, client, seq)
 
     uvloop.run(calls())
 
@@ -141,13 +146,7 @@ def _outbox(dsn: str, layer: str, count: int) -> None:
     """The outbox benchmark's business transaction, with enqueue() or its ordered polled floor."""
     transaction = outbox._enqueue(True) if "enqueue" in layer else outbox._insert_and_ordered
     run = int(keys._run_id(), 16)  # the "client" of the rows' refs: new aggregates each run
-
-    async def calls() -> None:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            for seq in range(-WARM_UP, count):
-                await transaction(conn, run, seq)
-
-    uvloop.run(calls())
+    _on_one_connection(dsn, transaction, run, count)
 
 
 def _floor(dsn: str, trips: Trips, count: int) -> None:
