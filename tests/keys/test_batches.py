@@ -25,7 +25,7 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Replay, Response, UsageError, Won, fingerprint
-from pgonce.errors import ConfigError, DatabaseUnavailable
+from pgonce.errors import ConfigError, DatabaseError, DatabaseUnavailable
 from pgonce.store import wire
 from pgonce.store.common import complete_claimed
 from tests.keys.helpers import wait_until_blocked
@@ -826,3 +826,32 @@ def test_prepared_statements_dropped_inside_the_block_keep_the_completion(
             conn.commit()
         assert op.stored
         assert effects(dsn, "k") == 1
+
+
+def test_a_deallocate_all_psycopg_does_not_see_fails_the_completion_loudly(dsn: str) -> None:
+    # pooler="none" prepares pgonce's statements on a connection where psycopg prepares none
+    # (Django's): a DEALLOCATE ALL the application sends then goes unseen (psycopg does not
+    # look at a statement's status while it holds no names). The completion fails: a typed
+    # error, the block's writes rolled back with it, the key free for the retry, never a
+    # response stored without its writes.
+    store = KeyStore(pooler="none")
+    with psycopg.connect(dsn, prepare_threshold=None) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS effects (key text)")
+        conn.commit()
+        with store.once(conn, "s", "warm", FP, commit=True) as op:
+            op.respond(Response(201))
+        with (
+            pytest.raises(DatabaseError, match="does not exist"),
+            store.once(conn, "s", "k", FP, commit=True) as op,
+        ):
+            conn.execute("INSERT INTO effects VALUES ('k')")
+            conn.execute("DEALLOCATE ALL")
+            op.respond(Response(201, body=b"done"))
+        assert not op.stored
+        assert effects(dsn, "k") == 0
+        with store.once(conn, "s", "k", FP, commit=True) as retry:
+            assert retry.won
+            conn.execute("INSERT INTO effects VALUES ('k')")
+            retry.respond(Response(201, body=b"done"))
+    assert retry.stored
+    assert effects(dsn, "k") == 1
