@@ -119,8 +119,9 @@ NO_PARAMS: Sequence[Param] = ()
 class _Session:
     """What pgonce keeps per connection: the statements it prepared there, and its watch.
 
-    Weakly keyed by the connection's ``PGconn``: a closed connection's entry goes with it. A
-    DEALLOCATE ALL or DISCARD ALL behind pgonce's back is detected by its error (26000) and
+    Weakly keyed by the connection's ``PGconn``: a closed connection's entry goes with it.
+    psycopg's own DEALLOCATE ALL is followed (:func:`_follow_deallocations`); one psycopg does not
+    see (the application's, while psycopg holds no names) is detected by its error (26000) and
     answered by forgetting the prepared names.
     """
 

@@ -84,12 +84,10 @@ def enqueue(
     if now is not None:
         check_optional_time(now)
     require_transaction(conn)
-    try:
+    with _json_refused():
         # Encoded here, as the text that the statement casts to jsonb: psycopg's Jsonb wrapper
         # would look up its dumper at execute time to call the same json.dumps().
         body = json.dumps(payload)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"an outbox payload must be JSON-encodable: {exc}") from exc
     # None for no headers (the common case): the statement stores '{}'.
     extra = None if headers is None else json.dumps(_headers(headers))
     statement, channel = _enqueue_statement(schema, ordered)
@@ -160,8 +158,8 @@ def enqueue_many(
 
 @contextmanager
 def _json_refused() -> Iterator[None]:
-    """The payload is encoded when the statement is sent: what json.dumps refuses is the
-    caller's input, said as such (nothing was written)."""
+    """What json.dumps refuses (enqueue() calls it, psycopg's Jsonb when enqueue_many()'s
+    statement is sent) is the caller's input, said as such (nothing was written)."""
     try:
         yield
     except (TypeError, ValueError) as exc:
