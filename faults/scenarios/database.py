@@ -164,7 +164,9 @@ async def statement_timeouts(ctx: Context) -> Result:
         direct = _socket_dsn(ctx, "timeouts")
 
         def set_timeout(value: str | None) -> None:
-            with psycopg.connect(direct, autocommit=True) as conn:
+            # Its own statement_timeout off: the database's 2 ms must not cancel the reset
+            # itself (a client's startup options win over a database's settings).
+            with psycopg.connect(direct, autocommit=True, options="-c statement_timeout=0") as conn:
                 if value is None:
                     conn.execute("ALTER DATABASE timeouts RESET statement_timeout")
                 else:
