@@ -84,7 +84,7 @@ async def enqueue(
     require_transaction(conn)
     # Encoded here, as the text that the statement casts to jsonb: psycopg's Jsonb wrapper would
     # look up its dumper at execute time to call the same json.dumps(). A try statement, not
-    # _json_refused(): a generator-based context manager costs every enqueue 15,000 client
+    # _json_refused(): a generator-based context manager costs every enqueue 11,000 client
     # instructions (python -m bench.client_instructions DSN --only outbox).
     try:
         body = json.dumps(payload)
