@@ -101,7 +101,15 @@ class PgBouncer:
     write, then stops answering logins.
     """
 
-    def __init__(self, folder: Path, *, host: str, port: int, pool_size: int = 20) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        host: str,
+        port: int,
+        pool_size: int = 20,
+        pool_mode: str = "transaction",
+    ) -> None:
         self.binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         if not Path(self.binary).exists():
             raise Unavailable("PgBouncer is not installed (Debian: apt-get install -y pgbouncer)")
@@ -125,7 +133,7 @@ class PgBouncer:
             f"listen_port = {self.port}\n"
             "unix_socket_dir =\n"
             "auth_type = any\n"
-            "pool_mode = transaction\n"
+            f"pool_mode = {pool_mode}\n"
             f"default_pool_size = {pool_size}\n"
             "max_client_conn = 1000\n"
             "server_login_retry = 1\n"
@@ -158,7 +166,8 @@ class PgBouncer:
                 )
             with (
                 contextlib.suppress(psycopg.Error),
-                psycopg.connect(self.dsn("postgres"), connect_timeout=2) as conn,
+                # autocommit: no BEGIN, which a PgBouncer in statement mode refuses
+                psycopg.connect(self.dsn("postgres"), connect_timeout=2, autocommit=True) as conn,
             ):
                 conn.execute("SELECT 1")
                 return
@@ -223,11 +232,12 @@ def _started(prefix: str, build: Callable[[Path], S]) -> Iterator[S]:
 
 
 def pgbouncer(
-    *, host: str, port: int, pool_size: int = 20
+    *, host: str, port: int, pool_size: int = 20, pool_mode: str = "transaction"
 ) -> contextlib.AbstractContextManager[PgBouncer]:
     """A started :class:`PgBouncer` in front of ``host:port`` (a socket folder or an address)."""
     return _started(
-        "pgonce-pgbouncer-", lambda f: PgBouncer(f, host=host, port=port, pool_size=pool_size)
+        "pgonce-pgbouncer-",
+        lambda f: PgBouncer(f, host=host, port=port, pool_size=pool_size, pool_mode=pool_mode),
     )
 
 

@@ -34,7 +34,9 @@ def require_pgbouncer() -> str:
 
 
 @contextlib.contextmanager
-def running_pgbouncer(server_dsn: str, *, pool_size: int = 10) -> Iterator[str]:
+def running_pgbouncer(
+    server_dsn: str, *, pool_size: int = 10, pool_mode: str = "transaction"
+) -> Iterator[str]:
     """Start PgBouncer in front of ``server_dsn``; yield the server DSN rewritten to go through
     it (same user and database). Stopped, and its folder removed, on exit.
 
@@ -46,7 +48,7 @@ def running_pgbouncer(server_dsn: str, *, pool_size: int = 10) -> Iterator[str]:
     server = conninfo_to_dict(server_dsn)
     host = str(server.get("host") or "127.0.0.1")
     port = int(server.get("port") or 5432)
-    with pgbouncer(host=host, port=port, pool_size=pool_size) as bouncer:
+    with pgbouncer(host=host, port=port, pool_size=pool_size, pool_mode=pool_mode) as bouncer:
         yield make_conninfo(
             server_dsn, host="127.0.0.1", port=str(bouncer.port), connect_timeout="10"
         )

@@ -855,3 +855,20 @@ def test_a_deallocate_all_psycopg_does_not_see_fails_the_completion_loudly(dsn: 
             retry.respond(Response(201, body=b"done"))
     assert retry.stored
     assert effects(dsn, "k") == 1
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_commit_after_the_transaction_ended_is_refused(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore, end: str
+) -> None:
+    # A misuse: the transaction begin() opened ended in between. Its completion would run alone,
+    # find no claim (or one committed without its response) and COMMIT nothing, while commit()
+    # answered as if the response were stored.
+    won = store.begin(conn, "s", "k", FP)
+    assert isinstance(won, Won)
+    getattr(conn, end)()
+    with pytest.raises(UsageError, match=r"ended before commit\(\)"):
+        store.commit(conn, won, Response(201, body=b"done"))
+    with psycopg.connect(dsn, autocommit=True) as other:
+        row = other.execute("SELECT response_headers FROM pgonce.keys").fetchall()
+    assert row == ([(None,)] if end == "commit" else [])  # never a stored response

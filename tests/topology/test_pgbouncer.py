@@ -27,12 +27,13 @@ import pytest
 
 from pgonce import AsyncKeyStore, InFlight, KeyStore, Response, Won, fingerprint
 from pgonce.database import reaches_server_directly, shares_server_sessions
-from pgonce.errors import DatabaseError
+from pgonce.errors import ConfigError, DatabaseError, UsageError
 from pgonce.store import wire
 from pgonce.webhooks.worker import InboxWorker
 from tests.conftest import SCHEMA
 from tests.inbox.conftest import create_effects, effects, eventually, source
 from tests.inbox.test_worker import deliver, delivery
+from tests.pgbouncer import running_pgbouncer
 
 ROOT = Path(__file__).resolve().parents[2]
 FP = fingerprint("pooled")
@@ -59,10 +60,13 @@ async def test_with_default_settings_claims_switch_to_unnamed_and_none_is_lost(
     pooled_dsn: str, direct_dsn: str
 ) -> None:
     # 8 clients, psycopg's defaults, the key store's defaults: pgonce's prepared statements meet
-    # each other on PgBouncer's shared sessions within the first transactions.
+    # each other on PgBouncer's shared sessions within the first transactions. From then on
+    # pgonce's own statements go unnamed, and a connection that still lets psycopg prepare its
+    # own is refused: its queries would run other clients' statements under their names.
     store = AsyncKeyStore()
     won: list[str] = []
     failed: list[str] = []
+    refused: list[UsageError] = []
     conns = [await psycopg.AsyncConnection.connect(pooled_dsn) for _ in range(8)]
 
     async def client(conn: psycopg.AsyncConnection[Any], number: int) -> None:
@@ -72,6 +76,8 @@ async def test_with_default_settings_claims_switch_to_unnamed_and_none_is_lost(
                 claim = await store.begin(conn, "s", key, FP)
                 assert isinstance(claim, Won)
                 await store.commit(conn, claim, Response(201))
+            except UsageError as error:
+                refused.append(error)
             except DatabaseError:
                 failed.append(key)  # a completion caught by the switch: rolled back, key free
             else:
@@ -83,12 +89,35 @@ async def test_with_default_settings_claims_switch_to_unnamed_and_none_is_lost(
         for conn in conns:
             await conn.close()
     assert wire.statements_unnamed()
+    assert wire.statements_crossed()
+    assert refused
+    assert all("prepare_threshold=None" in str(e) for e in refused)
     # Only a completion already on its way when the names collided can fail (begin() runs again
     # from BEGIN): at most twice per connection, never after the switch.
     assert len(failed) <= 2 * len(conns)
     with psycopg.connect(direct_dsn) as check:
         stored = {row[0] for row in check.execute("SELECT key FROM pgonce.keys").fetchall()}
     assert stored == set(won)  # every success committed, every failure left nothing behind
+    # A connection without psycopg's prepared statements goes on as before.
+    async with await psycopg.AsyncConnection.connect(pooled_dsn, prepare_threshold=None) as conn:
+        claim = await store.begin(conn, "s", "after", FP)
+        assert isinstance(claim, Won)
+        assert await store.commit(conn, claim, Response(201))
+
+
+def test_a_pooler_in_statement_mode_is_a_configuration_error(
+    direct_dsn: str, server_dsn: str
+) -> None:
+    # Every claim is a transaction; PgBouncer's statement mode refuses them all. Answered as an
+    # outage (503, retry) the client would retry forever: it is the configuration that is wrong.
+    name = psycopg.conninfo.conninfo_to_dict(direct_dsn)["dbname"]
+    with running_pgbouncer(server_dsn, pool_size=2, pool_mode="statement") as bouncer:
+        dsn = psycopg.conninfo.make_conninfo(bouncer, dbname=name)
+        with (
+            psycopg.connect(dsn, prepare_threshold=None, autocommit=True) as conn,
+            pytest.raises(ConfigError, match="pool_mode = transaction"),
+        ):
+            KeyStore().begin(conn, "s", "k", FP)
 
 
 def test_the_bounded_wait_and_lock_timeout_stay_in_their_transaction(pooled_dsn: str) -> None:

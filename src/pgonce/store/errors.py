@@ -12,7 +12,13 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
-from pgonce.errors import DatabaseError, DatabaseUnavailable, SchemaNotMigrated
+from pgonce.errors import (
+    ConfigError,
+    DatabaseError,
+    DatabaseUnavailable,
+    SchemaNotMigrated,
+    UsageError,
+)
 
 # SQLSTATEs that mean "pgonce's objects are not there": the schema was never migrated.
 _MISSING_OBJECT = (
@@ -20,6 +26,10 @@ _MISSING_OBJECT = (
     pg_errors.UndefinedFunction,
     pg_errors.InvalidSchemaName,
 )
+
+
+# What PgBouncer answers BEGIN with in pool_mode = statement.
+_STATEMENT_POOLING = "transaction blocks not allowed in statement pooling mode"
 
 
 def describe_dsn(dsn: str) -> str:
@@ -67,6 +77,23 @@ class translate_errors:  # named like the function it replaced: ``with translate
         if isinstance(error, _MISSING_OBJECT):
             raise SchemaNotMigrated(
                 f"{what} failed: {first_line(error)}; run `pgonce migrate` on this database"
+            ) from error
+        if isinstance(error, pg_errors.InvalidSavepointSpecification):
+            # Class 3B is an OperationalError to psycopg, but no retry finds the savepoint: a
+            # statement outside pgonce ended it (a ROLLBACK TO or RELEASE of a savepoint opened
+            # before pgonce's, such as SQLAlchemy's begin_nested() or Django's atomic()).
+            raise UsageError(
+                f"{what} failed: {first_line(error)}: a savepoint opened before pgonce's was "
+                "released or rolled back inside pgonce's block, and pgonce's savepoint ended "
+                "with it (the claim and the block's writes too); end inner savepoints first"
+            ) from error
+        if isinstance(error, psycopg.OperationalError) and _STATEMENT_POOLING in str(error):
+            # PgBouncer's pool_mode = statement: no retry ever gets a transaction there.
+            raise ConfigError(
+                f"{what} failed: {first_line(error)}: pgonce's claim, the work and the stored "
+                "response are one transaction, which a pooler in statement mode does not allow; "
+                'use PgBouncer\'s pool_mode = transaction (with pooler = "pgbouncer-transaction") '
+                "or session"
             ) from error
         if isinstance(error, psycopg.OperationalError):
             raise DatabaseUnavailable(f"{what} failed: {first_line(error)}") from error

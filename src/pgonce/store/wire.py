@@ -136,12 +136,14 @@ class _Session:
 
 
 class _Naming:
-    """Whether pgonce's statements go unnamed in this whole process."""
+    """Whether pgonce's statements go unnamed in this whole process, and whether a name was
+    found taken by another client (42P05): then the server's sessions are certainly shared."""
 
-    __slots__ = ("unnamed",)
+    __slots__ = ("crossed", "unnamed")
 
     def __init__(self) -> None:
         self.unnamed = False
+        self.crossed = False
 
 
 _naming = _Naming()
@@ -150,6 +152,13 @@ _naming = _Naming()
 def statements_unnamed() -> bool:
     """Whether pgonce sends its statements unnamed on every connection of this process."""
     return _naming.unnamed
+
+
+def statements_crossed() -> bool:
+    """Whether a prepared statement's name was found taken by another client on the same server
+    session (42P05): a connection that lets psycopg prepare its own statements there runs
+    other clients' statements under their names."""
+    return _naming.crossed
 
 
 def sessions_shared(reason: str | None, *, warn_threshold: bool = False) -> None:
@@ -183,6 +192,7 @@ def sessions_shared(reason: str | None, *, warn_threshold: bool = False) -> None
 def _reset_naming() -> None:
     """Back to named statements (tests: one process runs with and without a pooler)."""
     _naming.unnamed = False
+    _naming.crossed = False
 
 
 class _Sessions:
@@ -439,6 +449,8 @@ def _naming_failed(conn: psycopg.BaseConnection[Any], error: psycopg.Error) -> N
     """
     session = _sessions.get(conn.pgconn)
     vanished_before = session is not None and session.vanished
+    if error.sqlstate == _DUPLICATE_STATEMENT:
+        _naming.crossed = True
     if session is not None:
         session.prepared.clear()
         session.vanished = True

@@ -213,14 +213,25 @@ class AsyncKeyStore:
         return check_wait(wait)
 
     def _check_pooled(self, conn: AsyncConnection[Row]) -> None:
-        """Refuse a connection that would prepare statements behind the configured pooler."""
-        if not self._named and conn.prepare_threshold is not None:
-            raise UsageError(
-                'the key store was given pooler="pgbouncer-transaction", but this connection '
-                f"prepares statements (prepare_threshold={conn.prepare_threshold}); behind a "
-                "transaction-mode pooler they are crossed between clients: create the "
-                "connections (or the pool's kwargs) with prepare_threshold=None"
+        """Refuse a connection that would prepare statements behind a transaction-mode pooler:
+        the configured one, or one found by a name another client took (42P05)."""
+        if conn.prepare_threshold is None:
+            return
+        if not self._named:
+            why = 'the key store was given pooler="pgbouncer-transaction"'
+        elif wire.statements_crossed():
+            why = (
+                "pgonce found a prepared statement's name taken by another client on the "
+                "same server session (a transaction-mode pooler)"
             )
+        else:
+            return
+        raise UsageError(
+            f"{why}, and this connection prepares statements (prepare_threshold="
+            f"{conn.prepare_threshold}): there psycopg's prepared statements are crossed between "
+            "clients, and a query runs another client's statement under its name: create the "
+            "connections (or the pool's kwargs) with prepare_threshold=None"
+        )
 
     def _decide(self, row: ClaimRow, scope: str, key: str, fingerprint: bytes) -> Claim:
         return decide(
@@ -282,7 +293,7 @@ class AsyncKeyStore:
             raise UsageError(refusal)
         else:
             end = (_COMMIT,)
-        if not self._named:
+        if not self._named or wire.statements_crossed():
             self._check_pooled(conn)
         encoding = wire.encoding(conn)
         scope_param, key_param = scope.encode(encoding), key.encode(encoding)
@@ -393,6 +404,8 @@ class AsyncKeyStore:
             if joined or conn.pgconn.transaction_status == _IDLE:
                 return False  # _begin() already ended it
             commands.append(_COMMIT)
+        elif not joined and conn.pgconn.transaction_status == _IDLE:
+            raise UsageError(_ENDED_BEFORE_COMMIT)
         elif (
             response is not None
             and (status := response.status) is not None
@@ -456,6 +469,8 @@ class AsyncKeyStore:
         ``headers`` as they are stored (wire.headers_json()): the completion and COMMIT in one
         round trip, through _finish()."""
         scope, key, inserted = owned
+        if conn.pgconn.transaction_status == _IDLE:
+            raise UsageError(_ENDED_BEFORE_COMMIT)
         encoding = wire.encoding(conn)  # the connection's now: the work may have changed it
         completion = (
             scope.encode(encoding),
@@ -761,6 +776,13 @@ async def _open_transaction(conn: AsyncConnection[Row]) -> None:
 Owned = tuple[str, str, PGresult]
 
 _NO_RESPONSE = Response()
+# What commit() answers when the transaction begin() opened is over: the completion would run
+# alone, find no claim, and COMMIT nothing, while the caller believed the response stored.
+_ENDED_BEFORE_COMMIT = (
+    "the transaction that begin() opened ended before commit() (a commit or rollback of the "
+    "connection in between), so the response was not stored; a claim committed that way stays "
+    "in flight until its key expires"
+)
 _CLAIM_TYPES = (Won, Replay, InFlight)
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
