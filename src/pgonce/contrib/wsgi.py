@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg import Connection
+from psycopg.pq import TransactionStatus
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.outcomes import Claim, InFlight, Replay, Won
@@ -119,12 +120,14 @@ class ConnectionSource(Protocol):
 #: middleware): a lost or refused connection, the pool's timeout (psycopg_pool's PoolTimeout is
 #: an OperationalError), and pgonce's translation.
 _UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError)
+# A module constant: an enum class's attribute lookup at each request otherwise.
+_INERROR = TransactionStatus.INERROR
 
 
 class IdempotentTransaction:
     """The claimed key's transaction, handed to one request's application."""
 
-    __slots__ = ("_connection", "began", "key", "scope")
+    __slots__ = ("_connection", "began", "failed", "key", "scope")
 
     def __init__(self, connection: Connection[Any], scope: str, key: str) -> None:
         self._connection = connection
@@ -132,6 +135,8 @@ class IdempotentTransaction:
         self.key = key
         #: True once the application took the connection or called :meth:`begin`.
         self.began = False
+        #: True once the application's work failed (see :meth:`fail`).
+        self.failed = False
 
     @property
     def connection(self) -> Connection[Any]:
@@ -145,6 +150,12 @@ class IdempotentTransaction:
     def begin(self) -> None:
         """Mark the endpoint as begun without using the database (its response will be stored)."""
         self.began = True
+
+    def fail(self) -> None:
+        """Mark the application's work as failed although it answers: a framework that turns
+        the view's exception into a response (Flask's error handlers, ``abort()``) calls it, so
+        that the transaction rolls back and the answer is not stored; the retry runs again."""
+        self.failed = True
 
 
 def transaction_of(environ: Mapping[str, Any]) -> IdempotentTransaction:
@@ -359,12 +370,21 @@ class IdempotencyMiddleware:
                 if isinstance(claim, Won):
                     try:
                         captured = self._run(environ, conn, claim)
-                        if captured.response.stored:
-                            # The completion and COMMIT in one round trip; a failed completion
-                            # raises, and the transaction is rolled back.
-                            self.store.commit(conn, claim, captured.response.response())
-                        else:
+                        response = captured.response
+                        if not response.stored:
                             conn.rollback()
+                        elif conn.pgconn.transaction_status == _INERROR:
+                            # The application answered after a statement of its transaction
+                            # failed (an error handler's 409 for a unique violation): nothing of
+                            # it can commit, so its answer goes out, not stored.
+                            conn.rollback()
+                            response.stored = False
+                        elif not self.store.commit(conn, claim, response.response()):
+                            # The completion and COMMIT in one round trip (a failed completion
+                            # raises, and the transaction is rolled back); no claim to complete:
+                            # the application ended the transaction, see log_not_stored().
+                            response.stored = False
+                            semantics.log_not_stored(claim)
                     except _UNAVAILABLE as error:
                         rollback_quietly(conn)
                         if captured is None:
@@ -404,7 +424,9 @@ class IdempotencyMiddleware:
         tx = IdempotentTransaction(conn, claim.scope, claim.key)
         environ[ENVIRON_KEY] = tx
         captured = self._capture(environ)
-        captured.response.keep(began=tx.began, status_kept=self.store.stores_status)
+        captured.response.keep(
+            began=tx.began and not tx.failed, status_kept=self.store.stores_status
+        )
         return captured
 
     def _handle_phased(

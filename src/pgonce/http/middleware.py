@@ -52,6 +52,7 @@ from typing import Any, Protocol
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.outcomes import InFlight, Replay, Won
@@ -86,6 +87,9 @@ with needs("asgi", "the Idempotency-Key middleware"):
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 log = logging.getLogger("pgonce.http")
+
+# A module constant: an enum class's attribute lookup at each request otherwise.
+_INERROR = TransactionStatus.INERROR
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -323,13 +327,20 @@ class IdempotencyMiddleware:
                 if isinstance(claim, Won):
                     try:
                         captured = await self._run(scope, receive, send, conn, claim, body)
-                        if captured.stored:
-                            # The completion and COMMIT in one round trip. A failed completion
-                            # (e.g. the endpoint left the transaction aborted) raises, and the
-                            # transaction is rolled back.
-                            await self.store.commit(conn, claim, captured.response())
-                        else:
+                        if not captured.stored:
                             await conn.rollback()
+                        elif conn.pgconn.transaction_status == _INERROR:
+                            # The endpoint answered after a statement of its transaction failed
+                            # (an exception handler's 409 for a unique violation): nothing of it
+                            # can commit, so its answer goes out, not stored.
+                            await conn.rollback()
+                            captured.stored = False
+                        elif not await self.store.commit(conn, claim, captured.response()):
+                            # The completion and COMMIT in one round trip (a failed completion
+                            # raises, and the transaction is rolled back); no claim to complete:
+                            # the endpoint ended the transaction, see log_not_stored().
+                            captured.stored = False
+                            semantics.log_not_stored(claim)
                     except _UNAVAILABLE as error:
                         await rollback_quietly(conn)
                         if captured is None:
@@ -483,7 +494,7 @@ class IdempotencyMiddleware:
                 _log_unavailable(claim, error)
                 return captured
             raise error
-        captured.keep(began=tx.began, status_kept=self.store.stores_status)
+        captured.keep(began=tx.began and not tx.failed, status_kept=self.store.stores_status)
         return captured
 
     async def _answer(

@@ -36,13 +36,14 @@ stored is rolled back together with the endpoint's writes, and the key stays fre
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Generic, TypeVar
 
-from pgonce.core.outcomes import InFlight, Replay, Response
+from pgonce.core.outcomes import InFlight, Replay, Response, Won
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import InvalidIdempotencyKey
 from pgonce.http.keys import key_of, parse_key
@@ -159,6 +160,22 @@ def in_flight(claim: InFlight) -> Answer:
         "retry after the time in Retry-After",
         headers=[("retry-after", str(claim.retry_after))],
     )
+
+
+def log_not_stored(claim: Won) -> None:
+    """Say that a won claim's completion found no claim: the endpoint ended the request's
+    transaction (the claim went with it) and wrote in a new one, which COMMIT then committed
+    without the key. Too late to refuse: the work has committed, so its answer goes out (a 5xx
+    would ask for the retry that runs it again), without the expiry header of a stored key."""
+    _log.error(
+        "idempotent request's response not stored: the endpoint rolled back the request's "
+        "transaction (the claim with it) and wrote in a new one, which committed without the "
+        "key; a retry runs again. Undo a part with a savepoint, or raise to roll back",
+        extra={"scope": claim.scope, "outcome": "not_stored"},
+    )
+
+
+_log = logging.getLogger("pgonce.http")
 
 
 def unavailable(retry_after: int) -> Answer:

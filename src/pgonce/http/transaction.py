@@ -48,7 +48,7 @@ STATE_KEY = "pgonce.transaction"
 class IdempotentTransaction:
     """The claimed key's transaction, handed to one request's endpoint."""
 
-    __slots__ = ("_connection", "began", "key", "scope")
+    __slots__ = ("_connection", "began", "failed", "key", "scope")
 
     def __init__(self, connection: AsyncConnection[Any], scope: str, key: str) -> None:
         self._connection = connection
@@ -56,6 +56,8 @@ class IdempotentTransaction:
         self.key = key
         #: True once the endpoint took the connection or called :meth:`begin`.
         self.began = False
+        #: True once the endpoint's work failed (see :meth:`fail`).
+        self.failed = False
 
     @property
     def connection(self) -> AsyncConnection[Any]:
@@ -69,6 +71,14 @@ class IdempotentTransaction:
     def begin(self) -> None:
         """Mark the endpoint as begun without using the database (its response will be stored)."""
         self.began = True
+
+    def fail(self) -> None:
+        """Mark the endpoint's work as failed although it answers: the transaction rolls back
+        and the answer is not stored, so the retry runs again. For an exception that the
+        framework turns into a response inside the middleware (Starlette's ``HTTPException``
+        handlers): :func:`~pgonce.contrib.sqlalchemy.idempotent_session` calls it when the
+        endpoint raised."""
+        self.failed = True
 
 
 #: Where the middleware puts a two-phase request's :class:`PhasedRequest`.

@@ -1,0 +1,77 @@
+"""An endpoint that ends the request's transaction: pgonce never answers as if it stored the
+response. Both cases are misuse (the endpoint owns its writes, the middleware the transaction);
+the first is refused before anything commits, the second can only be said after the fact."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+import psycopg
+import pytest
+from fastapi import FastAPI, Request
+from psycopg_pool import AsyncConnectionPool
+
+from pgonce.errors import UsageError
+from pgonce.http import IdempotencyMiddleware, connection
+
+
+@pytest.fixture
+async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE written (n int)")
+    pool = AsyncConnectionPool(dsn, open=False, min_size=1, max_size=1)
+    app = FastAPI()
+
+    @app.post("/ended")
+    async def ended(request: Request) -> dict[str, str]:
+        await connection(request).rollback()
+        return {}
+
+    @app.post("/ended-then-written")
+    async def ended_then_written(request: Request) -> dict[str, str]:
+        conn = connection(request)
+        await conn.rollback()
+        await conn.execute("INSERT INTO written VALUES (1)")  # a transaction of its own
+        return {}
+
+    wrapped = IdempotencyMiddleware(app, pool=pool, key_scope=lambda scope: "s")
+    await pool.open()
+    try:
+        transport = httpx.ASGITransport(app=wrapped)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+    finally:
+        await pool.close()
+
+
+def stored(dsn: str) -> tuple[int, int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM pgonce.keys), (SELECT count(*) FROM written)"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+async def test_an_ended_transaction_is_refused_before_anything_commits(
+    client: httpx.AsyncClient, dsn: str
+) -> None:
+    with pytest.raises(UsageError, match=r"ended before commit\(\)"):
+        await client.post("/ended", headers={"Idempotency-Key": "k"})
+    assert stored(dsn) == (0, 0)
+
+
+async def test_a_transaction_ended_and_written_anew_is_logged_as_not_stored(
+    client: httpx.AsyncClient, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="pgonce.http"):
+        answer = await client.post("/ended-then-written", headers={"Idempotency-Key": "k"})
+    # The endpoint's second transaction committed without the key: its answer goes out (a 5xx
+    # would ask for the retry that runs it again), and the log says what happened.
+    assert answer.status_code == 200
+    assert stored(dsn) == (0, 1)
+    (record,) = [r for r in caplog.records if "not stored" in r.getMessage()]
+    assert record.levelno == logging.ERROR
+    assert "rolled back the request's transaction" in record.getMessage()
