@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import psycopg
 import pytest
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, HTTPException
 from fastapi.testclient import TestClient
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -19,6 +19,7 @@ from pgonce.contrib.sqlalchemy import (
     EngineConnections,
     NotPsycopgSession,
     SessionCommitRefused,
+    SessionRollbackRefused,
     idempotent_session,
 )
 from pgonce.errors import UsageError
@@ -41,6 +42,43 @@ def test_a_session_commit_in_the_endpoint_is_refused_and_nothing_commits(dsn: st
 
     with TestClient(app) as client, pytest.raises(SessionCommitRefused, match=r"session\.flush"):
         client.post("/commit", json={}, headers=HEADERS)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        assert (payments(db), keys(db)) == (0, 0)
+
+
+def test_a_session_rollback_in_the_endpoint_is_refused_and_nothing_commits(dsn: str) -> None:
+    # The usual idiom (flush, catch, rollback, write the fallback) rolled back the claim with the
+    # endpoint's writes, and the client got 201 for a transaction that stored nothing.
+    app = create_app(dsn)
+
+    @app.post("/rollback")
+    async def rollback(session: IdempotentSession) -> dict[str, Any]:
+        await insert_payment(session)
+        await session.rollback()
+        await insert_payment(session)
+        return {}
+
+    with TestClient(app) as client, pytest.raises(SessionRollbackRefused, match="begin_nested"):
+        client.post("/rollback", json={}, headers=HEADERS)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        assert (payments(db), keys(db)) == (0, 0)
+
+
+def test_an_http_exception_after_a_write_rolls_back_and_is_not_stored(dsn: str) -> None:
+    # Starlette answers the exception inside the middleware, which then sees a 409 like any
+    # other: the session's dependency, which the exception passes through, fails the request.
+    app = create_app(dsn)
+
+    @app.post("/conflict")
+    async def conflict(session: IdempotentSession) -> dict[str, Any]:
+        await insert_payment(session)
+        raise HTTPException(409, "conflict")
+
+    with TestClient(app) as client:
+        for _ in range(2):  # the retry runs again: nothing was stored
+            answer = client.post("/conflict", json={}, headers=HEADERS)
+            assert answer.status_code == 409
+            assert "idempotent-replayed" not in answer.headers
     with psycopg.connect(dsn, autocommit=True) as db:
         assert (payments(db), keys(db)) == (0, 0)
 

@@ -137,6 +137,26 @@ def test_a_handlers_commit_and_rollback_stay_inside_its_event(dsn: str, engine: 
     assert inbox(dsn) == {"kept": ("done", 0), "undone": ("done", 0)}
 
 
+def test_a_handler_that_commits_then_raises_leaves_nothing_of_its_own(
+    dsn: str, engine: Engine
+) -> None:
+    deliver(dsn, "e1")
+    calls = 0
+
+    def handle(event: InboxEvent, session: Session) -> None:
+        nonlocal calls
+        calls += 1
+        session.add(Order(key=event.id))
+        session.commit()  # releases the session's savepoint, not the event's
+        if calls == 1:
+            raise LedgerDown("after the commit")
+
+    assert process_batch(engine, "shop", handle, retry=POLICY, now=T0) == 1
+    assert orders(dsn) == []  # the event's savepoint took the committed write with it
+    assert process_batch(engine, "shop", handle, retry=POLICY, now=T0 + timedelta(minutes=1)) == 1
+    assert (calls, orders(dsn)) == (2, ["e1"])
+
+
 def test_outbox_events_of_a_handler_commit_with_its_event(dsn: str, engine: Engine) -> None:
     deliver(dsn, "paid", "refused")
 

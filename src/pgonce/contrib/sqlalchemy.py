@@ -26,7 +26,7 @@ import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
 import psycopg
@@ -41,8 +41,13 @@ with needs("sqlalchemy", "pgonce.contrib.sqlalchemy"):
     from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
     from sqlalchemy.engine import Connection, Engine
     from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
-    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-    from sqlalchemy.orm import Session
+    from sqlalchemy.ext.asyncio import (
+        AsyncEngine,
+        AsyncSession,
+        async_scoped_session,
+        create_async_engine,
+    )
+    from sqlalchemy.orm import Session, SessionTransaction, scoped_session
     from sqlalchemy.pool import NullPool
     from sqlalchemy.util import greenlet_spawn
 
@@ -51,18 +56,21 @@ try:  # only idempotent_session() needs it, and only an application on Starlette
 except ModuleNotFoundError:  # pragma: no cover - the core and [sqlalchemy] without [asgi]
     Request = Any  # type: ignore[misc,assignment]
 from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
+from pgonce.core.outbox import type_name
 from pgonce.errors import DatabaseUnavailable, UsageError
 from pgonce.store._async.keys import AsyncKeyStore, AsyncOperation
 from pgonce.store._async.outbox import enqueue as _async_enqueue
 from pgonce.store._sync.inbox import InboxStore
 from pgonce.store._sync.keys import KeyStore, Operation
 from pgonce.store._sync.outbox import enqueue as _enqueue
+from pgonce.store.common import require_transaction
 from pgonce.webhooks.batch import DEFAULT_LIMIT, run_batch
 
 __all__ = [
     "EngineConnections",
     "NotPsycopgSession",
     "SessionCommitRefused",
+    "SessionRollbackRefused",
     "async_driver_connection",
     "async_enqueue",
     "async_once",
@@ -97,6 +105,18 @@ class SessionCommitRefused(UsageError):
         )
 
 
+class SessionRollbackRefused(UsageError):
+    """An endpoint rolled back the session whose transaction holds the request's claim."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the endpoint's ORM unit of work runs in the idempotent request's transaction, and "
+            "session.rollback() would roll back its claim too: undo a part with a savepoint "
+            "(async with session.begin_nested(): ...), or raise (or answer a 5xx) to roll back "
+            "the whole request"
+        )
+
+
 def _dialect_name(dialect: Any) -> str:
     return f"{dialect.name}+{dialect.driver}"
 
@@ -104,10 +124,20 @@ def _dialect_name(dialect: Any) -> str:
 def driver_connection(session: Session) -> psycopg.Connection[Any]:
     """The psycopg connection under ``session``, in the session's transaction.
 
-    Raises :class:`NotPsycopgSession` for another driver.
+    Raises :class:`NotPsycopgSession` for another driver, :class:`~pgonce.errors.UsageError` for
+    something that is not a ``Session``.
     """
+    if not isinstance(session, Session):
+        if not isinstance(session, scoped_session):
+            raise _not_a(session, "a SQLAlchemy Session", "async_once() and async_enqueue()")
+        session = session()  # the registry's session for this scope
     driver, dialect = _driver(session)
     if not isinstance(driver, psycopg.Connection):
+        if isinstance(driver, psycopg.AsyncConnection):  # a sync Session of an AsyncSession
+            raise UsageError(
+                "this Session runs on an async engine (the sync side of an AsyncSession, as "
+                "in run_sync()): call async_once() or async_enqueue() with the AsyncSession"
+            )
         raise NotPsycopgSession(_dialect_name(dialect))
     return driver
 
@@ -115,8 +145,13 @@ def driver_connection(session: Session) -> psycopg.Connection[Any]:
 async def async_driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
     """The psycopg async connection under ``session``, in the session's transaction.
 
-    Raises :class:`NotPsycopgSession` for another driver.
+    Raises :class:`NotPsycopgSession` for another driver, :class:`~pgonce.errors.UsageError` for
+    something that is not an ``AsyncSession``.
     """
+    if not isinstance(session, AsyncSession):
+        if not isinstance(session, async_scoped_session):
+            raise _not_a(session, "a SQLAlchemy AsyncSession", "once() and enqueue()")
+        session = session()
     # One call in SQLAlchemy's greenlet (run_sync): session.connection() and
     # get_raw_connection() would start one each.
     driver, dialect = await session.run_sync(_driver)
@@ -125,10 +160,38 @@ async def async_driver_connection(session: AsyncSession) -> psycopg.AsyncConnect
     return driver
 
 
+def _not_a(value: object, expected: str, instead: str) -> UsageError:
+    if isinstance(value, AsyncSession | Session):  # the other kind of session
+        return UsageError(f"expected {expected}, not {type_name(value)}: use {instead}")
+    return UsageError(
+        f"expected {expected}, not {type_name(value)}: pass the session the ORM writes through "
+        "(Session(engine) / AsyncSession(engine), or a sessionmaker's), not an engine or a "
+        "connection"
+    )
+
+
 def _driver(session: Session) -> tuple[Any, Any]:
     """The driver's connection under ``session`` and the dialect it was reached through."""
-    connection = session.connection()
+    try:
+        connection = session.connection()
+    except _CONNECT_FAILED as error:
+        raise DatabaseUnavailable(f"connecting through the session failed: {error}") from error
     return connection.connection.driver_connection, connection.dialect
+
+
+_Store = TypeVar("_Store", KeyStore, AsyncKeyStore)
+
+# What SQLAlchemy raises when its pool cannot hand out a connection.
+_CONNECT_FAILED = (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError)
+
+
+def _checked_store(store: object, kind: type[_Store]) -> _Store:
+    """``store``, a new ``kind`` for None, or a :class:`~pgonce.errors.UsageError` naming it."""
+    if store is None:
+        return kind()
+    if not isinstance(store, kind):
+        raise UsageError(f"store must be a {kind.__qualname__}, not {type_name(store)}")
+    return store
 
 
 @contextmanager
@@ -153,14 +216,77 @@ def once(
                     op.respond(Response(201, body=b"..."))
         # session.begin() committed the order, the claim and the response together
 
-    The session's pending writes are flushed before the claim completes; an exception in the
-    block rolls back the claim and the block's writes and propagates.
+    The block is a savepoint of the session's (``session.begin_nested()``): the session's
+    earlier writes are flushed before it, the block's writes are flushed before the claim
+    completes, and an exception in the block (or a 5xx that is not stored) rolls back the claim
+    with the block's writes, in the database and in the session alike (what the block added is
+    expunged), and propagates; the session's transaction goes on.
     """
+    keys = _checked_store(store, KeyStore)
+    if isinstance(session, scoped_session):
+        session = session()
     conn = driver_connection(session)
-    with (store or KeyStore()).once(conn, scope, key, fingerprint, wait=wait, now=now) as op:
+    operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
+    require_transaction(conn)  # before the savepoint, which autocommit would refuse untyped
+    nested = _savepoint(session)
+    try:
+        op = operation.__enter__()
+    except BaseException:
+        _leave(nested)
+        raise
+    try:
         yield op
         if op.won:
             session.flush()
+    except BaseException as error:
+        # A failed flush has rolled back the session's savepoint, pgonce's inside it: then
+        # pgonce's ROLLBACK TO would fail, and leave the caller's transaction aborted.
+        if nested.is_active:
+            operation.__exit__(type(error), error, error.__traceback__)
+        _leave(nested)
+        raise
+    try:
+        operation.__exit__(None, None, None)
+    except BaseException:
+        _leave(nested)
+        raise
+    _end(nested, op.won and not op.stored)
+
+
+def _savepoint(session: Session) -> SessionTransaction:
+    """The block's savepoint, begun in the session: its earlier writes flushed, and its SAVEPOINT
+    sent now, before pgonce's (SQLAlchemy sends it at the nested transaction's first use, which
+    inside the block would put it after pgonce's savepoint, and pgonce's rollback would end it)."""
+    nested = session.begin_nested()
+    try:
+        session.connection()
+    except BaseException:
+        _leave(nested)
+        raise
+    return nested
+
+
+def _leave(nested: SessionTransaction) -> None:
+    """Roll back the block's savepoint after a failure; the failure is what the caller sees.
+
+    Deactivated by a failed flush (SQLAlchemy has rolled it back), the rollback sends nothing and
+    expunges the block's objects; ended by the caller (or with a savepoint around it), nothing
+    of the block's is left to undo.
+    """
+    current = nested.session.get_nested_transaction()
+    while current is not None and current is not nested:
+        current = current.parent
+    if current is not None:
+        nested.rollback()
+
+
+def _end(nested: SessionTransaction, undone: bool) -> None:
+    """End the block's savepoint: rolled back when the claim won and nothing was stored (a 5xx
+    that is not stored: pgonce has undone its part, the session's objects go with it)."""
+    if undone:
+        nested.rollback()
+    else:
+        nested.commit()
 
 
 @asynccontextmanager
@@ -175,12 +301,33 @@ async def async_once(
     now: datetime | None = None,
 ) -> AsyncIterator[AsyncOperation[Any]]:
     """:func:`once` for an ``AsyncSession``."""
+    keys = _checked_store(store, AsyncKeyStore)
+    if isinstance(session, async_scoped_session):
+        session = session()
     conn = await async_driver_connection(session)
-    operation = (store or AsyncKeyStore()).once(conn, scope, key, fingerprint, wait=wait, now=now)
-    async with operation as op:
+    operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
+    require_transaction(conn)
+    nested = await session.run_sync(_savepoint)
+    try:
+        op = await operation.__aenter__()
+    except BaseException:
+        await greenlet_spawn(_leave, nested)
+        raise
+    try:
         yield op
         if op.won:
             await session.flush()
+    except BaseException as error:
+        if nested.is_active:  # see once()
+            await operation.__aexit__(type(error), error, error.__traceback__)
+        await greenlet_spawn(_leave, nested)
+        raise
+    try:
+        await operation.__aexit__(None, None, None)
+    except BaseException:
+        await greenlet_spawn(_leave, nested)
+        raise
+    await greenlet_spawn(_end, nested, op.won and not op.stored)
 
 
 def enqueue(
@@ -379,8 +526,13 @@ def process_batch(
 
         @contextmanager
         def savepoint() -> Iterator[Session]:
-            with session_factory(bind=bound, join_transaction_mode="create_savepoint") as session:
-                session.connection()  # the SAVEPOINT now: a watermark's move happens inside it
+            # The event's savepoint (sent now: a watermark's move happens inside it), around the
+            # session's own: a handler's session.commit() releases the session's, so only this
+            # one still undoes the handler's writes when it then raises.
+            with (
+                bound.begin_nested(),
+                session_factory(bind=bound, join_transaction_mode="create_savepoint") as session,
+            ):
                 try:
                     yield session
                     session.commit()  # flushes, and releases the savepoint
@@ -467,15 +619,23 @@ def _open(engine: Engine) -> tuple[Connection, Any]:
 
 
 def _refuse_commit(session: Session) -> None:
-    raise SessionCommitRefused()
+    # SQLAlchemy sends before_commit for a savepoint's release too (begin_nested(), async_once()),
+    # which commits nothing.
+    if not session.in_nested_transaction():
+        raise SessionCommitRefused()
 
 
 class _RequestSession(Session):
-    """The sync side of an endpoint's session: its commit is refused (:func:`idempotent_session`).
+    """The sync side of an endpoint's session: its commit and rollback are refused
+    (:func:`idempotent_session`).
 
-    The listener is on the class, once, not on each request's session: registering one on an
-    instance costs more than the rest of handing out the session.
+    The commit's listener is on the class, once, not on each request's session: registering one
+    on an instance costs more than the rest of handing out the session. SQLAlchemy has no event
+    before a rollback, hence the method; its own rollback of a failed flush does not call it.
     """
+
+    def rollback(self) -> None:
+        raise SessionRollbackRefused()
 
 
 event.listen(_RequestSession, "before_commit", _refuse_commit)
@@ -517,6 +677,9 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
     try:
         yield session
     except BaseException:
+        # The endpoint raised: whatever response Starlette's exception handlers make of it (an
+        # HTTPException's 409), its writes roll back with the claim and nothing is stored.
+        tx.fail()
         await session.close()
         raise
     # The last flush and the close in one call in SQLAlchemy's greenlet (each would start one).
