@@ -4,15 +4,17 @@ database: misuse refused with a clear error, and the WSGI details a server does 
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from flask import Flask
+from flask import Flask, abort
+from psycopg.errors import UniqueViolation
 from psycopg_pool import ConnectionPool
 
-from pgonce import AsyncKeyStore, UsageError
+from pgonce import AsyncKeyStore, KeyStore, UsageError
 from pgonce.contrib.flask import Idempotency, connection, transaction
 from pgonce.contrib.wsgi import (
     IdempotencyMiddleware,
@@ -157,3 +159,83 @@ def test_a_response_header_outside_latin_1_is_refused_and_nothing_is_kept(
     with pytest.raises(UnicodeEncodeError):
         wrapped(environ, start_response)
     assert keys(dsn) == 0
+
+
+def written(dsn: str) -> tuple[int, int]:
+    """(the things written, the keys stored), as another connection sees them."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM things), (SELECT count(*) FROM pgonce.keys)"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+@pytest.fixture
+def things(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE things (name text PRIMARY KEY)")
+
+
+@pytest.mark.usefixtures("things")
+def test_a_view_that_raises_is_rolled_back_whatever_flask_answers_for_it(
+    pool: ConnectionPool[Any], dsn: str
+) -> None:
+    app = Flask(__name__)
+    # A store that keeps 5xx too: pgonce's own 503 must never be kept, whatever it keeps.
+    Idempotency(app, pool=pool, key_scope=lambda e: "s", store=KeyStore(store_server_errors=True))
+    other = ConnectionPool(dsn, min_size=0, max_size=1, timeout=0.1, open=True)
+
+    @app.errorhandler(UniqueViolation)
+    def taken(error: Exception) -> tuple[str, int]:
+        return "taken", 409
+
+    @app.post("/abort")
+    def aborted() -> str:
+        connection().execute("INSERT INTO things VALUES ('aborted')")
+        abort(409)
+
+    @app.post("/unique")
+    def unique() -> str:
+        connection().execute("INSERT INTO things VALUES ('first')")
+        connection().execute("INSERT INTO things VALUES ('first')")  # the handler's 409
+        return "never"
+
+    @app.post("/elsewhere")
+    def elsewhere() -> str:
+        connection().execute("INSERT INTO things VALUES ('elsewhere')")
+        with other.connection(), other.connection():  # another pool's timeout: pgonce's 503
+            return "never"
+
+    client = app.test_client()
+    try:
+        for path, status in (("/abort", 409), ("/unique", 409), ("/elsewhere", 503)):
+            for attempt in range(2):  # the retry runs the view again: nothing was stored
+                answer = client.post(path, headers={"Idempotency-Key": f"{path}-k"})
+                assert answer.status_code == status, (path, attempt)
+                assert "Idempotent-Replayed" not in answer.headers
+                assert "Idempotency-Key-Expires" not in answer.headers
+        assert written(dsn) == (0, 0)
+    finally:
+        other.close()
+
+
+@pytest.mark.usefixtures("things")
+def test_a_view_that_rolls_back_and_writes_anew_is_said_not_stored(
+    pool: ConnectionPool[Any], dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = Flask(__name__)
+    Idempotency(app, pool=pool, key_scope=lambda e: "s")
+
+    @app.post("/again")
+    def again() -> tuple[str, int]:
+        connection().rollback()  # misuse: the claim goes with it
+        connection().execute("INSERT INTO things VALUES ('again')")
+        return "made", 201
+
+    with caplog.at_level(logging.ERROR, logger="pgonce.http"):
+        answer = app.test_client().post("/again", headers={"Idempotency-Key": "k"})
+    assert answer.status_code == 201
+    assert "Idempotency-Key-Expires" not in answer.headers  # nothing was stored
+    assert written(dsn) == (1, 0)
+    assert any("not stored" in r.getMessage() for r in caplog.records)

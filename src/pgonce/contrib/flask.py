@@ -160,8 +160,10 @@ def session() -> Session:
     The ORM's writes, the claim and the stored response commit together, after the response is
     stored. Pending writes are flushed when the view returns (a flush that fails answers 500 and
     rolls everything back). ``session.commit()`` raises
-    :class:`~pgonce.contrib.sqlalchemy.SessionCommitRefused`: the middleware commits. Asking for
-    it marks the view as begun. Needs ``pool=EngineConnections(engine)``.
+    :class:`~pgonce.contrib.sqlalchemy.SessionCommitRefused`: the middleware commits;
+    ``session.rollback()`` raises :class:`~pgonce.contrib.sqlalchemy.SessionRollbackRefused`: it
+    would roll back the claim (undo a part with ``session.begin_nested()``). Asking for it marks
+    the view as begun. Needs ``pool=EngineConnections(engine)``.
     """
     existing = g.get(_SESSION)
     if existing is not None:
@@ -244,6 +246,7 @@ class Idempotency:
         )
         app.wsgi_app = middleware  # type: ignore[method-assign]
         app.extensions["pgonce"] = self
+        _mark_raised_views(app)
         app.register_error_handler(MissingKeyScope, _missing_scope)
         app.register_error_handler(psycopg.OperationalError, _unavailable(middleware))
         app.register_error_handler(DatabaseUnavailable, _unavailable(middleware))
@@ -269,10 +272,33 @@ def _missing_scope(error: MissingKeyScope) -> Response:
     return _response(semantics.MISSING_SCOPE)
 
 
+def _mark_raised_views(app: Flask) -> None:
+    """Fail the transaction of a covered request whose view raised, whatever answer Flask makes
+    of the exception (``abort(409)``, an error handler's response): its writes roll back with the
+    claim and the answer is not stored, so the retry runs the view again.
+
+    Flask turns the exception into a response before the middleware sees it, and tells no one
+    of an exception it handled (``got_request_exception`` is for the unhandled ones only), so
+    the app's own ``handle_user_exception``, which every exception of a view and of its
+    ``before_request`` functions goes through, is wrapped.
+    """
+    handle = app.handle_user_exception
+
+    def handle_user_exception(error: Exception) -> Any:
+        tx = request.environ.get(ENVIRON_KEY)
+        if isinstance(tx, IdempotentTransaction):
+            tx.fail()
+        return handle(error)
+
+    app.handle_user_exception = handle_user_exception  # type: ignore[method-assign,assignment]
+
+
 def _unavailable(middleware: IdempotencyMiddleware) -> Any:
     def answer(error: Exception) -> Response:
         if ENVIRON_KEY not in request.environ:
             raise error  # not a covered request: the app's own error handling decides
+        # Never stored (the view raised: see _mark_raised_views), nor committed: the answer says
+        # that nothing was, even where the key store keeps server errors.
         return _response(semantics.unavailable(middleware.store.retry_after))
 
     return answer
