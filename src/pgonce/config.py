@@ -75,7 +75,9 @@ RECONNECT_TIMEOUT = timedelta(seconds=2)
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-def _validate_schema(name: str) -> str:
+def validate_schema(name: str) -> str:
+    """``name`` when it may name pgonce's schema, else :class:`ConfigError`: one rule for the
+    settings, the CLI and every integration's configuration."""
     if not _SCHEMA_NAME.match(name):
         raise ConfigError(
             f"schema name {name!r} is not allowed: use lower-case letters, digits and underscores, "
@@ -103,7 +105,7 @@ class Settings:
     require_dsn: bool = False
 
     def __post_init__(self) -> None:
-        _validate_schema(self.schema)
+        validate_schema(self.schema)
         validate_pooler(self.pooler)
 
     def connect_kwargs(self) -> dict[str, int | None]:

@@ -16,15 +16,18 @@ from typing import Any
 
 import psycopg
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.db import connection, transaction
-from django.test import Client
+from django.http import HttpResponse
+from django.test import AsyncClient, Client
 
 from examples.django_payments.payments.models import Payment, Refund
 from examples.django_payments.payments.services import record_payment
 from pgonce.contrib.django import conf
 from pgonce.contrib.django.connection import check_backend, psycopg_connection
 from pgonce.contrib.django.inbox import process_batch
+from pgonce.contrib.django.middleware import IdempotencyMiddleware
 from pgonce.contrib.django.outbox import enqueue
 from pgonce.core.inbox import Delivery, Ordering, RetryPolicy
 from pgonce.errors import ConfigError, NotInTransaction
@@ -142,14 +145,19 @@ def test_a_5xx_answer_is_rolled_back_and_not_stored(client: Client, atomic_reque
     assert stored_keys(key) == 0
 
 
-def test_a_refusal_before_any_query_is_not_stored(client: Client) -> None:
-    # DRF validates before the view writes: no query ran, so the 400 is not kept and the
-    # corrected retry with the same key runs.
+@pytest.mark.parametrize(("path", "refused"), [("/payments", 422), ("/drf/payments", 400)])
+def test_a_refusal_before_any_query_is_not_stored(
+    client: Client, atomic_requests: bool, path: str, refused: int
+) -> None:
+    # The view (DRF's serializer here) refuses before it writes: no query ran, so the refusal
+    # is not kept and the corrected retry with the same key runs. The savepoint ATOMIC_REQUESTS
+    # opens around the view is Django's, not a query of the view.
     key = new_key()
-    invalid = post(client, "/drf/payments", key, {"amount": 0, "currency": "EUR"})
-    assert invalid.status_code == 400
-    fixed = post(client, "/drf/payments", key)
-    again = post(client, "/drf/payments", key)
+    invalid = post(client, path, key, {"amount": 0, "currency": "EUR"})
+    assert invalid.status_code == refused
+    assert stored_keys(key) == 0
+    fixed = post(client, path, key)
+    again = post(client, path, key)
     assert fixed.status_code == again.status_code == 201
     assert again.headers["Idempotent-Replayed"] == "true"
     assert Payment.objects.count() == 1
@@ -189,6 +197,95 @@ def test_a_streamed_response_is_buffered_stored_and_replayed(client: Client) -> 
     assert len(body) == 30
     assert second.content == body
     assert Payment.objects.count() == 1
+
+
+def test_a_write_made_while_the_body_streams_commits_with_the_stored_answer(
+    client: Client, atomic_requests: bool
+) -> None:
+    # The generator runs inside the transaction: its write is the view's first query.
+    key = new_key()
+    first = post(client, "/stream-write", key)
+    assert first.status_code == 201
+    body = b"".join(first.streaming_content)
+    assert "Idempotency-Key-Expires" in first.headers
+    assert list(Payment.objects.values_list("pk", flat=True)) == [int(body)]
+    again = post(client, "/stream-write", key)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == body
+    assert Payment.objects.count() == 1
+    assert stored_keys(key) == 1
+
+
+@pytest.mark.parametrize("kind", ["404", "403", "400"])
+def test_a_view_that_raises_a_client_error_is_rolled_back_and_not_stored(
+    atomic_requests: bool, kind: str
+) -> None:
+    # Django answers Http404, PermissionDenied and SuspiciousOperation itself, before the
+    # middleware sees a response; they are still a view that raised after its write.
+    client = Client(raise_request_exception=False)
+    key = new_key()
+    first = post(client, f"/raise-after-write?kind={kind}", key)
+    second = post(client, f"/raise-after-write?kind={kind}", key)
+    assert first.status_code == second.status_code == int(kind)
+    assert "Idempotency-Key-Expires" not in first.headers
+    assert "Idempotent-Replayed" not in second.headers  # ran again: the key was free
+    assert Payment.objects.count() == 0
+    assert stored_keys(key) == 0
+
+
+def test_a_drf_exception_is_the_answer_the_view_returned(
+    client: Client, atomic_requests: bool
+) -> None:
+    # DRF turns it into a Response inside the view, so it is stored once the view began. Its
+    # write is DRF's to keep or drop: DRF rolls the view back only under ATOMIC_REQUESTS.
+    key = new_key()
+    first = post(client, "/drf/raise-after-write", key)
+    second = post(client, "/drf/raise-after-write", key)
+    assert first.status_code == second.status_code == 400
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert second.content == first.content
+    assert Payment.objects.count() == (0 if atomic_requests else 1)
+    assert stored_keys(key) == 1
+
+
+def test_a_view_that_loses_the_database_is_answered_503_and_rolled_back(
+    client: Client, atomic_requests: bool
+) -> None:
+    key = new_key()
+    lost = post(client, "/lose-connection?lose=1", key)
+    assert lost.status_code == 503
+    assert lost.headers["Content-Type"] == "application/problem+json"
+    assert int(lost.headers["Retry-After"]) >= 0
+    assert json.loads(lost.content)["status"] == 503
+    assert Payment.objects.count() == 0
+    assert stored_keys(key) == 0
+    retried = post(client, "/lose-connection", key)  # the key is free: the view runs
+    assert retried.status_code == 201
+    assert "Idempotent-Replayed" not in retried.headers
+    assert Payment.objects.count() == 1
+    assert stored_keys(key) == 1
+
+
+def test_under_asgi_a_utf8_query_string_is_fingerprinted_from_its_bytes() -> None:
+    # Django's ASGI handler decodes the query string as UTF-8; its bytes are what pgonce's
+    # ASGI middleware fingerprints for the same request.
+    key = new_key()
+    query = "note=\u2713".encode()
+    body = json.dumps(PAYMENT).encode()
+
+    async def send() -> Any:
+        return await AsyncClient().post(
+            "/async/payments",
+            body,
+            content_type="application/json",
+            QUERY_STRING=query,
+            headers={"Authorization": ALICE["HTTP_AUTHORIZATION"], "Idempotency-Key": key},
+        )
+
+    assert async_to_sync(send)().status_code == 201
+    rules = IdempotencyMiddleware(lambda request: HttpResponse()).rules
+    expected = rules.fingerprint("POST", "/async/payments", query, body, "application/json")
+    assert bytes(scalar("SELECT fingerprint FROM pgonce.keys WHERE key = %s", key)) == expected
 
 
 # --- the outbox and the inbox on the ORM's transaction ------------------------------------------
@@ -281,10 +378,30 @@ def test_settings_are_checked_with_every_problem_listed() -> None:
     assert loaded.wait.total_seconds() == 0.5
 
 
+def test_a_schema_name_the_core_settings_refuse_is_refused_at_start() -> None:
+    scope = "pgonce.contrib.django.scopes.user_scope"
+    for schema in ("Pgonce", "pgonce; drop", "", "x" * 64, 5):
+        with pytest.raises(ConfigError, match="SCHEMA"):
+            conf.load({"SCOPE": scope, "SCHEMA": schema})
+    assert conf.load({"SCOPE": scope, "SCHEMA": "pg_once_2"}).schema == "pg_once_2"
+
+
 def test_a_database_that_is_not_postgresql_is_refused_clearly() -> None:
     with pytest.raises(ConfigError, match=r"needs PostgreSQL.*sqlite"):
         check_backend("sqlite")
     check_backend("default")
+
+
+def test_a_database_without_autocommit_is_refused_at_start() -> None:
+    # Django's outermost atomic() would then never commit: every answer would be a lie.
+    connection.settings_dict["AUTOCOMMIT"] = False
+    try:
+        with pytest.raises(ConfigError, match="AUTOCOMMIT"):
+            check_backend("default")
+        with pytest.raises(ConfigError, match="AUTOCOMMIT"):
+            IdempotencyMiddleware(lambda request: HttpResponse())
+    finally:
+        connection.settings_dict["AUTOCOMMIT"] = True
 
 
 def test_migrate_made_pgonce_tables_and_pgonce_migrate_finds_them_current() -> None:

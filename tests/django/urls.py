@@ -14,5 +14,9 @@ urlpatterns = [
     path("cookie", views.cookie),
     path("stream", views.stream),
     path("no-db", views.no_db),
+    path("stream-write", views.stream_write),
+    path("raise-after-write", views.raise_after_write),
+    path("drf/raise-after-write", views.RaiseAfterWriteDRF.as_view()),
+    path("lose-connection", views.lose_connection),
     path("block", views.block),
 ]

@@ -8,7 +8,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.core.exceptions import PermissionDenied, SuspiciousOperation
+from django.db import connection
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from examples.django_payments.payments.models import Payment
 from pgonce.contrib.django.middleware import begin
@@ -46,6 +52,47 @@ def stream(request: HttpRequest) -> HttpResponse:
             yield f"{payment}:{index}:".encode().ljust(size, b".")
 
     return StreamingHttpResponse(parts(), status=201, content_type="text/plain")
+
+
+def stream_write(request: HttpRequest) -> HttpResponse:
+    # The view runs no query: the generator writes, while Django reads the body.
+    def parts() -> Iterator[bytes]:
+        yield f"{insert_payment()}".encode()
+
+    return StreamingHttpResponse(parts(), status=201, content_type="text/plain")
+
+
+#: What each ``kind`` of raise_after_write raises; Django answers 404, 403 and 400 for them.
+RAISED: dict[str, type[Exception]] = {
+    "404": Http404,
+    "403": PermissionDenied,
+    "400": SuspiciousOperation,
+}
+
+
+def raise_after_write(request: HttpRequest) -> HttpResponse:
+    insert_payment()
+    raise RAISED[request.GET["kind"]]("refused after the write")
+
+
+class RaiseAfterWriteDRF(APIView):
+    """DRF turns the exception into a Response inside the view: the view's own answer."""
+
+    authentication_classes = ()
+    permission_classes = ()
+
+    def post(self, request: Request) -> Response:
+        insert_payment()
+        raise ValidationError({"amount": ["too late to refuse"]})
+
+
+def lose_connection(request: HttpRequest) -> HttpResponse:
+    payment = insert_payment()
+    if request.GET.get("lose"):
+        # The server ends the session as a failover or a restart would, mid-transaction.
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    return JsonResponse({"id": payment}, status=201)
 
 
 def no_db(request: HttpRequest) -> HttpResponse:

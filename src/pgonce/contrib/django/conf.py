@@ -41,7 +41,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from pgonce.config import DEFAULT_POOLER, DEFAULT_SCHEMA, POOLERS
+from pgonce.config import DEFAULT_POOLER, DEFAULT_SCHEMA, POOLERS, validate_schema
 from pgonce.errors import ConfigError
 from pgonce.http.semantics import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -130,11 +130,19 @@ def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
             "scope (e.g. 'pgonce.contrib.django.scopes.user_scope')"
         )
     values: dict[str, Any] = {}
-    for name in ("DATABASE", "SCHEMA"):
-        if name in raw:
-            if not isinstance(raw[name], str) or not raw[name]:
-                problems.append(f"PGONCE[{name!r}] must be a non-empty string")
-            values[name.lower()] = raw[name]
+    if "DATABASE" in raw:
+        if not isinstance(raw["DATABASE"], str) or not raw["DATABASE"]:
+            problems.append("PGONCE['DATABASE'] must be a non-empty string")
+        values["database"] = raw["DATABASE"]
+    if "SCHEMA" in raw:
+        if not isinstance(raw["SCHEMA"], str):
+            problems.append("PGONCE['SCHEMA'] must be a string, the name of pgonce's schema")
+        else:
+            # The core Settings' own check: every entry point accepts the same schema names.
+            try:
+                values["schema"] = validate_schema(raw["SCHEMA"])
+            except ConfigError as error:
+                problems.append(f"PGONCE['SCHEMA']: {error}")
     for name in ("REQUIRE_KEY", "CANONICALIZE_JSON", "STORE_SERVER_ERRORS"):
         if name in raw:
             if not isinstance(raw[name], bool):

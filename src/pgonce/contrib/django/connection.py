@@ -1,8 +1,9 @@
 """Django's own psycopg 3 connection, the one every pgonce call of this app runs on.
 
 pgonce joins the transaction Django opened (``transaction.atomic()``): it never commits or rolls
-back on Django's connection itself. A database alias that is not PostgreSQL on psycopg 3 is refused
-with a :class:`~pgonce.errors.ConfigError` that says what to change.
+back on Django's connection itself. A database alias that is not PostgreSQL on psycopg 3, or whose
+``AUTOCOMMIT`` is off, is refused with a :class:`~pgonce.errors.ConfigError` that says what to
+change.
 """
 
 from __future__ import annotations
@@ -16,8 +17,17 @@ from pgonce.errors import ConfigError, NotInTransaction
 
 
 def check_backend(using: str = "default") -> None:
-    """Raise :class:`ConfigError` unless ``using`` is PostgreSQL through psycopg 3."""
+    """Raise :class:`ConfigError` unless ``using`` is PostgreSQL through psycopg 3, with
+    Django's ``AUTOCOMMIT`` on."""
     wrapper = connections[using]
+    if not wrapper.settings_dict.get("AUTOCOMMIT", True):
+        # Django's outermost atomic() then neither begins nor commits a transaction: the claim,
+        # the view's writes and the stored response would be answered 2xx and never committed.
+        raise ConfigError(
+            f"pgonce needs Django's autocommit: the database {using!r} has 'AUTOCOMMIT': False, "
+            "under which transaction.atomic() never commits, so no claim or write of a request "
+            "would ever be committed; remove 'AUTOCOMMIT' from its DATABASES entry"
+        )
     if wrapper.vendor != "postgresql":
         raise ConfigError(
             f"pgonce needs PostgreSQL: the database {using!r} uses Django's "

@@ -17,8 +17,18 @@ transaction runs in one ``sync_to_async`` thread, and an async view's ORM calls
 and inside the same transaction.
 
 The endpoint *began*, and its answer is stored, once the view ran a query on the connection (or
-called :func:`begin`). A view that refuses a request before touching the database answers
-normally and its answer is not kept: the corrected retry runs.
+called :func:`begin`); the savepoints of Django's own ``atomic()`` blocks (``ATOMIC_REQUESTS``
+opens one around every view) are not queries of the view. A view that refuses a request before
+touching the database answers normally and its answer is not kept: the corrected retry runs. A
+streamed body is produced inside the transaction, so its queries count as the view's and its
+writes commit with the stored response.
+
+A view that raises is never stored, whatever answer Django makes of the exception (404 for
+``Http404``, 403, 400, 500): :meth:`IdempotencyMiddleware.process_exception` notes it, and its
+writes roll back with the claim. A view that lost the database (Django's ``OperationalError`` or
+``InterfaceError``) is answered 503 with Retry-After, as when the middleware's own calls lose
+it. Django REST Framework turns exceptions into responses inside the view: those are answers the
+view returned, stored once it began.
 
 Not supported: a response body over ``MAX_RESPONSE_BYTES`` (answered 500, rolled back); a repeated
 Idempotency-Key header is indistinguishable from one key containing a comma, because WSGI and
@@ -36,6 +46,7 @@ from typing import Any
 import psycopg
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.core.exceptions import RequestDataTooBig
+from django.core.handlers.asgi import ASGIRequest
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
@@ -63,27 +74,34 @@ REQUEST_ATTRIBUTE = "pgonce"
 
 _UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError, OperationalError, InterfaceError)
 
+#: What Django's ``atomic()`` sends for its savepoints (``connection.ops.savepoint_*_sql``): they
+#: write nothing, so a view inside ``ATOMIC_REQUESTS`` has not begun when its block opens.
+_SAVEPOINT_SQL = ("SAVEPOINT ", "RELEASE SAVEPOINT ", "ROLLBACK TO SAVEPOINT ")
+
 GetResponse = Callable[[HttpRequest], Any]
 
 
 class ClaimedRequest:
-    """The key a request claimed; ``began`` turns true at the view's first query.
+    """The key a request claimed; ``began`` turns true at the view's first query, ``raised``
+    when the view raised (whatever response Django made of it).
 
     It is also the execute wrapper (Django's ``connection.execute_wrapper()``) that sees that
-    query, installed on the connection while the view runs.
+    query, installed on the connection while the view runs and while its streamed body is read.
     """
 
-    __slots__ = ("began", "key", "scope")
+    __slots__ = ("began", "key", "raised", "scope")
 
     def __init__(self, scope: str, key: str) -> None:
         self.scope = scope
         self.key = key
         self.began = False
+        self.raised = False
 
     def __call__(
         self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
     ) -> Any:
-        self.began = True
+        if not self.began:  # one test per request: every later query skips it
+            self.began = not (isinstance(sql, str) and sql.startswith(_SAVEPOINT_SQL))
         return execute(sql, params, many, context)
 
 
@@ -186,9 +204,28 @@ class IdempotencyMiddleware:
         return await handle(request, checked, async_to_sync(self.get_response))
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        """A view that asked for the claim of a request whose key scope named no caller: 401."""
+        """Django calls this for an exception the view raised, before it turns it into a response
+        (404, 403, 400 or 500), which then reaches the middleware as if the view had returned it.
+
+        For a claimed request the view is marked as raised, so that its writes roll back with the
+        claim and nothing is stored: the retry runs the view again. A view that lost the database
+        is answered 503 with Retry-After, as the middleware answers when its own calls lose it. A
+        view that asked for the claim of a request whose key scope named no caller: 401.
+        """
         if isinstance(exception, MissingKeyScope):
             return to_django(semantics.MISSING_SCOPE)
+        claimed = getattr(request, REQUEST_ATTRIBUTE, None)
+        if not isinstance(claimed, ClaimedRequest):
+            return None
+        claimed.raised = True
+        if isinstance(exception, _UNAVAILABLE):
+            log.warning(
+                "idempotent request rolled back, the view's database call failed: %s",
+                # psycopg's class (AdminShutdown, QueryCanceled...), which Django's wraps.
+                type(exception.__cause__ or exception).__name__,
+                extra={"scope": claimed.scope, "outcome": "unavailable"},
+            )
+            return to_django(semantics.unavailable(self.store.retry_after))
         return None
 
     def _check(self, request: HttpRequest) -> str | Answer | None:
@@ -221,7 +258,7 @@ class IdempotencyMiddleware:
         fingerprint = self.rules.fingerprint(
             request.method or "",
             request.path,
-            request.META.get("QUERY_STRING", "").encode("latin-1"),
+            _query_bytes(request),
             body,
             request.META.get("CONTENT_TYPE"),
         )
@@ -287,11 +324,14 @@ class IdempotencyMiddleware:
             wrappers.append(claimed)
             try:
                 response: HttpResponseBase = view(request)
+                # A streamed body is produced here, still inside the transaction: the queries of
+                # its generator are the view's, and its writes commit with the stored response.
+                captured = _capture(response, self.rules.capture())
             finally:
                 wrappers.pop()
-            captured = _capture(response, self.rules.capture())
-            # A view that marked its transaction for rollback (set_rollback) must not commit.
-            began = claimed.began and not wrapper.get_rollback()
+            # A view that raised, or marked its transaction for rollback (set_rollback), must
+            # not commit.
+            began = claimed.began and not claimed.raised and not wrapper.get_rollback()
             if not captured.keep(began=began, status_kept=store.stores_status):
                 wrapper.set_rollback(True)
             elif owned:
@@ -307,6 +347,18 @@ class IdempotencyMiddleware:
             name, value = self.rules.expires_text_header(claim.claimed_at)
             response[name] = value
         return response
+
+
+def _query_bytes(request: HttpRequest) -> bytes:
+    """The query string as the client sent it, so that the fingerprint is the ASGI
+    middleware's for the same request: under ASGI the scope's raw bytes (Django decoded them as
+    UTF-8, not Latin-1), under WSGI the environ's Latin-1 text encoded back (PEP 3333)."""
+    if isinstance(request, ASGIRequest):
+        query = request.scope.get("query_string", b"")
+        # Text only from Django's own AsyncClient, which Django's handler reads as it is.
+        return query.encode() if isinstance(query, str) else bytes(query)
+    text: str = request.META.get("QUERY_STRING", "")
+    return text.encode("latin-1")
 
 
 def _capture(response: HttpResponseBase, captured: CapturedResponse) -> CapturedResponse:
