@@ -417,7 +417,7 @@ def test_database_lost_mid_request_is_503_and_the_retry_pays_once(
     assert killed == [(True,)]
     lost = original.release()
     document = assert_problem(lost, 503)
-    assert "nothing was committed" in document["detail"]
+    assert "nothing half-done was kept" in document["detail"]
     assert int(lost.headers["retry-after"]) >= 1
     assert payments(db) == 0
     for name in ("gate", "started"):

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -78,7 +77,6 @@ if TYPE_CHECKING:
     # psycopg_pool, whose ConnectionPool is the usual one).
     from psycopg_pool import ConnectionPool
 
-log = logging.getLogger("pgonce.http")
 
 Environ = dict[str, Any]
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
@@ -390,7 +388,7 @@ class IdempotencyMiddleware:
                         if captured is None:
                             raise
                         captured.response.unavailable = True
-                        _log_unavailable(claim, error)
+                        semantics.log_unavailable(claim.scope, error)
                     except BaseException:
                         rollback_quietly(conn)
                         raise
@@ -549,12 +547,3 @@ def _answer(start_response: StartResponse, answer: Answer) -> Iterator[bytes]:
         [(name.decode("latin-1"), value.decode("latin-1")) for name, value in answer.headers],
     )
     return iter((answer.body,))
-
-
-def _log_unavailable(claim: Won, error: BaseException) -> None:
-    # One line, no traceback: an outage is an event to count, not a bug to debug.
-    log.warning(
-        "idempotent request rolled back, the database went away: %s",
-        type(error).__name__,
-        extra={"scope": claim.scope, "outcome": "unavailable"},
-    )

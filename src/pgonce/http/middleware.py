@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
 from contextlib import AbstractAsyncContextManager
@@ -86,7 +85,6 @@ from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
 with needs("asgi", "the Idempotency-Key middleware"):
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-log = logging.getLogger("pgonce.http")
 
 # A module constant: an enum class's attribute lookup at each request otherwise.
 _INERROR = TransactionStatus.INERROR
@@ -146,16 +144,6 @@ def header_scope(name: str, *, prefix: str = "") -> KeyScope:
 #: connection (OperationalError covers AdminShutdown and a statement cancelled by a timeout), the
 #: pool's timeout, and pgonce's translation of them.
 _UNAVAILABLE = (PoolTimeout, DatabaseUnavailable, psycopg.OperationalError)
-
-
-def _log_unavailable(claim: Won, error: BaseException) -> None:
-    # One line, no traceback: an outage is an event to count, not a bug to debug.
-    log.warning(
-        "idempotent request rolled back, the database went away: %s: %s",
-        type(error).__name__,
-        str(error).strip().splitlines()[0] if str(error).strip() else "",
-        extra={"scope": claim.scope, "outcome": "unavailable"},
-    )
 
 
 class IdempotencyMiddleware:
@@ -346,7 +334,7 @@ class IdempotencyMiddleware:
                         if captured is None:
                             raise
                         captured.unavailable = True
-                        _log_unavailable(claim, error)
+                        semantics.log_unavailable(claim.scope, error)
                     except BaseException:
                         await rollback_quietly(conn)
                         raise
@@ -491,7 +479,7 @@ class IdempotencyMiddleware:
             if isinstance(error, _UNAVAILABLE) and not captured.answered:
                 # The endpoint's own statements lost the database: its transaction is gone.
                 captured.unavailable = True
-                _log_unavailable(claim, error)
+                semantics.log_unavailable(claim.scope, error)
                 return captured
             raise error
         captured.keep(began=tx.began and not tx.failed, status_kept=self.store.stores_status)

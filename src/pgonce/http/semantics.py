@@ -175,6 +175,22 @@ def log_not_stored(claim: Won) -> None:
     )
 
 
+def log_unavailable(scope: str, error: BaseException) -> None:
+    """Say that a claimed request lost the database (answered :func:`unavailable`): one line, no
+    traceback, as an outage is an event to count, not a bug to debug. Its transaction was rolled
+    back, or committed just as the connection was lost: either way nothing half-done was kept,
+    and the retry runs the request once or replays what committed."""
+    text = str(error).strip()
+    _log.warning(
+        "idempotent request not answered, the database went away (nothing half-done was kept; "
+        "the retry runs it once or replays it): %s%s",
+        # psycopg's class (AdminShutdown, QueryCanceled...), which a framework's error wraps.
+        type(error.__cause__ or error).__name__,
+        f": {text.splitlines()[0]}" if text else "",
+        extra={"scope": scope, "outcome": "unavailable"},
+    )
+
+
 _log = logging.getLogger("pgonce.http")
 
 
@@ -182,7 +198,9 @@ def unavailable(retry_after: int) -> Answer:
     return problem(
         503,
         "Service temporarily unavailable",
-        "the database could not be reached and nothing was committed; retry with the same "
+        # Not "nothing was committed": a connection lost during COMMIT leaves that unknown. The
+        # retry with the same key settles it: it runs the request once, or replays what committed.
+        "the database could not be reached, and nothing half-done was kept; retry with the same "
         "Idempotency-Key",
         headers=[("retry-after", str(retry_after))],
     )

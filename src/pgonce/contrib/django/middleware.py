@@ -38,7 +38,6 @@ header repeated in a response (Django keeps one value per header name).
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -66,8 +65,6 @@ from pgonce.errors import (
 from pgonce.http import semantics
 from pgonce.http.semantics import NO_WAIT, Answer, CapturedResponse, IdempotencyRules
 from pgonce.store._sync.keys import KeyStore
-
-log = logging.getLogger("pgonce.http")
 
 #: Where the request's claim is kept for :func:`begin` (``request.pgonce``).
 REQUEST_ATTRIBUTE = "pgonce"
@@ -219,12 +216,7 @@ class IdempotencyMiddleware:
             return None
         claimed.raised = True
         if isinstance(exception, _UNAVAILABLE):
-            log.warning(
-                "idempotent request rolled back, the view's database call failed: %s",
-                # psycopg's class (AdminShutdown, QueryCanceled...), which Django's wraps.
-                type(exception.__cause__ or exception).__name__,
-                extra={"scope": claimed.scope, "outcome": "unavailable"},
-            )
+            semantics.log_unavailable(claimed.scope, exception)
             return to_django(semantics.unavailable(self.store.retry_after))
         return None
 
@@ -267,11 +259,7 @@ class IdempotencyMiddleware:
         except KeyMismatch:
             return to_django(semantics.MISMATCH)
         except _UNAVAILABLE as error:
-            log.warning(
-                "idempotent request rolled back, the database went away: %s",
-                type(error).__name__,
-                extra={"scope": caller, "outcome": "unavailable"},
-            )
+            semantics.log_unavailable(caller, error)
             return to_django(semantics.unavailable(self.store.retry_after))
 
     def _store_for(self, wrapper: BaseDatabaseWrapper) -> KeyStore:
