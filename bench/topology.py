@@ -4,7 +4,8 @@
 suite's launcher) in front of ``PGONCE_BENCH_DSN`` (default: the machine's server) and measures:
 
 - claims for 10 s on 8 connections through it, with every setting at its default (psycopg's
-  ``prepare_threshold`` too): how many won and how many failed, and with what error;
+  ``prepare_threshold`` too), then with ``prepare_threshold=None``: how many won, how many
+  failed and with what error, and how many connections the key store refused;
 - an inbox worker's wake-up (delivery stored -> handler ran) and the outbox relay's (row
   committed -> published), median of 20, with LISTEN on a direct connection (``listen_dsn``) and
   through the pooler (polling);
@@ -38,15 +39,22 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from bench.report import Table
-from pgonce import AsyncKeyStore, Response, Won, fingerprint
+from pgonce import AsyncKeyStore, Response, UsageError, Won, fingerprint
+from pgonce.store import wire
 from tools.provenance import header
 
 RESULTS = Path(__file__).parent / "results" / "topology.md"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
-async def claims(dsn: str, seconds: float, connections: int) -> dict[str, Any]:
-    """Fresh keys claimed and completed on ``connections`` for ``seconds``; what came of them."""
+async def claims(
+    dsn: str, seconds: float, connections: int, **connect_kwargs: Any
+) -> dict[str, Any]:
+    """Fresh keys claimed and completed on ``connections`` for ``seconds``; what came of them.
+
+    A connection the key store refuses (one that lets psycopg prepare statements once pgonce
+    found the server's sessions shared) stops there: it is counted once, as ``refused``.
+    """
     store = AsyncKeyStore()
     outcome: Counter[str] = Counter()
     errors: Counter[str] = Counter()
@@ -54,7 +62,7 @@ async def claims(dsn: str, seconds: float, connections: int) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
 
     async def client(number: int) -> None:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        async with await psycopg.AsyncConnection.connect(dsn, **connect_kwargs) as conn:
             n = 0
             while time.monotonic() < deadline:
                 n += 1
@@ -62,6 +70,9 @@ async def claims(dsn: str, seconds: float, connections: int) -> dict[str, Any]:
                     claim = await store.begin(conn, "bench", f"{run}-{number}-{n}", FP)
                     assert isinstance(claim, Won)
                     await store.commit(conn, claim, Response(201))
+                except UsageError:
+                    outcome["refused"] += 1
+                    return
                 except Exception as error:
                     outcome["failed"] += 1
                     cause = error.__cause__ or error
@@ -72,7 +83,12 @@ async def claims(dsn: str, seconds: float, connections: int) -> dict[str, Any]:
                     outcome["won"] += 1
 
     await asyncio.gather(*(client(i) for i in range(connections)))
-    return {"won": outcome["won"], "failed": outcome["failed"], "errors": dict(errors)}
+    return {
+        "won": outcome["won"],
+        "failed": outcome["failed"],
+        "refused": outcome["refused"],
+        "errors": dict(errors),
+    }
 
 
 FP = fingerprint("bench-topology")
@@ -291,13 +307,15 @@ async def measure(server: str, quick: bool) -> list[Table]:
         dsn = _database(server)
         try:
             pooled = _through(pooled_server, dsn)
-            found = await claims(pooled, seconds, 8)
             claim_table = Table(
-                f"Claims through PgBouncer 1.18 (transaction mode), {seconds:.0f} s, 8 "
-                "connections, default settings",
-                ["won", "failed", "errors"],
+                f"Claims through PgBouncer 1.18 (transaction mode), {seconds:.0f} s, 8 connections",
+                ["psycopg's prepare_threshold", "won", "failed", "connections refused", "errors"],
             )
-            claim_table.add(found["won"], found["failed"], found["errors"] or "none")
+            for label, kwargs in (("default (5)", {}), ("None", {"prepare_threshold": None})):
+                wire._reset_naming()  # each run finds the pooler anew, as a new process would
+                found = await claims(pooled, seconds, 8, **kwargs)
+                errors = found["errors"] or "none"
+                claim_table.add(label, found["won"], found["failed"], found["refused"], errors)
             tables.append(claim_table)
 
             for title, measure_one in (
