@@ -872,3 +872,23 @@ def test_commit_after_the_transaction_ended_is_refused(
     with psycopg.connect(dsn, autocommit=True) as other:
         row = other.execute("SELECT response_headers FROM pgonce.keys").fetchall()
     assert row == ([(None,)] if end == "commit" else [])  # never a stored response
+
+
+def test_a_deferred_constraint_the_work_broke_is_raised_as_psycopg_raised_it(
+    dsn: str, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    # COMMIT refuses the transaction for the caller's write, not for pgonce's completion: the
+    # caller gets the error it can handle (here a foreign key; a serialization failure alike).
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("CREATE TABLE parents (id int PRIMARY KEY)")
+        admin.execute(
+            "CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED)"
+        )
+    won = store.begin(conn, "s", "k", FP)
+    assert isinstance(won, Won)
+    conn.execute("INSERT INTO children VALUES (1)")  # no parent: checked at COMMIT
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        store.commit(conn, won, Response(201))
+    _idle_and_usable(conn)
+    assert isinstance(store.begin(conn, "s", "k", FP), Won)  # the key stayed free
+    conn.rollback()

@@ -443,8 +443,9 @@ class AsyncKeyStore:
         """Send the commands that end a transaction (the caller's writes, the completion,
         COMMIT or ROLLBACK) in one round trip; ``joined``, once()'s savepoint instead. If
         anything fails, the transaction (the savepoint) is rolled back and the error raised: a
-        write's own error as psycopg raised it, the completion's or COMMIT's as a pgonce
-        error."""
+        write's own error as psycopg raised it, and so COMMIT's refusal of the transaction's
+        writes (a deferred constraint, a serialization failure); the completion's, or COMMIT's
+        otherwise, as a pgonce error."""
         undo = leave_quietly if joined else rollback_quietly
         try:
             results = await async_round_trip(conn, commands, named=self._named, always=self._always)
@@ -456,8 +457,10 @@ class AsyncKeyStore:
         if failed:
             await undo(conn)
             index, error = failed
-            if index < len(commands) - 2:
-                raise error  # one of the caller's writes
+            if index < len(commands) - 2 or (
+                index == len(commands) - 1 and isinstance(error, _REFUSED_AT_COMMIT)
+            ):
+                raise error  # one of the caller's writes, or what COMMIT found wrong in them
             with translate_errors("completing a key"):
                 raise error
         return results
@@ -786,6 +789,9 @@ _ENDED_BEFORE_COMMIT = (
 _CLAIM_TYPES = (Won, Replay, InFlight)
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
+# What COMMIT refuses a transaction for on account of its writes: the caller's to handle (a
+# deferred foreign key the work broke, a serializable transaction to run again).
+_REFUSED_AT_COMMIT = (psycopg.errors.IntegrityError, psycopg.errors.SerializationFailure)
 _SAVEPOINT: Command = (wire.SAVEPOINT, wire.NO_PARAMS)
 # What ends once()'s savepoint when the claim did not win, failed or is not stored.
 _LEAVE: tuple[Command, ...] = ((wire.ROLLBACK_TO, wire.NO_PARAMS), (wire.RELEASE, wire.NO_PARAMS))
