@@ -44,7 +44,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg import Connection
-from psycopg.pq import TransactionStatus
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.outcomes import Claim, InFlight, Replay, Won
@@ -118,8 +117,6 @@ class ConnectionSource(Protocol):
 #: middleware): a lost or refused connection, the pool's timeout (psycopg_pool's PoolTimeout is
 #: an OperationalError), and pgonce's translation.
 _UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError)
-# A module constant: an enum class's attribute lookup at each request otherwise.
-_INERROR = TransactionStatus.INERROR
 
 
 class IdempotentTransaction:
@@ -369,20 +366,12 @@ class IdempotencyMiddleware:
                     try:
                         captured = self._run(environ, conn, claim)
                         response = captured.response
-                        if not response.stored:
+                        if not response.commits(conn.pgconn.transaction_status):
                             conn.rollback()
-                        elif conn.pgconn.transaction_status == _INERROR:
-                            # The application answered after a statement of its transaction
-                            # failed (an error handler's 409 for a unique violation): nothing of
-                            # it can commit, so its answer goes out, not stored.
-                            conn.rollback()
-                            response.stored = False
                         elif not self.store.commit(conn, claim, response.response()):
                             # The completion and COMMIT in one round trip (a failed completion
-                            # raises, and the transaction is rolled back); no claim to complete:
-                            # the application ended the transaction, see log_not_stored().
-                            response.stored = False
-                            semantics.log_not_stored(claim)
+                            # raises, and the transaction is rolled back).
+                            response.claim_lost(claim)
                     except _UNAVAILABLE as error:
                         rollback_quietly(conn)
                         if captured is None:

@@ -51,7 +51,6 @@ from typing import Any, Protocol
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.pq import TransactionStatus
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.outcomes import InFlight, Replay, Won
@@ -85,9 +84,6 @@ from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
 with needs("asgi", "the Idempotency-Key middleware"):
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-
-# A module constant: an enum class's attribute lookup at each request otherwise.
-_INERROR = TransactionStatus.INERROR
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -315,20 +311,12 @@ class IdempotencyMiddleware:
                 if isinstance(claim, Won):
                     try:
                         captured = await self._run(scope, receive, send, conn, claim, body)
-                        if not captured.stored:
+                        if not captured.commits(conn.pgconn.transaction_status):
                             await conn.rollback()
-                        elif conn.pgconn.transaction_status == _INERROR:
-                            # The endpoint answered after a statement of its transaction failed
-                            # (an exception handler's 409 for a unique violation): nothing of it
-                            # can commit, so its answer goes out, not stored.
-                            await conn.rollback()
-                            captured.stored = False
                         elif not await self.store.commit(conn, claim, captured.response()):
                             # The completion and COMMIT in one round trip (a failed completion
-                            # raises, and the transaction is rolled back); no claim to complete:
-                            # the endpoint ended the transaction, see log_not_stored().
-                            captured.stored = False
-                            semantics.log_not_stored(claim)
+                            # raises, and the transaction is rolled back).
+                            captured.claim_lost(claim)
                     except _UNAVAILABLE as error:
                         await rollback_quietly(conn)
                         if captured is None:

@@ -43,6 +43,8 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Generic, TypeVar
 
+from psycopg.pq import TransactionStatus
+
 from pgonce.core.outcomes import InFlight, Replay, Response, Won
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import InvalidIdempotencyKey
@@ -92,6 +94,8 @@ FIRST_LOOK = 0.02
 LONGEST_LOOK = 0.25
 
 _EXPIRES = EXPIRES_HEADER.encode()
+# A module constant: an enum class's attribute lookup at each request otherwise.
+_INERROR = TransactionStatus.INERROR
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +320,23 @@ class CapturedResponse:
         """
         self.stored = began and self.answered and status_kept(self.status)
         return self.stored
+
+    def commits(self, transaction_status: int) -> bool:
+        """Whether the request's transaction commits with this answer stored (after
+        :meth:`keep`); otherwise it is rolled back and the answer goes out, not stored.
+
+        A transaction in which a statement failed cannot commit: the endpoint answered after it
+        (an error handler's 409 for a unique violation), so nothing of it is kept.
+        """
+        if transaction_status == _INERROR:
+            self.stored = False
+        return self.stored
+
+    def claim_lost(self, claim: Won) -> None:
+        """The completion, sent with COMMIT, found no claim to complete: the endpoint ended the
+        request's transaction itself (see :func:`log_not_stored`). Nothing is stored."""
+        self.stored = False
+        log_not_stored(claim)
 
     def response(self) -> Response:
         """What the key store keeps for replays."""
