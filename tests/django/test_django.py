@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -30,7 +31,8 @@ from pgonce.contrib.django.inbox import process_batch
 from pgonce.contrib.django.middleware import IdempotencyMiddleware
 from pgonce.contrib.django.outbox import enqueue
 from pgonce.core.inbox import Delivery, Ordering, RetryPolicy
-from pgonce.errors import ConfigError, NotInTransaction
+from pgonce.decorator import idempotent
+from pgonce.errors import ConfigError, NotInTransaction, UsageError
 from pgonce.store._sync.inbox import InboxStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -314,6 +316,18 @@ def test_enqueue_outside_atomic_is_refused() -> None:
     assert scalar("SELECT count(*) FROM pgonce.outbox") == before
 
 
+def test_the_connection_handed_out_at_the_start_of_an_atomic_block_is_never_committed() -> None:
+    # Before its first statement the block's transaction is not open on the server: a pgonce
+    # call that owns a transaction on an idle connection must not take the block's for one.
+    @idempotent(key="order", commit=True)
+    def pay(conn: psycopg.Connection[Any], order: str) -> int:
+        return int(Payment.objects.create(principal="a", amount=7, currency="EUR").pk)
+
+    with pytest.raises(UsageError), transaction.atomic():
+        pay(psycopg_connection("default"), new_key())
+    assert Payment.objects.count() == 0
+
+
 def _deliver(
     *bodies: dict[str, Any], source: str = "shop", ordering: list[Ordering] | None = None
 ) -> None:
@@ -352,6 +366,22 @@ def test_inbox_handlers_write_with_the_orm_in_the_events_transaction() -> None:
     assert process_batch("shop", handler, now=now) == 0  # the failed one waits for its backoff
 
 
+def test_a_handler_that_marks_its_transaction_for_rollback_is_retried_with_that_reason() -> None:
+    _deliver({"amount": 1}, source="set-rollback")
+
+    def handler(event: Any) -> None:
+        Payment.objects.create(principal="shop", amount=event.payload["amount"], currency="EUR")
+        transaction.set_rollback(True)
+
+    assert process_batch("set-rollback", handler, now=datetime.now(UTC)) == 1
+    assert not Payment.objects.exists()
+    assert [row[1:] for row in _inbox_rows("set-rollback")] == [("pending", 1)]
+    with connection.cursor() as cur:
+        cur.execute("SELECT last_error FROM pgonce.inbox WHERE source = 'set-rollback'")
+        (error,) = cur.fetchone()
+    assert error.startswith("InboxHandlerError: the handler marked its transaction for rollback")
+
+
 def _inbox_rows(source: str = "shop") -> list[tuple[str, str, int]]:
     with connection.cursor() as cur:
         cur.execute(
@@ -376,6 +406,30 @@ def test_settings_are_checked_with_every_problem_listed() -> None:
     loaded = conf.load({"SCOPE": "pgonce.contrib.django.scopes.user_scope", "WAIT": 0.5})
     assert loaded.wait is not None
     assert loaded.wait.total_seconds() == 0.5
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"WAIT": math.inf},
+        {"WAIT": 1e20},
+        {"WAIT": timedelta(seconds=-1)},
+        {"RETENTION": math.inf},
+        {"RETENTION": timedelta(seconds=-1)},
+        {"METHODS": None},
+        {"METHODS": 5},
+        {"METHODS": {"POST": True}},
+        {"METHODS": ["PO ST"]},
+        {"ROUTES": {"/webhooks": None}},
+        {"ROUTES": {"webhooks": []}},
+        {"DATABASE": "replica"},
+    ],
+    ids=repr,
+)
+def test_a_setting_of_the_wrong_shape_is_a_config_error_at_start(setting: dict[str, Any]) -> None:
+    name = next(iter(setting))
+    with pytest.raises(ConfigError, match=name):
+        conf.load({"SCOPE": "pgonce.contrib.django.scopes.user_scope", **setting})
 
 
 def test_a_schema_name_the_core_settings_refuse_is_refused_at_start() -> None:

@@ -32,6 +32,8 @@ Django's start), never at the first request.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -90,16 +92,25 @@ class PgonceSettings:
 
 
 def _duration(name: str, value: Any, problems: list[str]) -> timedelta | None:
-    if isinstance(value, timedelta):
+    if isinstance(value, timedelta) and value >= timedelta(0):
         return value
-    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        return timedelta(seconds=value)
-    problems.append(f"PGONCE[{name!r}] must be seconds (a number >= 0) or a timedelta")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < math.inf:
+        try:
+            return timedelta(seconds=value)
+        except OverflowError:
+            pass
+    problems.append(f"PGONCE[{name!r}] must be seconds (a number >= 0) or a timedelta >= 0")
     return None
 
 
+#: An HTTP method is a token (RFC 9110, section 9.1).
+_METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
 def _methods(name: str, value: Any, problems: list[str]) -> frozenset[str]:
-    if isinstance(value, str) or not all(isinstance(m, str) for m in value or ()):
+    if not isinstance(value, list | tuple | set | frozenset) or not all(
+        isinstance(m, str) and _METHOD.fullmatch(m) for m in value
+    ):
         problems.append(f"PGONCE[{name!r}] must be a list of HTTP methods, e.g. ['POST']")
         return frozenset()
     return frozenset(m.upper() for m in value)
@@ -133,6 +144,11 @@ def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
     if "DATABASE" in raw:
         if not isinstance(raw["DATABASE"], str) or not raw["DATABASE"]:
             problems.append("PGONCE['DATABASE'] must be a non-empty string")
+        elif raw["DATABASE"] not in settings.DATABASES:
+            problems.append(
+                f"PGONCE['DATABASE'] is {raw['DATABASE']!r}, which settings.DATABASES does not "
+                f"define (it defines {', '.join(map(repr, settings.DATABASES))})"
+            )
         values["database"] = raw["DATABASE"]
     if "SCHEMA" in raw:
         if not isinstance(raw["SCHEMA"], str):
@@ -165,6 +181,12 @@ def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
                 str(prefix): _methods(f"ROUTES'][{prefix!r}", methods, problems)
                 for prefix, methods in routes.items()
             }
+            # Django's request.path_info starts with "/": any other prefix would never match.
+            for prefix in routes:
+                if not isinstance(prefix, str) or not prefix.startswith("/"):
+                    problems.append(
+                        f"PGONCE['ROUTES'] prefix {prefix!r} must be a path starting with '/'"
+                    )
     if "POOLER" in raw:
         if raw["POOLER"] not in POOLERS:
             problems.append(f"PGONCE['POOLER'] must be one of {', '.join(map(repr, POOLERS))}")

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 from django.db import connections
+from psycopg.pq import TransactionStatus
 
 from pgonce.errors import ConfigError, NotInTransaction
 
@@ -46,6 +47,10 @@ def check_backend(using: str = "default") -> None:
 def psycopg_connection(using: str = "default") -> psycopg.Connection[Any]:
     """The psycopg 3 connection under Django's ``connections[using]``, inside ``atomic()``.
 
+    Inside a view of a request the Idempotency-Key middleware claimed, asking for it counts as
+    the view's first query (:func:`pgonce.contrib.django.middleware.begin`): whatever is written
+    on it commits with the claim, and the answer is stored.
+
     Raises :class:`NotInTransaction` outside ``transaction.atomic()``: a write there would commit
     on its own, apart from the ORM's.
     """
@@ -60,4 +65,16 @@ def psycopg_connection(using: str = "default") -> psycopg.Connection[Any]:
     if not isinstance(conn, psycopg.Connection):
         check_backend(using)
         raise ConfigError(f"the database {using!r} is not a psycopg 3 connection")
+    if conn.info.transaction_status == TransactionStatus.IDLE:
+        # atomic() has not sent BEGIN yet (psycopg sends it with the first statement): open the
+        # transaction now, so that no pgonce call takes the idle connection for one of its own
+        # to commit (``@idempotent(commit=True)``) and commits the caller's block with it.
+        conn.execute("SELECT 1")
+    # Its statements bypass Django's execute wrappers, the middleware's sign that a view began:
+    # a view whose only write is, say, an outbox event must still commit it and store its answer.
+    from pgonce.contrib.django.middleware import ClaimedRequest
+
+    for hook in wrapper.execute_wrappers:
+        if isinstance(hook, ClaimedRequest):
+            hook.began = True
     return conn

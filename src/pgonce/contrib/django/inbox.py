@@ -36,6 +36,7 @@ from django.db import connections, transaction
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.contrib.django.connection import psycopg_connection
 from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
+from pgonce.errors import InboxHandlerError
 from pgonce.store._sync.inbox import InboxStore
 from pgonce.webhooks.batch import DEFAULT_LIMIT, run_batch
 
@@ -68,6 +69,12 @@ def process_batch(
 
     def handle(event: InboxEvent, _: Any) -> None:
         handler(event)
+        if connections[alias].get_rollback():
+            # Said plainly, rather than as the TransactionManagementError of the next query.
+            raise InboxHandlerError(
+                "the handler marked its transaction for rollback (transaction.set_rollback): "
+                "its writes are undone and the event is retried"
+            )
         # Django makes foreign keys DEFERRABLE INITIALLY DEFERRED: a handler's broken reference
         # would surface at the batch's COMMIT and take every event of the batch down with it,
         # batch after batch. Checked here, it fails this handler's savepoint only.

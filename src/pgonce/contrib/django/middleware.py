@@ -17,11 +17,12 @@ transaction runs in one ``sync_to_async`` thread, and an async view's ORM calls
 and inside the same transaction.
 
 The endpoint *began*, and its answer is stored, once the view ran a query on the connection (or
-called :func:`begin`); the savepoints of Django's own ``atomic()`` blocks (``ATOMIC_REQUESTS``
-opens one around every view) are not queries of the view. A view that refuses a request before
-touching the database answers normally and its answer is not kept: the corrected retry runs. A
-streamed body is produced inside the transaction, so its queries count as the view's and its
-writes commit with the stored response.
+called :func:`begin`, or took the psycopg connection with
+:func:`~pgonce.contrib.django.connection.psycopg_connection`, as ``enqueue()`` does); the
+savepoints of Django's own ``atomic()`` blocks (``ATOMIC_REQUESTS`` opens one around every view)
+are not queries of the view. A view that refuses a request before touching the database answers
+normally and its answer is not kept: the corrected retry runs. A streamed body is produced inside
+the transaction, so its queries count as the view's and its writes commit with the stored response.
 
 A view that raises is never stored, whatever answer Django makes of the exception (404 for
 ``Http404``, 403, 400, 500): :meth:`IdempotencyMiddleware.process_exception` notes it, and its
@@ -30,16 +31,22 @@ writes roll back with the claim. A view that lost the database (Django's ``Opera
 it. Django REST Framework turns exceptions into responses inside the view: those are answers the
 view returned, stored once it began.
 
-Not supported: a response body over ``MAX_RESPONSE_BYTES`` (answered 500, rolled back); a repeated
-Idempotency-Key header is indistinguishable from one key containing a comma, because WSGI and
-Django's ASGI handler join repeated headers with a comma before the middleware sees them; a
-header repeated in a response (Django keeps one value per header name).
+Not supported: writes on any other connection, which commit on their own (and a retry after a
+failure makes them again): another thread's (``sync_to_async(..., thread_sensitive=False)`` in an
+async view, a thread the view starts) or another database alias's. A view that writes on Django's
+psycopg connection itself (``connection.connection``) must call :func:`begin` (or take it with
+``psycopg_connection()``): else its answer is not kept and those writes roll back. A response body
+over ``MAX_RESPONSE_BYTES`` (answered 500, rolled back); a repeated Idempotency-Key header is
+indistinguishable from one key containing a comma, because WSGI and Django's ASGI handler join
+repeated headers with a comma before the middleware sees them; a header repeated in a response
+(Django keeps one value per header name).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import aclosing
 from typing import Any
 
 import psycopg
@@ -355,14 +362,44 @@ def _capture(response: HttpResponseBase, captured: CapturedResponse) -> Captured
     # Text as Django keeps them, already checked (ASCII names, latin-1 or MIME-encoded values).
     captured.text_headers = list(response.items())
     if response.streaming:
-        chunks: list[bytes] = []
-        for chunk in response.streaming_content:
+        if getattr(response, "is_async", False):
+            # An async iterator (``async def`` generator) is read on the event loop; its ORM
+            # calls (``acreate()``, ``sync_to_async``) come back to this thread, into the
+            # transaction, as the view's do.
+            chunks = async_to_sync(_read_async)(response.streaming_content, captured)
+            response.streaming_content = _replay_async(chunks)
+        else:
+            chunks = _read(response.streaming_content, captured)
+            response.streaming_content = chunks
+        captured.add(b"", more=False)
+    else:
+        captured.add(response.content, more=False)
+    return captured
+
+
+def _read(content: Iterable[Any], captured: CapturedResponse) -> list[bytes]:
+    chunks: list[bytes] = []
+    for chunk in content:
+        captured.add(bytes(chunk), more=True)
+        if captured.too_large:
+            break
+        chunks.append(bytes(chunk))
+    return chunks
+
+
+async def _read_async(content: AsyncIterator[Any], captured: CapturedResponse) -> list[bytes]:
+    chunks: list[bytes] = []
+    async with aclosing(content):  # type: ignore[type-var]  # an async generator
+        async for chunk in content:
             captured.add(bytes(chunk), more=True)
             if captured.too_large:
                 break
             chunks.append(bytes(chunk))
-        captured.add(b"", more=False)
-        response.streaming_content = chunks
-    else:
-        captured.add(response.content, more=False)
-    return captured
+    return chunks
+
+
+async def _replay_async(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    """The buffered body, served as the async iterator it was (Django's ASGI handler would
+    otherwise warn about a synchronous one)."""
+    for chunk in chunks:
+        yield chunk
