@@ -56,6 +56,7 @@ from pgonce.http.semantics import (
     Answer,
 )
 from pgonce.store._sync.keys import KeyStore
+from pgonce.store._sync.phases import PhaseStore
 
 with needs("flask", "the Flask Idempotency-Key integration"):
     from flask import (
@@ -85,6 +86,11 @@ __all__ = [
 
 #: Where a request's SQLAlchemy session is kept (``flask.g``), closed when the request ends.
 _SESSION = "pgonce_session"
+#: Whether the app closes a request's session() when the request ends (``app.extensions``): per
+#: app, as one Idempotency may be initialized on several apps (an app factory's).
+_CLOSES_SESSIONS = "pgonce.closes_sessions"
+#: Set on ``flask.g`` when the request's session was closed: a later session() is refused.
+_CLOSED = "pgonce_session_closed"
 
 
 def transaction() -> IdempotentTransaction:
@@ -133,6 +139,8 @@ class EngineConnections:
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         import sqlalchemy.exc
 
+        from pgonce.contrib.sqlalchemy import _request_owned
+
         try:
             bound = self.engine.connect()
         except (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError) as error:
@@ -145,6 +153,7 @@ class EngineConnections:
             # the connection goes back to the pool the middleware has ended the transaction,
             # and SQLAlchemy's reset finds nothing to roll back.
             bound.begin()
+            _request_owned(bound)  # the view's commit() and rollback() of it are refused
             _checked_out[conn] = bound
             try:
                 yield conn
@@ -159,7 +168,9 @@ def session() -> Session:
 
     The ORM's writes, the claim and the stored response commit together, after the response is
     stored. Pending writes are flushed when the view returns (a flush that fails answers 500 and
-    rolls everything back). ``session.commit()`` raises
+    rolls everything back), and those of ``after_request`` and ``teardown_request`` functions
+    when the request ends, before the commit. ``session.commit()`` (or its connection's
+    ``commit()``) raises
     :class:`~pgonce.contrib.sqlalchemy.SessionCommitRefused`: the middleware commits;
     ``session.rollback()`` raises :class:`~pgonce.contrib.sqlalchemy.SessionRollbackRefused`: it
     would roll back the claim (undo a part with ``session.begin_nested()``). Asking for it marks
@@ -168,11 +179,19 @@ def session() -> Session:
     existing = g.get(_SESSION)
     if existing is not None:
         return existing  # type: ignore[no-any-return]
+    if g.get(_CLOSED):
+        # A teardown_request function that runs after the app's: nothing would flush or close
+        # this session, and its writes would be dropped while the answer is stored.
+        raise UsageError(
+            "session() was called after the request's session was closed (in a "
+            "teardown_request function registered before Idempotency): write in the view, an "
+            "after_request function or a teardown_request function registered after "
+            "Idempotency(app)"
+        )
     with needs("sqlalchemy", "pgonce.contrib.flask.session()"):
         from pgonce.contrib.sqlalchemy import _RequestSession
     bound = _checked_out.get(transaction().connection)
-    owner = current_app.extensions.get("pgonce")
-    if bound is None or not getattr(owner, "closes_sessions", False):
+    if bound is None or not current_app.extensions.get(_CLOSES_SESSIONS, False):
         # Only an app given EngineConnections itself closes a request's session when the
         # request ends (init_app): one on connections handed on by another source would leak.
         raise UsageError(
@@ -191,8 +210,24 @@ def session() -> Session:
 
 
 def _close_session(error: BaseException | None) -> None:
+    setattr(g, _CLOSED, True)
     opened = g.pop(_SESSION, None)
-    if opened is not None:
+    if opened is None:
+        return
+    try:
+        # What after_request and teardown_request functions added since the view's flush: it
+        # commits with the claim, or (a flush that fails here) the request fails and nothing
+        # commits; closing the session would drop it while the answer is stored. Not in a
+        # request that failed, whose transaction rolls back whatever is flushed.
+        tx = request.environ.get(ENVIRON_KEY)
+        if (
+            error is None
+            and isinstance(tx, IdempotentTransaction)
+            and not tx.failed
+            and tx.connection.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        ):
+            opened.flush()
+    finally:
         opened.close()
 
 
@@ -200,7 +235,9 @@ class Idempotency:
     """The Flask extension: ``Idempotency(app, pool=..., key_scope=...)`` or ``init_app()``.
 
     The options are :class:`~pgonce.contrib.wsgi.IdempotencyMiddleware`'s; ``key_scope`` is a
-    function of the WSGI environ (it runs before Flask's request context exists).
+    function of the WSGI environ (it runs before Flask's request context exists). A view on a
+    ``two_phase`` route takes its operation with ``phased_of(request.environ)``
+    (:func:`~pgonce.contrib.wsgi.phased_of`).
     """
 
     def __init__(self, app: Flask | None = None, **options: Any) -> None:
@@ -226,6 +263,8 @@ class Idempotency:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         retention: timedelta = DEFAULT_RETENTION,
+        two_phase: Collection[str] = (),
+        phases: PhaseStore | None = None,
     ) -> IdempotencyMiddleware:
         if not isinstance(app, Flask):
             raise UsageError(f"Idempotency needs a Flask app, not {type(app).__name__}")
@@ -243,6 +282,8 @@ class Idempotency:
             max_request_bytes=max_request_bytes,
             max_response_bytes=max_response_bytes,
             retention=retention,
+            two_phase=two_phase,
+            phases=phases,
         )
         app.wsgi_app = middleware  # type: ignore[method-assign]
         app.extensions["pgonce"] = self
@@ -253,6 +294,7 @@ class Idempotency:
         # Requests can have a session() to close when they end only on EngineConnections
         # (session() refuses one on any other source): only then does the app run the teardown.
         self.closes_sessions = isinstance(pool, EngineConnections)
+        app.extensions[_CLOSES_SESSIONS] = self.closes_sessions
         if self.closes_sessions:
             app.teardown_request(_close_session)
         return middleware

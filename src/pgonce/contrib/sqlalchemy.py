@@ -71,6 +71,7 @@ __all__ = [
     "NotPsycopgSession",
     "SessionCommitRefused",
     "SessionRollbackRefused",
+    "TransactionEndRefused",
     "async_driver_connection",
     "async_enqueue",
     "async_once",
@@ -114,6 +115,18 @@ class SessionRollbackRefused(UsageError):
             "session.rollback() would roll back its claim too: undo a part with a savepoint "
             "(async with session.begin_nested(): ...), or raise (or answer a 5xx) to roll back "
             "the whole request"
+        )
+
+
+class TransactionEndRefused(UsageError):
+    """A handler committed or rolled back the connection of the transaction it runs in."""
+
+    def __init__(self, action: str) -> None:
+        super().__init__(
+            "an inbox handler runs in the batch's transaction, which the inbox worker (or "
+            f"process_batch()) commits once every handler returned: the connection's {action}() "
+            "would end it for the other events too. Call session.flush() (or session.commit(), "
+            "which releases the handler's savepoint), and raise to undo the handler's writes"
         )
 
 
@@ -458,6 +471,7 @@ def inbox_handler(
         try:
             async with engine.connect() as bound:
                 await bound.begin()  # SQLAlchemy's view of the worker's transaction; no SQL
+                _batch_owned(bound.sync_connection)
                 session = session_factory(bind=bound, join_transaction_mode="create_savepoint")
                 async with session:
                     try:
@@ -523,6 +537,7 @@ def process_batch(
         conn = bound.connection.driver_connection
         if not isinstance(conn, psycopg.Connection):  # a custom creator's
             raise NotPsycopgSession(_dialect_name(engine.dialect))
+        _batch_owned(bound)
 
         @contextmanager
         def savepoint() -> Iterator[Session]:
@@ -551,6 +566,24 @@ def process_batch(
             out_of_order=out_of_order,
             now=now,
         )
+
+
+def _batch_owned(bound: Connection | None) -> None:
+    """Refuse a handler's ``commit()`` and ``rollback()`` of ``bound`` (its session's
+    ``connection()``): the commit would commit the events claimed after the handler's as done
+    before their handlers ran, the rollback the events before. The batch itself ends through
+    its ``Transaction``, not these."""
+    assert bound is not None
+    bound.commit = _refuse_batch_commit  # type: ignore[method-assign]
+    bound.rollback = _refuse_batch_rollback  # type: ignore[method-assign]
+
+
+def _refuse_batch_commit() -> None:
+    raise TransactionEndRefused("commit")
+
+
+def _refuse_batch_rollback() -> None:
+    raise TransactionEndRefused("rollback")
 
 
 # -- the HTTP path ----------------------------------------------------------------------------
@@ -615,7 +648,26 @@ def _open(engine: Engine) -> tuple[Connection, Any]:
     except BaseException:
         connection.close()
         raise
+    _request_owned(connection)
     return connection, driver
+
+
+def _request_owned(connection: Connection) -> None:
+    """Refuse the endpoint's ``commit()`` and ``rollback()`` of ``connection`` (its session's
+    ``connection()``): the first would commit the claim before its response is stored, the
+    second roll it back, and the request's later writes would commit without it. The session's
+    own rollback of a failed flush, and the connection's close, end the transaction through its
+    ``Transaction``, not these."""
+    connection.commit = _refuse_request_commit  # type: ignore[method-assign]
+    connection.rollback = _refuse_request_rollback  # type: ignore[method-assign]
+
+
+def _refuse_request_commit() -> None:
+    raise SessionCommitRefused()
+
+
+def _refuse_request_rollback() -> None:
+    raise SessionRollbackRefused()
 
 
 def _refuse_commit(session: Session) -> None:
