@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from pgonce.http import IdempotencyMiddleware, header_scope, phased
+from pgonce.errors import UsageError
+from pgonce.http import IdempotencyMiddleware, header_scope, phased, transaction_of
 from pgonce.testing import FakeProvider, charge
 
 
@@ -125,3 +126,24 @@ async def test_a_duplicate_while_the_holder_runs_is_in_flight(
     payments.hold.set()
     assert (await first).status_code == 201
     assert provider.charges_for("k3") == 1
+
+
+async def test_asking_a_two_phase_request_for_its_transaction_names_the_phases(dsn: str) -> None:
+    async def endpoint(request: Request) -> Response:
+        try:
+            transaction_of(request)
+        except UsageError as error:
+            return Response(str(error), status_code=400)
+        return Response("a transaction", status_code=201)
+
+    app = Starlette(routes=[Route("/payments", endpoint, methods=["POST"])])
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2) as pool:
+        wrapped = IdempotencyMiddleware(
+            app, pool=pool, key_scope=header_scope("x-api-key"), two_phase=["/payments"]
+        )
+        transport = httpx.ASGITransport(app=wrapped)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            answer = await post(client, "k-tx")
+    assert answer.status_code == 400
+    assert "two_phase route, which has no request transaction" in answer.text
+    assert "phased(request)" in answer.text

@@ -111,10 +111,17 @@ def transaction_of(request: HTTPConnection) -> IdempotentTransaction:
     :class:`MissingKeyScope` (answered 401 by the middleware) when it could not, because the key
     scope named no caller.
     """
-    tx = (request.scope.get("state") or {}).get(STATE_KEY)
+    state = request.scope.get("state") or {}
+    tx = state.get(STATE_KEY)
     if tx == UNSCOPED:
         raise MissingKeyScope()  # the middleware answers 401
     if not isinstance(tx, IdempotentTransaction):
+        if isinstance(state.get(PHASED_KEY), PhasedRequest):
+            raise UsageError(
+                "this request is on a two_phase route, which has no request transaction: each "
+                "phase commits its own; take the operation with phased(request) and write inside "
+                "its phases (op.phase(...))"
+            )
         raise UsageError(
             "this request has no idempotent transaction: the route must be covered by "
             "IdempotencyMiddleware with an Idempotency-Key (check its methods and routes)"
