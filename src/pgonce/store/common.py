@@ -33,6 +33,9 @@ def claim_row(row: tuple[Any, ...] | None) -> ClaimRow:
     # claim() always returns exactly one row; None would mean the function itself is broken.
     assert row is not None, "claim() returned no row"
     state, fingerprint, claimed_at, completed_at, status, headers, body = row
+    if type(state) is not str:
+        # psycopg reads text as bytes on a SQL_ASCII connection.
+        state = bytes(state).decode("ascii")
     return ClaimRow(state, fingerprint, claimed_at, completed_at, status, headers, body)
 
 

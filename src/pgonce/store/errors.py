@@ -50,6 +50,16 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def unencodable(what: str, error: UnicodeEncodeError) -> str:
+    """What a caller is told when ``what`` has a character the connection cannot send."""
+    bad = str(error.object[error.start : error.end])
+    return (
+        f"{what} failed: {bad!r} cannot be sent in the connection's encoding "
+        f"({error.encoding}): pgonce's text arguments (a scope, a key, an event's aggregate) "
+        "must be characters that the connection's client_encoding carries, and no lone surrogates"
+    )
+
+
 class translate_errors:  # named like the function it replaced: ``with translate_errors(...)``
     """Run a store operation; re-raise psycopg failures as pgonce errors naming ``what`` failed.
 
@@ -71,7 +81,13 @@ class translate_errors:  # named like the function it replaced: ``with translate
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if error is None or not isinstance(error, psycopg.Error):
+        if error is None:
+            return
+        if not isinstance(error, psycopg.Error):
+            if isinstance(error, UnicodeEncodeError):
+                # psycopg dumping a str parameter (a scope, a key, an aggregate's id) that the
+                # connection's client_encoding cannot carry, or a lone surrogate.
+                raise UsageError(unencodable(self.what, error)) from error
             return
         what = self.what
         if isinstance(error, _MISSING_OBJECT):

@@ -247,9 +247,14 @@ def begin_statement(conn: psycopg.BaseConnection[Any]) -> Statement:
 _BEGINS: dict[tuple[Any, bool | None, bool | None], Statement] = {}
 
 
-#: The connection's Python encoding, as psycopg keeps it (``conn.info`` builds an object):
-#: psycopg's own function, not a call around it.
-encoding = conn_encoding
+def encoding(conn: psycopg.BaseConnection[Any]) -> str:
+    """The Python encoding of the text pgonce sends and reads on ``conn``: the connection's, as
+    psycopg keeps it (``conn.info`` builds an object), except for ``SQL_ASCII``, where psycopg
+    writes str as UTF-8 (its ``str`` dumpers do) and the server passes bytes through as they
+    are: a key sent there must be the same bytes as psycopg's, and a stored response's headers
+    come back as the database holds them."""
+    name = conn_encoding(conn)
+    return name if name != "ascii" else "utf-8"
 
 
 _SIMPLE: dict[bytes, Statement] = {}

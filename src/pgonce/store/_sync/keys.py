@@ -46,7 +46,7 @@ from pgonce.core.outcomes import (
     validate_response,
     won,
 )
-from pgonce.errors import NotInTransaction, PgonceError, UsageError
+from pgonce.errors import DatabaseUnavailable, NotInTransaction, PgonceError, UsageError
 from pgonce.sql import Queries, positional
 from pgonce.store import wire
 from pgonce.store.common import (
@@ -57,7 +57,7 @@ from pgonce.store.common import (
     require_transaction,
 )
 from pgonce.store.cursors import cursor
-from pgonce.store.errors import translate_errors
+from pgonce.store.errors import translate_errors, unencodable
 from pgonce.store.wire import BINARY, TEXT, Command, round_trip
 
 if TYPE_CHECKING:
@@ -191,7 +191,8 @@ class KeyStore:
         params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
         with translate_errors("claiming a key"):
             cur = cursor(conn)
-            cur.execute(statement, {**params, "now": now})
+            # Binary results: psycopg parses a timestamptz in text only in the ISO DateStyle.
+            cur.execute(statement, {**params, "now": now}, binary=True)
             row = cur.fetchone()
         return self._decide(claim_row(row), scope, key, fingerprint)
 
@@ -292,13 +293,18 @@ class KeyStore:
         if joined:
             end: Sequence[Command] = _LEAVE
         elif conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
+            if conn.closed:
+                raise DatabaseUnavailable("claiming a key failed: the connection is closed")
             raise UsageError(refusal)
         else:
             end = (_COMMIT,)
         if not self._named or wire.statements_crossed():
             self._check_pooled(conn)
         encoding = wire.encoding(conn)
-        scope_param, key_param = scope.encode(encoding), key.encode(encoding)
+        try:
+            scope_param, key_param = scope.encode(encoding), key.encode(encoding)
+        except UnicodeEncodeError as error:
+            raise UsageError(unencodable("claiming a key", error)) from error
         insert: Command = (
             self._claim_insert,
             (
@@ -415,19 +421,31 @@ class KeyStore:
             commands.extend(_LEAVE if joined else _UNDO)
         else:
             completing = True
-            for query, params in writes:
-                commands.append(wire.caller_command(conn, query, params))
             stored = response or _NO_RESPONSE
-            encoding = wire.encoding(conn)
             status = stored.status
-            completion = (
-                claim.scope.encode(encoding),
-                claim.key.encode(encoding),
-                None if status is None else b"%d" % status,  # wire.number(), written out
-                wire.headers_json(stored.headers),
-                stored.body,
-                None if now is None else wire.timestamp(now),
-            )
+            try:
+                for query, params in writes:
+                    commands.append(wire.caller_command(conn, query, params))
+                encoding = wire.encoding(conn)
+                try:
+                    scope_param = claim.scope.encode(encoding)
+                    key_param = claim.key.encode(encoding)
+                except UnicodeEncodeError as error:
+                    raise UsageError(unencodable("completing a key", error)) from error
+                completion = (
+                    scope_param,
+                    key_param,
+                    None if status is None else b"%d" % status,  # wire.number(), written out
+                    wire.headers_json(stored.headers),
+                    stored.body,
+                    None if now is None else wire.timestamp(now),
+                )
+            except BaseException:
+                # A queued write psycopg refused (its parameters), or a key that the
+                # connection's encoding, changed by the work, cannot carry: nothing of the
+                # block may stay in the transaction, as for any failure of the completion.
+                (leave_quietly if joined else rollback_quietly)(conn)
+                raise
             if claim.row is None:  # a claim() of this transaction, not begin()'s
                 commands.append((self._complete_batched, completion))
             else:
@@ -475,9 +493,14 @@ class KeyStore:
         if conn.pgconn.transaction_status == _IDLE:
             raise UsageError(_ENDED_BEFORE_COMMIT)
         encoding = wire.encoding(conn)  # the connection's now: the work may have changed it
+        try:
+            scope_param, key_param = scope.encode(encoding), key.encode(encoding)
+        except UnicodeEncodeError as error:
+            rollback_quietly(conn)
+            raise UsageError(unencodable("completing a key", error)) from error
         completion = (
-            scope.encode(encoding),
-            key.encode(encoding),
+            scope_param,
+            key_param,
             None,
             headers,
             body,
@@ -617,6 +640,11 @@ class Operation(Generic[Row]):
         self.response: Response | None = None
         #: True once the response was stored (after the block, when this operation won).
         self.stored = False
+        # The block runs once: entered (its claim made), then ended. A second block on the
+        # same operation would run the first one's queued writes again; a respond() or an
+        # execute() after the block would change nothing that was stored.
+        self._entered = False
+        self._ended = False
 
     @property
     def claim(self) -> Claim:
@@ -638,8 +666,8 @@ class Operation(Generic[Row]):
 
     def respond(self, response: Response) -> None:
         """Set the response that completes this claim when the block ends."""
-        if not isinstance(self._claim, Won):  # self.won, without the property's call
-            raise UsageError("only the operation that won the claim can respond")
+        if self._ended or not isinstance(self._claim, Won):  # self.won, without its call
+            raise UsageError(self._refusal("can respond"))
         if type(response) is not Response:
             validate_response(response)
         self.response = response
@@ -653,11 +681,23 @@ class Operation(Generic[Row]):
         trips in all. An error in one rolls the block back and is raised as psycopg raised it.
         Statements whose results the block reads go through ``conn`` as usual.
         """
-        if not isinstance(self._claim, Won):  # self.won, without the property's call
-            raise UsageError("only the operation that won the claim writes")
+        if self._ended or not isinstance(self._claim, Won):  # self.won, without its call
+            raise UsageError(self._refusal("writes"))
         self._writes.append((query, params))
 
+    def _refusal(self, does: str) -> str:
+        if self._ended:
+            return (
+                f"the operation's block has ended: only the block {does}, and what it stored "
+                "(or not) is final; call once() again for another claim"
+            )
+        return f"only the operation that won the claim {does}"
+
     def __enter__(self) -> Operation[Row]:
+        if self._entered:
+            raise UsageError(
+                "an operation's block runs once: call once() again for another claim of the key"
+            )
         scope, key, fingerprint = self._args
         conn = self._conn
         if self._owned:
@@ -680,6 +720,8 @@ class Operation(Generic[Row]):
         else:
             # In psycopg's pipeline (or a failed transaction, whose SAVEPOINT fails as psycopg
             # says): psycopg's savepoint around the claim() function.
+            if conn.closed:
+                raise DatabaseUnavailable("claiming a key failed: the connection is closed")
             if status == _IDLE:
                 _open_transaction(conn)
             self._savepoint = savepoint = conn.transaction()
@@ -695,6 +737,7 @@ class Operation(Generic[Row]):
                 raise
         if isinstance(self._claim, Replay):
             self.response = self._claim.response
+        self._entered = True
         return self
 
     def __exit__(
@@ -705,6 +748,7 @@ class Operation(Generic[Row]):
     ) -> bool | None:
         claim = self._claim
         assert claim is not None
+        self._ended = True
         if self._joined:
             if not isinstance(claim, Won):
                 return None  # the savepoint ended with the claim
