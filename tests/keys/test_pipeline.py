@@ -16,7 +16,7 @@ import pytest
 from psycopg import pq
 from psycopg.pq import TransactionStatus
 
-from pgonce import AsyncKeyStore, KeyStore, Response, fingerprint
+from pgonce import AsyncKeyStore, KeyStore, Response, Won, fingerprint
 from pgonce.errors import DatabaseUnavailable
 from tests.keys.test_key_store import effects
 
@@ -95,7 +95,34 @@ def test_inside_the_callers_pipeline(dsn: str, table: None, store: KeyStore) -> 
         with store.once(conn, "s", "k", FP) as op:
             conn.execute("INSERT INTO effects (key) VALUES ('k')")
             op.respond(Response(201, (), b"ok"))
+        assert op.stored  # known before the pipeline syncs on its own
         conn.commit()
+    assert effects(dsn, "k") == 1
+
+
+def test_complete_in_the_callers_pipeline_says_whether_it_stored(
+    dsn: str, table: None, store: KeyStore
+) -> None:
+    with psycopg.connect(dsn) as conn, conn.pipeline():
+        claim = store.claim(conn, "s", "k", FP)
+        assert isinstance(claim, Won)
+        assert store.complete(conn, claim, Response(201, (), b"ok"))
+        assert not store.complete(conn, claim, Response(201, (), b"again"))
+        conn.commit()
+    with psycopg.connect(dsn) as again, store.once(again, "s", "k", FP) as replay:
+        assert replay.replayed
+    assert replay.response == Response(201, (), b"ok")
+
+
+async def test_async_once_in_the_callers_pipeline_reports_stored(
+    dsn: str, table: None, astore: AsyncKeyStore
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.pipeline():
+        async with astore.once(conn, "s", "k", FP) as op:
+            await conn.execute("INSERT INTO effects (key) VALUES ('k')")
+            op.respond(Response(201, (), b"ok"))
+        assert op.stored
+        await conn.commit()
     assert effects(dsn, "k") == 1
 
 

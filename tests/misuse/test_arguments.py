@@ -47,11 +47,29 @@ def test_headers_given_as_a_dict_are_taken_as_their_items() -> None:
         ([("x-one",)], r"pairs of str; got \(str\)"),
         ("content-type: text/plain", r"sequence of \(name, value\) pairs of str, not str"),
         (42, r"not int"),
+        ((("x-token", "s3cr\udc80t"),), r"the 'x-token' header's value holds a lone surrogate"),
+        ([("x-\ud800", "v")], r"a header's name holds a lone surrogate at position 2"),
     ],
 )
 def test_malformed_headers_are_refused_at_construction(headers: Any, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         Response(200, headers)
+
+
+def test_a_refused_header_value_is_not_echoed() -> None:
+    with pytest.raises(UsageError) as refused:
+        Response(200, (("authorization", "Bearer t0ken\udc80"),))
+    assert "t0ken" not in str(refused.value)
+
+
+def test_non_ascii_headers_are_kept_and_replayed_as_they_are() -> None:
+    headers = (
+        ("content-disposition", 'attachment; filename="r\u00e9sum\u00e9.pdf"'),
+        ("x-e", "\U0001f600"),
+    )
+    assert Response(200, headers).headers == headers
+    assert Response.from_stored(200, [list(h) for h in headers], b"").headers == headers
+    assert Response.from_stored(200, headers, b"").headers == headers
 
 
 def test_a_status_that_is_not_an_int_is_refused() -> None:

@@ -353,3 +353,16 @@ def test_enqueue_after_psycopg_deallocated_every_prepared_statement(dsn: str) ->
             assert conn.execute(prepared, ("%pgonce.outbox_aggregates%",)).fetchone() == (0,)
             enqueue(conn, "order", "1", "order.updated", {"n": 2})
         assert [row[2] for row in outbox_rows(conn)] == ["order.created", "order.updated"]
+
+
+def test_marks_counted_in_the_callers_pipeline(dsn: str) -> None:
+    """In psycopg's pipeline a row count arrives with the sync: the store waits for it."""
+    store = OutboxStore()
+    with psycopg.connect(dsn) as conn:
+        enqueue(conn, "order", "1", "order.created", {"total": 5})
+        conn.commit()
+        with conn.pipeline():
+            ids = [message.id for message in store.claim(conn, limit=10)]
+            assert store.mark_published(conn, ids) == 1
+            assert store.mark_published(conn, ids) == 0  # already published
+        conn.commit()

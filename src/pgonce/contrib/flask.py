@@ -181,7 +181,7 @@ def session() -> Session:
         return existing  # type: ignore[no-any-return]
     if g.get(_CLOSED):
         # A teardown_request function that runs after the app's: nothing would flush or close
-        # this session, and its writes would be dropped while the answer is stored.
+        # the Session returned here, and its writes would be dropped while the answer is stored.
         raise UsageError(
             "session() was called after the request's session was closed (in a "
             "teardown_request function registered before Idempotency): write in the view, an "

@@ -95,7 +95,8 @@ def _body(body: object) -> bytes:
 
 
 def _str_pairs(headers: tuple[Any, ...]) -> bool:
-    """Whether every member is a ``(str, str)`` tuple: headers a Response holds as they are.
+    """Whether every member is a ``(str, str)`` tuple of ASCII text: headers a Response holds as
+    they are (anything else goes through :func:`_headers`, which checks it).
 
     A plain loop: this runs for every stored and every replayed response, and a generator costs
     more.
@@ -103,8 +104,11 @@ def _str_pairs(headers: tuple[Any, ...]) -> bool:
     for pair in headers:
         if type(pair) is not tuple or len(pair) != 2:
             return False
-        if type(pair[0]) is not str or type(pair[1]) is not str:
+        name, value = pair
+        if type(name) is not str or type(value) is not str:
             return False
+        if not (name.isascii() and value.isascii()):
+            return False  # _headers() checks that it is text UTF-8 can carry
     return True
 
 
@@ -128,8 +132,27 @@ def _headers(headers: object) -> tuple[Header, ...]:
                 "Response headers must be (name, value) pairs of str; got "
                 f"{_shown(header)} among them"
             )
-        pairs.append((header[0], header[1]))
+        name, value = header
+        if not (name.isascii() and value.isascii()):
+            _check_text(name, value)
+        pairs.append((name, value))
     return tuple(pairs)
+
+
+def _check_text(name: str, value: str) -> None:
+    """Refuse a header that is not Unicode text (a lone surrogate, from ``surrogateescape`` or
+    ``\\udXXX``): the stored JSON could not carry it, and the completion would fail far from
+    here. The value is not shown: a header may hold a secret."""
+    for part, what in ((name, "name"), (value, "value")):
+        try:
+            part.encode()
+        except UnicodeEncodeError as error:
+            shown = "a header's" if what == "name" else f"the {name[:40]!r} header's"
+            raise UsageError(
+                f"Response headers must be Unicode text: {shown} {what} holds a lone surrogate "
+                f"at position {error.start} (decode bytes with errors='replace', or keep them "
+                "in the body)"
+            ) from None
 
 
 def _shown(header: object) -> str:

@@ -47,6 +47,7 @@ from pgonce.core.outcomes import (
 from pgonce.errors import DatabaseUnavailable, NotInTransaction, PgonceError, UsageError
 from pgonce.sql import Queries, positional
 from pgonce.store import wire
+from pgonce.store._async.counts import changed
 from pgonce.store.common import (
     check_key_settings,
     check_wait,
@@ -532,7 +533,7 @@ class AsyncKeyStore:
             cur = await cursor(conn).execute(
                 self._sql.complete, self._completion(claim, response, now)
             )
-        return cur.rowcount == 1
+            return await changed(conn, cur) == 1
 
     def _check_completion(
         self, conn: AsyncConnection[Row], claim: Claim, response: object, *, won: bool

@@ -43,6 +43,7 @@ from pgonce.core.outbox import (
 )
 from pgonce.errors import UsageError
 from pgonce.sql import Queries, positional
+from pgonce.store._async.counts import changed
 from pgonce.store._async.notify import listen
 from pgonce.store.common import require_transaction
 from pgonce.store.cursors import cursor, raw_cursor
@@ -298,7 +299,7 @@ class AsyncOutboxStore:
         params = {"ids": "{" + ",".join(map(str, ids)) + "}", "now": now}
         with translate_errors("marking outbox rows published"):
             cur = await cursor(conn).execute(self._sql.mark_published, params)
-        return cur.rowcount
+            return await changed(conn, cur)
 
     async def record_refusals(self, conn: AsyncConnection[Row], refusals: Sequence[Refusal]) -> int:
         """Write the core's decisions for refused rows (next attempt, or parked)."""
@@ -317,7 +318,7 @@ class AsyncOutboxStore:
         }
         with translate_errors("recording outbox refusals"):
             cur = await cursor(conn).execute(self._sql.record_refusals, params)
-        return cur.rowcount
+            return await changed(conn, cur)
 
     async def replay(
         self,

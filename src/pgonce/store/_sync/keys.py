@@ -49,6 +49,7 @@ from pgonce.core.outcomes import (
 from pgonce.errors import DatabaseUnavailable, NotInTransaction, PgonceError, UsageError
 from pgonce.sql import Queries, positional
 from pgonce.store import wire
+from pgonce.store._sync.counts import changed
 from pgonce.store.common import (
     check_key_settings,
     check_wait,
@@ -530,7 +531,7 @@ class KeyStore:
             return False
         with translate_errors("completing a key"):
             cur = cursor(conn).execute(self._sql.complete, self._completion(claim, response, now))
-        return cur.rowcount == 1
+            return changed(conn, cur) == 1
 
     def _check_completion(
         self, conn: Connection[Row], claim: Claim, response: object, *, won: bool

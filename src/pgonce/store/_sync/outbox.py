@@ -45,6 +45,7 @@ from pgonce.core.outbox import (
 )
 from pgonce.errors import UsageError
 from pgonce.sql import Queries, positional
+from pgonce.store._sync.counts import changed
 from pgonce.store._sync.notify import listen
 from pgonce.store.common import require_transaction
 from pgonce.store.cursors import cursor, raw_cursor
@@ -300,7 +301,7 @@ class OutboxStore:
         params = {"ids": "{" + ",".join(map(str, ids)) + "}", "now": now}
         with translate_errors("marking outbox rows published"):
             cur = cursor(conn).execute(self._sql.mark_published, params)
-        return cur.rowcount
+            return changed(conn, cur)
 
     def record_refusals(self, conn: Connection[Row], refusals: Sequence[Refusal]) -> int:
         """Write the core's decisions for refused rows (next attempt, or parked)."""
@@ -319,7 +320,7 @@ class OutboxStore:
         }
         with translate_errors("recording outbox refusals"):
             cur = cursor(conn).execute(self._sql.record_refusals, params)
-        return cur.rowcount
+            return changed(conn, cur)
 
     def replay(
         self,
