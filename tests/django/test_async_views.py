@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
 
 from examples.django_payments.payments.models import Payment
 from pgonce.contrib.django.outbox import enqueue
+from tests.django.test_django import scalar, stored_keys
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls(__name__)]
 
@@ -79,18 +79,6 @@ urlpatterns = [
     path("only-event", only_event),
     path("only-event-async", only_event_async),
 ]
-
-
-def scalar(query: str, *params: Any) -> Any:
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        row = cur.fetchone()
-    assert row is not None
-    return row[0]
-
-
-def stored_keys(key: str) -> int:
-    return int(scalar("SELECT count(*) FROM pgonce.keys WHERE key = %s", key))
 
 
 def events() -> int:

@@ -3,43 +3,18 @@ on the engine's pool, the view's ORM writes on the claim's transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from flask import Flask
-from sqlalchemy import BigInteger, create_engine
+from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from pgonce import UsageError
 from pgonce.contrib.flask import EngineConnections, Idempotency, session
 from pgonce.contrib.sqlalchemy import NotPsycopgSession
-from tests.keys.helpers import sqlalchemy_url
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Payment(Base):
-    __tablename__ = "orm_payments"
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    amount: Mapped[int] = mapped_column(BigInteger)
-
-
-@pytest.fixture
-def engine(dsn: str) -> Iterator[Engine]:
-    made = create_engine(sqlalchemy_url(dsn), pool_size=2)
-    Base.metadata.create_all(made)
-    yield made
-    made.dispose()
-
-
-def rows(dsn: str) -> list[tuple[int, int]]:
-    with psycopg.connect(dsn) as conn:
-        return [(r[0], r[1]) for r in conn.execute("SELECT id, amount FROM orm_payments")]
+from tests.flask.models import Payment, rows
 
 
 def app_on(engine: Engine) -> Flask:

@@ -4,28 +4,17 @@ functions commit with the claim, or are refused, never dropped."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from flask import Flask
-from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
 
 from pgonce.contrib.flask import EngineConnections, Idempotency, session
 from pgonce.contrib.sqlalchemy import SessionCommitRefused, SessionRollbackRefused
 from pgonce.errors import UsageError
-from tests.flask.test_flask_sqlalchemy import Base, Payment, rows
-from tests.keys.helpers import sqlalchemy_url
-
-
-@pytest.fixture
-def engine(dsn: str) -> Iterator[Engine]:
-    made = create_engine(sqlalchemy_url(dsn), pool_size=2)
-    Base.metadata.create_all(made)
-    yield made
-    made.dispose()
+from tests.flask.models import Payment, rows
 
 
 def keys(dsn: str) -> int:

@@ -18,6 +18,7 @@ from pgonce import (
     enqueue,
     fingerprint,
 )
+from tests.keys.test_key_store import effects
 
 FP = fingerprint("POST", "/orders", b'{"amount": 42}')
 RESPONSE = Response(201, (("content-type", "text/plain"), ("x-name", "Zoë")), b"\x00\xff body")
@@ -31,15 +32,6 @@ def rows(dsn: str, key: str) -> int:
         row = c.execute("SELECT count(*) FROM pgonce.keys WHERE key = %s", (key,)).fetchone()
         assert row is not None
         return int(row[0])
-
-
-def effects(dsn: str, key: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        exists = c.execute("SELECT to_regclass('effects') IS NOT NULL").fetchone()
-        if not exists or not exists[0]:
-            return 0
-        row = c.execute("SELECT count(*) FROM effects WHERE key = %s", (key,)).fetchone()
-        return int(row[0]) if row else 0
 
 
 def stored(dsn: str, key: str, store: KeyStore) -> None:
