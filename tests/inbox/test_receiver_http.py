@@ -151,6 +151,45 @@ def test_standard_webhooks_delivery_signed_by_the_providers_library(dsn: str) ->
     scheme.verify(row[1], body, now=now)
 
 
+@pytest.mark.parametrize(
+    ("provider", "type_header", "kind"),
+    [("github", "x-github-event", "push"), ("shopify", "x-shopify-topic", "orders/create")],
+)
+async def test_a_providers_event_type_header_reaches_its_handler(
+    dsn: str, provider: str, type_header: str, kind: str
+) -> None:
+    """GitHub and Shopify name the event in a header only: it is kept with the delivery, or a
+    handler chosen by it never runs and the event is marked done all the same."""
+    scheme = build_scheme(provider, [SECRET])
+    ran: list[str] = []
+
+    async def on_kind(event: Any, conn: Any) -> None:
+        ran.append(event.id)
+
+    shop = Source(
+        name="provider",
+        scheme=scheme,
+        handlers={kind: on_kind},
+        event_type=lambda payload, headers: headers.get(type_header),
+    )
+    body = b'{"id": 820982911946154508}'
+    headers = {**scheme.sign(body, event_id="d-1"), type_header: kind, "x-unrelated": "dropped"}
+    receiver = InboxReceiver([shop], dsn=dsn, schema=SCHEMA)
+    with serve(receiver) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            answer = await client.post("/webhooks/provider", content=body, headers=headers)
+    assert answer.status_code == 200
+    worker = InboxWorker([shop], dsn=dsn, schema=SCHEMA)
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        result = await worker.run_once(conn)
+    assert (result.done, ran) == (1, ["d-1"])
+    with psycopg.connect(dsn) as sync_conn:
+        row = sync_conn.execute(f"SELECT headers FROM {SCHEMA}.inbox").fetchone()
+    assert row is not None
+    assert row[0][type_header] == kind
+    assert "x-unrelated" not in row[0]
+
+
 # Printable ASCII without surrounding blanks: what an HTTP client can send at all.
 header_values = st.text(
     alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=80

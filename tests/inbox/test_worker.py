@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -498,6 +499,44 @@ async def test_forward_sends_the_event_id_as_idempotency_key(dsn: str) -> None:
             assert (await row(dsn, "evt_9"))["last_error"].startswith("ForwardFailed")
             assert (await worker.run_once(conn, now=T0 + timedelta(hours=1))).done == 1
     assert received == [("evt_9", "shop", b'{"n": 9}')] * 2
+
+
+async def test_a_forwards_error_shows_no_credential_of_its_url(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await deliver(dsn, delivery("evt_9", {"n": 9}), now=T0)
+    with socket.socket() as unused:  # a port nothing listens on: the connection is refused
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    url = f"http://svc:s3cr3tpass@127.0.0.1:{port}/hooks?token=tok_LIVE_123"
+    src = Source(name="shop", scheme=source().scheme, handler=forward_to(url))
+    worker = InboxWorker([src], dsn=dsn, schema=SCHEMA)
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        assert (await worker.run_once(conn, now=T0)).retried == 1
+    error = (await row(dsn, "evt_9"))["last_error"]
+    assert error.startswith(f"ForwardFailed: forwarding to http://127.0.0.1:{port} failed: ")
+    for secret in ("s3cr3tpass", "tok_LIVE_123", "/hooks"):
+        assert secret not in error
+        assert secret not in caplog.text
+
+
+async def test_a_handler_error_with_a_nul_or_a_lone_surrogate_is_recorded(
+    effects_dsn: str,
+) -> None:
+    """An error's message carries what the payload held: a failure the database could not store
+    would roll the batch back for ever, its other events with it."""
+    await deliver(effects_dsn, delivery("evil", {"status": "\u0000"}), delivery("ok", {}), now=T0)
+
+    async def handler(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
+        if event.id == "evil":
+            raise ValueError(f"unknown status {event.payload['status']!s} \udc80")
+        await record_effect(event, conn)
+
+    worker = InboxWorker([source(handler=handler)], dsn=effects_dsn, schema=SCHEMA)
+    await run_batches(worker, effects_dsn, now=T0)
+    assert statuses(effects_dsn) == {"evil": "pending", "ok": "done"}
+    failed = await row(effects_dsn, "evil")
+    assert (failed["attempts"], failed["last_error"]) == (1, "ValueError: unknown status ? ?")
 
 
 async def test_handlers_by_event_type(effects_dsn: str) -> None:

@@ -41,6 +41,13 @@ def test_a_refusal_schedules_the_next_attempt_until_the_last_one_parks() -> None
     assert len(last.last_error) == 1000
 
 
+def test_a_refusals_error_is_text_the_database_can_store() -> None:
+    """A broker's or a peer's message may carry a NUL or a lone surrogate: the write recording
+    the refusal would fail, and the relay would retry the batch for ever."""
+    refusal = refuse(RetryPolicy(), id=7, attempts_before=0, error="bad\x00 \udc80 é", now=NOW)
+    assert refusal.last_error == "bad? ? é"
+
+
 def test_policy_refuses_settings_that_cannot_work() -> None:
     with pytest.raises(ConfigError):
         RetryPolicy(max_attempts=0)

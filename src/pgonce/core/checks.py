@@ -81,6 +81,17 @@ def check_str(value: object, what: str) -> str:
     return value
 
 
+def storable_text(text: str) -> str:
+    """``text`` as a PostgreSQL text column can hold it: an exception's message may carry a NUL
+    character or a lone surrogate (from a payload, a peer's answer) that would fail the write
+    recording the failure; each becomes ``?``."""
+    if "\x00" in text:
+        text = text.replace("\x00", "?")
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def check_instance(value: object, expected: type | tuple[type, ...], what: str, fix: str) -> None:
     """Refuse a value that is not an ``expected``; ``fix`` says where a right one comes from."""
     if not isinstance(value, expected):

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pgonce.core.backoff import capped_exponential
+from pgonce.core.checks import storable_text
 from pgonce.errors import BadPayload, UsageError
 
 #: Longest event id, in UTF-8 bytes (the table's CHECK constraint says the same). Providers' ids are
@@ -109,8 +110,9 @@ def next_step(event: InboxEvent, decision: Retry | DeadLetter) -> str:
 
 
 def describe_error(error: BaseException) -> str:
-    """``"<type>: <message>"`` of a handler's exception, truncated to :data:`MAX_ERROR_CHARS`."""
-    text = str(error).strip()
+    """``"<type>: <message>"`` of a handler's exception, truncated to :data:`MAX_ERROR_CHARS`, as
+    the inbox's text column can store it."""
+    text = storable_text(str(error).strip())
     described = f"{type(error).__qualname__}: {text}" if text else type(error).__qualname__
     if len(described) > MAX_ERROR_CHARS:
         described = described[: MAX_ERROR_CHARS - 1] + "…"

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from pgonce.core.backoff import capped_exponential
+from pgonce.core.checks import storable_text
 from pgonce.errors import ConfigError, UsageError
 
 #: Refused deliveries before a row is parked. With the default backoff (1 s doubling to a 10 min
@@ -93,7 +94,7 @@ def refuse(
 ) -> Refusal:
     """Count one more refusal of row ``id``; park it when the policy's attempts are used up."""
     attempts = attempts_before + 1
-    error = error[:MAX_ERROR_CHARS] or "refused"
+    error = storable_text(error[:MAX_ERROR_CHARS]) or "refused"
     if attempts >= policy.max_attempts:
         return Refusal(id, attempts, now, now, error)
     jitter = random.random() if rand is None else rand

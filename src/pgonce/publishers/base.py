@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from pgonce.core.outbox import OutboxMessage
 
@@ -85,3 +86,17 @@ def short_error(error: BaseException) -> str:
     """A one-line reason for ``last_error``: the class and the first line of the message."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def url_origin(url: str) -> str:
+    """Scheme, host and port of ``url``: what an error or ``last_error`` may show of it. Its
+    user and password, path and query may carry a credential."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "an invalid URL"
+    if not parts.scheme or not parts.hostname:
+        return "an invalid URL"
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")

@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import ConfigError
 from pgonce.extras import needs
-from pgonce.publishers.base import PublishResult, Routing, short_error
+from pgonce.publishers.base import PublishResult, Routing, short_error, url_origin
 from pgonce.webhooks.schemes.standard_webhooks import StandardWebhooks
 
 with needs("http", "the signed HTTP publisher"):
@@ -108,21 +108,12 @@ class HttpPublisher:
         try:
             response = await client.post(url, content=content, headers=headers)
         except httpx.HTTPError as error:
-            return f"webhook to {_origin(url)} failed: {short_error(error)}"
+            return f"webhook to {url_origin(url)} failed: {short_error(error)}"
         if 200 <= response.status_code < 300:
             return None
-        return f"webhook to {_origin(url)} answered {response.status_code}"
+        return f"webhook to {url_origin(url)} answered {response.status_code}"
 
     async def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
-
-
-def _origin(url: str) -> str:
-    # Only scheme, host and port go into last_error: a URL's path or query may carry a token.
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL:
-        return "an invalid URL"
-    return f"{parsed.scheme}://{parsed.host}" + (f":{parsed.port}" if parsed.port else "")

@@ -21,6 +21,7 @@ from psycopg import AsyncConnection
 from pgonce.core.inbox import InboxEvent
 from pgonce.errors import ForwardFailed
 from pgonce.extras import needs
+from pgonce.publishers.base import short_error, url_origin
 from pgonce.webhooks.source import Handler
 
 with needs("http", "forwarding inbox events over HTTP"):
@@ -44,6 +45,7 @@ def forward_to(
     default one client is created for this handler and reused.
     """
     extra = list(headers)
+    target = url_origin(url)  # what the event's last_error and the log show of the URL
     shared = client or httpx.AsyncClient(timeout=timeout)
 
     async def forward(event: InboxEvent, conn: AsyncConnection[Any]) -> None:
@@ -56,10 +58,8 @@ def forward_to(
         try:
             response = await shared.post(url, content=event.body, headers=request_headers)
         except httpx.HTTPError as error:
-            raise ForwardFailed(
-                f"forwarding to {url} failed: {type(error).__name__}: {error}"
-            ) from error
+            raise ForwardFailed(f"forwarding to {target} failed: {short_error(error)}") from error
         if not response.is_success:
-            raise ForwardFailed(f"forwarding to {url} was answered {response.status_code}")
+            raise ForwardFailed(f"forwarding to {target} was answered {response.status_code}")
 
     return forward

@@ -42,8 +42,10 @@ class Scheme(Protocol):
 class SigningScheme(Scheme, Protocol):
     """A scheme that can also sign: what ``pgonce send`` and tests use to make deliveries."""
 
-    #: Lower-case names of the headers :meth:`verify` and :meth:`event_id` read: the inbox keeps
-    #: them with the raw body so that a stored delivery can be verified again.
+    #: Lower-case names of the headers the inbox keeps with the raw body: those :meth:`verify`
+    #: and :meth:`event_id` read, so that a stored delivery can be verified again, and those that
+    #: alone say what a delivery is about (GitHub's ``x-github-event``, Shopify's
+    #: ``x-shopify-topic``), for a source's ``event_type`` and its handlers.
     header_names: tuple[str, ...]
 
     def sign(

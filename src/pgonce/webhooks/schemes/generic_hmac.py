@@ -25,6 +25,7 @@ id_field           none           a dotted path to the event id in a JSON-object
 
 Without a timestamp header nothing bounds a replay in time; the inbox's dedupe by event id is then
 the only replay protection, and only if the id is signed (``id_field``) -- an id header is not.
+With both, the body's id is the event id, and the header's only where the body has none.
 """
 
 from __future__ import annotations
@@ -147,12 +148,14 @@ class GenericHmac:
             check_tolerance(timestamp, now, self.tolerance)
 
     def event_id(self, headers: Headers, body: bytes) -> str | None:
-        if self._id_header:
-            found = header_event_id(headers, self._id_header)
+        # The body's id first: it is signed, and a header is not. Were the header to win, a
+        # captured delivery sent again with another id header would pass for a new event.
+        if self._id_field:
+            found = json_event_id(json_object(body), self._id_field)
             if found is not None:
                 return found
-        if self._id_field:
-            return json_event_id(json_object(body), self._id_field)
+        if self._id_header:
+            return header_event_id(headers, self._id_header)
         return None
 
     def sign(

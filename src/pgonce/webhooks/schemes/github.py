@@ -18,6 +18,14 @@ from pgonce.webhooks.schemes.generic_hmac import GenericHmac
 NAME = "github"
 SIGNATURE_HEADER = "x-hub-signature-256"
 ID_HEADER = "x-github-delivery"
+#: What the delivery is about, in headers only (the body does not name its event): kept with the
+#: delivery, so that a source's ``event_type`` and its handlers can read them.
+DESCRIPTION_HEADERS = (
+    "x-github-event",
+    "x-github-hook-id",
+    "x-github-hook-installation-target-id",
+    "x-github-hook-installation-target-type",
+)
 
 
 class GitHub(GenericHmac):
@@ -33,3 +41,4 @@ class GitHub(GenericHmac):
             id_header=ID_HEADER,
             tolerance=tolerance,
         )
+        self.header_names += DESCRIPTION_HEADERS

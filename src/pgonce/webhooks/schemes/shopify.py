@@ -17,6 +17,15 @@ from pgonce.webhooks.schemes.generic_hmac import GenericHmac
 NAME = "shopify"
 SIGNATURE_HEADER = "x-shopify-hmac-sha256"
 ID_HEADER = "x-shopify-webhook-id"
+#: What the delivery is about, in headers only (the body does not name its topic or shop): kept
+#: with the delivery, so that a source's ``event_type`` and its handlers can read them.
+DESCRIPTION_HEADERS = (
+    "x-shopify-topic",
+    "x-shopify-shop-domain",
+    "x-shopify-api-version",
+    "x-shopify-event-id",
+    "x-shopify-triggered-at",
+)
 
 
 class Shopify(GenericHmac):
@@ -31,3 +40,4 @@ class Shopify(GenericHmac):
             id_header=ID_HEADER,
             tolerance=tolerance,
         )
+        self.header_names += DESCRIPTION_HEADERS
