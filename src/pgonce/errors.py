@@ -29,6 +29,8 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     └── InboxHandlerError             an inbox handler's run failed in a way pgonce detected
         ├── HandlerTimeout            the handler outlived its source's handler_timeout
         ├── HandlerSwallowedError     the handler caught a database error; its writes cannot commit
+        ├── HandlerCancelled          the handler raised CancelledError; the worker was not stopping
+        ├── HandlerEndedTransaction   the handler ran COMMIT or ROLLBACK on the worker's transaction
         └── ForwardFailed             the forward target did not accept the event
 
 The first paragraph of the class docstring, on one line, is the default message; every exception
@@ -253,6 +255,23 @@ class HandlerSwallowedError(InboxHandlerError):
     """The handler returned normally after a database error aborted its writes.
 
     A handler must let database errors propagate: after one, none of its writes can commit.
+    """
+
+
+class HandlerCancelled(InboxHandlerError):
+    """The handler raised ``asyncio.CancelledError`` while its worker was not being stopped (a
+    task it awaited was cancelled, or it raised the error itself): a failure of that event, which
+    is retried, not a cancellation of the worker."""
+
+
+class HandlerEndedTransaction(InboxHandlerError):
+    """The handler ended the worker's transaction (a COMMIT or ROLLBACK in SQL): the events of
+    its batch and their marks no longer commit together.
+
+    A handler writes in the worker's transaction and lets the worker end it. When the handler
+    committed, its event is dead-lettered (what it wrote before the COMMIT stays: running it
+    again could repeat it) and the batch's events whose handlers had not run are set back to
+    pending; when it rolled back, the event is retried like any failure.
     """
 
 

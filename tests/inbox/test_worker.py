@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -537,6 +538,78 @@ async def test_a_handler_error_with_a_nul_or_a_lone_surrogate_is_recorded(
     assert statuses(effects_dsn) == {"evil": "pending", "ok": "done"}
     failed = await row(effects_dsn, "evil")
     assert (failed["attempts"], failed["last_error"]) == (1, "ValueError: unknown status ? ?")
+
+
+async def test_a_handler_that_commits_the_batch_loses_no_event(
+    effects_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A COMMIT in SQL commits the claim's done marks of the whole batch, the events whose
+    handlers have not run yet included: those are set back to pending, and the committing
+    handler's event is dead-lettered for someone to look at, not run again."""
+    await deliver(effects_dsn, *(delivery(f"e{i}", {"n": i}) for i in range(4)), now=T0)
+
+    async def handler(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
+        await record_effect(event, conn)
+        if event.id == "e1":
+            await conn.execute("COMMIT")
+
+    worker = InboxWorker([source(handler=handler)], dsn=effects_dsn, schema=SCHEMA)
+    with caplog.at_level(logging.ERROR, logger="pgonce.inbox"):
+        results = await run_batches(worker, effects_dsn, now=T0)
+    assert (results[0].claimed, results[0].done, results[0].dead) == (4, 1, 1)
+    assert sorted(e for _, e, _ in effects(effects_dsn)) == ["e0", "e1", "e2", "e3"]
+    assert statuses(effects_dsn) == {"e0": "done", "e1": "dead", "e2": "done", "e3": "done"}
+    assert (await row(effects_dsn, "e1"))["last_error"].startswith("HandlerEndedTransaction")
+    assert "ran COMMIT on the worker's transaction" in caplog.text
+    assert "the 2 after it are pending again" in caplog.text
+
+
+@pytest.mark.parametrize("then_raise", [False, True])
+async def test_a_handler_that_rolls_the_batch_back_is_retried(
+    effects_dsn: str, then_raise: bool
+) -> None:
+    await deliver(effects_dsn, *(delivery(f"e{i}", {"n": i}) for i in range(3)), now=T0)
+    rolled_back = False
+
+    async def handler(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
+        nonlocal rolled_back
+        await record_effect(event, conn)
+        if event.id == "e1" and not rolled_back:
+            rolled_back = True
+            await conn.execute("ROLLBACK")
+            if then_raise:
+                raise RuntimeError("the handler's own error")
+
+    worker = InboxWorker([source(handler=handler)], dsn=effects_dsn, schema=SCHEMA)
+    async with await psycopg.AsyncConnection.connect(effects_dsn) as conn:
+        first = await worker.run_once(conn, now=T0)
+    assert (first.claimed, first.done, first.retried) == (3, 0, 1)
+    assert effects(effects_dsn) == []
+    error = (await row(effects_dsn, "e1"))["last_error"]
+    assert error.startswith("HandlerEndedTransaction")
+    assert ("the handler's own error" in error) == then_raise
+    await run_batches(worker, effects_dsn, now=T0 + timedelta(hours=1))
+    assert sorted(e for _, e, _ in effects(effects_dsn)) == ["e0", "e1", "e2"]
+    assert set(statuses(effects_dsn).values()) == {"done"}
+
+
+async def test_a_handler_raising_cancelled_error_fails_its_event_not_the_worker(
+    effects_dsn: str,
+) -> None:
+    await deliver(effects_dsn, delivery("poison", {}), delivery("ok", {}), now=T0)
+
+    async def handler(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
+        if event.id == "poison":
+            waited = asyncio.get_running_loop().create_future()
+            waited.cancel()  # a call the handler awaited was cancelled elsewhere
+            await waited
+        await record_effect(event, conn)
+
+    worker = InboxWorker([source(handler=handler)], dsn=effects_dsn, schema=SCHEMA)
+    await run_batches(worker, effects_dsn, now=T0)
+    assert statuses(effects_dsn) == {"poison": "pending", "ok": "done"}
+    failed = await row(effects_dsn, "poison")
+    assert (failed["attempts"], failed["last_error"].split(":")[0]) == (1, "HandlerCancelled")
 
 
 async def test_handlers_by_event_type(effects_dsn: str) -> None:

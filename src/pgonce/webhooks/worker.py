@@ -62,6 +62,8 @@ from pgonce.core.inbox import (
 from pgonce.core.throttle import Throttle
 from pgonce.errors import (
     DatabaseUnavailable,
+    HandlerCancelled,
+    HandlerEndedTransaction,
     HandlerSwallowedError,
     HandlerTimeout,
     PgonceError,
@@ -72,6 +74,9 @@ from pgonce.webhooks.failures import report_failure
 from pgonce.webhooks.source import Source, by_name
 
 log = logging.getLogger("pgonce.inbox")
+
+# A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 #: Events claimed per transaction. One commit covers the whole batch, which is where the
 #: throughput comes from; the batch's rows stay locked until its last handler finished, so sources
@@ -118,6 +123,14 @@ class _HandlerFailed(Exception):
         super().__init__(f"the handler of {event.source}/{event.id} failed")
         self.event = event
         self.error = error
+
+
+class _TransactionEnded(_HandlerFailed):
+    """A handler ended the batch's transaction; ``unrun`` are the batch's events after it."""
+
+    def __init__(self, event: InboxEvent, error: Exception, unrun: list[InboxEvent]) -> None:
+        super().__init__(event, error)
+        self.unrun = unrun
 
 
 def _utcnow() -> datetime:
@@ -229,6 +242,16 @@ class InboxWorker:
                         status = await self._run_handler(conn, source, event, now)
                     except Exception as error:
                         # A cancellation (shutdown) is no Exception: it rolls the batch back.
+                        if conn.info.transaction_status == _IDLE:
+                            # The handler ran COMMIT or ROLLBACK: the batch is no longer one
+                            # transaction, and what its end left must be found out.
+                            ended = error
+                            if not isinstance(error, HandlerEndedTransaction):
+                                ended = HandlerEndedTransaction(
+                                    f"{HandlerEndedTransaction()} (and then raised "
+                                    f"{describe_error(error)})"
+                                )
+                            raise _TransactionEnded(event, ended, events[number:]) from error
                         if not careful:
                             raise _HandlerFailed(event, error) from error  # rolls back the batch
                         await store.rollback_savepoint(conn)
@@ -245,6 +268,9 @@ class InboxWorker:
                             await store.next_savepoint(conn)
                         else:
                             await store.release_savepoint(conn)
+        except _TransactionEnded as ended:
+            self._careful = CAREFUL_BATCHES
+            return await self._after_transaction_ended(conn, ended, events, now, jitter)
         except _HandlerFailed as failure:
             # The batch rolled back, the failed handler's writes with it; the others' events are
             # still pending and run again in the next batch, with savepoints this time.
@@ -297,6 +323,55 @@ class InboxWorker:
             if len(events) >= limit:
                 break
         return events
+
+    async def _after_transaction_ended(
+        self,
+        conn: AsyncConnection[Any],
+        ended: _TransactionEnded,
+        events: list[InboxEvent],
+        now: datetime | None,
+        jitter: float | None,
+    ) -> BatchResult:
+        """A handler ran COMMIT or ROLLBACK on the batch's transaction. Committed: the events
+        before it are done with their handlers' writes; its own event is dead-lettered (what
+        its handler wrote before the COMMIT stays, and running it again could repeat that); the
+        events after it were marked done without running, and are set back to pending. Rolled
+        back: the batch is undone, and the event is retried like any failure."""
+        event, error = ended.event, ended.error
+        source = self.sources[event.source]
+        async with conn.transaction():
+            committed = await self.store.claim_committed(conn, event)
+            if committed:
+                await self.store.fail(
+                    conn, event, DeadLetter(), describe_error(error), claimed=True, now=now
+                )
+                reopened = await self.store.reopen(conn, ended.unrun)
+                decision: Retry | DeadLetter = DeadLetter()
+            else:
+                decision = await self._record_failure(
+                    conn, source, event, error, now, jitter, claimed=False
+                )
+        if committed:
+            log.error(
+                "the handler of %s event %s ran COMMIT on the worker's transaction: the %d "
+                "event(s) before it are done, it is dead-lettered (what it wrote before the "
+                "COMMIT stays; check it, then replay it with `pgonce replay --source %s "
+                "--event-id %s`), and the %d after it are pending again",
+                event.source,
+                event.id,
+                len(events) - len(ended.unrun) - 1,
+                event.source,
+                event.id,
+                reopened,
+            )
+            if self.on_failure is not None:
+                self.on_failure(event.source, type(error).__qualname__)
+        return BatchResult(
+            claimed=len(events),
+            done=len(events) - len(ended.unrun) - 1 if committed else 0,
+            retried=int(isinstance(decision, Retry)),
+            dead=int(isinstance(decision, DeadLetter)),
+        )
 
     async def _commit_failed(
         self,
@@ -365,6 +440,15 @@ class InboxWorker:
                 await handler(event, conn)
         except TimeoutError as error:
             raise HandlerTimeout(source.handler_timeout.total_seconds()) from error
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the worker is being stopped: the batch rolls back
+            # A task the handler awaited was cancelled, or the handler raised it: its failure,
+            # which must not end the worker (nor stall the event, which would end it again).
+            raise HandlerCancelled() from error
+        if conn.info.transaction_status == _IDLE:
+            raise HandlerEndedTransaction()
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
             # The handler swallowed a database error: its writes cannot commit, so it failed.
             raise HandlerSwallowedError()

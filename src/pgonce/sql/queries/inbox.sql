@@ -71,6 +71,23 @@ UPDATE {schema}.inbox
        processed_at = CASE WHEN %(status)s = 'dead' THEN coalesce(%(now)s::timestamptz, now()) END
  WHERE source = %(source)s AND event_id = %(event_id)s AND status = %(expected)s
 
+-- name: claim_committed
+-- Whether the claim of a batch whose transaction a handler ended committed: its event is still
+-- marked done and nobody holds its row. After a rollback the row is pending, or locked by the
+-- worker that claimed it since (SKIP LOCKED: no row), and is left to that worker.
+SELECT status = 'done'
+  FROM {schema}.inbox
+ WHERE source = %(source)s AND event_id = %(event_id)s
+   FOR UPDATE SKIP LOCKED
+
+-- name: reopen
+-- Events a committed claim marked done whose handlers never ran: pending again, no attempt
+-- counted.
+UPDATE {schema}.inbox
+   SET status = 'pending',
+       processed_at = NULL
+ WHERE source = %(source)s AND event_id = ANY(%(event_ids)s) AND status = 'done'
+
 -- name: advance_watermark
 -- Moves the watermark of (source, ordering key) to `version` unless it is already past it; no row
 -- returned means the event is older than what was applied: the out-of-order policy drops it.

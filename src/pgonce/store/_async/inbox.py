@@ -27,6 +27,7 @@ from pgonce.core.inbox import (
 )
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
+from pgonce.store._async.counts import changed
 from pgonce.store._async.notify import listen
 from pgonce.store.common import require_transaction
 from pgonce.store.cursors import cursor
@@ -189,6 +190,39 @@ class AsyncInboxStore:
         }
         with translate_errors("recording an inbox failure"):
             await cursor(conn).execute(self._sql.fail, params)
+
+    async def claim_committed(self, conn: AsyncConnection[Row], event: InboxEvent) -> bool:
+        """After a handler ended its batch's transaction (a COMMIT or ROLLBACK in SQL): whether
+        that transaction committed, with the claim's done marks. ``event`` is the handler's;
+        its row is locked until the current transaction ends."""
+        check_connection(conn, AsyncConnection, self)
+        _check_event(event)
+        require_transaction(conn)
+        params = {"source": event.source, "event_id": event.id}
+        with translate_errors("reading an inbox event's claim"):
+            cur = cursor(conn)
+            await cur.execute(self._sql.claim_committed, params)
+            row = await cur.fetchone()
+        return row is not None and bool(row[0])
+
+    async def reopen(self, conn: AsyncConnection[Row], events: Sequence[InboxEvent]) -> int:
+        """Set events a committed claim marked done, and whose handlers did not run, back to
+        pending (no attempt counted); how many were."""
+        check_connection(conn, AsyncConnection, self)
+        for event in events:
+            _check_event(event)
+        require_transaction(conn)
+        reopened = 0
+        by_source: dict[str, list[str]] = {}
+        for event in events:
+            by_source.setdefault(event.source, []).append(event.id)
+        with translate_errors("reopening inbox events"):
+            for source, ids in by_source.items():
+                cur = await cursor(conn).execute(
+                    self._sql.reopen, {"source": source, "event_ids": ids}
+                )
+                reopened += await changed(conn, cur)
+        return reopened
 
     async def advance_watermark(
         self,

@@ -29,6 +29,7 @@ from pgonce.core.inbox import (
 )
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
+from pgonce.store._sync.counts import changed
 from pgonce.store._sync.notify import listen
 from pgonce.store.common import require_transaction
 from pgonce.store.cursors import cursor
@@ -189,6 +190,37 @@ class InboxStore:
         }
         with translate_errors("recording an inbox failure"):
             cursor(conn).execute(self._sql.fail, params)
+
+    def claim_committed(self, conn: Connection[Row], event: InboxEvent) -> bool:
+        """After a handler ended its batch's transaction (a COMMIT or ROLLBACK in SQL): whether
+        that transaction committed, with the claim's done marks. ``event`` is the handler's;
+        its row is locked until the current transaction ends."""
+        check_connection(conn, Connection, self)
+        _check_event(event)
+        require_transaction(conn)
+        params = {"source": event.source, "event_id": event.id}
+        with translate_errors("reading an inbox event's claim"):
+            cur = cursor(conn)
+            cur.execute(self._sql.claim_committed, params)
+            row = cur.fetchone()
+        return row is not None and bool(row[0])
+
+    def reopen(self, conn: Connection[Row], events: Sequence[InboxEvent]) -> int:
+        """Set events a committed claim marked done, and whose handlers did not run, back to
+        pending (no attempt counted); how many were."""
+        check_connection(conn, Connection, self)
+        for event in events:
+            _check_event(event)
+        require_transaction(conn)
+        reopened = 0
+        by_source: dict[str, list[str]] = {}
+        for event in events:
+            by_source.setdefault(event.source, []).append(event.id)
+        with translate_errors("reopening inbox events"):
+            for source, ids in by_source.items():
+                cur = cursor(conn).execute(self._sql.reopen, {"source": source, "event_ids": ids})
+                reopened += changed(conn, cur)
+        return reopened
 
     def advance_watermark(
         self,
