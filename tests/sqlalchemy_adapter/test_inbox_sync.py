@@ -94,6 +94,38 @@ def test_handler_writes_commit_with_done_and_a_failure_commits_nothing_of_its_ow
     assert orders(dsn) == ["e1", "e2"]
 
 
+def test_a_write_that_breaks_a_deferred_constraint_fails_its_event_alone(
+    dsn: str, engine: Engine
+) -> None:
+    """Checked only at COMMIT, the broken reference would fail the whole batch, batch after
+    batch, and the other events would never commit."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE parents (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO parents VALUES (1)")
+        conn.execute(
+            "CREATE TABLE children (event text, parent int"
+            " REFERENCES parents DEFERRABLE INITIALLY DEFERRED)"
+        )
+    deliver(dsn, "e1", "orphan", "e2")
+
+    def handle(event: InboxEvent, session: Session) -> None:
+        parent = 99 if event.id == "orphan" else 1
+        session.execute(text("INSERT INTO children VALUES (:e, :p)"), {"e": event.id, "p": parent})
+        # Deferred within the handler, as declared: the row may come before its parent.
+        session.execute(text("INSERT INTO children VALUES (:e, 2)"), {"e": event.id})
+        session.execute(text("INSERT INTO parents VALUES (2) ON CONFLICT DO NOTHING"))
+
+    assert process_batch(engine, "shop", handle, retry=POLICY, now=T0) == 3
+    assert inbox(dsn) == {"e1": ("done", 0), "orphan": ("pending", 1), "e2": ("done", 0)}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        written = conn.execute("SELECT DISTINCT event FROM children ORDER BY event").fetchall()
+        (error,) = conn.execute(
+            f"SELECT last_error FROM {SCHEMA}.inbox WHERE event_id = 'orphan'"
+        ).fetchone() or (None,)
+    assert written == [("e1",), ("e2",)]
+    assert error.startswith("ForeignKeyViolation")
+
+
 def test_failures_alike_are_logged_once_a_minute_across_batches(
     dsn: str, engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -551,6 +551,13 @@ def process_batch(
                 try:
                     yield session
                     session.commit()  # flushes, and releases the savepoint
+                    # A write that breaks a deferred constraint would fail the batch's COMMIT,
+                    # every event of it, batch after batch: checked now, it fails this event's
+                    # savepoint only. Both statements in one round trip (no parameters: the
+                    # simple query protocol carries them); every deferrable constraint is then
+                    # deferred again for the next handler, as Django's check_constraints() does.
+                    # A violation is the handler's write's own error, as psycopg raises it.
+                    conn.execute(_CHECK_DEFERRED)
                 except BaseException:
                     session.rollback()
                     raise
@@ -566,6 +573,9 @@ def process_batch(
             out_of_order=out_of_order,
             now=now,
         )
+
+
+_CHECK_DEFERRED = b"SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ALL DEFERRED"
 
 
 def _batch_owned(bound: Connection | None) -> None:
