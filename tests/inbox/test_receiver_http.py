@@ -190,6 +190,26 @@ async def test_a_providers_event_type_header_reaches_its_handler(
     assert "x-unrelated" not in row[0]
 
 
+def test_slacks_url_verification_is_answered_with_its_challenge_and_not_stored(dsn: str) -> None:
+    """Slack accepts a Request URL only when the handshake's answer echoes its challenge."""
+    scheme = build_scheme("slack", [SECRET])
+    receiver = InboxReceiver([Source(name="slack", scheme=scheme)], dsn=dsn, schema=SCHEMA)
+    handshake = b'{"token":"t","challenge":"3eZbrw1aBm2rZgRNFdxV","type":"url_verification"}'
+    event = b'{"type":"event_callback","event_id":"Ev1","event":{"type":"app_mention"}}'
+    forged = handshake.replace(b"3eZb", b"XXXX")
+    with serve(receiver) as url, httpx.Client(base_url=url) as client:
+        answered = client.post("/webhooks/slack", content=handshake, headers=scheme.sign(handshake))
+        stored = client.post("/webhooks/slack", content=event, headers=scheme.sign(event))
+        refused = client.post("/webhooks/slack", content=forged, headers=scheme.sign(handshake))
+    assert (answered.status_code, answered.json()) == (200, {"challenge": "3eZbrw1aBm2rZgRNFdxV"})
+    assert answered.headers["content-type"] == "application/json"
+    assert (stored.status_code, stored.json()) == (200, {"outcome": "stored"})
+    assert refused.status_code == 401  # only a signed handshake is answered
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(f"SELECT event_id FROM {SCHEMA}.inbox").fetchall()
+    assert rows == [("Ev1",)]
+
+
 # Printable ASCII without surrounding blanks: what an HTTP client can send at all.
 header_values = st.text(
     alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=80

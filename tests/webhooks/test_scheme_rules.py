@@ -320,6 +320,11 @@ def test_event_ids_come_from_the_right_place() -> None:
     slack = build_scheme("slack", ["s"])
     assert slack.event_id({}, b' {"event_id":"Ev9"}') == "Ev9"
     assert slack.event_id({}, b'{"type":"url_verification","challenge":"c"}') is None
+    assert slack.handshake(b'{"type":"url_verification","challenge":"c"}') == b'{"challenge": "c"}'
+    assert slack.handshake(b'{"type":"event_callback","event_id":"Ev9"}') is None
+    assert slack.handshake(b"command=/url_verification") is None
+    with pytest.raises(BadPayload, match="no challenge"):
+        slack.handshake(b'{"type":"url_verification","challenge":7}')
     github = build_scheme("github", ["s"])
     assert github.event_id({"x-github-delivery": "g-1"}, b"") == "g-1"
     assert github.event_id({}, b"") is None

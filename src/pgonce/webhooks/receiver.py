@@ -223,6 +223,12 @@ class InboxReceiver:
         if body is None:
             return  # the client went away; nobody is left to answer
         delivery = self._verify(source, headers, body)
+        handshake: Callable[[bytes], bytes | None] | None = getattr(
+            source.scheme, "handshake", None
+        )  # Handshaking's, found by name: an isinstance() of a Protocol costs each delivery
+        if handshake is not None and (reply := handshake(body)) is not None:
+            await _send_json(send, 200, reply)
+            return
         try:
             outcome = await self._submit(delivery)
         except PgonceError as error:
@@ -396,7 +402,10 @@ def _ordering(source: Source, payload: Any, headers: dict[str, str]) -> Ordering
 
 
 async def _send_ok(send: Send, status: int, outcome: StoreOutcome) -> None:
-    body = b'{"outcome":"%s"}' % outcome.encode()
+    await _send_json(send, status, b'{"outcome":"%s"}' % outcome.encode())
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
     await send(
         {
             "type": "http.response.start",

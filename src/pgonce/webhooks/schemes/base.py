@@ -39,6 +39,15 @@ class Scheme(Protocol):
         ...
 
 
+class Handshaking(Protocol):
+    """A scheme whose provider sends handshakes to a new endpoint (Slack's url_verification)."""
+
+    def handshake(self, body: bytes) -> bytes | None:
+        """The JSON answer to a verified delivery that is the provider's handshake, not an event
+        (nothing is stored for it); None for an event."""
+        ...
+
+
 class SigningScheme(Scheme, Protocol):
     """A scheme that can also sign: what ``pgonce send`` and tests use to make deliveries."""
 

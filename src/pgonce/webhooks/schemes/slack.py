@@ -4,11 +4,13 @@ HMAC-SHA256 keyed with the app's signing secret as UTF-8; the timestamp is held 
 in both directions. The event id is the Events API body's ``event_id``, covered by the signature
 and kept across Slack's retries. Bodies that carry none -- the ``url_verification`` handshake, or
 the form-encoded bodies of slash commands and interactivity -- have no id (the inbox falls back to
-a hash of the body); a body that starts like a JSON object must be one.
+a hash of the body); a body that starts like a JSON object must be one. The handshake is answered
+with its challenge (:meth:`Slack.handshake`), not stored.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -40,6 +42,23 @@ class Slack(GenericHmac):
             signed_prefix="v0:{timestamp}:",
             tolerance=tolerance,
         )
+
+    def handshake(self, body: bytes) -> bytes | None:
+        """The answer to Slack's ``url_verification`` handshake (its ``challenge`` echoed back,
+        which is how Slack accepts a Request URL), or None for any other body. Called only after
+        :meth:`verify` passed; the handshake is answered, not stored as an event."""
+        if b'"url_verification"' not in body or not body.lstrip().startswith(b"{"):
+            return None
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(document, dict) or document.get("type") != "url_verification":
+            return None
+        challenge = document.get("challenge")
+        if not isinstance(challenge, str):
+            raise BadPayload("the url_verification body has no challenge string")
+        return json.dumps({"challenge": challenge}).encode()
 
     def event_id(self, headers: Headers, body: bytes) -> str | None:
         if not body.lstrip().startswith(b"{"):
