@@ -27,6 +27,7 @@ from pgonce.webhooks.schemes import (
     delivery_event_id,
     fallback_event_id,
 )
+from pgonce.webhooks.schemes.slack import Slack
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 SW = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
@@ -320,6 +321,7 @@ def test_event_ids_come_from_the_right_place() -> None:
     slack = build_scheme("slack", ["s"])
     assert slack.event_id({}, b' {"event_id":"Ev9"}') == "Ev9"
     assert slack.event_id({}, b'{"type":"url_verification","challenge":"c"}') is None
+    assert isinstance(slack, Slack)
     assert slack.handshake(b'{"type":"url_verification","challenge":"c"}') == b'{"challenge": "c"}'
     assert slack.handshake(b'{"type":"event_callback","event_id":"Ev9"}') is None
     assert slack.handshake(b"command=/url_verification") is None
