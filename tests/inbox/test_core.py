@@ -104,6 +104,31 @@ def test_outcomes_map_to_statuses_and_the_channel_fits() -> None:
     assert len(notify_channel("s" * 63, "inbox")) == 63
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"name": None}, "name must be a str, not None"),
+        ({"scheme": "github"}, "scheme must be a signature scheme, not a str"),
+        ({"body_limit": "1mb"}, "body_limit must be a whole number of bytes, not a str"),
+        ({"handler_timeout": 30}, "handler_timeout must be a datetime.timedelta, not an int"),
+        ({"retry": {"attempts": 3}}, "retry must be a RetryPolicy, not a dict"),
+        ({"handler": "module.fn"}, "handler must be callable, not a str"),
+        (
+            {"handlers": {"push": None}, "event_type": lambda p, h: "push"},
+            "the handler of event type 'push' must be callable, not None",
+        ),
+    ],
+)
+def test_a_source_of_the_wrong_types_is_refused_at_construction(
+    options: dict[str, object], message: str
+) -> None:
+    """Each would fail later, untyped: at the first delivery, or the retry policy's attributes
+    at the first failure, in the worker."""
+    arguments: dict[str, object] = {"name": "s", "scheme": hmac_scheme(), **options}
+    with pytest.raises(ConfigError, match=message):
+        Source(**arguments)  # type: ignore[arg-type]
+
+
 def test_sources_refuse_configuration_that_cannot_work() -> None:
     with pytest.raises(ConfigError):
         Source(name="has space", scheme=hmac_scheme())

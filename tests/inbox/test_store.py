@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 import psycopg
 import pytest
 
 from pgonce.cli import main
-from pgonce.core.inbox import Delivery, digest
-from pgonce.errors import NotInTransaction
+from pgonce.core.inbox import DeadLetter, Delivery, digest
+from pgonce.errors import NotInTransaction, UsageError
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.store._sync.inbox import InboxStore
 from tests.inbox.conftest import SCHEMA
@@ -88,6 +90,39 @@ def test_writes_refuse_an_autocommit_connection(dsn: str) -> None:
     store = InboxStore(schema=SCHEMA)
     with psycopg.connect(dsn, autocommit=True) as auto, pytest.raises(NotInTransaction):
         store.store(auto, [delivery("a", b"1")])
+
+
+@pytest.mark.parametrize(
+    ("deliveries", "now", "message"),
+    [
+        ((d for d in [delivery("a", b"1")]), None, "must be a list of Delivery, not a generator"),
+        ([replace(delivery("a", b"1"), ordering="k")], None, "ordering must be an Ordering"),  # type: ignore[arg-type]
+        ([replace(delivery("a", b"1"), headers={"x": object()})], None, "mapping of str to str"),  # type: ignore[dict-item]
+        ([replace(delivery("a", b"1"), event_id=7)], None, "source and event_id must be str"),  # type: ignore[arg-type]
+        ([replace(delivery("a", b"1"), body="1")], None, "body and digest must be bytes"),  # type: ignore[arg-type]
+        ([delivery("a", b"1")], datetime(2026, 1, 1), "must be timezone-aware"),
+        ([delivery("a", b"1")], "2026-01-01", "now must be a datetime or None, not a str"),
+    ],
+)
+def test_store_refuses_what_it_cannot_write_at_the_call(
+    conn: psycopg.Connection[Any], deliveries: Any, now: Any, message: str
+) -> None:
+    with conn.transaction(), pytest.raises(UsageError, match=message):
+        InboxStore(schema=SCHEMA).store(conn, deliveries, now=now)
+
+
+def test_fail_refuses_a_decision_that_is_not_one(conn: psycopg.Connection[Any]) -> None:
+    store = InboxStore(schema=SCHEMA)
+    with conn.transaction():
+        store.store(conn, [delivery("a", b"1")])
+    with conn.transaction():
+        (event,) = store.claim(conn, "shop", limit=1)
+        with pytest.raises(UsageError, match="the decision must be Retry or DeadLetter"):
+            store.fail(conn, event, None, "boom")  # type: ignore[arg-type]
+        store.fail(conn, event, DeadLetter(), "a NUL\x00 from a payload")
+    found = store.get(conn, "shop", "a")
+    assert found is not None
+    assert (found["status"], found["last_error"]) == ("dead", "a NUL? from a payload")
 
 
 @pytest.mark.pooled

@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from pgonce.core.checks import describe
 from pgonce.core.inbox import (
     HeadFailurePolicy,
     InboxEvent,
@@ -97,6 +98,47 @@ class Source:
     handler_timeout: timedelta = DEFAULT_HANDLER_TIMEOUT
 
     def __post_init__(self) -> None:
+        # Types first: a wrong one would fail far from here (a comparison at the first
+        # delivery, the retry policy's attributes at the first failure), untyped.
+        if not isinstance(self.name, str):
+            raise ConfigError(f"a webhook source's name must be a str, not {describe(self.name)}")
+        if not callable(getattr(self.scheme, "verify", None)) or not callable(
+            getattr(self.scheme, "event_id", None)
+        ):
+            raise ConfigError(
+                f"source {self.name!r}: scheme must be a signature scheme, not "
+                f"{describe(self.scheme)}: build one with build_scheme(name, secrets)"
+            )
+        if isinstance(self.body_limit, bool) or not isinstance(self.body_limit, int):
+            raise ConfigError(
+                f"source {self.name!r}: body_limit must be a whole number of bytes, not "
+                f"{describe(self.body_limit)}"
+            )
+        if not isinstance(self.handler_timeout, timedelta):
+            raise ConfigError(
+                f"source {self.name!r}: handler_timeout must be a datetime.timedelta, not "
+                f"{describe(self.handler_timeout)}"
+            )
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigError(
+                f"source {self.name!r}: retry must be a RetryPolicy, not "
+                f"{describe(self.retry)}: RetryPolicy(attempts=..., base=..., cap=...)"
+            )
+        if self.handler is not None and not callable(self.handler):
+            raise ConfigError(
+                f"source {self.name!r}: handler must be callable, not {describe(self.handler)}"
+            )
+        if not isinstance(self.handlers, Mapping):
+            raise ConfigError(
+                f"source {self.name!r}: handlers must map event types to handlers, not "
+                f"{describe(self.handlers)}"
+            )
+        for kind, chosen in self.handlers.items():
+            if not callable(chosen):
+                raise ConfigError(
+                    f"source {self.name!r}: the handler of event type {kind!r} must be "
+                    f"callable, not {describe(chosen)}"
+                )
         if not _SOURCE_NAME.match(self.name):
             raise ConfigError(
                 f"webhook source name {self.name!r} is not allowed: use letters, digits, '_', '.' "

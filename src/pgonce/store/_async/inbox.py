@@ -8,7 +8,7 @@ writes and the events' new status commit together. This file is the source of ``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -17,11 +17,21 @@ from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.channels import notify_channel
-from pgonce.core.checks import check_connection, check_instance, check_int, check_str, check_strs
+from pgonce.core.checks import (
+    check_connection,
+    check_instance,
+    check_int,
+    check_optional_time,
+    check_str,
+    check_strs,
+    describe,
+    storable_text,
+)
 from pgonce.core.inbox import (
     DeadLetter,
     Delivery,
     InboxEvent,
+    Ordering,
     Retry,
     StoreOutcome,
 )
@@ -63,8 +73,13 @@ class AsyncInboxStore:
         """
         check_connection(conn, AsyncConnection, self)
         require_transaction(conn)
+        if not isinstance(deliveries, list | tuple):
+            raise UsageError(
+                f"the deliveries must be a list of Delivery, not {describe(deliveries)}"
+            )
         for delivery in deliveries:
-            check_instance(delivery, Delivery, "each delivery", "the receiver builds them")
+            _check_delivery(delivery)
+        check_optional_time(now)
         if not deliveries:
             return []
         params: dict[str, Any] = {
@@ -111,6 +126,7 @@ class AsyncInboxStore:
         require_transaction(conn)
         check_str(source, "the source")
         check_int(limit, "the claim limit")
+        check_optional_time(now)
         params = {"source": source, "blocking": blocking, "limit": limit, "now": now}
         with translate_errors("claiming inbox events"):
             cur = cursor(conn)
@@ -178,6 +194,13 @@ class AsyncInboxStore:
         """
         check_connection(conn, AsyncConnection, self)
         _check_event(event)
+        check_instance(
+            decision, (Retry, DeadLetter), "the decision", "core.inbox.after_failure() makes it"
+        )
+        check_optional_time(now)
+        if not isinstance(error, str):
+            raise UsageError(f"the error must be a str, not {describe(error)}")
+        error = storable_text(error)  # a NUL or a lone surrogate would fail the write
         require_transaction(conn)
         params = {
             "expected": "done" if claimed else "pending",
@@ -314,6 +337,26 @@ class AsyncInboxStore:
             cur = cursor(conn)
             await cur.execute(self._sql.counts)
             return {(source, status): n for source, status, n in await cur.fetchall()}
+
+
+def _check_delivery(delivery: object) -> None:
+    """What the statement needs of a delivery, refused here rather than as an AttributeError or
+    a JSON encoder's TypeError in the middle of building it."""
+    check_instance(delivery, Delivery, "each delivery", "the receiver builds them")
+    assert isinstance(delivery, Delivery)
+    if type(delivery.event_id) is not str or type(delivery.source) is not str:
+        raise UsageError("a delivery's source and event_id must be str")
+    if type(delivery.body) is not bytes or type(delivery.digest) is not bytes:
+        raise UsageError("a delivery's body and digest must be bytes (core.inbox.digest(body))")
+    if delivery.ordering is not None and not isinstance(delivery.ordering, Ordering):
+        raise UsageError(
+            f"a delivery's ordering must be an Ordering or None, not {describe(delivery.ordering)}"
+        )
+    headers = delivery.headers
+    if not isinstance(headers, Mapping) or not all(
+        type(name) is str and type(value) is str for name, value in headers.items()
+    ):
+        raise UsageError("a delivery's headers must be a mapping of str to str")
 
 
 def _check_event(event: object) -> None:
