@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.config import Settings
 from pgonce.errors import ConfigError, DatabaseUnavailable
@@ -95,6 +98,7 @@ def open_database(settings: Settings) -> Iterator[Database]:
             check_reachable(database.dsn)
             yield database
     else:
+        check_parsable(settings.dsn)
         database = Database(
             dsn=settings.dsn,
             description=f"PostgreSQL at {describe_dsn(settings.dsn)}",
@@ -170,8 +174,45 @@ def _backend_pid(conn: psycopg.Connection[Any]) -> int | None:
     return row[0] if row else None
 
 
+#: A quoted part of libpq's parse error that may be shown: a connection option's name, or
+#: punctuation (the "]" it looked for). Any other quoted text is part of the connection string.
+_SHOWN_QUOTED = re.compile(r'"([a-z_]+|[^\w\s]{1,2})"')
+_QUOTED = re.compile(r'"[^"]*"?')
+
+
+def check_parsable(dsn: str) -> None:
+    """Raise :class:`ConfigError` when libpq cannot parse ``dsn``, without any of its text.
+
+    libpq's message quotes the connection string (the URI with its password, or the value of an
+    option); only what names the mistake is kept.
+    """
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as error:
+        options = {str(option.keyword.decode()) for option in pq.Conninfo.get_defaults()}
+
+        def redact(match: re.Match[str]) -> str:
+            shown = _SHOWN_QUOTED.fullmatch(match[0])
+            keep = shown is not None and (shown[1] in options or not shown[1].isalnum())
+            return match[0] if keep else '"…"'
+
+        reason = _QUOTED.sub(redact, first_line(error)).removeprefix("invalid dsn: ")
+        raise ConfigError(
+            f"the connection string cannot be parsed ({reason}); it was not shown, as it may hold "
+            "a password: check its form, postgresql://user@host:5432/dbname, and percent-encode "
+            "@ : / ? # in the password"
+        ) from None
+    if "@" in str(params.get("host") or ""):
+        # libpq took the end of a password with an unescaped "@" for the host, and names it.
+        raise ConfigError(
+            "the connection string has an unescaped @ in its password (it was not shown): "
+            "percent-encode it as %40"
+        )
+
+
 def check_reachable(dsn: str, timeout: int = 5) -> None:
     """Connect once; on failure raise :class:`DatabaseUnavailable` naming host and cause."""
+    check_parsable(dsn)
     try:
         with psycopg.connect(dsn, connect_timeout=timeout, autocommit=True) as conn:
             conn.execute("SELECT 1")

@@ -17,6 +17,7 @@ values, never exceptions. Exceptions are for broken contracts and for infrastruc
     │   ├── DatabaseUnavailable       cannot connect, or the connection died mid-operation
     │   ├── SchemaNotMigrated         pgonce's tables are missing or older than this code
     │   └── MigrationError            a migration failed to apply
+    ├── ServiceFailed                 a part of pgonce serve ended with an error and stopped it
     ├── PublishError                  the outbox relay could not hand events to a broker
     │   └── BrokerUnavailable         the broker cannot be reached: the rows wait, nothing is lost
     ├── WebhookError                  a delivery the inbox refuses; each carries its HTTP status
@@ -176,6 +177,11 @@ class SchemaNotMigrated(DatabaseError):
 
 class MigrationError(DatabaseError):
     """A migration failed to apply."""
+
+
+class ServiceFailed(PgonceError):
+    """A part of the service (the sweeper, the relay, a worker, the completer) ended with an
+    error, and the service stopped with it rather than answer as ready without that part."""
 
 
 class PublishError(PgonceError):

@@ -117,7 +117,7 @@ retry_horizon = "3d"
 
 def test_broker_url_with_a_password_must_come_from_the_environment(tmp_path: Path) -> None:
     path = write(tmp_path, '[outbox]\npublisher = "rabbitmq"\nurl = "amqp://me:hunter2@mq/"\n')
-    with pytest.raises(ConfigError, match="holds a password") as caught:
+    with pytest.raises(ConfigError, match="holds a login") as caught:
         load(path, {})
     assert "hunter2" not in str(caught.value)
 

@@ -1,7 +1,9 @@
 """The ``pgonce`` command line.
 
 Every command has ``--help``. Errors are one line on stderr and a non-zero exit code, never a
-traceback: pgonce's own errors print their message; anything else is a bug and says so.
+traceback: pgonce's own errors print their message and exit 1; anything else is a bug and says so
+in one line (exit 1), with its traceback under ``-v``. A usage error (an unknown option, a bad
+value for one) is argparse's and exits 2.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 
 from pgonce._version import __version__
@@ -33,6 +36,7 @@ from pgonce.cli.common import (
     fill_defaults,
 )
 from pgonce.errors import PgonceError
+from pgonce.store.errors import first_line
 
 #: The commands, in the order ``--help`` lists them. A command module has NAME, HELP,
 #: ``configure(parser)`` and ``run(args) -> int``.
@@ -101,4 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pgonce: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # a bug: one line to report, the traceback only when asked
+        if args.verbose:
+            traceback.print_exc()
+        print(
+            f"pgonce: internal error: {type(error).__name__}: {first_line(error)}; please report "
+            "it (-v shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
     return code

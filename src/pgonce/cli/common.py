@@ -9,14 +9,18 @@ import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 
 from pgonce.config import Settings
 from pgonce.database import Database, embedded_notice, load_embedded, open_database
+from pgonce.errors import SchemaNotMigrated
 from pgonce.store.errors import translate_errors
-from pgonce.store.migrate import migrate
+from pgonce.store.migrate import migrate, status
+
+if TYPE_CHECKING:
+    from pgonce.service.config import ServiceConfig
 
 
 class Command(Protocol):
@@ -82,13 +86,21 @@ def fill_defaults(args: argparse.Namespace) -> None:
             setattr(args, name, False if name == "verbose" else None)
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    """The database settings: the configuration file's when one is given (--config or
-    $PGONCE_CONFIG), else the environment's, with the command line's options on top."""
+def config_from(args: argparse.Namespace) -> ServiceConfig | None:
+    """The configuration file (--config or $PGONCE_CONFIG) as loaded, or None without one."""
     if getattr(args, "config", None) is not None or os.environ.get("PGONCE_CONFIG"):
         from pgonce.service.config import load
 
-        return replace(load(getattr(args, "config", None)).settings, **database_options(args))
+        return load(getattr(args, "config", None))
+    return None
+
+
+def settings_from(args: argparse.Namespace, config: ServiceConfig | None = None) -> Settings:
+    """The database settings: the configuration file's when one is given (``config``, else
+    --config or $PGONCE_CONFIG), else the environment's, with the command line's options on top."""
+    config = config or config_from(args)
+    if config is not None:
+        return replace(config.settings, **database_options(args))
     return Settings.from_env(**database_options(args))
 
 
@@ -137,6 +149,26 @@ def database(
             if applied:
                 say(f"pgonce: applied migrations {', '.join(f'{v:04d}' for v in applied)}")
         yield settings, db
+
+
+def require_migrated(dsn: str, schema: str) -> None:
+    """Refuse a schema that ``pgonce migrate`` has not brought up to date.
+
+    Operator commands never create pgonce's tables: a mistyped --schema or --dsn would otherwise
+    get a fresh, empty schema and act on nothing.
+    """
+    with translate_errors("connecting"), psycopg.connect(dsn, autocommit=True) as conn:
+        state = status(conn, schema)
+    if state.current == 0:
+        raise SchemaNotMigrated(
+            f"schema {schema} holds no pgonce tables: check --schema and --dsn, or run "
+            "`pgonce migrate` to create them"
+        )
+    if not state.up_to_date:
+        raise SchemaNotMigrated(
+            f"schema {schema} is at version {state.current} of {state.latest}: run "
+            "`pgonce migrate` first"
+        )
 
 
 def print_proof(

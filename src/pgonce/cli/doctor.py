@@ -17,7 +17,8 @@
   whose handler failed (retrying, or dead), by aggregate type or source, with the newest reason.
   Parked and dead rows wait for a person: fix the cause, then `pgonce replay`.
 
-Give the same retention options as `pgonce sweep` so that both judge by the same policy.
+Give the same retention options (or the same --config) as `pgonce sweep` so that both judge by the
+same policy.
 Exit status: 0 when every check passes or only warns, 1 when a check fails (also warnings, and
 parked or dead rows, with --strict) or the database cannot be read.
 """
@@ -30,7 +31,12 @@ from dataclasses import replace
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, announced_database, settings_from
+from pgonce.cli.common import (
+    add_database_options,
+    announced_database,
+    config_from,
+    settings_from,
+)
 from pgonce.cli.sweep import add_retention_options, duration_arg, policies_from
 from pgonce.core.retention import (
     DEFAULT_SLACK,
@@ -122,9 +128,10 @@ def _cells(finding: Finding) -> Sequence[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
+    config = config_from(args)
+    settings = settings_from(args, config)
     health = HealthCheck(
-        policies_from(args),
+        policies_from(args, config),
         schema=settings.schema,
         targets=args.target,
         stuck_after=args.stuck_after,

@@ -30,11 +30,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", choices=STATUSES, help="only events in this status")
     parser.add_argument("--id", dest="event_id", help="only this event id")
     parser.add_argument(
-        "--limit", type=int, default=50, help=f"at most this many (default 50, at most {MAX_LIST})"
+        "--limit",
+        type=_limit,
+        default=50,
+        help=f"at most this many (default 50, at most {MAX_LIST})",
     )
     parser.add_argument(
         "--show", action="store_true", help="print one event in full (needs --source and --id)"
     )
+
+
+def _limit(text: str) -> int:
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return limit
 
 
 def _when(value: object) -> str:

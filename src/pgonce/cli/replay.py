@@ -13,16 +13,19 @@ Examples:
   pgonce replay --outbox --id 42 --id 43               # or by id, or --aggregatetype order
 
 Prints each replayed id on stdout and a count on stderr. Exit status: 0 when something was
-replayed, 1 when nothing matched (so scripts notice a mistyped id).
+replayed, 1 when nothing matched (so scripts notice a mistyped id). A schema that `pgonce migrate`
+has not created (a mistyped --schema) is refused, never created.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, database, say
+from pgonce.cli.common import add_database_options, database, require_migrated, say
 from pgonce.store._sync.inbox import InboxStore
 from pgonce.store._sync.outbox import OutboxStore
 from pgonce.store.errors import translate_errors
@@ -54,13 +57,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--aggregatetype", help="with --outbox: only rows of this aggregate type")
 
 
+@contextlib.contextmanager
+def _migrated(dsn: str, schema: str) -> Iterator[None]:
+    require_migrated(dsn, schema)
+    yield
+
+
 def run(args: argparse.Namespace) -> int:
     if args.outbox and args.event_ids:
         raise SystemExit("pgonce replay: --event-id goes with --source; use --id with --outbox")
     if args.source and (args.ids or args.aggregatetype):
         raise SystemExit("pgonce replay: --id and --aggregatetype go with --outbox")
     with (
-        database(args) as (settings, db),
+        database(args, migrated=False) as (settings, db),
+        _migrated(db.dsn, settings.schema),
         translate_errors("connecting"),
         psycopg.connect(db.dsn) as conn,
         conn.transaction(),

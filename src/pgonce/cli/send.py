@@ -31,7 +31,9 @@ HELP = "sign and send a test webhook to a running service"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", required=True, help="the configured source to sign for")
     parser.add_argument(
-        "--url", default="http://127.0.0.1:8000", help="the service (default %(default)s)"
+        "--url",
+        help="the service (default: the configuration's [server] host and port, "
+        "http://127.0.0.1:8000 without them)",
     )
     body = parser.add_mutually_exclusive_group()
     body.add_argument("--body", help="the JSON body to send")
@@ -53,19 +55,34 @@ def run(args: argparse.Namespace) -> int:
     scheme = cast(SigningScheme, source.scheme)
     event_id = args.event_id or f"evt_{uuid.uuid4().hex[:16]}"
     if args.body_file:
-        body = args.body_file.read_bytes()
+        try:
+            body = args.body_file.read_bytes()
+        except OSError as error:
+            raise UsageError(
+                f"cannot read --body-file {args.body_file}: {error.strerror or error}"
+            ) from None
     elif args.body:
         body = args.body.encode()
     else:
         sample = {"id": event_id, "type": "order.created", "data": {"order": "o-1", "amount": 4200}}
         body = json.dumps(sample, separators=(",", ":")).encode()
     headers = {**scheme.sign(body, event_id=event_id), "content-type": "application/json"}
+    url = args.url or service_url(config.host, config.port)
     statuses = asyncio.run(
-        _send(f"{args.url.rstrip('/')}/webhooks/{args.source}", body, headers, args.copies)
+        _send(f"{url.rstrip('/')}/webhooks/{args.source}", body, headers, args.copies)
     )
     for (status, text), count in sorted(statuses.items()):
         print(f"{count} × {status} {text}")
     return 0 if all(status == 200 for status, _ in statuses) else 1
+
+
+def service_url(host: str, port: int) -> str:
+    """The URL the configured service answers on; a wildcard address is reached on loopback."""
+    if host in ("", "0.0.0.0"):  # noqa: S104 (a wildcard to connect to, not to bind)
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def _send(

@@ -18,6 +18,10 @@ as "env:NAME". Invalid configuration is refused with every problem listed. A sma
   publisher = "rabbitmq"                     # or nats, redis, http
   url = "env:BROKER_URL"
 
+pgonce serve applies pending migrations at start (as `pgonce migrate` does), so that one process is
+enough to try it; `pgonce worker` and `pgonce relay` never do: they refuse a schema that is not
+migrated.
+
 HTTP: POST /webhooks/{source}, GET /healthz (alive), GET /readyz (database reachable and migrated),
 GET /metrics (Prometheus), /admin (only when [admin] token is configured).
 
@@ -41,6 +45,7 @@ from pgonce.cli.common import (
     announced_database,
     database_options,
     print_proof,
+    require_migrated,
     say,
 )
 from pgonce.errors import ConfigError
@@ -64,10 +69,23 @@ def add_service_options(parser: argparse.ArgumentParser) -> None:
     add_database_options(parser)
 
 
+def port_arg(text: str) -> int:
+    """An argparse type for a TCP port, 0 to 65535 as in [server] port."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give 0 to 65535")
+    return port
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     add_service_options(parser)
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port to listen on (default 8000; 0 picks one)")
+    parser.add_argument(
+        "--port", type=port_arg, help="port to listen on (default 8000; 0 picks one)"
+    )
     parser.add_argument(
         "--demo",
         action="store_true",
@@ -94,15 +112,21 @@ def service_config(args: argparse.Namespace) -> ServiceConfig:
 
 def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
     from pgonce.service import logs, runner
+    from pgonce.service.runner import PARTS
 
+    parts = tuple(parts)
     config = service_config(args)
-    refuse_idle(config, tuple(parts))
+    refuse_idle(config, parts)
     logs.configure(config.log_format, level=logging.DEBUG if args.verbose else logging.INFO)
     with announced_database(config.settings, then=f"configuration from {config.origin}") as db:
-        with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
-            applied = migrate(conn, config.settings.schema)
-        if applied:
-            say(f"pgonce: applied migrations {', '.join(f'{v:04d}' for v in applied)}")
+        if set(parts) != set(PARTS):
+            # worker and relay run beside a service that owns the schema: never create one.
+            require_migrated(db.dsn, config.settings.schema)
+        else:
+            with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
+                applied = migrate(conn, config.settings.schema)
+            if applied:
+                say(f"pgonce: applied migrations {', '.join(f'{v:04d}' for v in applied)}")
         on_ready = None
         if getattr(args, "demo", False):
             on_ready = _demo(config, db.dsn, args.demo_orders, args.demo_copies)

@@ -8,7 +8,14 @@ flight); handled inbox events (never a pending event or a dead letter); publishe
 for the retention. Several sweeps may run at once (from cron on several hosts): they take disjoint
 rows.
 
-A retention shorter than the retry horizon it must cover is refused before anything is deleted.
+The retention comes from the options, else from the configuration file (--config or
+$PGONCE_CONFIG: [keys], each [sources.NAME] and [outbox] retention, as the service's own sweeper
+uses them), else from the defaults. A retention shorter than the retry horizon it must cover is
+refused before anything is deleted.
+
+--dry-run counts what would be deleted and deletes nothing. --now judges ages as of another time;
+a time later than the database's clock is refused without --dry-run, as it would delete rows
+that are still kept.
 
 On a terminal a progress line runs on stderr and the final count ends it; otherwise (cron) only the
 final line is printed, on stdout, and --quiet prints nothing at all unless something fails.
@@ -21,11 +28,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, announced_database, settings_from
+from pgonce.cli.common import (
+    add_database_options,
+    announced_database,
+    config_from,
+    settings_from,
+)
 from pgonce.core.retention import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCHES,
@@ -40,9 +54,15 @@ from pgonce.core.retention import (
     parse_duration,
     policy_from_text,
 )
-from pgonce.errors import ConfigError
+from pgonce.errors import ConfigError, UsageError
+from pgonce.sql import Queries
+from pgonce.store._sync.health import HealthCheck
 from pgonce.store._sync.sweeper import Sweeper
+from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
+
+if TYPE_CHECKING:
+    from pgonce.service.config import ServiceConfig
 
 NAME = "sweep"
 HELP = "delete expired keys in bounded batches (one run, for cron)"
@@ -54,6 +74,18 @@ def duration_arg(text: str) -> timedelta:
         return parse_duration(text)
     except ConfigError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{text!r} is too long a duration") from None
+
+
+def _env_duration(name: str) -> timedelta | None:
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        return parse_duration(text)
+    except (ConfigError, OverflowError) as error:
+        raise ConfigError(f"{name}: {error}") from None
 
 
 def _moment(text: str) -> datetime:
@@ -72,19 +104,19 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--retention",
         type=duration_arg,
-        default=os.environ.get("PGONCE_RETENTION") or format_duration(DEFAULT_RETENTION),
         metavar="DURATION",
-        help="how long completed rows are kept, e.g. 30d, 72h (default: $PGONCE_RETENTION or "
+        help="how long completed rows are kept, e.g. 30d, 72h (default: $PGONCE_RETENTION, else "
+        "the configuration file's retention of each table and source, else "
         f"{format_duration(DEFAULT_RETENTION)}: ten times the longest common provider retry "
         "horizon, and a month of answers for support)",
     )
     group.add_argument(
         "--retry-horizon",
         type=duration_arg,
-        default=os.environ.get("PGONCE_RETRY_HORIZON") or format_duration(DEFAULT_RETRY_HORIZON),
         metavar="DURATION",
         help="how long senders keep retrying a key; the retention must cover it (default: "
-        f"$PGONCE_RETRY_HORIZON or {format_duration(DEFAULT_RETRY_HORIZON)}, Stripe's 3 days)",
+        "$PGONCE_RETRY_HORIZON, else the configuration file's, else "
+        f"{format_duration(DEFAULT_RETRY_HORIZON)}, Stripe's 3 days)",
     )
     group.add_argument(
         "--scope-retention",
@@ -104,22 +136,31 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
         "--now",
         type=_moment,
         metavar="TIME",
-        help="judge ages as of this ISO 8601 time instead of the server's clock (tests, what-ifs)",
+        help="judge ages as of this ISO 8601 time instead of the server's clock; pgonce sweep "
+        "refuses a time later than the server's unless --dry-run is given",
     )
 
 
-def policies_from(args: argparse.Namespace) -> list[RetentionPolicy]:
-    """One policy per target from the options; raises ConfigError from the horizon guard."""
+def policies_from(
+    args: argparse.Namespace, config: ServiceConfig | None = None
+) -> list[RetentionPolicy]:
+    """One policy per target: the options, else the environment, else the configuration's
+    policies (``config``), else the defaults. Raises ConfigError from the horizon guard."""
     names = args.target or list(TARGETS)
-    return [
-        policy_from_text(
+    keep = args.retention or _env_duration("PGONCE_RETENTION")
+    horizon = args.retry_horizon or _env_duration("PGONCE_RETRY_HORIZON")
+    configured = {p.target: p for p in (config.retention_policies() if config else [])}
+    policies = []
+    for name in names:
+        base = configured.get(name) or RetentionPolicy(name)
+        given = policy_from_text(
             name,
-            keep=args.retention,
-            retry_horizon=args.retry_horizon,
+            keep=keep or base.default.keep,
+            retry_horizon=horizon or base.default.retry_horizon,
             overrides=args.scope_retention,
         )
-        for name in names
-    ]
+        policies.append(replace(given, scopes={**base.scopes, **given.scopes}))
+    return policies
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -154,6 +195,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         f"(default {format_duration(DEFAULT_STATEMENT_TIMEOUT)})",
     )
     parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count the rows that would be deleted, and delete nothing",
+    )
+    parser.add_argument(
         "-q", "--quiet", action="store_true", help="print nothing unless something fails"
     )
 
@@ -179,9 +225,12 @@ class Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    settings = settings_from(args, config)
+    policies = policies_from(args, config)
     sweeper = Sweeper(
-        policies_from(args),
-        schema=settings_from(args).schema,
+        policies,
+        schema=settings.schema,
         targets=args.target,
         limits=SweepLimits(
             batch_size=args.batch_size,
@@ -193,10 +242,33 @@ def run(args: argparse.Namespace) -> int:
     interactive = sys.stderr.isatty() and not args.quiet
     progress = Progress(interactive)
     with (
-        announced_database(settings_from(args), quiet=not interactive) as db,
+        announced_database(settings, quiet=not interactive) as db,
         translate_errors("connecting"),
         psycopg.connect(db.dsn, autocommit=True) as conn,
     ):
+        if args.dry_run:
+            report = HealthCheck(policies, schema=settings.schema, targets=args.target).check(
+                conn, now=args.now
+            )
+            counts: dict[str, int] = {}
+            for group in report.groups:
+                counts[group.target] = counts.get(group.target, 0) + group.overdue
+            print(
+                f"dry run: {sum(counts.values()):,} rows would be deleted as of "
+                f"{report.checked_at:%Y-%m-%d %H:%M:%S %Z} ("
+                + ", ".join(f"{name} {count:,}" for name, count in counts.items())
+                + "); nothing was deleted",
+                flush=True,
+            )
+            return 0
+        if args.now is not None:
+            clock = database_clock(conn, settings.schema)
+            if args.now > clock:
+                raise UsageError(
+                    f"--now {args.now:%Y-%m-%d %H:%M:%S %Z} is later than the database's clock "
+                    f"({clock:%Y-%m-%d %H:%M:%S %Z}): sweeping as of then would delete rows that "
+                    "are still kept; add --dry-run to count them instead"
+                )
         try:
             result = sweeper.sweep(conn, now=args.now, on_batch=progress)
         finally:
@@ -204,3 +276,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(result.summary(), flush=True)
     return 0
+
+
+def database_clock(conn: psycopg.Connection[Any], schema: str) -> datetime:
+    """The database's ``now()``."""
+    with translate_errors("reading the clock"):
+        row = cursor(conn).execute(Queries("health", schema).clock, {"now": None}).fetchone()
+    assert row is not None
+    moment: datetime = row[0]
+    return moment

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from pgonce.config import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -51,6 +52,7 @@ from pgonce.store._async.phases import (
     DEFAULT_RETIRE_AFTER,
     Work,
 )
+from pgonce.store.errors import first_line
 from pgonce.webhooks.forward import forward_to
 from pgonce.webhooks.schemes import SCHEMES, build_scheme
 from pgonce.webhooks.source import Handler, OrderingExtractor, Source
@@ -74,7 +76,6 @@ DEFAULT_POOL_MIN_SIZE = 2
 DEFAULT_POOL_MAX_SIZE = 10
 
 ENV_PREFIX = "PGONCE__"
-_HAS_PASSWORD = re.compile(r"^[a-z0-9+.-]+://[^/@]*:[^/@]*@")
 _ENV_SECRET = re.compile(r"^env:([A-Za-z_][A-Za-z0-9_]*)$")
 T = TypeVar("T")
 
@@ -282,17 +283,33 @@ class _Section:
             return default
         return value
 
-    def duration(self, name: str, default: timedelta) -> timedelta:
+    def duration(self, name: str, default: timedelta, *, zero: bool = False) -> timedelta:
+        """A duration with its unit ("30s", "3d"); longer than 0s unless ``zero`` allows 0s."""
         value = self.raw(name)
         if value is None:
             return default
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return timedelta(seconds=value)
-        if isinstance(value, str):
+            # A bare number has no unit: 3 may mean seconds, days or a typo; never guess.
+            self.problems.add(
+                self.key(name), 'must be a duration with its unit, e.g. "3d", "72h" or "30s"'
+            )
+            return default
+        if not isinstance(value, str):
+            self.problems.add(self.key(name), "must be a duration such as 30s, 5m, 72h or 30d")
+            return default
+        try:
             parsed = self.problems.check(self.key(name), lambda: parse_duration(value))
-            return parsed if parsed is not None else default
-        self.problems.add(self.key(name), "must be a duration such as 30s, 5m, 72h or 30d")
-        return default
+        except OverflowError:
+            self.problems.add(self.key(name), "is too long a duration")
+            return default
+        if parsed is None:
+            return default
+        if parsed < timedelta(0) or (parsed == timedelta(0) and not zero):
+            self.problems.add(
+                self.key(name), "must not be negative" if zero else "must be longer than 0s"
+            )
+            return default
+        return parsed
 
     def secrets(self, name: str) -> list[str]:
         value = self.raw(name)
@@ -337,6 +354,25 @@ def _secret(value: str, key: str, problems: _Problems) -> str | None:
     return secret
 
 
+def _credentials_in(url: str) -> str | None:
+    """Why a URL written in the file may hold a credential (a login, a token in the query), or
+    None. Such a URL belongs in the environment; the reason never repeats the URL."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "is not a valid URL (the value was not shown)"
+    if "@" in parts.netloc:
+        where = "a login (user or password before '@')"
+    elif parts.query or "?" in url:
+        where = "a query string (where tokens travel)"
+    else:
+        return None
+    return (
+        f"holds {where}: credentials are not written in the file; put the URL in an environment "
+        'variable and write "env:NAME" (the value was not shown)'
+    )
+
+
 def _import_handler(spec: str, key: str, problems: _Problems) -> Handler | None:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
@@ -346,6 +382,11 @@ def _import_handler(spec: str, key: str, problems: _Problems) -> Handler | None:
         module = importlib.import_module(module_name)
     except ImportError as error:
         problems.add(key, f"cannot import {module_name!r}: {error}")
+        return None
+    except Exception as error:  # the module's own code failed while it was imported
+        problems.add(
+            key, f"importing {module_name!r} raised {type(error).__name__}: {first_line(error)}"
+        )
         return None
     handler = getattr(module, attribute, None)
     if not callable(handler):
@@ -460,6 +501,8 @@ def _source(name: str, section: _Section) -> SourceConfig | None:
     elif forward:
         if not forward.startswith(("http://", "https://")):
             problems.add(section.key("forward"), "must be an http:// or https:// URL")
+        elif (why := _credentials_in(forward)) is not None:
+            problems.add(section.key("forward"), why)
         else:
             handler = forward_to(forward)
     key_pointer = section.optional_text("ordering_key")
@@ -480,7 +523,7 @@ def _source(name: str, section: _Section) -> SourceConfig | None:
     )
     retention = Retention(
         keep=section.duration("retention", DEFAULT_RETENTION),
-        retry_horizon=section.duration("retry_horizon", DEFAULT_RETRY_HORIZON),
+        retry_horizon=section.duration("retry_horizon", DEFAULT_RETRY_HORIZON, zero=True),
     )
     if retention.keep < retention.retry_horizon:
         problems.add(
@@ -529,17 +572,15 @@ def _outbox(section: _Section) -> OutboxConfig | None:
     publisher = section.text("publisher", "")
     if publisher not in PUBLISHERS:
         problems.add(section.key("publisher"), f"is one of {', '.join(PUBLISHERS)}")
-    url_value = section.optional_text("url") or DEFAULT_PUBLISHER_URLS.get(publisher)
+    given = section.optional_text("url")
+    url_value = given or DEFAULT_PUBLISHER_URLS.get(publisher)
     url = ""
     if url_value is None:
         problems.add(section.key("url"), "is required for the http publisher")
     elif url_value.startswith("env:"):
         url = _secret(url_value, section.key("url"), problems) or ""
-    elif _HAS_PASSWORD.match(url_value) and url_value not in DEFAULT_PUBLISHER_URLS.values():
-        problems.add(
-            section.key("url"),
-            'holds a password: put the URL in an environment variable and write "env:NAME"',
-        )
+    elif given is not None and (why := _credentials_in(given)) is not None:
+        problems.add(section.key("url"), why)
     else:
         url = url_value
     secret_ref = section.optional_text("secret")
@@ -580,6 +621,11 @@ def _pool(section: _Section) -> PoolConfig:
     return PoolConfig(min_size, max_size, connect_timeout, wait)
 
 
+def _unless_env(environ: Mapping[str, str], name: str, value: T | None) -> T | None:
+    """``value`` from the file, or None when the environment variable ``name`` overrides it."""
+    return None if environ.get(name) else value
+
+
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> ServiceConfig:
     """Read the configuration; raise :class:`ConfigError` listing every problem found."""
     env = os.environ if environ is None else environ
@@ -601,22 +647,26 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     root = _Section(data, "", problems)
 
     database = _Section(root.raw("database"), "database", problems)
-    dsn_ref = database.optional_text("dsn")
+    # PGONCE_DSN, PGONCE_SCHEMA, ... win over the file's [database] keys, as every environment
+    # override does; a reference the environment overrides is not resolved.
+    dsn_ref = _unless_env(env, "PGONCE_DSN", database.optional_text("dsn"))
     dsn = _secret(dsn_ref, "database.dsn", problems) if dsn_ref else None
-    listen_ref = database.optional_text("listen_dsn")
+    listen_ref = _unless_env(env, "PGONCE_LISTEN_DSN", database.optional_text("listen_dsn"))
     listen_dsn = _secret(listen_ref, "database.listen_dsn", problems) if listen_ref else None
     pooler = database.optional_text("pooler")
     if pooler is not None and pooler not in POOLERS:
         problems.add("database.pooler", f"is one of {', '.join(POOLERS)}")
         pooler = None
+    schema = _unless_env(env, "PGONCE_SCHEMA", database.optional_text("schema"))
+    data_dir = _unless_env(env, "PGONCE_DATA_DIR", database.optional_text("data_dir"))
     settings = problems.check(
         "database",
         lambda: Settings.from_env(
             env,
             dsn=dsn,
-            schema=database.optional_text("schema"),
-            data_dir=Path(d) if (d := database.optional_text("data_dir")) else None,
-            pooler=pooler,
+            schema=schema,
+            data_dir=Path(data_dir) if data_dir else None,
+            pooler=_unless_env(env, "PGONCE_POOLER", pooler),
             # True only: false in the file leaves PGONCE_REQUIRE_DSN=1 of the host in force.
             require_dsn=database.boolean("require_dsn", False) or None,
         ),
@@ -639,7 +689,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     keys = _Section(root.raw("keys"), "keys", problems)
     keys_retention = Retention(
         keep=keys.duration("retention", DEFAULT_RETENTION),
-        retry_horizon=keys.duration("retry_horizon", DEFAULT_RETRY_HORIZON),
+        retry_horizon=keys.duration("retry_horizon", DEFAULT_RETRY_HORIZON, zero=True),
     )
     if keys_retention.keep < keys_retention.retry_horizon:
         problems.add(
@@ -655,8 +705,9 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
 
     completer = _completer(_Section(root.raw("completer"), "completer", problems))
 
+    # An empty [outbox] is a section with its keys missing, reported as such, not no section.
     outbox_data = root.raw("outbox")
-    outbox = _outbox(_Section(outbox_data, "outbox", problems)) if outbox_data else None
+    outbox = _outbox(_Section(outbox_data, "outbox", problems)) if outbox_data is not None else None
 
     admin = _Section(root.raw("admin"), "admin", problems)
     token_ref = admin.optional_text("token")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pgonce.errors import ConfigError
+from pgonce.errors import ConfigError, ServiceFailed
 from pgonce.extras import needs
 from pgonce.publishers.base import Publisher
 from pgonce.relay import Relay
@@ -188,6 +188,7 @@ async def run(
                     name="completer",
                 )
             )
+        failed = _watch(tasks, stop)
         try:
             if listening is not None:
                 await _serve_http(
@@ -201,10 +202,44 @@ async def run(
             stop.set()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             for task, result in zip(tasks, results, strict=True):
-                if isinstance(result, BaseException) and not isinstance(
-                    result, asyncio.CancelledError
+                if (
+                    isinstance(result, BaseException)
+                    and not isinstance(result, asyncio.CancelledError)
+                    and task not in failed
                 ):
                     log.error("%s ended with an error: %s", task.get_name(), result)
+        if failed:
+            task = failed[0]
+            error = task.exception()
+            raise ServiceFailed(f"the {task.get_name()} stopped the service: {_reason(error)}")
+
+
+def _reason(error: BaseException | None) -> str:
+    return f"{type(error).__name__}: {error}" if error is not None else "no reason given"
+
+
+def _watch(tasks: list[asyncio.Task[Any]], stop: asyncio.Event) -> list[asyncio.Task[Any]]:
+    """Stop the service as soon as one of ``tasks`` ends with an error, logging it at once.
+
+    Returns the list the failed tasks are added to. A part that died would otherwise leave the
+    service answering /readyz while it no longer sweeps, relays or handles events.
+    """
+    failed: list[asyncio.Task[Any]] = []
+
+    def ended(task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        failed.append(task)
+        log.error(
+            "%s ended with an error, stopping the service: %s",
+            task.get_name(),
+            _reason(task.exception()),
+        )
+        stop.set()
+
+    for task in tasks:
+        task.add_done_callback(ended)
+    return failed
 
 
 async def _serve_http(

@@ -33,7 +33,16 @@ _STATEMENT_POOLING = "transaction blocks not allowed in statement pooling mode"
 
 
 def describe_dsn(dsn: str) -> str:
-    """``host:port/dbname`` of a connection string, without user or password."""
+    """``host:port/dbname`` of a connection string, without user or password.
+
+    In a URI everything before the last ``@`` (ahead of the query) is taken for the login, so that
+    a password with an unescaped ``@`` or ``/`` (which libpq reads as part of the host or the
+    database name) is never shown.
+    """
+    scheme, sep, rest = dsn.partition("://")
+    if sep:
+        head, question, query = rest.partition("?")
+        dsn = f"{scheme}://{head.rpartition('@')[2]}{question}{query}"
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:

@@ -209,6 +209,14 @@ class InboxPages(ConsoleBase):
             picked[form.one("source")] = [form.one("id")]
         if not picked and not all_of:
             return respond("Nothing to replay", "<p>No dead letter was selected.</p>", code=400)
+        if picked and all_of:
+            # The confirmation lists what will be replayed: one form, one kind of choice.
+            return respond(
+                "Choose one kind of replay",
+                "<p>The form asked for every dead letter of a source and for single events at "
+                "once; replay either a whole source or the selected events.</p>",
+                code=400,
+            )
         if form.one("confirm") != "yes":
             items = (
                 [f"every dead letter of {all_of}"]
