@@ -188,8 +188,10 @@ class Ordering:
     """Where an event stands among events about the same object.
 
     ``key`` names the object (for example a Stripe object id): events with the same key are
-    processed one at a time, in arrival order. ``version`` (an object version, or a timestamp as an
-    integer) lets the out-of-order policy ``"drop"`` skip events older than the last applied one.
+    processed one at a time, in arrival order as stored (two deliveries stored by concurrent
+    transactions may run in either order). ``version`` (an object version, or a timestamp as an
+    integer) lets the out-of-order policy ``"drop"`` skip events older than the last applied one,
+    whatever the timing.
     """
 
     key: str
