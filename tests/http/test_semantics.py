@@ -51,6 +51,7 @@ def test_declared_length_over_the_limit() -> None:
     assert not rules.declared_too_large(b"100")
     assert not rules.declared_too_large(None)
     assert not rules.declared_too_large(b"12x")  # not a number: the bytes read decide
+    assert not rules.declared_too_large("1²")  # a digit to str.isdigit(), not to int()
     body = json.loads(rules.request_too_large.body)
     assert body["status"] == 413
     assert "100 bytes" in body["detail"]

@@ -451,6 +451,7 @@ class IdempotencyRules:
         """Whether a declared Content-Length already exceeds ``max_request_bytes``."""
         return bool(
             content_length
+            and content_length.isascii()  # "²".isdigit(), and int() refuses it
             and content_length.isdigit()
             and int(content_length) > self.max_request_bytes
         )

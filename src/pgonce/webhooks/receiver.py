@@ -370,7 +370,7 @@ def _headers(scope: Scope) -> dict[str, str]:
 async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes | None:
     """The whole body, read chunk by chunk and abandoned as soon as it exceeds ``limit``."""
     declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge()
     chunks = bytearray()
     while True:
