@@ -99,3 +99,17 @@ def test_the_environment_wins_over_the_files_database_keys(tmp_path: Path) -> No
     assert (settings.dsn, settings.schema) == (env["PGONCE_DSN"], "from_env")
     settings = load(path, {"FILE_DSN": env["FILE_DSN"]}).settings
     assert (settings.dsn, settings.schema) == (env["FILE_DSN"], "from_file")
+
+
+def test_a_pgonce_variable_may_hold_a_secret_as_it_is(tmp_path: Path) -> None:
+    """The reference says PGONCE__DATABASE__DSN overrides [database] dsn: the environment is
+    where secrets belong, so its value is taken as it is, not required to be "env:NAME"."""
+    path = write(tmp_path, "[outbox]\npublisher = 'rabbitmq'\n")
+    env = {
+        "PGONCE__DATABASE__DSN": "postgresql://app:s3cret@127.0.0.1/app",
+        "PGONCE__OUTBOX__URL": "amqp://relay:s3cret@rabbit:5672/",
+    }
+    config = load(path, env)
+    assert config.settings.dsn == env["PGONCE__DATABASE__DSN"]
+    assert config.outbox is not None
+    assert config.outbox.url == env["PGONCE__OUTBOX__URL"]

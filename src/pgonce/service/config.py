@@ -207,6 +207,13 @@ class _Problems:
             return None
 
 
+class _FromEnvironment(str):
+    """A value a ``PGONCE__...`` variable set: already in the environment, so a secret (a DSN, a
+    broker URL with its password) may be written there as it is, not only as "env:NAME"."""
+
+    __slots__ = ()
+
+
 def _env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
@@ -219,7 +226,7 @@ def _env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
                 break
         else:
             if path:
-                target[path[-1]] = value
+                target[path[-1]] = _FromEnvironment(value)
 
 
 class _Section:
@@ -341,6 +348,8 @@ class _Section:
 
 def _secret(value: str, key: str, problems: _Problems) -> str | None:
     match = _ENV_SECRET.match(value)
+    if not match and isinstance(value, _FromEnvironment):
+        return str(value)  # the environment's own value: that is where secrets belong
     if not match:
         # Never echo the value: it may be the secret itself, pasted where a reference belongs.
         problems.add(
@@ -501,7 +510,9 @@ def _source(name: str, section: _Section) -> SourceConfig | None:
     elif forward:
         if not forward.startswith(("http://", "https://")):
             problems.add(section.key("forward"), "must be an http:// or https:// URL")
-        elif (why := _credentials_in(forward)) is not None:
+        elif not isinstance(forward, _FromEnvironment) and (
+            (why := _credentials_in(forward)) is not None
+        ):
             problems.add(section.key("forward"), why)
         else:
             handler = forward_to(forward)
@@ -579,7 +590,11 @@ def _outbox(section: _Section) -> OutboxConfig | None:
         problems.add(section.key("url"), "is required for the http publisher")
     elif url_value.startswith("env:"):
         url = _secret(url_value, section.key("url"), problems) or ""
-    elif given is not None and (why := _credentials_in(given)) is not None:
+    elif (
+        given is not None
+        and not isinstance(given, _FromEnvironment)
+        and (why := _credentials_in(given)) is not None
+    ):
         problems.add(section.key("url"), why)
     else:
         url = url_value
