@@ -330,6 +330,17 @@ def test_send_and_events_commands(dsn: str, service: Service, tmp_path: Path) ->
     assert sent.returncode == 0, sent.stderr
     assert '2 × 200 {"outcome":"duplicate"}' in sent.stdout
     assert '1 × 200 {"outcome":"stored"}' in sent.stdout
+    # Without --url: the service the configuration describes ([server] host and port).
+    described = tmp_path / "described.toml"
+    port = service.url.rsplit(":", 1)[1]
+    described.write_text(
+        CONFIG.replace("[server]\n", f'[server]\nhost = "0.0.0.0"\nport = {port}\n')
+    )
+    again = pgonce(
+        "send", "--config", str(described), "--source", "shop", "--id", "evt_cli_1", "--body", body
+    )
+    assert again.returncode == 0, again.stderr
+    assert '1 × 200 {"outcome":"duplicate"}' in again.stdout
     listed = pgonce("events", "--dsn", dsn, "--source", "shop", "--id", "evt_cli_1")
     assert listed.returncode == 0, listed.stderr
     assert "evt_cli_1" in listed.stdout
