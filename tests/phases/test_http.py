@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -60,20 +61,30 @@ class Payments:
         return JSONResponse({"payment": payment, "charge": made["id"]}, status_code=201)
 
 
+@asynccontextmanager
+async def two_phase_client(
+    dsn: str, endpoint: Callable[[Request], Awaitable[Response]], *, pool_size: int = 2
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``endpoint`` as POST /payments, a two-phase route of the ASGI middleware
+    (callers named by ``x-api-key``), on a pool of the test's database."""
+    app = Starlette(routes=[Route("/payments", endpoint, methods=["POST"])])
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=pool_size) as pool:
+        wrapped = IdempotencyMiddleware(
+            app, pool=pool, key_scope=header_scope("x-api-key"), two_phase=["/payments"]
+        )
+        transport = httpx.ASGITransport(app=wrapped, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
 @pytest.fixture
 async def setup(dsn: str) -> AsyncIterator[tuple[httpx.AsyncClient, Payments, FakeProvider]]:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE payments (id serial, key text UNIQUE, amount int)")
     with FakeProvider() as provider:
         payments = Payments(provider)
-        app = Starlette(routes=[Route("/payments", payments.create, methods=["POST"])])
-        async with AsyncConnectionPool(dsn, min_size=2, max_size=4) as pool:
-            wrapped = IdempotencyMiddleware(
-                app, pool=pool, key_scope=header_scope("x-api-key"), two_phase=["/payments"]
-            )
-            transport = httpx.ASGITransport(app=wrapped, raise_app_exceptions=False)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                yield client, payments, provider
+        async with two_phase_client(dsn, payments.create, pool_size=4) as client:
+            yield client, payments, provider
 
 
 def post(client: httpx.AsyncClient, key: str, amount: int = 42) -> Any:
@@ -136,14 +147,8 @@ async def test_asking_a_two_phase_request_for_its_transaction_names_the_phases(d
             return Response(str(error), status_code=400)
         return Response("a transaction", status_code=201)
 
-    app = Starlette(routes=[Route("/payments", endpoint, methods=["POST"])])
-    async with AsyncConnectionPool(dsn, min_size=1, max_size=2) as pool:
-        wrapped = IdempotencyMiddleware(
-            app, pool=pool, key_scope=header_scope("x-api-key"), two_phase=["/payments"]
-        )
-        transport = httpx.ASGITransport(app=wrapped)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            answer = await post(client, "k-tx")
+    async with two_phase_client(dsn, endpoint) as client:
+        answer = await post(client, "k-tx")
     assert answer.status_code == 400
     assert "two_phase route, which has no request transaction" in answer.text
     assert "phased(request)" in answer.text

@@ -46,6 +46,7 @@ import psycopg
 from psycopg import Connection
 
 from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.checks import storable_text
 from pgonce.core.outcomes import Claim, InFlight, Replay, Won
 from pgonce.errors import (
     DatabaseUnavailable,
@@ -327,7 +328,7 @@ class IdempotencyMiddleware:
         limit = self.rules.max_request_bytes
         stream = environ["wsgi.input"]
         declared = environ.get("CONTENT_LENGTH")
-        if declared and declared.isdigit():
+        if declared and declared.isascii() and declared.isdigit():
             body: bytes = stream.read(int(declared))
             return body if len(body) <= limit else None
         if not environ.get("wsgi.input_terminated"):
@@ -444,11 +445,16 @@ class IdempotencyMiddleware:
                     except LeaseLost:
                         raise
                     except Exception as error:
-                        op.fail(f"{type(error).__name__}: {error}"[:1000])
+                        op.fail(storable_text(f"{type(error).__name__}: {error}"[:1000]))
                         raise
                     response = captured.response
                     if response.keep(began=holder.began, status_kept=self.phases.stores_status):
                         response.stored = op.finish(response.response())
+                    elif not holder.began and not op.state:
+                        # Refused before the view began (401, 422): nothing ran, and the key
+                        # is freed as a one-transaction route's rollback frees it; a lease
+                        # ended instead would keep the key in flight for ever.
+                        op.release()
                     else:
                         op.fail(f"not stored: answered {response.status}")
         except KeyMismatch:

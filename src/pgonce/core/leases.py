@@ -93,8 +93,24 @@ def provider_key(scope: str, key: str, phase: str) -> str:
     return PROVIDER_KEY_PREFIX + digest[:40]
 
 
+#: The deepest nesting a recorded value may have: far beyond any provider's answer, and well
+#: within what both Python's recursion and PostgreSQL's jsonb parser accept.
+MAX_STATE_DEPTH = 100
+
+
 def check_state(value: object, phase: str) -> None:
-    """Refuse a phase's result that JSON cannot keep as it is: a resume reads it back from JSON."""
+    """Refuse a phase's result that JSON cannot keep as it is: a resume reads it back from JSON.
+
+    Checked before anything is written (for :meth:`call`, before the record that follows the
+    third party's call; for a request's args, before the claim): a value that PostgreSQL's
+    jsonb would refuse (a NUL, a lone surrogate) or give back as another type fails here, with
+    the path of the part at fault, and not later as a database error or a changed type.
+    """
+    # First, bounded in depth: a value nested thousands deep would exhaust the recursion of
+    # json.dumps and of the comparison below.
+    problem = _unstorable(value, "", 0)
+    if problem is not None:
+        raise UsageError(f"phase {phase!r} returned a value that cannot be recorded: {problem}")
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as error:
@@ -107,6 +123,49 @@ def check_state(value: object, phase: str) -> None:
             f"phase {phase!r} returned a value that JSON does not give back unchanged (tuples "
             "become lists, dict keys become strings): return what a resume will read"
         )
+
+
+def _unstorable(value: object, path: str, depth: int) -> str | None:
+    """What jsonb cannot keep unchanged in ``value`` (JSON already accepted it), with its path."""
+    where = f"the value{path}"
+    if depth > MAX_STATE_DEPTH:
+        return f"{where} is nested more than {MAX_STATE_DEPTH} levels deep"
+    if isinstance(value, str):
+        return _unstorable_text(value, where)
+    if isinstance(value, float) and "e+" in repr(value):
+        # jsonb keeps a number as numeric, which prints 1e+16 as 10000000000000000: a resume
+        # would read an int where the phase returned a float.
+        return (
+            f"{where} is the float {value!r}, which jsonb gives back as an int; record it as "
+            "a str, or as an int if it is whole"
+        )
+    if isinstance(value, dict):
+        for name, item in value.items():
+            inner = f"{path}[{name!r}]"
+            problem = (
+                _unstorable_text(name, f"the key of the value{inner}")
+                if isinstance(name, str)
+                else None
+            ) or _unstorable(item, inner, depth + 1)
+            if problem is not None:
+                return problem
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            problem = _unstorable(item, f"{path}[{index}]", depth + 1)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _unstorable_text(text: str, where: str) -> str | None:
+    if "\x00" in text:
+        return f"{where} holds a NUL character, which jsonb cannot store"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{where} holds a lone surrogate, which is not UTF-8 text"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

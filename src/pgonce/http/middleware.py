@@ -53,6 +53,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.checks import storable_text
 from pgonce.core.outcomes import InFlight, Replay, Won
 from pgonce.errors import (
     DatabaseUnavailable,
@@ -374,9 +375,14 @@ class IdempotencyMiddleware:
                     await asyncio.sleep(pause)
                     op = await self.phases.start(conn, caller, key, fingerprint)
                 if op.won:
-                    captured = await self._run_phased(scope, receive, send, op, body)
+                    captured, began = await self._run_phased(scope, receive, send, op, body)
                     if captured.stored:
                         captured.stored = await op.finish(captured.response())
+                    elif not began and not op.state:
+                        # Refused before the endpoint began (401, 422): nothing ran, and the
+                        # key is freed as a one-transaction route's rollback frees it; a
+                        # lease ended instead would keep the key in flight for ever.
+                        await op.release()
                     else:
                         await op.fail(f"not stored: answered {captured.status}")
         except KeyMismatch:
@@ -399,8 +405,9 @@ class IdempotencyMiddleware:
         send: Send,
         op: AsyncPhasedOperation[Any],
         body: bytes,
-    ) -> CapturedResponse:
-        """Run the application with the two-phase operation and capture its response.
+    ) -> tuple[CapturedResponse, bool]:
+        """Run the application with the two-phase operation; its captured response, and whether
+        the endpoint began (took its operation).
 
         An exception from the application ends the lease (the next retry resumes from the
         recovery point) and propagates.
@@ -410,10 +417,10 @@ class IdempotencyMiddleware:
         if captured.failed is not None:
             error = captured.failed
             if not isinstance(error, LeaseLost):
-                await op.fail(f"{type(error).__name__}: {error}"[:1000])
+                await op.fail(storable_text(f"{type(error).__name__}: {error}"[:1000]))
             raise error
         captured.keep(began=holder.began, status_kept=self.phases.stores_status)
-        return captured
+        return captured, holder.began
 
     async def _call_app(
         self, app_scope: Scope, receive: Receive, send: Send, body: bytes

@@ -15,20 +15,31 @@ for the ``_sync`` file generated from it, which names :class:`Heartbeat` where t
   and the next beat tries again: the lease lasts several beats, and a holder that cannot renew for
   a whole lease is fenced by its token anyway. The first failure of a run of them is logged as a
   warning that says so, the others at debug level, and the renewal that ends the run once more.
+- A renewal that raises :class:`~pgonce.errors.UsageError` (a ``clock`` that gives a naive
+  datetime) is a broken contract, not an outage: it ends the heartbeat and is kept in
+  :attr:`error`, for the call to raise once its work returns.
 - Leaving the ``with`` block waits for a renewal under way to end, so the connection is idle
   again when the block is left.
+
+:class:`AsyncCallback` and :class:`Callback` are the twins' other difference: the work a caller
+hands to a phase or a call must be a coroutine function for the async store and a plain function
+for the sync one, and the wrong kind is refused where it is called, with a message that says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from types import TracebackType
+from typing import TypeVar
 
-from pgonce.errors import LeaseLost
+from pgonce.errors import LeaseLost, UsageError
+
+Value = TypeVar("Value")
 
 log = logging.getLogger("pgonce.phases")
 
@@ -47,11 +58,20 @@ class _Beats:
         self.failures = 0
         #: True once a renewal found the key taken over by another holder.
         self.lost = False
+        #: A renewal's broken contract (:class:`~pgonce.errors.UsageError`): it ended the beats.
+        self.error: UsageError | None = None
 
     def _after(self, error: Exception | None) -> bool:
-        """Records one renewal's outcome; true when the heartbeat ends (the key was lost)."""
+        """Records one renewal's outcome; true when the heartbeat ends (the key was lost, or the
+        renewal was misused and would fail the same way every time)."""
         if isinstance(error, LeaseLost):
             self.lost = True
+            return True
+        if isinstance(error, UsageError):
+            log.error(
+                "a lease's heartbeat stopped: %s; the call fails once its work returns", error
+            )
+            self.error = error
             return True
         if error is None:
             if self._failed_in_a_row:
@@ -150,3 +170,31 @@ class Heartbeat(_Beats):
     ) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class AsyncCallback:
+    """The result of a caller's work for the async store: it must be awaitable."""
+
+    @staticmethod
+    async def result(value: Awaitable[Value], what: str) -> Value:
+        if not inspect.isawaitable(value):
+            raise UsageError(
+                f"{what} returned {type(value).__name__}, not an awaitable: the async store "
+                "takes a coroutine function (async def); use PhaseStore for plain functions"
+            )
+        return await value
+
+
+class Callback:
+    """The result of a caller's work for the sync store: it must not be awaitable."""
+
+    @staticmethod
+    def result(value: Value, what: str) -> Value:
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited: no "was never awaited" warning on top
+            raise UsageError(
+                f"{what} returned an awaitable: the sync store takes a plain function; use "
+                "AsyncPhaseStore for a coroutine function"
+            )
+        return value

@@ -68,12 +68,16 @@ UPDATE {schema}.key_leases
        locked_until = greatest(locked_until,
                                coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval)
  WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s
+   AND locked_until <> 'infinity'
 
 -- name: renew
--- The heartbeat: the holder's lease runs until now + lease. No row: it was taken over.
+-- The heartbeat: the holder's lease runs until now + lease. No row: it was taken over, or
+-- retired (a retired row keeps locked_until 'infinity' for ever: no write of its holder may
+-- bring it back as abandoned; record and fail are fenced the same way).
 UPDATE {schema}.key_leases
    SET locked_until = coalesce(%(now)s::timestamptz, now()) + %(lease)s::interval
  WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s
+   AND locked_until <> 'infinity'
 
 -- name: fail
 -- The holder gives the key up after a failure: the lease ends now, so that the next retry (or the
@@ -82,6 +86,7 @@ UPDATE {schema}.key_leases
    SET locked_until = least(locked_until, coalesce(%(now)s::timestamptz, now())),
        last_error = %(error)s
  WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s
+   AND locked_until <> 'infinity'
 
 -- name: finish
 -- The final response, stored with the holder's token: the lease row goes and the keys row is
@@ -110,6 +115,7 @@ WITH fenced AS (
     UPDATE {schema}.key_leases
        SET locked_until = 'infinity'
      WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s
+       AND locked_until <> 'infinity'
     RETURNING scope, key
 )
 UPDATE {schema}.keys AS k
@@ -120,17 +126,41 @@ UPDATE {schema}.keys AS k
   FROM fenced AS f
  WHERE k.scope = f.scope AND k.key = f.key AND k.response_headers IS NULL
 
+-- name: release
+-- A holder whose endpoint never began (refused before it ran: 401, 422) frees the key, as a
+-- one-transaction route's rollback does: the lease row and the keys row go, fenced by the token
+-- and by the recovery point (a request that recorded a phase keeps its key). No row: taken over,
+-- or a phase was recorded.
+WITH fenced AS (
+    DELETE FROM {schema}.key_leases
+     WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s
+       AND point IS NULL AND locked_until <> 'infinity'
+    RETURNING scope, key
+)
+DELETE FROM {schema}.keys AS k
+ USING fenced AS f
+ WHERE k.scope = f.scope AND k.key = f.key AND k.response_headers IS NULL
+
 -- name: abandoned
--- Requests the completer may finish: a registered operation whose lease has expired, oldest
--- expiry first (key_leases_expired reads only those).
-SELECT scope, key, operation, attempts
-  FROM {schema}.key_leases
- WHERE locked_until <= coalesce(%(now)s::timestamptz, now())
-   AND operation IS NOT NULL
- ORDER BY locked_until
+-- Requests the completer may finish: an operation it runs (%(operations)s, NULL: any named one)
+-- whose lease has expired, claimed no longer than %(max_age)s ago (NULL: any), oldest expiry
+-- first (key_leases_expired reads only those). The rows the completer would skip are filtered
+-- here, so that they never fill the page and starve the requests it can finish.
+SELECT l.scope, l.key, l.operation, l.attempts
+  FROM {schema}.key_leases AS l
+ WHERE l.locked_until <= coalesce(%(now)s::timestamptz, now())
+   AND l.operation IS NOT NULL
+   AND (%(operations)s::text[] IS NULL OR l.operation = ANY (%(operations)s::text[]))
+   AND (%(max_age)s::interval IS NULL
+        OR EXISTS (SELECT 1
+                     FROM {schema}.keys AS k
+                    WHERE k.scope = l.scope AND k.key = l.key
+                      AND k.claimed_at >= coalesce(%(now)s::timestamptz, now())
+                                          - %(max_age)s::interval))
+ ORDER BY l.locked_until
  LIMIT %(limit)s
 
 -- name: bound_wait
--- The completer's takeover waits for a holder's open phase at most the store's wait: a holder
--- paused inside a phase keeps its lease row locked, and the completer moves on to the next.
+-- The completer's takeover waits at most the store's wait for a holder whose phase is
+-- committing (its record holds the lease row's lock until COMMIT), and moves on to the next.
 SELECT set_config('lock_timeout', %(wait_ms)s, true)

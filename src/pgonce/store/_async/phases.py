@@ -14,7 +14,8 @@ pgonce owns these transactions: the connection must be idle (outside a transacti
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -24,7 +25,15 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA
-from pgonce.core.checks import check_connection, check_int, check_optional_time, check_str
+from pgonce.core.checks import (
+    check_connection,
+    check_duration,
+    check_int,
+    check_optional_time,
+    check_str,
+    check_strs,
+    storable_text,
+)
 from pgonce.core.leases import (
     DEFAULT_LEASE,
     Abandoned,
@@ -55,7 +64,7 @@ from pgonce.store._async.sweeper import StopSignal, _wait
 from pgonce.store.common import check_key_settings
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
-from pgonce.store.heartbeat import AsyncHeartbeat
+from pgonce.store.heartbeat import AsyncCallback, AsyncHeartbeat
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -72,6 +81,13 @@ DEFAULT_COMPLETE_MAX_AGE = timedelta(hours=1)
 #: provider outage of a few minutes is ridden out, a request that can never succeed is not
 #: retried forever.
 DEFAULT_RETIRE_AFTER = 5
+
+#: Why a second write of one holder is refused while one runs.
+_BUSY = (
+    "a two-phase operation runs one phase, call or write at a time: a phase inside a phase, or "
+    "two at once (asyncio.gather, threads), would share one connection and record stale "
+    "state; run them one after the other"
+)
 
 Row = TypeVar("Row")
 #: What a phase returns: recorded as JSON, and read back from it when a retry skips the phase.
@@ -240,17 +256,31 @@ class AsyncPhaseStore:
         return op
 
     async def abandoned(
-        self, conn: AsyncConnection[Row], *, limit: int = 100, now: datetime | None = None
+        self,
+        conn: AsyncConnection[Row],
+        *,
+        limit: int = 100,
+        operations: Iterable[str] | None = None,
+        max_age: timedelta | None = None,
+        now: datetime | None = None,
     ) -> list[Abandoned]:
-        """Up to ``limit`` requests of a registered operation whose lease has expired."""
+        """Up to ``limit`` requests of a registered operation whose lease has expired.
+
+        Only of the ``operations`` named (None: any), and claimed no longer than ``max_age`` ago
+        (None: whenever): what the completer would leave alone must not take its page.
+        """
         check_int(limit, "limit")
         check_optional_time(now)
+        if max_age is not None:
+            check_duration(max_age, "max_age")
+        names = None if operations is None else check_strs(operations, "operations")
         self._check_idle(conn)
+        params = {"now": now, "limit": limit, "operations": names, "max_age": max_age}
         # A transaction of its own, ended here: the takeovers that follow need an idle
         # connection, whether or not it is in autocommit.
         with translate_errors("reading abandoned two-phase keys"):
             async with conn.transaction():
-                cur = await cursor(conn).execute(self._sql.abandoned, {"now": now, "limit": limit})
+                cur = await cursor(conn).execute(self._sql.abandoned, params)
                 rows = await cur.fetchall()
         return [Abandoned(*row) for row in rows]
 
@@ -273,8 +303,16 @@ class AsyncPhaseStore:
         request claimed more than ``max_age`` ago is left to the health check's stuck phases.
         """
         check_retire_after(retire_after)
+        if not isinstance(operations, Mapping):
+            raise UsageError(
+                "operations maps each operation's name to its registered work, not "
+                f"{type(operations).__name__}"
+            )
         done = CompleterPass()
-        for item in await self.abandoned(conn, limit=limit, now=now):
+        found = await self.abandoned(
+            conn, limit=limit, operations=list(operations), max_age=max_age, now=now
+        )
+        for item in found:
             work = operations.get(item.operation)
             if work is None:
                 continue
@@ -286,12 +324,18 @@ class AsyncPhaseStore:
                 done.retired += 1
                 continue
             try:
-                await op.run(work, now=now)
+                response = await op.run(work, now=now)
             except LeaseLost:
                 continue
             except Exception as error:  # the work failed: recorded, tried again next pass
                 done.failed += 1
                 done.errors.append(f"{item.scope}/{item.key}: {_describe(error)}")
+                continue
+            if not op.stored:  # a 5xx answer, not stored: the lease ended, tried again next pass
+                done.failed += 1
+                done.errors.append(
+                    f"{item.scope}/{item.key}: not stored: answered {response.status}"
+                )
                 continue
             done.finished += 1
         return done
@@ -335,20 +379,37 @@ async def complete_every(
     """The in-process completer: a pass now, then one every ``every``, until ``stop`` is set.
 
     A pass takes a connection from ``pool`` and gives it back when done. A pass that fails on
-    the database is logged and tried again at the next tick; a request whose work fails is
-    logged once per failure, and its lease ended so that the next pass resumes it.
+    the database (or finds the pool busy for its whole timeout) is tried again at the next tick:
+    the first failure of a run of them is logged as a warning, the others at debug level, and
+    the pass that succeeds again once more. A request whose work fails is logged once per
+    failure, and its lease ended so that the next pass resumes it.
     """
     if every <= timedelta(0):
         raise UsageError("the completer's interval must be positive")
+    failed_in_a_row = 0
     while not stop.is_set():
         try:
             async with pool.connection() as conn:
                 done = await store.complete(
                     conn, operations, max_age=max_age, retire_after=retire_after
                 )
-        except DatabaseError as error:
-            log.warning("completer pass failed, retrying in %s: %s", every, error)
+        # psycopg's own errors too: the pool's timeout (PoolTimeout) and a connection that
+        # breaks while the pool hands it over are raised by the pool, untranslated.
+        except (DatabaseError, psycopg.Error) as error:
+            failed_in_a_row += 1
+            if failed_in_a_row == 1:
+                log.warning(
+                    "completer pass failed (%s: %s); it tries again every %s",
+                    type(error).__name__,
+                    error,
+                    every,
+                )
+            else:
+                log.debug("completer pass failed again (%d in a row): %s", failed_in_a_row, error)
         else:
+            if failed_in_a_row:
+                log.info("completer pass succeeded again after %d failures", failed_in_a_row)
+                failed_in_a_row = 0
             for line in done.errors:
                 log.warning("abandoned request failed again, retried in %s: %s", every, line)
             if done.finished or done.retired:
@@ -398,6 +459,7 @@ class AsyncPhasedOperation(Generic[Row]):
         #: True once a write or a heartbeat of this holder was refused: the key was taken over,
         #: and every later write raises :class:`~pgonce.errors.LeaseLost` without being tried.
         self.lost = False
+        self._busy = False
 
     def _hold(
         self,
@@ -449,15 +511,18 @@ class AsyncPhasedOperation(Generic[Row]):
         The phase's writes (on ``conn``) and its recovery point commit together, fenced: a
         holder whose key was taken over commits nothing and gets
         :class:`~pgonce.errors.LeaseLost`. A phase already passed is skipped, and what it
-        returned then is returned again (read back from JSON).
+        returned then is returned again (read back from JSON). The phase counts as passed only
+        once its COMMIT succeeded: a phase whose commit failed runs again when retried.
         """
-        self._check_holding(name, now)
+        self._check_holding(name, now, idle=True)
         if name in self.state:
             return self.state[name]  # type: ignore[no-any-return]
         conn = self._conn
-        async with conn.transaction():
-            value = await work(conn)
-            await self._record(name, value, now)
+        with self._exclusive():
+            async with self._transaction("a phase"):
+                value = await AsyncCallback.result(work(conn), f"phase {name!r}'s work")
+                state = await self._record(name, value, now)
+        self._passed(name, state)
         return value
 
     async def call(
@@ -478,28 +543,40 @@ class AsyncPhasedOperation(Generic[Row]):
         While ``work`` runs, a heartbeat renews the lease every ``heartbeat`` of the store on
         this connection (``work`` must not use it), so a call longer than the lease keeps the
         key. ``now`` is the time of the record; ``clock`` gives the time of each renewal
-        (default: ``now``, or the database's clock when ``now`` is None). A renewal that finds
-        the key taken over means the call's value must not count: the heartbeat stops, and once
-        ``work`` returns this raises :class:`~pgonce.errors.LeaseLost` without recording it.
+        (default: ``now``, or the database's clock when ``now`` is None); it is read once before
+        the call, so that a clock that gives no aware datetime fails here, not in the heartbeat.
+        A renewal that finds the key taken over means the call's value must not count: the
+        heartbeat stops, and once ``work`` returns this raises
+        :class:`~pgonce.errors.LeaseLost` without recording it.
         """
-        self._check_holding(name, now)
-        if clock is not None and not callable(clock):
-            raise UsageError("clock must be a function that returns a datetime, or None")
+        self._check_holding(name, now, idle=True)
+        if clock is not None:
+            if not callable(clock):
+                raise UsageError("clock must be a function that returns a datetime, or None")
+            check_optional_time(clock(), "the clock's time")
         if name in self.state:
             return self.state[name]  # type: ignore[no-any-return]
 
         async def beat() -> None:
-            await self.renew(now=now if clock is None else clock())
+            await self._renew(now if clock is None else clock())
 
-        async with AsyncHeartbeat(beat, self._store.heartbeat) as heartbeat:
-            value = await work(self.idempotency_key(name))
-        if heartbeat.lost:
-            raise self._lost()
-        async with self._conn.transaction():
-            await self._record(name, value, now)
+        with self._exclusive():
+            async with AsyncHeartbeat(beat, self._store.heartbeat) as heartbeat:
+                value = await AsyncCallback.result(
+                    work(self.idempotency_key(name)), f"call {name!r}'s work"
+                )
+            if heartbeat.lost:
+                raise self._lost()
+            if heartbeat.error is not None:
+                raise heartbeat.error
+            async with self._transaction("recording a call"):
+                state = await self._record(name, value, now)
+        self._passed(name, state)
         return value
 
-    async def _record(self, name: str, value: object, now: datetime | None) -> None:
+    async def _record(self, name: str, value: object, now: datetime | None) -> dict[str, Any]:
+        """The phase's record, in the caller's transaction; the state it recorded, which
+        counts only once that transaction committed."""
         check_state(value, name)
         state = {**self.state, name: value}
         with translate_errors("recording a phase"):
@@ -509,11 +586,19 @@ class AsyncPhasedOperation(Generic[Row]):
             )
         if cur.rowcount != 1:
             raise self._lost()
+        return state
+
+    def _passed(self, name: str, state: dict[str, Any]) -> None:
         self.state = state
         self.point = name
 
     async def renew(self, *, now: datetime | None = None) -> None:
         """The heartbeat: the lease runs for the store's ``lease`` from ``now`` on."""
+        self._check_holding(None, now)
+        with self._exclusive():
+            await self._renew(now)
+
+    async def _renew(self, now: datetime | None) -> None:
         self._check_holding(None, now)
         with translate_errors("renewing a lease"):
             async with self._conn.transaction():
@@ -536,15 +621,18 @@ class AsyncPhasedOperation(Generic[Row]):
         :meth:`fail`): the key stays claimed, and the next retry resumes from the recovery point.
         ``force`` stores it whatever its status (the completer's retired answer).
         """
-        self._check_holding(None, now)
+        self._check_holding(None, now, idle=True)
         validate_response(response)
-        if not force and not self._store.stores(response):
-            await self.fail(f"answered {response.status}", now=now)
-            return False
-        async with self._conn.transaction():
-            if writes is not None:
-                await writes(self._conn)
-            await self._store_answer(self._store._sql.finish, response, now)
+        conn = self._conn
+        with self._exclusive():
+            if not force and not self._store.stores(response):
+                await self._fail(f"answered {response.status}", now)
+                return False
+            async with self._transaction("storing a two-phase answer"):
+                if writes is not None:
+                    await AsyncCallback.result(writes(conn), "the answer's writes")
+                await self._store_answer(self._store._sql.finish, response, now)
+        self._answered(response)
         return True
 
     async def retire(self, *, now: datetime | None = None) -> Response:
@@ -555,12 +643,14 @@ class AsyncPhasedOperation(Generic[Row]):
         answer, and nothing runs again. Unlike :meth:`finish`, the lease row is kept (with
         ``locked_until`` infinity) as the record of the retirement, with the recovery point, the
         attempts and the last error: the health check counts it (``retired requests``) until
-        the sweeper deletes the key.
+        the sweeper deletes the key. No write of this holder is accepted after it.
         """
-        self._check_holding(None, now)
+        self._check_holding(None, now, idle=True)
         response = retired_response(self.scope, self.key, self.attempts - 1, self.last_error)
-        async with self._conn.transaction():
-            await self._store_answer(self._store._sql.retire, response, now)
+        with self._exclusive():
+            async with self._transaction("retiring a two-phase request"):
+                await self._store_answer(self._store._sql.retire, response, now)
+        self._answered(response)
         return response
 
     async def _store_answer(
@@ -572,6 +662,9 @@ class AsyncPhasedOperation(Generic[Row]):
             cur = await cursor(self._conn).execute(statement, params)
         if cur.rowcount != 1:
             raise self._lost()
+
+    def _answered(self, response: Response) -> None:
+        """The answer is stored (its transaction committed): this holder's work is over."""
         self.response = response
         self.stored = True
 
@@ -581,6 +674,10 @@ class AsyncPhasedOperation(Generic[Row]):
         taken over."""
         self._check_holding(None, now)
         check_str(error, "the error")
+        with self._exclusive():
+            await self._fail(error, now)
+
+    async def _fail(self, error: str, now: datetime | None) -> None:
         with translate_errors("ending a lease"):
             async with self._conn.transaction():
                 cur = await cursor(self._conn).execute(
@@ -588,6 +685,28 @@ class AsyncPhasedOperation(Generic[Row]):
                 )
         if cur.rowcount != 1:
             raise self._lost()
+
+    async def release(self, *, now: datetime | None = None) -> None:
+        """Free the key of a request that never began: its claim and its lease are deleted, in
+        one fenced transaction, as a one-transaction route's rollback frees its key.
+
+        For a request refused before its endpoint ran (authentication, validation): the next
+        request with the key is a new claim. Refused (:class:`~pgonce.errors.UsageError`) once
+        a phase was recorded, by this holder or an earlier one: that request resumes instead.
+        """
+        self._check_holding(None, now, idle=True)
+        if self.state:
+            raise UsageError(
+                "a request that recorded a phase is resumed, not released: end its lease "
+                "with fail()"
+            )
+        with self._exclusive():
+            async with self._transaction("releasing a two-phase key"):
+                cur = await cursor(self._conn).execute(self._store._sql.release, self._keyed(now))
+                if cur.rowcount != 1:
+                    raise self._lost()
+        # Nothing of this holder remains: no later write of it is tried.
+        self.lost = True
 
     async def run(self, work: Work, *, now: datetime | None = None) -> Response:
         """Run ``work(self)`` and store the answer it returns; the answer.
@@ -600,7 +719,7 @@ class AsyncPhasedOperation(Generic[Row]):
         if not self.won:
             return self.response  # type: ignore[return-value]
         try:
-            response = await work(self)
+            response = await AsyncCallback.result(work(self), "the request's work")
             await self.finish(response, now=now)
         except LeaseLost:
             raise
@@ -611,14 +730,57 @@ class AsyncPhasedOperation(Generic[Row]):
             raise
         return response
 
-    def _check_holding(self, phase: str | None, now: datetime | None) -> None:
+    def _check_holding(
+        self, phase: str | None, now: datetime | None, *, idle: bool = False
+    ) -> None:
         if not self.won:
             raise UsageError("only the holder of a two-phase claim (op.won) runs its phases")
         if phase is not None:
             check_phase(phase)
         check_optional_time(now)
+        if self.stored:
+            raise UsageError(
+                "this two-phase request is already finished (its answer is stored): no write "
+                "of its holder is accepted after it"
+            )
         if self.lost:
             raise LeaseLost(self.scope, self.key, self.token)
+        if idle and self._busy:
+            raise UsageError(_BUSY)
+        if idle and self._conn.info.transaction_status != TransactionStatus.IDLE:
+            raise UsageError(
+                "each phase of a two-phase key commits in a transaction of its own: the "
+                "connection must be idle, outside a transaction"
+            )
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One write of this holder at a time: its phases commit in turn on one connection,
+        each recording the state the one before left."""
+        if self._busy:
+            raise UsageError(_BUSY)
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+
+    @asynccontextmanager
+    async def _transaction(self, what: str) -> AsyncIterator[None]:
+        """A transaction of pgonce's own on the holder's connection: its BEGIN and COMMIT fail
+        as pgonce's errors (a lost connection is DatabaseUnavailable); what the block raises,
+        the caller's work included, propagates as it is after the rollback."""
+        transaction = self._conn.transaction()
+        with translate_errors(f"starting {what}"):
+            await transaction.__aenter__()
+        try:
+            yield
+        except BaseException as error:
+            # psycopg logs and ignores a failed ROLLBACK: the block's error is the one to see.
+            await transaction.__aexit__(type(error), error, error.__traceback__)
+            raise
+        with translate_errors(f"committing {what}"):
+            await transaction.__aexit__(None, None, None)
 
     def _lost(self) -> LeaseLost:
         """The key was taken over: no later write of this holder is tried."""
@@ -646,4 +808,6 @@ def _taken(
 def _describe(error: BaseException) -> str:
     """A failure as the lease records it: the type and the first line of the message."""
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    # A message may carry a NUL or a lone surrogate (a provider's bytes echoed back): the note
+    # must still be storable, or the lease would not end and the work's error would be lost.
+    return storable_text(f"{type(error).__name__}: {text[0]}" if text else type(error).__name__)

@@ -16,7 +16,8 @@ pgonce owns these transactions: the connection must be idle (outside a transacti
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -26,7 +27,15 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_CLAIM_WAIT, DEFAULT_RETRY_AFTER, DEFAULT_SCHEMA
-from pgonce.core.checks import check_connection, check_int, check_optional_time, check_str
+from pgonce.core.checks import (
+    check_connection,
+    check_duration,
+    check_int,
+    check_optional_time,
+    check_str,
+    check_strs,
+    storable_text,
+)
 from pgonce.core.leases import (
     DEFAULT_LEASE,
     Abandoned,
@@ -57,7 +66,7 @@ from pgonce.store._sync.sweeper import StopSignal, _wait
 from pgonce.store.common import check_key_settings
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
-from pgonce.store.heartbeat import Heartbeat
+from pgonce.store.heartbeat import Callback, Heartbeat
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -74,6 +83,13 @@ DEFAULT_COMPLETE_MAX_AGE = timedelta(hours=1)
 #: provider outage of a few minutes is ridden out, a request that can never succeed is not
 #: retried forever.
 DEFAULT_RETIRE_AFTER = 5
+
+#: Why a second write of one holder is refused while one runs.
+_BUSY = (
+    "a two-phase operation runs one phase, call or write at a time: a phase inside a phase, or "
+    "two at once (time.gather, threads), would share one connection and record stale "
+    "state; run them one after the other"
+)
 
 Row = TypeVar("Row")
 #: What a phase returns: recorded as JSON, and read back from it when a retry skips the phase.
@@ -242,16 +258,30 @@ class PhaseStore:
         return op
 
     def abandoned(
-        self, conn: Connection[Row], *, limit: int = 100, now: datetime | None = None
+        self,
+        conn: Connection[Row],
+        *,
+        limit: int = 100,
+        operations: Iterable[str] | None = None,
+        max_age: timedelta | None = None,
+        now: datetime | None = None,
     ) -> list[Abandoned]:
-        """Up to ``limit`` requests of a registered operation whose lease has expired."""
+        """Up to ``limit`` requests of a registered operation whose lease has expired.
+
+        Only of the ``operations`` named (None: any), and claimed no longer than ``max_age`` ago
+        (None: whenever): what the completer would leave alone must not take its page.
+        """
         check_int(limit, "limit")
         check_optional_time(now)
+        if max_age is not None:
+            check_duration(max_age, "max_age")
+        names = None if operations is None else check_strs(operations, "operations")
         self._check_idle(conn)
+        params = {"now": now, "limit": limit, "operations": names, "max_age": max_age}
         # A transaction of its own, ended here: the takeovers that follow need an idle
         # connection, whether or not it is in autocommit.
         with translate_errors("reading abandoned two-phase keys"), conn.transaction():
-            cur = cursor(conn).execute(self._sql.abandoned, {"now": now, "limit": limit})
+            cur = cursor(conn).execute(self._sql.abandoned, params)
             rows = cur.fetchall()
         return [Abandoned(*row) for row in rows]
 
@@ -274,8 +304,16 @@ class PhaseStore:
         request claimed more than ``max_age`` ago is left to the health check's stuck phases.
         """
         check_retire_after(retire_after)
+        if not isinstance(operations, Mapping):
+            raise UsageError(
+                "operations maps each operation's name to its registered work, not "
+                f"{type(operations).__name__}"
+            )
         done = CompleterPass()
-        for item in self.abandoned(conn, limit=limit, now=now):
+        found = self.abandoned(
+            conn, limit=limit, operations=list(operations), max_age=max_age, now=now
+        )
+        for item in found:
             work = operations.get(item.operation)
             if work is None:
                 continue
@@ -287,12 +325,18 @@ class PhaseStore:
                 done.retired += 1
                 continue
             try:
-                op.run(work, now=now)
+                response = op.run(work, now=now)
             except LeaseLost:
                 continue
             except Exception as error:  # the work failed: recorded, tried again next pass
                 done.failed += 1
                 done.errors.append(f"{item.scope}/{item.key}: {_describe(error)}")
+                continue
+            if not op.stored:  # a 5xx answer, not stored: the lease ended, tried again next pass
+                done.failed += 1
+                done.errors.append(
+                    f"{item.scope}/{item.key}: not stored: answered {response.status}"
+                )
                 continue
             done.finished += 1
         return done
@@ -336,18 +380,35 @@ def complete_every(
     """The in-process completer: a pass now, then one every ``every``, until ``stop`` is set.
 
     A pass takes a connection from ``pool`` and gives it back when done. A pass that fails on
-    the database is logged and tried again at the next tick; a request whose work fails is
-    logged once per failure, and its lease ended so that the next pass resumes it.
+    the database (or finds the pool busy for its whole timeout) is tried again at the next tick:
+    the first failure of a run of them is logged as a warning, the others at debug level, and
+    the pass that succeeds again once more. A request whose work fails is logged once per
+    failure, and its lease ended so that the next pass resumes it.
     """
     if every <= timedelta(0):
         raise UsageError("the completer's interval must be positive")
+    failed_in_a_row = 0
     while not stop.is_set():
         try:
             with pool.connection() as conn:
                 done = store.complete(conn, operations, max_age=max_age, retire_after=retire_after)
-        except DatabaseError as error:
-            log.warning("completer pass failed, retrying in %s: %s", every, error)
+        # psycopg's own errors too: the pool's timeout (PoolTimeout) and a connection that
+        # breaks while the pool hands it over are raised by the pool, untranslated.
+        except (DatabaseError, psycopg.Error) as error:
+            failed_in_a_row += 1
+            if failed_in_a_row == 1:
+                log.warning(
+                    "completer pass failed (%s: %s); it tries again every %s",
+                    type(error).__name__,
+                    error,
+                    every,
+                )
+            else:
+                log.debug("completer pass failed again (%d in a row): %s", failed_in_a_row, error)
         else:
+            if failed_in_a_row:
+                log.info("completer pass succeeded again after %d failures", failed_in_a_row)
+                failed_in_a_row = 0
             for line in done.errors:
                 log.warning("abandoned request failed again, retried in %s: %s", every, line)
             if done.finished or done.retired:
@@ -395,6 +456,7 @@ class PhasedOperation(Generic[Row]):
         #: True once a write or a heartbeat of this holder was refused: the key was taken over,
         #: and every later write raises :class:`~pgonce.errors.LeaseLost` without being tried.
         self.lost = False
+        self._busy = False
 
     def _hold(
         self,
@@ -446,15 +508,17 @@ class PhasedOperation(Generic[Row]):
         The phase's writes (on ``conn``) and its recovery point commit together, fenced: a
         holder whose key was taken over commits nothing and gets
         :class:`~pgonce.errors.LeaseLost`. A phase already passed is skipped, and what it
-        returned then is returned again (read back from JSON).
+        returned then is returned again (read back from JSON). The phase counts as passed only
+        once its COMMIT succeeded: a phase whose commit failed runs again when retried.
         """
-        self._check_holding(name, now)
+        self._check_holding(name, now, idle=True)
         if name in self.state:
             return self.state[name]  # type: ignore[no-any-return]
         conn = self._conn
-        with conn.transaction():
-            value = work(conn)
-            self._record(name, value, now)
+        with self._exclusive(), self._transaction("a phase"):
+            value = Callback.result(work(conn), f"phase {name!r}'s work")
+            state = self._record(name, value, now)
+        self._passed(name, state)
         return value
 
     def call(
@@ -475,28 +539,38 @@ class PhasedOperation(Generic[Row]):
         While ``work`` runs, a heartbeat renews the lease every ``heartbeat`` of the store on
         this connection (``work`` must not use it), so a call longer than the lease keeps the
         key. ``now`` is the time of the record; ``clock`` gives the time of each renewal
-        (default: ``now``, or the database's clock when ``now`` is None). A renewal that finds
-        the key taken over means the call's value must not count: the heartbeat stops, and once
-        ``work`` returns this raises :class:`~pgonce.errors.LeaseLost` without recording it.
+        (default: ``now``, or the database's clock when ``now`` is None); it is read once before
+        the call, so that a clock that gives no aware datetime fails here, not in the heartbeat.
+        A renewal that finds the key taken over means the call's value must not count: the
+        heartbeat stops, and once ``work`` returns this raises
+        :class:`~pgonce.errors.LeaseLost` without recording it.
         """
-        self._check_holding(name, now)
-        if clock is not None and not callable(clock):
-            raise UsageError("clock must be a function that returns a datetime, or None")
+        self._check_holding(name, now, idle=True)
+        if clock is not None:
+            if not callable(clock):
+                raise UsageError("clock must be a function that returns a datetime, or None")
+            check_optional_time(clock(), "the clock's time")
         if name in self.state:
             return self.state[name]  # type: ignore[no-any-return]
 
         def beat() -> None:
-            self.renew(now=now if clock is None else clock())
+            self._renew(now if clock is None else clock())
 
-        with Heartbeat(beat, self._store.heartbeat) as heartbeat:
-            value = work(self.idempotency_key(name))
-        if heartbeat.lost:
-            raise self._lost()
-        with self._conn.transaction():
-            self._record(name, value, now)
+        with self._exclusive():
+            with Heartbeat(beat, self._store.heartbeat) as heartbeat:
+                value = Callback.result(work(self.idempotency_key(name)), f"call {name!r}'s work")
+            if heartbeat.lost:
+                raise self._lost()
+            if heartbeat.error is not None:
+                raise heartbeat.error
+            with self._transaction("recording a call"):
+                state = self._record(name, value, now)
+        self._passed(name, state)
         return value
 
-    def _record(self, name: str, value: object, now: datetime | None) -> None:
+    def _record(self, name: str, value: object, now: datetime | None) -> dict[str, Any]:
+        """The phase's record, in the caller's transaction; the state it recorded, which
+        counts only once that transaction committed."""
         check_state(value, name)
         state = {**self.state, name: value}
         with translate_errors("recording a phase"):
@@ -506,11 +580,19 @@ class PhasedOperation(Generic[Row]):
             )
         if cur.rowcount != 1:
             raise self._lost()
+        return state
+
+    def _passed(self, name: str, state: dict[str, Any]) -> None:
         self.state = state
         self.point = name
 
     def renew(self, *, now: datetime | None = None) -> None:
         """The heartbeat: the lease runs for the store's ``lease`` from ``now`` on."""
+        self._check_holding(None, now)
+        with self._exclusive():
+            self._renew(now)
+
+    def _renew(self, now: datetime | None) -> None:
         self._check_holding(None, now)
         with translate_errors("renewing a lease"), self._conn.transaction():
             cur = cursor(self._conn).execute(self._store._sql.renew, self._keyed(now))
@@ -532,15 +614,18 @@ class PhasedOperation(Generic[Row]):
         :meth:`fail`): the key stays claimed, and the next retry resumes from the recovery point.
         ``force`` stores it whatever its status (the completer's retired answer).
         """
-        self._check_holding(None, now)
+        self._check_holding(None, now, idle=True)
         validate_response(response)
-        if not force and not self._store.stores(response):
-            self.fail(f"answered {response.status}", now=now)
-            return False
-        with self._conn.transaction():
-            if writes is not None:
-                writes(self._conn)
-            self._store_answer(self._store._sql.finish, response, now)
+        conn = self._conn
+        with self._exclusive():
+            if not force and not self._store.stores(response):
+                self._fail(f"answered {response.status}", now)
+                return False
+            with self._transaction("storing a two-phase answer"):
+                if writes is not None:
+                    Callback.result(writes(conn), "the answer's writes")
+                self._store_answer(self._store._sql.finish, response, now)
+        self._answered(response)
         return True
 
     def retire(self, *, now: datetime | None = None) -> Response:
@@ -551,12 +636,13 @@ class PhasedOperation(Generic[Row]):
         answer, and nothing runs again. Unlike :meth:`finish`, the lease row is kept (with
         ``locked_until`` infinity) as the record of the retirement, with the recovery point, the
         attempts and the last error: the health check counts it (``retired requests``) until
-        the sweeper deletes the key.
+        the sweeper deletes the key. No write of this holder is accepted after it.
         """
-        self._check_holding(None, now)
+        self._check_holding(None, now, idle=True)
         response = retired_response(self.scope, self.key, self.attempts - 1, self.last_error)
-        with self._conn.transaction():
+        with self._exclusive(), self._transaction("retiring a two-phase request"):
             self._store_answer(self._store._sql.retire, response, now)
+        self._answered(response)
         return response
 
     def _store_answer(self, statement: bytes, response: Response, now: datetime | None) -> None:
@@ -566,6 +652,9 @@ class PhasedOperation(Generic[Row]):
             cur = cursor(self._conn).execute(statement, params)
         if cur.rowcount != 1:
             raise self._lost()
+
+    def _answered(self, response: Response) -> None:
+        """The answer is stored (its transaction committed): this holder's work is over."""
         self.response = response
         self.stored = True
 
@@ -575,12 +664,37 @@ class PhasedOperation(Generic[Row]):
         taken over."""
         self._check_holding(None, now)
         check_str(error, "the error")
+        with self._exclusive():
+            self._fail(error, now)
+
+    def _fail(self, error: str, now: datetime | None) -> None:
         with translate_errors("ending a lease"), self._conn.transaction():
             cur = cursor(self._conn).execute(
                 self._store._sql.fail, {**self._keyed(now), "error": error[:1000]}
             )
         if cur.rowcount != 1:
             raise self._lost()
+
+    def release(self, *, now: datetime | None = None) -> None:
+        """Free the key of a request that never began: its claim and its lease are deleted, in
+        one fenced transaction, as a one-transaction route's rollback frees its key.
+
+        For a request refused before its endpoint ran (authentication, validation): the next
+        request with the key is a new claim. Refused (:class:`~pgonce.errors.UsageError`) once
+        a phase was recorded, by this holder or an earlier one: that request resumes instead.
+        """
+        self._check_holding(None, now, idle=True)
+        if self.state:
+            raise UsageError(
+                "a request that recorded a phase is resumed, not released: end its lease "
+                "with fail()"
+            )
+        with self._exclusive(), self._transaction("releasing a two-phase key"):
+            cur = cursor(self._conn).execute(self._store._sql.release, self._keyed(now))
+            if cur.rowcount != 1:
+                raise self._lost()
+        # Nothing of this holder remains: no later write of it is tried.
+        self.lost = True
 
     def run(self, work: Work, *, now: datetime | None = None) -> Response:
         """Run ``work(self)`` and store the answer it returns; the answer.
@@ -593,7 +707,7 @@ class PhasedOperation(Generic[Row]):
         if not self.won:
             return self.response  # type: ignore[return-value]
         try:
-            response = work(self)
+            response = Callback.result(work(self), "the request's work")
             self.finish(response, now=now)
         except LeaseLost:
             raise
@@ -604,14 +718,57 @@ class PhasedOperation(Generic[Row]):
             raise
         return response
 
-    def _check_holding(self, phase: str | None, now: datetime | None) -> None:
+    def _check_holding(
+        self, phase: str | None, now: datetime | None, *, idle: bool = False
+    ) -> None:
         if not self.won:
             raise UsageError("only the holder of a two-phase claim (op.won) runs its phases")
         if phase is not None:
             check_phase(phase)
         check_optional_time(now)
+        if self.stored:
+            raise UsageError(
+                "this two-phase request is already finished (its answer is stored): no write "
+                "of its holder is accepted after it"
+            )
         if self.lost:
             raise LeaseLost(self.scope, self.key, self.token)
+        if idle and self._busy:
+            raise UsageError(_BUSY)
+        if idle and self._conn.info.transaction_status != TransactionStatus.IDLE:
+            raise UsageError(
+                "each phase of a two-phase key commits in a transaction of its own: the "
+                "connection must be idle, outside a transaction"
+            )
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One write of this holder at a time: its phases commit in turn on one connection,
+        each recording the state the one before left."""
+        if self._busy:
+            raise UsageError(_BUSY)
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+
+    @contextmanager
+    def _transaction(self, what: str) -> Iterator[None]:
+        """A transaction of pgonce's own on the holder's connection: its BEGIN and COMMIT fail
+        as pgonce's errors (a lost connection is DatabaseUnavailable); what the block raises,
+        the caller's work included, propagates as it is after the rollback."""
+        transaction = self._conn.transaction()
+        with translate_errors(f"starting {what}"):
+            transaction.__enter__()
+        try:
+            yield
+        except BaseException as error:
+            # psycopg logs and ignores a failed ROLLBACK: the block's error is the one to see.
+            transaction.__exit__(type(error), error, error.__traceback__)
+            raise
+        with translate_errors(f"committing {what}"):
+            transaction.__exit__(None, None, None)
 
     def _lost(self) -> LeaseLost:
         """The key was taken over: no later write of this holder is tried."""
@@ -639,4 +796,6 @@ def _taken(
 def _describe(error: BaseException) -> str:
     """A failure as the lease records it: the type and the first line of the message."""
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    # A message may carry a NUL or a lone surrogate (a provider's bytes echoed back): the note
+    # must still be storable, or the lease would not end and the work's error would be lost.
+    return storable_text(f"{type(error).__name__}: {text[0]}" if text else type(error).__name__)
