@@ -127,7 +127,11 @@ READERS: dict[str, dict[str, tuple[str, str, dict[str, Any]]]] = {
             {"scope": "s", "key": "k", "token": 1, "now": None, "lease": timedelta(seconds=30)},
         ),
         # The completer's search for expired leases.
-        "key_leases_expired": ("phases", "abandoned", {"now": None, "limit": 100}),
+        "key_leases_expired": (
+            "phases",
+            "abandoned",
+            {"now": None, "limit": 100, "operations": ["pay"], "max_age": timedelta(hours=1)},
+        ),
     },
     "sweep_marks": {
         # The upsert of every sweep batch; health reads one target's few rows.

@@ -142,8 +142,8 @@ DELETE FROM {schema}.keys AS k
  WHERE k.scope = f.scope AND k.key = f.key AND k.response_headers IS NULL
 
 -- name: abandoned
--- Requests the completer may finish: an operation it runs (%(operations)s, NULL: any named one)
--- whose lease has expired, claimed no longer than %(max_age)s ago (NULL: any), oldest expiry
+-- Requests the completer may finish: an operation it runs (`operations`; NULL: any named one)
+-- whose lease has expired, claimed no longer than `max_age` ago (NULL: any), oldest expiry
 -- first (key_leases_expired reads only those). The rows the completer would skip are filtered
 -- here, so that they never fill the page and starve the requests it can finish.
 SELECT l.scope, l.key, l.operation, l.attempts
