@@ -6,8 +6,9 @@ batch and died before marking it does not even create a duplicate on the stream 
 publishes again within the window. A batch is pipelined on one connection (the stream stores it in
 order) and a message counts as acknowledged when its PubAck arrived (a PubAck flagged
 ``duplicate`` is an acknowledgement too: the stream has the message). An error answer (no stream
-for the subject, a stream limit) is a refusal; a timeout or a lost connection leaves the message
-unsettled.
+for the subject, a stream limit) is a refusal, and so is a payload above the server's
+``max_payload``, refused before it is sent (the rows of its aggregate behind it in the batch are not
+sent and wait for it); a timeout or a lost connection leaves the message unsettled.
 
 The PubAcks are collected here rather than through ``JetStreamContext.publish_async``: every
 message is a core ``publish`` whose reply subject ends in a token of this connection, one
@@ -206,15 +207,35 @@ class NatsPublisher:
             connection.inbox,
             connection.tokens,
         )
+        kinds: dict[int, str] = {}
+        # Aggregates with a row refused before it was sent: their later rows wait behind it.
+        held: set[tuple[str, str]] = set()
+        max_payload = client.max_payload
         try:
             for message in batch:
+                if held and (message.aggregatetype, message.aggregateid) in held:
+                    pending.settle()
+                    continue
+                payload = body(message)
+                if len(payload) > max_payload:
+                    # The client would raise for it as if the connection broke: the row would
+                    # be unsettled for ever, and every batch would stop at it. It is refused
+                    # instead (an attempt counted, parked in the end), and the rest goes on.
+                    pending.refused[message.id] = (
+                        f"the payload of {len(payload)} bytes is above the NATS server's "
+                        f"max_payload of {max_payload} bytes"
+                    )
+                    kinds[message.id] = "too_large"
+                    held.add((message.aggregatetype, message.aggregateid))
+                    pending.settle()
+                    continue
                 headers = message_headers(message)
                 headers[MSG_ID_HEADER] = message.message_id
                 token = str(next(next_token))
                 waiting[token] = (pending, message.id)
                 tokens.append(token)
                 await client.publish(
-                    self.routing(message), body(message), reply=f"{inbox}.{token}", headers=headers
+                    self.routing(message), payload, reply=f"{inbox}.{token}", headers=headers
                 )
         except (OSError, nats.errors.Error) as error:
             # The connection broke mid-batch: what was not sent is unsettled, and no answer
@@ -230,7 +251,7 @@ class NatsPublisher:
                 lost = f"no acknowledgement from JetStream within {seconds:g} s"
         if lost or not connection.client.is_connected:
             await self.close()
-        return PublishResult(frozenset(pending.acked), pending.refused, lost=lost)
+        return PublishResult(frozenset(pending.acked), pending.refused, kinds, lost)
 
     async def close(self) -> None:
         connection, self._connection = self._connection, None
