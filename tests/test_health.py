@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from pgonce.core.retention import Retention, RetentionPolicy
+from pgonce.errors import UsageError
 from pgonce.store._async.health import AsyncHealthCheck as AnyAsyncHealthCheck
 from pgonce.store._sync.health import HealthCheck as AnyHealthCheck
 from pgonce.store._sync.sweeper import Sweeper as AnySweeper
@@ -290,3 +291,12 @@ def test_the_horizon_judgement() -> None:
     blind = MvccHorizon(None, None, 0, sees_all=False)
     assert judge_mvcc_horizon(blind).status == "warn"
     assert "pg_monitor" in judge_mvcc_horizon(blind).detail
+
+
+def test_a_naive_now_is_refused(dsn: str) -> None:
+    # Read in the session's time zone, a naive clock would shift every age the report judges.
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        pytest.raises(UsageError, match="timezone-aware"),
+    ):
+        HealthCheck().check(conn, now=NOW.replace(tzinfo=None))

@@ -457,3 +457,64 @@ def test_each_batch_commits_on_a_connection_without_autocommit(dsn: str) -> None
         Sweeper(limits=limits(10)).sweep(conn, now=NOW, on_batch=on_batch)
         assert conn.info.transaction_status == TransactionStatus.IDLE
     assert seen == [20, 10, 0, 0]
+
+
+def test_a_naive_now_is_refused_and_nothing_is_deleted(dsn: str) -> None:
+    # A naive clock is read in the session's time zone: west of UTC, utcnow() is hours ahead,
+    # and keys whose senders may still retry them would go.
+    add_keys(dsn, 5, age=40 * DAY)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(UsageError, match="timezone-aware"):
+            Sweeper().sweep(conn, now=NOW.replace(tzinfo=None))
+        with pytest.raises(UsageError, match="datetime or None"):
+            Sweeper().sweep(conn, now="2026-06-01")  # type: ignore[arg-type]
+    assert remaining(dsn) == 5
+
+
+async def test_the_timer_loop_survives_an_unreachable_server_logs_once_and_counts(
+    unused_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The pool's own errors (PoolTimeout: no server answers) are psycopg errors, not pgonce's:
+    # they must not end the loop, and a run of them is one warning, every one counted.
+    caplog.set_level(logging.DEBUG, logger="pgonce.sweeper")
+    stop = asyncio.Event()
+    failures: list[Exception] = []
+
+    def on_failure(error: Exception) -> None:
+        failures.append(error)
+        if len(failures) == 3:
+            stop.set()
+
+    dead = f"postgresql://postgres@127.0.0.1:{unused_port}/test?connect_timeout=1"
+    pool = AsyncConnectionPool(dead, min_size=0, max_size=1, timeout=0.2, open=False)
+    await pool.open()
+    try:
+        await asyncio.wait_for(
+            sweep_every(
+                pool,
+                AsyncSweeper(),
+                stop,
+                every=timedelta(milliseconds=20),
+                on_failure=on_failure,
+            ),
+            timeout=30,
+        )
+    finally:
+        await pool.close()
+    assert len(failures) == 3
+    warnings = [
+        r for r in caplog.records if r.name == "pgonce.sweeper" and r.levelno == logging.WARNING
+    ]
+    assert len(warnings) == 1
+    assert "tries again every" in warnings[0].getMessage()
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A TCP port on which nothing listens (bound, then closed)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from psycopg import AsyncConnection, AsyncCursor
 
 from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.checks import check_optional_time
 from pgonce.core.durability import Durability, judge_durability
 from pgonce.core.mvcc import DEFAULT_HORIZON_WARN, MvccHorizon, judge_mvcc_horizon
 from pgonce.core.retention import (
@@ -74,7 +75,12 @@ class AsyncHealthCheck:
     async def check(
         self, conn: AsyncConnection[Row], *, now: datetime | None = None
     ) -> HealthReport:
-        """Read the figures and judge them; ``now`` replaces the server's clock (tests)."""
+        """Read the figures and judge them; ``now`` replaces the server's clock (tests).
+
+        A naive ``now`` is refused, as the sweeper refuses it: read in the session's time zone, it
+        would shift every age the report judges.
+        """
+        check_optional_time(now)
         with translate_errors("checking health"):
             return await self._read(conn, now)
 

@@ -30,10 +30,12 @@ from datetime import datetime, timedelta
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import psycopg
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
 
 from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.checks import check_optional_time
 from pgonce.core.retention import (
     DEFAULT_SWEEP_EVERY,
     TARGETS,
@@ -102,7 +104,10 @@ class Sweeper:
         """One run over every target: batches until a short one, the cap, or ``stop`` is set.
 
         ``now`` replaces the server's clock (tests); ``None`` uses the server's ``now()`` per batch.
+        A naive ``now`` is refused: the server would read it in the session's time zone, and a
+        clock hours ahead deletes keys whose senders may still retry them.
         """
+        check_optional_time(now)
         if conn.info.transaction_status != TransactionStatus.IDLE:
             raise UsageError(
                 "the sweeper commits every batch on its own: give it a connection that is not "
@@ -171,22 +176,43 @@ def sweep_every(
     *,
     every: timedelta = DEFAULT_SWEEP_EVERY,
     on_run: Callable[[SweepResult], None] | None = None,
+    on_failure: Callable[[Exception], None] | None = None,
 ) -> None:
     """The in-process sweeper: a run now, then one every ``every``, until ``stop`` is set.
 
     A run takes a connection from ``pool`` and gives it back when done, so the sweeper holds none
-    between runs. A run that fails on the database is logged and retried at the next tick: a
-    failover or a timeout must not end the loop. A stop request ends a run between batches.
+    between runs. A run that fails on the database (or finds the pool busy or the server away for
+    the pool's whole timeout) is tried again at the next tick: a failover or a timeout must not end
+    the loop. The first failure of a run of them is logged as a warning, the others at debug
+    level, and the run that succeeds again once more; ``on_failure`` is called with every one
+    (a counter). A stop request ends a run between batches.
     """
     if every <= timedelta(0):
         raise UsageError("the sweep interval must be positive")
+    failed_in_a_row = 0
     while not stop.is_set():
         try:
             with pool.connection() as conn:
                 result = sweeper.sweep(conn, stop=stop)
-        except DatabaseError as error:
-            log.warning("sweep failed, retrying in %s: %s", every, error)
+        # psycopg's own errors too: the pool's timeout (PoolTimeout) and a connection that
+        # breaks while the pool hands it over are raised by the pool, untranslated.
+        except (DatabaseError, psycopg.Error) as error:
+            failed_in_a_row += 1
+            if failed_in_a_row == 1:
+                log.warning(
+                    "sweep failed (%s: %s); it tries again every %s",
+                    type(error).__name__,
+                    error,
+                    every,
+                )
+            else:
+                log.debug("sweep failed again (%d in a row): %s", failed_in_a_row, error)
+            if on_failure is not None:
+                on_failure(error)
         else:
+            if failed_in_a_row:
+                log.info("sweep succeeded again after %d failures", failed_in_a_row)
+                failed_in_a_row = 0
             log.info("%s", result.summary())
             if on_run is not None:
                 on_run(result)
