@@ -1,0 +1,43 @@
+"""The HTTP kit against an endpoint that conforms to the draft in its own way: it must pass."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pgonce.conformance import HttpTarget, UrlEffects, check_http
+from pgonce.conformance.runner import client
+from tests.conformance.conftest import ALICE, BOB, PAYMENT
+from tests.http.conftest import Server, start_server
+
+VARIANTS = (sys.executable, "-m", "bench.servers", "{fd}", "tests.conformance.variants:create_app")
+
+
+@pytest.fixture
+def variants(dsn: str, tmp_path: Path) -> Iterator[Server]:
+    server = start_server(dsn, tmp_path / "variants.log", {}, VARIANTS)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("mode", ["plain", "asctime"])
+async def test_a_byte_fingerprint_and_no_lifetime_header_pass(variants: Server, mode: str) -> None:
+    async with client() as http:
+        report = await check_http(
+            HttpTarget(f"{variants.url}/{mode}/payments", body=PAYMENT, headers=ALICE,
+                       other_headers=BOB),
+            effects=UrlEffects(http, variants.url + "/count"),
+            http=http,
+        )  # fmt: skip
+    print(report.table())
+    assert report.passed, report.table()
+    verdict = {r.check.name: r.verdict for r in report.results}
+    evidence = {r.check.name: r.evidence for r in report.results}
+    assert verdict["canonical-json-same-request"] == "PASS"
+    assert "422" in evidence["canonical-json-same-request"]
+    assert verdict["key-lifetime-header"] == ("SKIP" if mode == "plain" else "PASS")

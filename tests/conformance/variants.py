@@ -1,0 +1,108 @@
+"""A correct Idempotency-Key endpoint built differently from pgonce, for the kit to pass.
+
+The IETF draft leaves room: the fingerprint MAY be any digest of the request (here: the raw bytes,
+so a re-serialized JSON body is another request, refused with 422), the key's lifetime is a
+documented policy (no response header is defined for it), and a retry that arrives while the
+original runs may wait for it instead of getting a 409. Each variation is allowed; a kit that
+fails any of them judges the draft wrongly.
+
+``/{mode}/payments``: ``plain`` sends no lifetime header; ``asctime`` sends
+``Idempotency-Key-Expires`` as an RFC 9110 HTTP-date in the obsolete asctime form that every
+recipient must accept. Effects are counted in memory at ``GET /count``. Served by uvicorn in the
+tests (``python -m bench.servers FD tests.conformance.variants:create_app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from pgonce.http.problem import CONTENT_TYPE, problem_body
+
+MAX_BODY = 1024 * 1024
+MAX_KEY = 255
+
+
+def problem(status: int, title: str) -> Response:
+    return Response(problem_body(status, title), status_code=status, media_type=CONTENT_TYPE)
+
+
+def sf_string(value: str) -> str | None:
+    """The decoded RFC 8941 sf-string, or None when ``value`` is not one."""
+    if len(value) < 2 or value[0] != '"' or value[-1] != '"':
+        return None
+    out: list[str] = []
+    chars = iter(value[1:-1])
+    for char in chars:
+        if not " " <= char <= "~":
+            return None
+        if char == "\\":
+            escaped = next(chars, "")
+            if escaped not in ('"', "\\"):
+                return None
+            out.append(escaped)
+        elif char == '"':
+            return None
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def create_app() -> Starlette:
+    effects = {"count": 0}
+    stored: dict[tuple[str, str], tuple[bytes, int, bytes, str, str]] = {}
+    locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def count(request: Request) -> Response:
+        return JSONResponse(effects)
+
+    async def payments(request: Request) -> Response:
+        header = request.headers.get("idempotency-key")
+        if header is None:
+            return problem(400, "Idempotency-Key required")
+        key = sf_string(header)
+        if not key or len(key) > MAX_KEY:
+            return problem(400, "Invalid Idempotency-Key")
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return problem(413, "Content Too Large")
+        scope = request.headers.get("authorization", "")
+        fingerprint = hashlib.sha256(
+            b"\0".join([request.method.encode(), request.url.path.encode(),
+                        request.url.query.encode(), body])
+        ).digest()  # fmt: skip
+        async with locks.setdefault((scope, key), asyncio.Lock()):
+            # A retry that arrives while the original runs waits for it here, then replays.
+            found = stored.get((scope, key))
+            if found is None:
+                await asyncio.sleep(0.01)  # the work
+                effects["count"] += 1
+                answer = json.dumps({"id": effects["count"]}).encode()
+                expires = time.asctime(time.gmtime(time.time() + 86400))
+                found = (fingerprint, 201, answer, f"/payments/{effects['count']}", expires)
+                stored[(scope, key)] = found
+            elif found[0] != fingerprint:
+                return problem(422, "Idempotency-Key reused with another request")
+        _, status, answer, location, expires = found
+        headers = {"location": location}
+        if request.path_params["mode"] == "asctime":
+            headers["idempotency-key-expires"] = expires
+        return Response(answer, status_code=status, media_type="application/json", headers=headers)
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/count", count),
+            Route("/{mode}/payments", payments, methods=["POST"]),
+        ]
+    )
