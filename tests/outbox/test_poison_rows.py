@@ -3,19 +3,24 @@ parked in the end) and never stalls the relay's other rows, nor jumps ahead of i
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from pgonce.core.outbox import RetryPolicy
+from pgonce.errors import ConfigError
+from pgonce.publishers.http import HttpPublisher
 from pgonce.publishers.nats import NatsPublisher
 from pgonce.relay import Relay
 from pgonce.store._sync.outbox import enqueue
 from tests.outbox.brokers import nats_read, nats_stream
-from tests.outbox.conftest import fresh
+from tests.outbox.conftest import Receiver, fresh
 
 #: One attempt: a refused row is parked at once, so that one drain shows where it ends.
 PARK_AT_ONCE = RetryPolicy(max_attempts=1)
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 def rows(dsn: str) -> dict[int, tuple[Any, ...]]:
@@ -58,3 +63,57 @@ async def test_a_payload_above_nats_max_payload_is_refused_and_the_rest_goes_on(
     assert after_first[other][0] is True
     assert after_first[behind][:2] == (False, False)
     assert [int(r.message_id) for r in received] == [other, behind]
+
+
+async def test_a_header_http_cannot_carry_is_refused_and_the_rest_goes_on(
+    dsn: str, receiver: Receiver
+) -> None:
+    with psycopg.connect(dsn) as conn:
+        bad = enqueue(conn, "order", "1", "e", {"n": 1}, headers={"x-note": "Zoë"})
+        other = enqueue(conn, "order", "2", "e", {"n": 2})
+        conn.commit()
+    relay = Relay(dsn, HttpPublisher(url=receiver.url, secret=SECRET), policy=PARK_AT_ONCE)
+    try:
+        await relay.drain()
+    finally:
+        await relay.publisher.close()
+    after = rows(dsn)
+    assert after[bad][:3] == (False, True, 1)
+    assert "UnicodeEncodeError" in after[bad][3]
+    assert after[other][0] is True
+    assert [h["webhook-id"] for h, _ in receiver.requests] == [str(other)]
+
+
+async def test_a_routed_url_httpx_refuses_is_a_refusal_that_shows_no_credential(
+    dsn: str,
+) -> None:
+    with psycopg.connect(dsn) as conn:
+        row = enqueue(conn, "order", "1", "e", {"n": 1})
+        conn.commit()
+    publisher = HttpPublisher(routing=lambda m: "https://user:s3cret@[::1/hooks", secret=SECRET)
+    relay = Relay(dsn, publisher, policy=PARK_AT_ONCE)
+    try:
+        await relay.drain()
+    finally:
+        await relay.publisher.close()
+    published, parked, attempts, error = rows(dsn)[row]
+    assert (published, parked, attempts) == (False, True, 1)
+    assert "s3cret" not in error
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"url": "ftp://example.com/hooks"}, "http:// or https://"),
+        ({"url": "https://user:s3cret@[::1/hooks"}, "http:// or https://"),
+        ({"url": "example.com/hooks"}, "http:// or https://"),
+        ({"url": "https://example.com/", "concurrency": 0}, "concurrency"),
+        ({"url": "https://example.com/", "timeout": timedelta(0)}, "timeout"),
+    ],
+)
+def test_a_webhook_publisher_that_cannot_work_is_a_config_error(
+    options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says) as raised:
+        HttpPublisher(secret=SECRET, **options)
+    assert "s3cret" not in str(raised.value)

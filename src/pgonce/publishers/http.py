@@ -54,6 +54,20 @@ class HttpPublisher:
     ) -> None:
         if (url is None) == (routing is None):
             raise ConfigError("give the webhook publisher either a url or a routing function")
+        # Said at the start: a URL httpx cannot send to would otherwise show as every row
+        # refused, half an hour later as every row parked.
+        if url is not None:
+            origin = url_origin(url) if isinstance(url, str) else type(url).__name__
+            if not origin.startswith(("http://", "https://")):
+                raise ConfigError(
+                    "the webhook publisher's url must be an http:// or https:// URL with a "
+                    f"host, not {origin}"
+                )
+        if not timeout > timedelta(0):
+            raise ConfigError("the webhook publisher's timeout must be above 0")
+        # Semaphore(0) would make every batch wait for ever.
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError("the webhook publisher's concurrency must be at least 1")
         self._routing: Routing = routing or (lambda _message: url or "")
         self._signer = StandardWebhooks([secret])
         self.timeout = timeout
@@ -104,11 +118,19 @@ class HttpPublisher:
 
     async def _send(self, client: httpx.AsyncClient, message: OutboxMessage) -> str | None:
         url = self._routing(message)
-        content, headers = self.request(message)
         try:
+            content, headers = self.request(message)
             response = await client.post(url, content=content, headers=headers)
         except httpx.HTTPError as error:
             return f"webhook to {url_origin(url)} failed: {short_error(error)}"
+        except httpx.InvalidURL:
+            # Its message may quote the URL, credentials and all.
+            return f"webhook to {url_origin(url)} could not be sent: the URL is invalid"
+        except ValueError as error:
+            # A header that HTTP cannot carry (a value outside ASCII: UnicodeEncodeError): this
+            # row can never be sent. Raised, it would fail every batch that holds the row,
+            # without an attempt counted; refused, it is parked in the end like any refusal.
+            return f"webhook to {url_origin(url)} could not be sent: {short_error(error)}"
         if 200 <= response.status_code < 300:
             return None
         return f"webhook to {url_origin(url)} answered {response.status_code}"
