@@ -3,16 +3,19 @@ parked in the end) and never stalls the relay's other rows, nor jumps ahead of i
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+import socket
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
-from pgonce.core.outbox import RetryPolicy
-from pgonce.errors import ConfigError
+from pgonce.core.outbox import OutboxMessage, RetryPolicy
+from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.publishers.http import HttpPublisher
 from pgonce.publishers.nats import NatsPublisher
+from pgonce.publishers.redis_streams import RedisStreamsPublisher
 from pgonce.relay import Relay
 from pgonce.store._sync.outbox import enqueue
 from tests.outbox.brokers import nats_read, nats_stream
@@ -116,4 +119,39 @@ def test_a_webhook_publisher_that_cannot_work_is_a_config_error(
 ) -> None:
     with pytest.raises(ConfigError, match=says) as raised:
         HttpPublisher(secret=SECRET, **options)
+    assert "s3cret" not in str(raised.value)
+
+
+async def test_a_redis_that_stops_answering_leaves_the_batch_unsettled_in_bounded_time() -> None:
+    # A listening socket that never accepts: the kernel completes the handshake, nothing answers.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        publisher = RedisStreamsPublisher(
+            f"redis://127.0.0.1:{port}/0", timeout=timedelta(milliseconds=300)
+        )
+        message = OutboxMessage(1, "order", "1", "e", "{}", {}, datetime.now(UTC), 0)
+        try:
+            with pytest.raises(BrokerUnavailable):
+                await asyncio.wait_for(publisher.publish([message]), timeout=10)
+        finally:
+            await publisher.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"url": "http://user:s3cret@127.0.0.1:6379/0"}, "redis://"),
+        ({"url": "127.0.0.1:6379"}, "redis://"),
+        ({"maxlen": 0}, "maxlen"),
+        ({"maxlen": -1}, "maxlen"),
+        ({"timeout": timedelta(0)}, "timeout"),
+    ],
+)
+def test_a_redis_publisher_that_cannot_work_is_a_config_error(
+    options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says) as raised:
+        RedisStreamsPublisher(**options)
     assert "s3cret" not in str(raised.value)

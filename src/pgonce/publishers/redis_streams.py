@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from pgonce.core.outbox import OutboxMessage
-from pgonce.errors import BrokerUnavailable
+from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.extras import needs
 from pgonce.publishers.base import PublishResult, Routing, body, by_aggregatetype, short_error
 
@@ -25,6 +27,10 @@ with needs("redis", "the Redis Streams publisher"):
 
 #: The machine's Redis in development; in production this comes from configuration.
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
+#: How long a connect or a batch's pipeline may take. Redis answers in milliseconds; a server that
+#: stopped answering would otherwise hold the batch (and its rows' locks) for ever. After it the
+#: batch is unsettled and published again (consumers dedupe on ``message-id``).
+DEFAULT_TIMEOUT = timedelta(seconds=10)
 
 
 class RedisStreamsPublisher:
@@ -32,22 +38,45 @@ class RedisStreamsPublisher:
 
     Fields: ``message-id``, ``type``, ``aggregatetype``, ``aggregateid``, ``payload`` (JSON) and
     ``headers`` (a JSON object). ``maxlen`` caps each stream approximately (``MAXLEN ~``); None
-    keeps everything.
+    keeps everything. Trimming does not wait for consumers: an entry trimmed before a consumer
+    read it is gone for that consumer, so a cap must exceed what consumers can fall behind by.
     """
 
     name = "redis"
 
     def __init__(
-        self, url: str = DEFAULT_URL, *, routing: Routing | None = None, maxlen: int | None = None
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        routing: Routing | None = None,
+        maxlen: int | None = None,
+        timeout: timedelta = DEFAULT_TIMEOUT,
     ) -> None:
+        # Said at the start: each of these would otherwise raise out of every batch (redis-py
+        # checks them only when the first command is built).
+        scheme = urlsplit(url).scheme if isinstance(url, str) else ""
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                "the Redis publisher's url must start with redis://, rediss:// or unix://, "
+                f"not {scheme + '://' if scheme else 'no scheme'}"
+            )
+        # MAXLEN ~ 0 keeps (about) nothing: every event acknowledged, then trimmed unread.
+        if maxlen is not None and (not isinstance(maxlen, int) or maxlen < 1):
+            raise ConfigError("the Redis publisher's maxlen must be at least 1, or None")
+        if not timeout > timedelta(0):
+            raise ConfigError("the Redis publisher's timeout must be above 0")
         self.url = url
         self.routing = routing or by_aggregatetype("outbox.")
         self.maxlen = maxlen
+        self.timeout = timeout
         self._client: Redis | None = None
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
         if self._client is None:
-            self._client = Redis.from_url(self.url, socket_connect_timeout=5)
+            seconds = self.timeout.total_seconds()
+            self._client = Redis.from_url(
+                self.url, socket_connect_timeout=seconds, socket_timeout=seconds
+            )
         pipe = self._client.pipeline(transaction=False)
         for message in batch:
             fields: dict[bytes | bytearray | memoryview[int] | str | int | float, Any] = {
