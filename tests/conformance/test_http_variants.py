@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pgonce.cli import main
 from pgonce.conformance import HttpTarget, UrlEffects, check_http
 from pgonce.conformance.runner import client
 from tests.conformance.conftest import ALICE, BOB, PAYMENT
@@ -41,3 +42,22 @@ async def test_a_byte_fingerprint_and_no_lifetime_header_pass(variants: Server, 
     assert verdict["canonical-json-same-request"] == "PASS"
     assert "422" in evidence["canonical-json-same-request"]
     assert verdict["key-lifetime-header"] == ("SKIP" if mode == "plain" else "PASS")
+
+
+def test_a_password_in_the_url_is_never_printed(
+    variants: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = variants.url.replace("http://", "http://alice:s3cret-pw@") + "/plain/payments"
+    count = variants.url.replace("http://", "http://alice:s3cret-pw@") + "/count"
+    for extra in ([], ["--json"]):
+        code = main(["conformance", "http", url, "--body", PAYMENT.decode(),
+                     "--count-url", count, "--only", "replay-identical", *extra])  # fmt: skip
+        out, err = capsys.readouterr()
+        assert code == 0, out + err
+        assert "s3cret-pw" not in out + err
+        assert "alice:***@" in out
+    # Nor when the endpoint cannot be judged at all.
+    code = main(["conformance", "http", "http://alice:s3cret-pw@127.0.0.1:9/payments"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "s3cret-pw" not in out + err

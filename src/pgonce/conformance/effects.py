@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
+from pgonce.conformance.runner import public
 from pgonce.errors import UsageError
 
 #: How many times the count may still move before it is judged anyway (a count that never holds
@@ -50,15 +51,15 @@ class UrlEffects:
     def __init__(self, client: Any, url: str) -> None:
         self.client = client  # an httpx.AsyncClient, owned by the caller
         self.url = url
-        self.description = f"GET {url}"
+        self.description = f"GET {public(url)}"
 
     async def count(self) -> int:
         response = await self.client.get(self.url)
         if response.status_code != 200:
             raise CountUnreadable(
-                f"the count endpoint {self.url} answered {response.status_code}, not 200"
+                f"the count endpoint {public(self.url)} answered {response.status_code}, not 200"
             )
-        return number_of(response.content, self.url)
+        return number_of(response.content, public(self.url))
 
     async def close(self) -> None:
         return None

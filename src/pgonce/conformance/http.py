@@ -22,7 +22,7 @@ from pgonce.conformance import http_keys, http_replays
 from pgonce.conformance.effects import Effects
 from pgonce.conformance.http_run import HttpRun, HttpTarget, new_key, suite
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client
+from pgonce.conformance.runner import DEFAULT_BUDGET, client, public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
 
@@ -54,11 +54,12 @@ async def check_http(
         try:
             first = await run.send(new_key())
         except httpx.HTTPError as error:
-            raise UsageError(f"cannot reach {target.url}: {error}") from None
+            raise UsageError(f"cannot reach {public(target.url)}: {error}") from None
         if not first.is_success:
             raise UsageError(
-                f"{target.method} {target.url} with a new key answered {first.status_code}, not "
-                "2xx: give the --body and --header that the endpoint accepts"
+                f"{target.method} {public(target.url)} with a new key answered "
+                f"{first.status_code}, not 2xx: give the --body and --header that the endpoint "
+                "accepts"
             )
         await run.count()  # the count contract holds before anything is judged
         return await suite.run(run, target.url, budget=budget, only=only)

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from pgonce.conformance.report import Check, Finding, Report, Result
 from pgonce.extras import needs
@@ -85,7 +86,7 @@ class Suite(Generic[Context]):
                 finding = Finding()
                 finding.expect(False, f"no answer: {type(error).__name__}: {error}")
             results.append(finding.result(check))
-        return Report(self.kind, target, tuple(results), time.monotonic() - started)
+        return Report(self.kind, public(target), tuple(results), time.monotonic() - started)
 
 
 def client(**options: Any) -> httpx.AsyncClient:
@@ -113,6 +114,16 @@ async def request(
         return await session.request(method, url, **options)
     except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
         return await session.request(method, url, **options)
+
+
+def public(url: str) -> str:
+    """``url`` as a report may show it: a password in its user part is replaced by ``***``
+    (httpx sends it as Basic credentials; a report is pasted into CI logs and tickets)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def shown(response: httpx.Response) -> str:
