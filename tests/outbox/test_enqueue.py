@@ -366,3 +366,43 @@ def test_marks_counted_in_the_callers_pipeline(dsn: str) -> None:
             assert store.mark_published(conn, ids) == 1
             assert store.mark_published(conn, ids) == 0  # already published
         conn.commit()
+
+
+@pytest.mark.parametrize(
+    ("payload", "headers", "message"),
+    [
+        ({"note": "a\x00b"}, None, "payload must not contain a NUL character"),
+        ({"note": "\ud800"}, None, r"payload must not contain a lone surrogate \(\\ud800\)"),
+        ({"note": "x\udfff"}, None, "payload must not contain a lone surrogate"),
+        ({"amount": float("nan")}, None, "must be JSON-encodable"),
+        (float("inf"), None, "must be JSON-encodable"),
+        ({}, {"traceparent": "\x00"}, "headers must not contain a NUL character"),
+        ({}, {"tag": "\udc80"}, "headers must not contain a lone surrogate"),
+    ],
+)
+def test_what_jsonb_refuses_is_a_usage_error_and_the_transaction_goes_on(
+    conn: psycopg.Connection[Any], payload: Any, headers: Any, message: str
+) -> None:
+    # Refused before anything is sent: the caller's transaction is not aborted by it.
+    conn.execute("SELECT 1")
+    with pytest.raises(UsageError, match=message):
+        enqueue(conn, "order", "1", "order.created", payload, headers=headers)
+    with pytest.raises(UsageError, match=message):
+        enqueue_many(conn, [OutboxEvent("order", "1", "created", payload, headers)])
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    conn.commit()
+    assert outbox_rows(conn) == []
+
+
+def test_text_that_only_looks_like_a_refused_escape_is_stored_as_given(
+    conn: psycopg.Connection[Any],
+) -> None:
+    payload = {"path": "C:\\u0000\\ud800", "smile": "\U0001f600", "pair": "\ud83d\ude00"}
+    enqueue(conn, "order", "1", "order.created", payload, headers={"h": "\\u0000"})
+    enqueue_many(conn, [OutboxEvent("order", "1", "created", payload)])
+    conn.commit()
+    rows = outbox_rows(conn)
+    assert [r[3] for r in rows] == [
+        {"path": "C:\\u0000\\ud800", "smile": "\U0001f600", "pair": "\U0001f600"}
+    ] * 2
+    assert rows[0][4] == {"h": "\\u0000"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -219,6 +220,36 @@ def validate_event(aggregatetype: str, aggregateid: str, type: str) -> None:
         size = len(value.encode("utf-8", "surrogatepass"))
         if not 1 <= size <= limit:
             raise UsageError(f"the {what} must be 1 to {limit} bytes long, not {size}")
+
+
+#: An escape in json.dumps' output (ASCII, lowercase hex) that jsonb refuses: NUL, or half of a
+#: surrogate pair without its other half. The backslashes before the ``u`` are counted: an even
+#: run is escaped backslashes followed by the letter u, not an escape. A pair is matched first,
+#: so that its halves are not taken for lone ones.
+_REFUSED_ESCAPE = re.compile(
+    r"(\\+)u(d[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2}|0000|d[89a-f][0-9a-f]{2})"
+)
+
+
+def jsonb_refusal(text: str) -> str | None:
+    """What in ``text`` (json.dumps output) PostgreSQL's jsonb would refuse, or None.
+
+    Checked before the statement is sent: refused by the server, the value would abort the
+    caller's transaction with what reads as a database failure, where it is the caller's input.
+    """
+    # Two scans of C speed for the common case: no escape that can be refused.
+    if "\\u0000" not in text and "\\ud" not in text:
+        return None
+    for match in _REFUSED_ESCAPE.finditer(text):
+        if len(match.group(1)) % 2 == 0 or len(match.group(2)) > 4:
+            continue
+        if match.group(2) == "0000":
+            return "a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
+        return (
+            f"a lone surrogate (\\u{match.group(2)}), which is not a character and which "
+            "PostgreSQL's jsonb refuses"
+        )
+    return None
 
 
 def type_name(value: object) -> str:

@@ -19,7 +19,6 @@ from functools import cache
 from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.channels import notify_channel
@@ -38,6 +37,7 @@ from pgonce.core.outbox import (
     OutboxEvent,
     OutboxMessage,
     Refusal,
+    jsonb_refusal,
     type_name,
     validate_event,
 )
@@ -88,11 +88,13 @@ async def enqueue(
     # _json_refused(): a generator-based context manager costs every enqueue 11,000 client
     # instructions (python -m bench.client_instructions DSN --only outbox).
     try:
-        body = json.dumps(payload)
+        # allow_nan=False: NaN and Infinity are not JSON, and jsonb refuses them.
+        body = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise _not_json(exc) from exc
     # None for no headers (the common case): the statement stores '{}'.
     extra = None if headers is None else json.dumps(_headers(headers))
+    _check_jsonb(body, extra)
     statement, channel = _enqueue_statement(schema, ordered)
     with translate_errors("enqueueing an outbox event"):
         cur = raw_cursor(conn)
@@ -138,19 +140,23 @@ async def enqueue_many(
     require_transaction(conn)
     if not batch:
         return []
+    with _json_refused():
+        payloads = json.dumps([e.payload for e in batch], allow_nan=False)
+    headers = json.dumps([_headers(e.headers) for e in batch])
+    _check_jsonb(payloads, headers)
     params = {
         "aggregatetypes": [e.aggregatetype for e in batch],
         "aggregateids": [e.aggregateid for e in batch],
         "types": [e.type for e in batch],
         # One JSON document each for payloads and headers: one dump, not one per event.
-        "payloads": Jsonb([e.payload for e in batch]),
-        "headers": Jsonb([_headers(e.headers) for e in batch]),
+        "payloads": payloads,
+        "headers": headers,
         "now": now,
         "channel": notify_channel(schema, "outbox"),
     }
     queries = Queries("outbox", schema)
     statement = queries.enqueue_many if ordered else queries.enqueue_many_unordered
-    with translate_errors("enqueueing outbox events"), _json_refused():
+    with translate_errors("enqueueing outbox events"):
         cur = cursor(conn)
         await cur.execute(statement, params)
         rows = await cur.fetchall()
@@ -161,12 +167,20 @@ async def enqueue_many(
 
 @contextmanager
 def _json_refused() -> Iterator[None]:
-    """What json.dumps refuses (enqueue() calls it, psycopg's Jsonb when enqueue_many()'s
-    statement is sent) is the caller's input, said as such (nothing was written)."""
+    """What json.dumps refuses is the caller's input, said as such (nothing was written)."""
     try:
         yield
     except (TypeError, ValueError) as exc:
         raise _not_json(exc) from exc
+
+
+def _check_jsonb(payload: str, headers: str | None) -> None:
+    """Refuse what jsonb would, before the statement: the server's refusal would abort the
+    caller's transaction and read as a database failure."""
+    for what, text in (("payload", payload), ("headers", headers)):
+        reason = None if text is None else jsonb_refusal(text)
+        if reason is not None:
+            raise UsageError(f"an outbox event's {what} must not contain {reason}")
 
 
 def _not_json(exc: TypeError | ValueError) -> UsageError:
