@@ -6,6 +6,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pgonce.cli import main
@@ -61,3 +62,37 @@ def test_a_password_in_the_url_is_never_printed(
     out, err = capsys.readouterr()
     assert code == 1
     assert "s3cret-pw" not in out + err
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--max-body-bytes", "-1"),
+        ("--max-body-bytes", str(10**12)),
+        ("--concurrency", "1000000"),
+        ("--budget", "nan"),
+        ("--budget", "-5"),
+    ],
+)
+def test_an_option_out_of_range_is_refused_before_anything_runs(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["conformance", "http", "http://127.0.0.1:9/payments", option, value])
+    assert exited.value.code == 2
+    assert option in capsys.readouterr().err
+
+
+def test_a_bad_file_or_path_is_one_line_and_sends_nothing(
+    variants: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = variants.url + "/plain/payments"
+    code = main(["conformance", "http", url, "--body-file", "/nonexistent/body.json"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("pgonce: error: --body-file: No such file or directory")
+    code = main(["conformance", "http", url, "--body", PAYMENT.decode(), "--fail-path", "fail"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "must be a path on the endpoint's server" in err
+    assert httpx.get(variants.url + "/count").json() == {"count": 0}

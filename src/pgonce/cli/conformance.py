@@ -27,7 +27,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +44,41 @@ NAME = "conformance"
 HELP = "check that a running endpoint or webhook receiver is really idempotent"
 
 SCHEMES = ("standard-webhooks", "stripe", "github", "shopify", "slack", "generic-hmac")
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high] (a body limit of 10**12 would be built in
+    memory, a negative one would judge a body that is not over any limit)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{number} is not between {low} and {high}")
+        return number
+
+    return parse
+
+
+def seconds(value: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of seconds")
+    return number
+
+
+#: The largest body limit the 413 checks exceed: the over-limit body is built in memory.
+MAX_BODY_LIMIT = 256 * 1024 * 1024
+#: The most concurrent copies a race check sends (the client keeps 100 connections).
+MAX_COPIES = 1000
+body_limit = bounded_int(1, MAX_BODY_LIMIT)
+copies = bounded_int(2, MAX_COPIES)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -92,12 +129,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     http.add_argument("--safe-path", help="a path for the GET check (default: URL's path)")
     http.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=body_limit,
         default=1024 * 1024,
         help="the body limit the 413 check exceeds (default %(default)s)",
     )
     http.add_argument(
-        "--concurrency", type=int, default=50, help="copies in the race check (%(default)s)"
+        "--concurrency", type=copies, default=50, help="copies in the race check (%(default)s)"
     )
     http.add_argument(
         "--expires-header",
@@ -133,7 +170,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     hooks.add_argument(
         "--tolerance",
-        type=float,
+        type=seconds,
         default=300,
         help="the receiver's timestamp tolerance in seconds (default %(default)s)",
     )
@@ -146,16 +183,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     hooks.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=body_limit,
         default=1024 * 1024,
         help="the body limit the 413 check exceeds (default %(default)s)",
     )
     hooks.add_argument(
-        "--copies", type=int, default=20, help="copies of one event in the storm (%(default)s)"
+        "--copies", type=copies, default=20, help="copies of one event in the storm (%(default)s)"
     )
     hooks.add_argument(
         "--ack-seconds",
-        type=float,
+        type=seconds,
         default=3.0,
         help="the longest acceptable acknowledgement (default %(default)s)",
     )
@@ -181,7 +218,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--list", action="store_true", help="list the checks and exit")
     out.add_argument(
         "--budget",
-        type=float,
+        type=seconds,
         default=55.0,
         help="the run's time budget in seconds (default %(default)s)",
     )
@@ -244,6 +281,7 @@ async def _run(args: argparse.Namespace) -> Report:
     from pgonce.conformance import runner
     from pgonce.conformance.effects import Effects, SqlEffects, UrlEffects
     from pgonce.conformance.http import HttpTarget, check_http
+    from pgonce.conformance.http_run import same_origin
     from pgonce.conformance.webhooks import WebhookTarget, check_webhooks
 
     if args.count_url and args.count_sql:
@@ -251,7 +289,10 @@ async def _run(args: argparse.Namespace) -> Report:
     only = tuple(args.only)
     # Everything the checks need is read before anything is sent.
     if args.suite == "http":
-        body = args.body_file.read_bytes() if args.body_file else args.body.encode()
+        try:
+            body = args.body_file.read_bytes() if args.body_file else args.body.encode()
+        except OSError as error:
+            raise UsageError(f"--body-file: {error.strerror}: {args.body_file}") from None
         http_target = HttpTarget(
             url=_url(args.url),
             body=body,
@@ -274,6 +315,9 @@ async def _run(args: argparse.Namespace) -> Report:
             expires_header=args.expires_header,
             replay_header=args.replay_header,
         )
+        for path in (args.fail_path, args.cookie_path, args.safe_path, args.slow_path):
+            if path is not None:
+                same_origin(http_target.url, path)  # a bad path is refused before any request
     else:
         hook_target = WebhookTarget(
             url=_url(args.url),
