@@ -17,7 +17,8 @@ the key store's semantics and nothing of its own:
 
 - **the key** is ``key``: the name of an argument (its value is the key: a str as it is, an int
   or a UUID as text, anything else as the SHA-256 of its canonical JSON, as Powertools hashes its
-  payload), or a function called with the decorated function's arguments. The claims' scope is
+  payload; None is refused, since every call without a key would share one), or a function
+  called with the decorated function's arguments. The claims' scope is
   ``scope`` (default: the function's module and qualified name; set it to keep the keys valid
   across a rename).
 - **the connection** is the argument named ``connection`` (``"conn"`` by default): a psycopg
@@ -27,9 +28,11 @@ the key store's semantics and nothing of its own:
   end of ``pool.connection()``); with ``commit=True`` the call owns a transaction of its own on an
   idle connection and has committed when it returns (what a message handler needs before it
   acknowledges).
-- **the result** is stored with ``codec`` (JSON by default: tuples come back as lists, a
-  dataclass needs a codec of its own) and a replay returns the stored result, decoded, without
-  calling the function. A result the codec cannot encode raises :class:`~pgonce.UsageError`, and
+- **the result** is stored with ``codec`` (JSON by default: tuples come back as lists, dict keys
+  as str, an IntEnum as its int; a dataclass needs a codec of its own) and a replay returns the
+  stored result, decoded, without calling the function. The first call returns that same
+  decoded result, not the function's own object: what a caller gets never depends on whether the
+  call ran or replayed. A result the codec cannot encode raises :class:`~pgonce.UsageError`, and
   nothing commits.
 - **mismatch**: the same key with other arguments (``payload``: by default every argument but the
   connection, as canonical JSON; or an argument's name, or a function of the arguments) raises
@@ -61,11 +64,19 @@ from decimal import Decimal
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from pgonce.core.fingerprint import fingerprint_of
-from pgonce.core.outcomes import Claim, InFlight, Replay, Response, _checked_response
+from pgonce.core.outcomes import (
+    Claim,
+    InFlight,
+    Replay,
+    Response,
+    _checked_response,
+    validate_key,
+)
 from pgonce.errors import KeyInFlight, UsageError
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._async.keys import rollback_quietly as async_rollback_quietly
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
+from pgonce.store.common import check_wait
 from pgonce.store.wire import headers_json, json_value
 
 __all__ = ["Codec", "JSONCodec", "idempotent"]
@@ -191,6 +202,13 @@ def _canonical_bytes(value: object, what: str) -> bytes:
 
 
 def _key_text(value: object) -> str:
+    if value is None:
+        # Hashed like any value, every call without a key would share one: the second such call
+        # with the same arguments would replay the first, a distinct operation silently dropped.
+        raise UsageError(
+            "the key's value is None: a call without a key cannot be told from another; give "
+            "every call a key of its own"
+        )
     if isinstance(value, str):
         return value
     if isinstance(value, int | uuid.UUID) and not isinstance(value, bool):
@@ -263,6 +281,10 @@ class Idempotent:
             raise UsageError("commit must be True or False")
         if store is not None and not isinstance(store, KeyStore | AsyncKeyStore):
             raise UsageError(f"store must be a pgonce KeyStore, not {type(store).__name__}")
+        if scope is not None:
+            validate_key(scope, "-")  # a scope the key store would refuse at every call
+        if wait is not None:
+            check_wait(wait)  # as the key store checks it at every call: here once, at import
         self.key = key
         self.connection = connection
         self.scope = scope
@@ -283,6 +305,13 @@ class Idempotent:
     def __call__(self, function: Callable[P, Any], /) -> Callable[P, Any]:
         if not callable(function):
             raise UsageError("@idempotent decorates a function")
+        if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+            # Its body runs as its values are read, after the call returned and committed: the
+            # side effects would not be inside the claim, nor the values in the stored result.
+            raise UsageError(
+                "@idempotent cannot decorate a generator function: its body runs after the call "
+                "returned, outside the claim; decorate a function that returns the values (a list)"
+            )
         call = _Call(self, function)
         if inspect.iscoroutinefunction(function):
             run_async = call.run_async
@@ -318,6 +347,7 @@ class _Call(Generic[P]):
         self.options = options
         self.signature = signature = inspect.signature(function)
         self.scope = options.scope or f"{function.__module__}.{function.__qualname__}"
+        validate_key(self.scope, "-")
         self.conn = _Arguments(signature, options.connection, "connection")
         self.key = (
             _Arguments(signature, options.key, "key") if isinstance(options.key, str) else None
@@ -409,6 +439,16 @@ class _Call(Generic[P]):
             return _checked_response(None, self.headers, body)
         return Response(headers=self.headers, body=body)
 
+    def _returned(self, body: bytes) -> Any:
+        """What the first call returns: the stored result as every replay will decode it.
+
+        Not the function's own object: a tuple stored as JSON replays as a list, a dict's int keys
+        as str, and a caller that got one type from the call that ran and another from a replay
+        would see the same operation answer differently. Decoded before the claim commits, so a
+        codec that cannot read back what it wrote fails with nothing stored.
+        """
+        return self.options.codec.decode(body)
+
     def _body(self, result: object) -> bytes:
         """The stored body of ``result``: what :meth:`_stored` would hold, without the Response."""
         body = self.options.codec.encode(result)
@@ -439,16 +479,19 @@ class _Call(Generic[P]):
             try:
                 result = self.function(*args, **kwargs)
                 body = self._body(result)
+                returned = self._returned(body)
             except BaseException:
                 rollback_quietly(conn)
                 raise
             store._complete_owned(conn, claimed, self.headers_json, body)
-            return result
+            return returned
         with store.once(conn, self.scope, key, fp, wait=options.wait) as op:
             if op.won:
                 result = self.function(*args, **kwargs)
-                op.respond(self._stored(result))
-                return result
+                stored = self._stored(result)
+                returned = self._returned(stored.body)
+                op.respond(stored)
+                return returned
         return self._replayed(op.claim, key)
 
     async def run_async(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -466,16 +509,19 @@ class _Call(Generic[P]):
             try:
                 result = await self.function(*args, **kwargs)
                 body = self._body(result)
+                returned = self._returned(body)
             except BaseException:
                 await async_rollback_quietly(conn)
                 raise
             await store._complete_owned(conn, claimed, self.headers_json, body)
-            return result
+            return returned
         async with store.once(conn, self.scope, key, fp, wait=options.wait) as op:
             if op.won:
                 result = await self.function(*args, **kwargs)
-                op.respond(self._stored(result))
-                return result
+                stored = self._stored(result)
+                returned = self._returned(stored.body)
+                op.respond(stored)
+                return returned
         return self._replayed(op.claim, key)
 
 

@@ -1,0 +1,150 @@
+"""``@idempotent`` at its edges: results JSON rewrites, keys that are None, generator functions,
+and options the key store would refuse at every call, on real PostgreSQL."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgonce import UsageError, idempotent
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE effects (k text)")
+        yield conn
+
+
+def count(db: psycopg.Connection[Any], table: str) -> int:
+    row = db.execute(f"SELECT count(*) FROM {table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize(
+    ("result", "stored"),
+    [
+        ({1: "a", None: "b", 2.5: "c"}, {"1": "a", "null": "b", "2.5": "c"}),
+        ((1, (2, 3)), [1, [2, 3]]),
+        ({"color": Color.RED}, {"color": 1}),
+    ],
+    ids=["dict-keys", "tuples", "int-enum"],
+)
+@pytest.mark.parametrize("commit", [False, True])
+def test_the_call_that_ran_returns_what_a_replay_returns(
+    dsn: str, db: psycopg.Connection[Any], result: Any, stored: Any, commit: bool
+) -> None:
+    # JSON rewrites these silently; a first call answering {1: ...} and its replay {"1": ...}
+    # would be one operation answering two ways.
+    @idempotent(key="k", commit=commit)
+    def run(conn: psycopg.Connection[Any], k: str) -> object:
+        conn.execute("INSERT INTO effects VALUES (%s)", (k,))
+        return result
+
+    answers: list[Any] = []
+    for _ in range(2):
+        with psycopg.connect(dsn, autocommit=commit) as conn:
+            answers.append(run(conn, "r"))
+    assert answers[0] == answers[1] == stored
+    assert [type(a) for a in answers[0]] == [type(a) for a in answers[1]]
+    assert count(db, "effects") == 1
+
+
+async def test_a_coroutine_function_returns_what_a_replay_returns(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    @idempotent(key="k")
+    async def run(conn: psycopg.AsyncConnection[Any], k: str) -> object:
+        await conn.execute("INSERT INTO effects VALUES (%s)", (k,))
+        return {7: (1, 2)}
+
+    answers: list[Any] = []
+    for _ in range(2):
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            answers.append(await run(conn, "a"))
+    assert answers == [{"7": [1, 2]}, {"7": [1, 2]}]
+    assert count(db, "effects") == 1
+
+
+def test_a_codec_that_cannot_read_back_its_result_stores_nothing(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    class WriteOnly:
+        content_type = "text/plain"
+
+        def encode(self, value: str) -> bytes:
+            return value.encode()
+
+        def decode(self, data: bytes) -> str:
+            raise ValueError("cannot read it back")
+
+    @idempotent(key="k", codec=WriteOnly())
+    def run(conn: psycopg.Connection[Any], k: str) -> str:
+        conn.execute("INSERT INTO effects VALUES (%s)", (k,))
+        return "done"
+
+    with psycopg.connect(dsn) as conn, pytest.raises(ValueError, match="read it back"):
+        run(conn, "w")
+    assert count(db, "effects") == 0
+    assert count(db, "pgonce.keys") == 0
+
+
+def test_a_key_that_is_none_is_refused_before_the_claim(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    # Hashed like any value, every call without a key would share one: the second
+    # "send(None, 'hi')" would replay the first, a second message silently never sent.
+    @idempotent(key="message_id")
+    def send(conn: psycopg.Connection[Any], message_id: str | None, body: str) -> None:
+        conn.execute("INSERT INTO effects VALUES (%s)", (body,))
+
+    @idempotent(key=lambda conn, message_id, body: message_id)
+    def send_by_function(conn: psycopg.Connection[Any], message_id: str | None, body: str) -> None:
+        conn.execute("INSERT INTO effects VALUES (%s)", (body,))
+
+    for function in (send, send_by_function):
+        with psycopg.connect(dsn) as conn, pytest.raises(UsageError, match="None"):
+            function(conn, None, "hi")
+    assert count(db, "effects") == 0
+    assert count(db, "pgonce.keys") == 0
+
+
+def test_generator_functions_are_refused_when_decorating() -> None:
+    def numbers(conn: psycopg.Connection[Any], k: str) -> Iterator[int]:
+        yield 1
+
+    async def numbers_async(conn: psycopg.AsyncConnection[Any], k: str) -> AsyncIterator[int]:
+        yield 1
+
+    for function in (numbers, numbers_async):
+        with pytest.raises(UsageError, match="generator"):
+            idempotent(key="k")(function)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"wait": 5}, "timedelta"),
+        ({"wait": timedelta(milliseconds=1)}, "at least"),
+        ({"scope": "a\x00b"}, "NUL"),
+        ({"scope": "s" * 600}, "bytes long"),
+    ],
+    ids=["wait-int", "wait-short", "scope-nul", "scope-long"],
+)
+def test_options_the_key_store_would_refuse_are_refused_when_decorating(
+    options: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(UsageError, match=match):
+
+        @idempotent(key="k", **options)
+        def run(conn: psycopg.Connection[Any], k: str) -> None: ...
