@@ -87,12 +87,28 @@ def body_text(data: bytes) -> tuple[str, str]:
         )
 
 
+def preview(data: bytes) -> bytes:
+    """The first :data:`BODY_PREVIEW` bytes, never ending inside a UTF-8 character: a cut
+    character would make a UTF-8 body look invalid."""
+    shown = data[:BODY_PREVIEW]
+    if len(shown) == len(data):
+        return shown
+    for back in range(1, 4):
+        lead = shown[-back]
+        if lead & 0xC0 != 0x80:  # the last character's first byte
+            width = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            if 0xC2 <= lead <= 0xF4 and width > back:
+                return shown[:-back]
+            break
+    return shown
+
+
 def body_block(data: bytes | None, heading: str) -> str:
     """A body shown inert: the exact text (first :data:`BODY_PREVIEW` bytes), and, when the whole
     body is JSON, the same document indented."""
     if data is None:
         return f"<h2>{escape(heading)}</h2><p><em>none stored</em></p>"
-    shown = data[:BODY_PREVIEW]
+    shown = preview(data)
     label, text = body_text(shown)
     more = len(data) - len(shown)
     parts = [
@@ -104,10 +120,12 @@ def body_block(data: bytes | None, heading: str) -> str:
     elif data.strip()[:1] in (b"{", b"["):
         try:
             document = json.loads(data)
-        except ValueError:
+            pretty = json.dumps(document, indent=2, ensure_ascii=False)
+        except (ValueError, RecursionError):
+            # Nested deeper than the interpreter's stack (a sender controls the body): the
+            # exact text above is all there is to show.
             pass
         else:
-            pretty = json.dumps(document, indent=2, ensure_ascii=False)
             parts.append(f'<h3>as JSON</h3><pre class="json">{escape(pretty)}</pre>')
     return "".join(parts)
 
