@@ -11,6 +11,7 @@ import pytest
 
 from pgonce.core.retention import Retention, RetentionPolicy
 from pgonce.errors import UsageError
+from pgonce.sql import migrations
 from pgonce.store._async.health import AsyncHealthCheck as AnyAsyncHealthCheck
 from pgonce.store._sync.health import HealthCheck as AnyHealthCheck
 from pgonce.store._sync.sweeper import Sweeper as AnySweeper
@@ -300,3 +301,33 @@ def test_a_naive_now_is_refused(dsn: str) -> None:
         pytest.raises(UsageError, match="timezone-aware"),
     ):
         HealthCheck().check(conn, now=NOW.replace(tzinfo=None))
+
+
+def test_a_pending_migration_fails_the_check_and_a_newer_schema_warns(dsn: str) -> None:
+    # Every other figure reads fine without the last migration's index or trigger: the report
+    # must not call that database healthy.
+    latest = migrations()[-1].version
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert check(dsn)[("schema version", "*")] == ("ok", str(latest))
+        conn.execute("DELETE FROM pgonce.schema_migrations WHERE version = %s", (latest,))
+        assert check(dsn)[("schema version", "*")] == ("fail", str(latest - 1))
+        report = HealthCheck().check(conn, now=NOW)
+        assert report.status == "fail"
+        assert "pgonce migrate" in report.findings[0].detail
+        conn.execute(
+            "INSERT INTO pgonce.schema_migrations (version, name) VALUES (%s, 'x'), (%s, 'y')",
+            (latest, latest + 1),
+        )
+        assert check(dsn)[("schema version", "*")] == ("warn", str(latest + 1))
+
+
+def test_doctor_fails_on_a_pending_migration(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "DELETE FROM pgonce.schema_migrations WHERE version = %s",
+            (migrations()[-1].version,),
+        )
+    code, out = doctor(dsn)
+    assert code == 1
+    (line,) = [line for line in out.splitlines() if line.startswith("schema version")]
+    assert line.split()[-1] == "FAIL"

@@ -632,3 +632,27 @@ def assess(
     for group in groups:
         findings.extend(judge_horizon(group, slack))
     return HealthReport(checked_at, groups, stuck, tuple(findings))
+
+
+def judge_schema(current: int, latest: int) -> Finding:
+    """The schema's line: the database's last migration against the last this code knows.
+
+    Behind is a failure: every other figure can read fine while a pending migration's index,
+    trigger or constraint, which this code counts on, is missing. Ahead is a warning: code older
+    than its database (a rolling deploy, a rollback) runs on a schema it was not tested with.
+    """
+    status: Status = "ok"
+    detail = ""
+    if current < latest:
+        status = "fail"
+        detail = (
+            f"{latest - current} migration(s) this code needs are not applied: run "
+            "`pgonce migrate` on this database"
+        )
+    elif current > latest:
+        status = "warn"
+        detail = (
+            "the database was migrated by a newer pgonce than this one: upgrade this process, "
+            "or expect it to miss what the newer migrations changed"
+        )
+    return Finding("schema version", "database", None, status, str(current), f"{latest}", detail)

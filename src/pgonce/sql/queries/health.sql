@@ -163,3 +163,8 @@ SELECT clock_timestamp() - o.since AS oldest,
            OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') AS sees_all
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (SELECT since, state FROM open ORDER BY since LIMIT 1) AS o ON true
+
+-- name: schema_version
+-- The last migration applied (the ledger `pgonce migrate` writes); judged against the last one
+-- this code ships, so that a pending migration is a failed check, not a healthy report.
+SELECT coalesce(max(version), 0) FROM {schema}.schema_migrations

@@ -31,9 +31,10 @@ from pgonce.core.retention import (
     StuckFacts,
     SweepLimits,
     assess,
+    judge_schema,
     policies_for,
 )
-from pgonce.sql import Queries
+from pgonce.sql import Queries, migrations
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -109,6 +110,9 @@ class AsyncHealthCheck:
                     stuck.append(facts)
             durability = await self._durability(cur)
             mvcc = await self._mvcc_horizon(cur)
+            await cur.execute(self._sql.schema_version)
+            version_row = await cur.fetchone()
+            schema_version = int(version_row[0]) if version_row else 0
         report = assess(
             checked_at, groups, stuck, slack=self.slack, retired_window=self.retired_window
         )
@@ -117,6 +121,8 @@ class AsyncHealthCheck:
             durability=durability,
             mvcc=mvcc,
             findings=(
+                # First: a pending migration explains whatever else fails.
+                judge_schema(schema_version, migrations()[-1].version),
                 *report.findings,
                 judge_durability(durability),
                 judge_mvcc_horizon(mvcc, self.horizon_warn),
