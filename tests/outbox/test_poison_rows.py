@@ -15,10 +15,11 @@ from pgonce.core.outbox import OutboxMessage, RetryPolicy
 from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.publishers.http import HttpPublisher
 from pgonce.publishers.nats import NatsPublisher
+from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from pgonce.publishers.redis_streams import RedisStreamsPublisher
 from pgonce.relay import Relay
 from pgonce.store._sync.outbox import enqueue
-from tests.outbox.brokers import nats_read, nats_stream
+from tests.outbox.brokers import nats_read, nats_stream, rabbitmq_drain, rabbitmq_queue
 from tests.outbox.conftest import Receiver, fresh
 
 #: One attempt: a refused row is parked at once, so that one drain shows where it ends.
@@ -155,3 +156,32 @@ def test_a_redis_publisher_that_cannot_work_is_a_config_error(
     with pytest.raises(ConfigError, match=says) as raised:
         RedisStreamsPublisher(**options)
     assert "s3cret" not in str(raised.value)
+
+
+async def test_headers_above_an_amqp_frame_are_refused_and_the_rest_goes_on(
+    dsn: str, rabbitmq_url: str
+) -> None:
+    queue_name = fresh("pgonce-test-")
+    with psycopg.connect(dsn) as conn:
+        before = enqueue(conn, queue_name, "2", "e", {"n": 0})
+        big = enqueue(conn, queue_name, "1", "e", {"n": 1}, headers={"note": "x" * 200_000})
+        behind = enqueue(conn, queue_name, "1", "e", {"n": 2})
+        other = enqueue(conn, queue_name, "3", "e", {"n": 3})
+        conn.commit()
+    async with rabbitmq_queue(rabbitmq_url, queue_name) as queue:
+        relay = Relay(dsn, RabbitMQPublisher(rabbitmq_url), policy=PARK_AT_ONCE)
+        try:
+            await relay.drain()
+            after_first = rows(dsn)
+            await relay.drain()
+        finally:
+            await relay.publisher.close()
+        received = await rabbitmq_drain(queue)
+    # Sent, the big header would have closed the connection and taken the batch's confirms
+    # with it, again at every batch.
+    assert after_first[big][:3] == (False, True, 1)
+    assert "frame" in after_first[big][3]
+    assert after_first[before][0] is True
+    assert after_first[other][0] is True
+    assert after_first[behind][:2] == (False, False)
+    assert sorted(int(r.message_id) for r in received) == [before, behind, other]

@@ -3,9 +3,11 @@
 Every message is persistent, carries the outbox id as its AMQP ``message-id`` and is published with
 ``mandatory``; a batch is pipelined on one confirm-mode channel and each message counts as
 acknowledged only when the broker's ``basic.ack`` for it arrived. A ``basic.nack`` or an unroutable
-return (no queue bound for the routing key) is a refusal; a lost connection leaves the messages
-unsettled (they are published again, with the same message id). RabbitMQ keeps the publish order
-of one channel on each queue, which is what per-aggregate order needs.
+return (no queue bound for the routing key) is a refusal, and so is a message AMQP cannot carry
+(headers above a frame, a routing key above 255 bytes), refused before it is sent; a lost
+connection leaves the messages unsettled (they are published again, with the same message id).
+RabbitMQ keeps the publish order of one channel on each queue, which is what per-aggregate order
+needs.
 
 What it publishes to is checked before it is used, and the answer logged: a named exchange must
 exist (or is declared, with ``declare``); on the default exchange, where a routing key names a
@@ -42,6 +44,7 @@ with needs("rabbitmq", "the RabbitMQ publisher"):
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
     from aiormq.exceptions import ChannelNotFoundEntity
     from pamqp.commands import Basic
+    from pamqp.header import ContentHeader
 
 log = logging.getLogger("pgonce.relay")
 
@@ -174,20 +177,21 @@ class RabbitMQPublisher:
         exchange = await self._connect()
         await self._check_routes(batch)
         timeout = self.confirm_timeout.total_seconds()
+        refused: dict[int, str] = {}
+        kinds: dict[int, str] = {}
+        sendable = await self._sendable(batch, refused, kinds)
         # Started in order on one channel: the broker sees them in id order; confirms come back
         # in any grouping, and each future resolves with its own message's answer.
         results = await asyncio.gather(
             *(
-                exchange.publish(amqp_message(m), self.routing(m), mandatory=True, timeout=timeout)
-                for m in batch
+                exchange.publish(amqp, self.routing(m), mandatory=True, timeout=timeout)
+                for m, amqp in sendable
             ),
             return_exceptions=True,
         )
         acked: set[int] = set()
-        refused: dict[int, str] = {}
-        kinds: dict[int, str] = {}
         lost: str | None = None
-        for message, result in zip(batch, results, strict=True):
+        for (message, _), result in zip(sendable, results, strict=True):
             if isinstance(result, Basic.Ack):
                 acked.add(message.id)
             elif isinstance(result, aio_pika.exceptions.DeliveryError):
@@ -209,6 +213,52 @@ class RabbitMQPublisher:
             await self.close()
         return PublishResult(frozenset(acked), refused, kinds, lost)
 
+    async def _sendable(
+        self, batch: Sequence[OutboxMessage], refused: dict[int, str], kinds: dict[int, str]
+    ) -> list[tuple[OutboxMessage, aio_pika.Message]]:
+        """The batch's messages that AMQP can carry; the others are refused into ``refused``.
+
+        A content header larger than a frame makes the broker close the whole connection, and a
+        routing key above 255 bytes cannot be encoded: either way every batch holding the row
+        would fail as if the connection broke, the row unsettled for ever, never parked. Such a
+        row is refused instead, and its aggregate's later rows in the batch wait behind it.
+        """
+        sendable = []
+        held: set[tuple[str, str]] = set()
+        limit: int | None = None
+        for message in batch:
+            if held and (message.aggregatetype, message.aggregateid) in held:
+                continue
+            amqp = amqp_message(message)
+            key = self.routing(message)
+            reason = None
+            if len(key) > 63 and len(key.encode()) > 255:
+                reason = f"its routing key of {len(key.encode())} bytes is above AMQP's 255"
+            # Headers are few and short in the common case: the exact size (an encoding of
+            # the header) only for those that could come near a frame.
+            elif message.headers and _headers_bound(message) > _HEADER_MARGIN:
+                if limit is None:
+                    limit = await self._max_content_size()
+                size = len(ContentHeader(0, len(amqp.body), amqp.properties).marshal())
+                if size > limit:
+                    reason = (
+                        f"its headers take {size} bytes, above the {limit} of the connection's "
+                        "frame size"
+                    )
+            if reason is None:
+                sendable.append((message, amqp))
+                continue
+            refused[message.id] = f"RabbitMQ cannot carry the message: {reason}"
+            kinds[message.id] = "too_large"
+            held.add((message.aggregatetype, message.aggregateid))
+        return sendable
+
+    async def _max_content_size(self) -> int:
+        assert self._channel is not None
+        channel = await self._channel.get_underlay_channel()
+        # A frame's payload: the frame size less its 7-byte header and its end octet.
+        return int(channel.connection.connection_tune.frame_max) - 8
+
     async def close(self) -> None:
         connection, self._connection, self._channel, self._exchange = (
             self._connection,
@@ -220,6 +270,18 @@ class RabbitMQPublisher:
             # Closing a broken connection may fail; it is gone either way.
             with contextlib.suppress(Exception):
                 await connection.close()
+
+
+#: Below this bound of a message's encoded headers no check of its header's size is made: the
+#: smallest frame size a broker may negotiate is 4,096 bytes (AMQP 0-9-1), RabbitMQ's default
+#: 131,072.
+_HEADER_MARGIN = 2048
+
+
+def _headers_bound(message: OutboxMessage) -> int:
+    """More bytes than the caller's headers and the outbox facts take in an AMQP table."""
+    facts = len(message.type) + len(message.aggregatetype) + len(message.aggregateid) + 64
+    return 4 * (facts + sum(len(k) + len(v) + 6 for k, v in message.headers.items()))
 
 
 def amqp_message(message: OutboxMessage) -> aio_pika.Message:
