@@ -185,3 +185,14 @@ async def test_headers_above_an_amqp_frame_are_refused_and_the_rest_goes_on(
     assert after_first[other][0] is True
     assert after_first[behind][:2] == (False, False)
     assert sorted(int(r.message_id) for r in received) == [before, behind, other]
+
+
+async def test_a_routing_key_above_255_bytes_is_refused_not_lost(rabbitmq_url: str) -> None:
+    publisher = RabbitMQPublisher(rabbitmq_url, routing=lambda m: "é" * 200)
+    message = OutboxMessage(1, "order", "1", "e", "{}", {}, datetime.now(UTC), 0)
+    try:
+        result = await publisher.publish([message])
+    finally:
+        await publisher.close()
+    assert result.lost is None
+    assert "routing key of 400 bytes" in result.refused[1]

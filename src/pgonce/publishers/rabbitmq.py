@@ -141,7 +141,9 @@ class RabbitMQPublisher:
             if key not in self._routes:
                 new.setdefault(key, message.aggregatetype)
         for key, aggregatetype in new.items():
-            self._routes[key] = await self._queue_exists(key, aggregatetype)
+            # No queue can have a name above 255 bytes (its messages are refused when sent).
+            too_long = len(key) > 63 and len(key.encode()) > 255
+            self._routes[key] = not too_long and await self._queue_exists(key, aggregatetype)
 
     async def _queue_exists(self, key: str, aggregatetype: str) -> bool:
         assert self._connection is not None
