@@ -46,7 +46,7 @@ import psycopg
 from psycopg import Connection
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.checks import storable_text
+from pgonce.core.leases import failure_note, not_stored_note
 from pgonce.core.outcomes import Claim, InFlight, Replay, Won
 from pgonce.errors import (
     DatabaseUnavailable,
@@ -445,7 +445,7 @@ class IdempotencyMiddleware:
                     except LeaseLost:
                         raise
                     except Exception as error:
-                        op.fail(storable_text(f"{type(error).__name__}: {error}"[:1000]))
+                        op.fail(failure_note(error))
                         raise
                     response = captured.response
                     if response.keep(began=holder.began, status_kept=self.phases.stores_status):
@@ -456,7 +456,7 @@ class IdempotencyMiddleware:
                         # ended instead would keep the key in flight for ever.
                         op.release()
                     else:
-                        op.fail(f"not stored: answered {response.status}")
+                        op.fail(not_stored_note(response.status))
         except KeyMismatch:
             return _answer(start_response, semantics.MISMATCH)
         except LeaseLost:

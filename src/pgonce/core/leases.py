@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from pgonce.core.checks import check_duration, check_str
+from pgonce.core.checks import check_duration, check_str, storable_text
 from pgonce.core.fingerprint import length
 from pgonce.core.outcomes import Response
 from pgonce.errors import UsageError
@@ -35,6 +35,10 @@ HEARTBEATS_PER_LEASE = 3
 
 #: The longest a phase name may be (it is stored as the recovery point and shown by health).
 MAX_PHASE_NAME = 64
+
+#: The longest failure note a lease records: a message echoing a provider's whole answer would
+#: otherwise be stored, and shown by health, in full.
+MAX_FAILURE_NOTE = 1000
 
 #: Prefix of the third-party idempotency keys: a provider's dashboard shows where a key came from.
 PROVIDER_KEY_PREFIX = "pgonce-"
@@ -166,6 +170,22 @@ def _unstorable_text(text: str, where: str) -> str | None:
         except UnicodeEncodeError:
             return f"{where} holds a lone surrogate, which is not UTF-8 text"
     return None
+
+
+def failure_note(error: BaseException) -> str:
+    """A failure as a lease records it: the type and the first line of the message.
+
+    A message may carry a NUL or a lone surrogate (a provider's bytes echoed back): the note must
+    still be storable, or the lease would not end and the work's error would be lost.
+    """
+    text = str(error).strip().splitlines()
+    note = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    return storable_text(note[:MAX_FAILURE_NOTE])
+
+
+def not_stored_note(status: int | None) -> str:
+    """What a lease records for an answer that is not stored (a 5xx): tried again."""
+    return f"not stored: answered {status}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.checks import storable_text
+from pgonce.core.leases import failure_note, not_stored_note
 from pgonce.core.outcomes import InFlight, Replay, Won
 from pgonce.errors import (
     DatabaseUnavailable,
@@ -384,7 +384,7 @@ class IdempotencyMiddleware:
                         # lease ended instead would keep the key in flight for ever.
                         await op.release()
                     else:
-                        await op.fail(f"not stored: answered {captured.status}")
+                        await op.fail(not_stored_note(captured.status))
         except KeyMismatch:
             await _send(send, semantics.MISMATCH)
             return
@@ -417,7 +417,7 @@ class IdempotencyMiddleware:
         if captured.failed is not None:
             error = captured.failed
             if not isinstance(error, LeaseLost):
-                await op.fail(storable_text(f"{type(error).__name__}: {error}"[:1000]))
+                await op.fail(failure_note(error))
             raise error
         captured.keep(began=holder.began, status_kept=self.phases.stores_status)
         return captured, holder.began

@@ -34,7 +34,6 @@ from pgonce.core.checks import (
     check_optional_time,
     check_str,
     check_strs,
-    storable_text,
 )
 from pgonce.core.leases import (
     DEFAULT_LEASE,
@@ -45,6 +44,8 @@ from pgonce.core.leases import (
     check_phase,
     check_retire_after,
     check_state,
+    failure_note,
+    not_stored_note,
     provider_key,
     retired_response,
 )
@@ -330,13 +331,11 @@ class PhaseStore:
                 continue
             except Exception as error:  # the work failed: recorded, tried again next pass
                 done.failed += 1
-                done.errors.append(f"{item.scope}/{item.key}: {_describe(error)}")
+                done.errors.append(f"{item.scope}/{item.key}: {failure_note(error)}")
                 continue
             if not op.stored:  # a 5xx answer, not stored: the lease ended, tried again next pass
                 done.failed += 1
-                done.errors.append(
-                    f"{item.scope}/{item.key}: not stored: answered {response.status}"
-                )
+                done.errors.append(f"{item.scope}/{item.key}: {not_stored_note(response.status)}")
                 continue
             done.finished += 1
         return done
@@ -714,7 +713,7 @@ class PhasedOperation(Generic[Row]):
         except Exception as error:
             # Only after a failed phase or call: the connection is idle again (the phase's
             # transaction was rolled back), and this short transaction records the failure.
-            self.fail(_describe(error), now=now)
+            self.fail(failure_note(error), now=now)
             raise
         return response
 
@@ -791,11 +790,3 @@ def _taken(
 ) -> tuple[int, str | None, dict[str, Any], Any, int, str | None]:
     """token, point, state, args, attempts, last_error of a take_over row that took over."""
     return row[6], row[7], dict(row[8]), row[9], row[10], row[11]
-
-
-def _describe(error: BaseException) -> str:
-    """A failure as the lease records it: the type and the first line of the message."""
-    text = str(error).strip().splitlines()
-    # A message may carry a NUL or a lone surrogate (a provider's bytes echoed back): the note
-    # must still be storable, or the lease would not end and the work's error would be lost.
-    return storable_text(f"{type(error).__name__}: {text[0]}" if text else type(error).__name__)
