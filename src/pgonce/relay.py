@@ -349,10 +349,18 @@ class Relay:
                     # bug in a publisher. Rows of the failed batch were not marked; they wait.
                     self.stats.errors += 1
                     self.stats.last_error = str(error)
-                    if isinstance(error, PgonceError):
-                        log.warning("relay: %s", error)
-                    else:
-                        log.exception("relay: batch failed")
+                    # Once per kind and minute (a down database fails every loop at every
+                    # retry), saying what happens next.
+                    held = self.throttle.admit(("*", "loop", type(error)), datetime.now(UTC))
+                    if held is not None:
+                        next_step = (
+                            "the batch's rows were not marked and wait; the loop reconnects and "
+                            f"tries again in {outage.total_seconds():g} s{held_back(held)}"
+                        )
+                        if isinstance(error, PgonceError):
+                            log.warning("relay: %s; %s", error, next_step)
+                        else:
+                            log.error("relay: a batch failed; %s", next_step, exc_info=error)
                     if conn is not None:
                         await conn.close()
                     conn = None

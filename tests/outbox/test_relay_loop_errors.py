@@ -1,0 +1,61 @@
+"""A relay loop that fails at every batch: each failure counted, reported once (then throttled)
+with what happens next, and the rows left pending."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from pgonce.core.outbox import OutboxMessage
+from pgonce.publishers.base import PublishResult
+from pgonce.relay import Relay
+from pgonce.store._sync.outbox import enqueue
+from tests.outbox.conftest import wait_until
+
+
+class Broken:
+    """A publisher with a bug: every publish raises."""
+
+    name = "broken"
+
+    async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
+        raise RuntimeError("the publisher has a bug")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_failing_batch_is_counted_every_time_and_logged_once(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with psycopg.connect(dsn) as conn:
+        enqueue(conn, "order", "1", "e", {})
+        conn.commit()
+    relay = Relay(
+        dsn,
+        Broken(),
+        listen=False,
+        outage_backoff=(timedelta(milliseconds=1), timedelta(milliseconds=5)),
+    )
+    stop = asyncio.Event()
+    with caplog.at_level(logging.WARNING, logger="pgonce.relay"):
+        running = asyncio.create_task(relay.run(stop))
+        try:
+            await wait_until(lambda: relay.stats.errors >= 8)
+        finally:
+            stop.set()
+            await running
+    reports = [r for r in caplog.records if "a batch failed" in r.getMessage()]
+    assert len(reports) == 1
+    assert "rows were not marked and wait" in reports[0].getMessage()
+    assert "tries again in" in reports[0].getMessage()
+    assert reports[0].exc_info is not None
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pgonce.outbox WHERE published_at IS NULL"
+        ).fetchone() == (1,)
