@@ -68,23 +68,34 @@ class Admin(OverviewPages, KeyPages, InboxPages, OutboxPages, HealthPages):
         self.answered = answered
 
     def routes(self) -> list[Route]:
+        # Every route takes every method and the guard answers first: without a token no admin
+        # URL answers anything but 404 (no 405, no slash redirect that would show it exists).
+        get = ("GET", "HEAD")
+        views: list[tuple[str, Callable[[Request], Awaitable[Response]], tuple[str, ...]]] = [
+            ("/admin", self.overview, get),
+            ("/admin/live", self.live, get),
+            ("/admin/static/{name}", self.static, get),
+            ("/admin/keys", self.keys, get),
+            ("/admin/key", self.key, get),
+            ("/admin/events", self.events, get),
+            ("/admin/event", self.event, get),
+            ("/admin/replay", self.replay, ("POST",)),
+            ("/admin/outbox", self.outbox_rows, get),
+            ("/admin/outbox/row", self.outbox_row, get),
+            ("/admin/outbox/replay", self.outbox_replay, ("POST",)),
+            ("/admin/health", self.health_page, get),
+            ("/admin/{rest:path}", self.not_found, get),
+        ]
+        every = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
         return [
-            Route("/admin", self._guard(self.overview)),
-            Route("/admin/live", self._guard(self.live)),
-            Route("/admin/static/{name}", self._guard(self.static)),
-            Route("/admin/keys", self._guard(self.keys)),
-            Route("/admin/key", self._guard(self.key)),
-            Route("/admin/events", self._guard(self.events)),
-            Route("/admin/event", self._guard(self.event)),
-            Route("/admin/replay", self._guard(self.replay), methods=["POST"]),
-            Route("/admin/outbox", self._guard(self.outbox_rows)),
-            Route("/admin/outbox/row", self._guard(self.outbox_row)),
-            Route("/admin/outbox/replay", self._guard(self.outbox_replay), methods=["POST"]),
-            Route("/admin/health", self._guard(self.health_page)),
+            Route(path, self._guard(view, allowed), methods=every) for path, view, allowed in views
         ]
 
+    async def not_found(self, request: Request) -> Response:
+        return respond("Not found", "<p>No such console page.</p>", code=404)
+
     def _guard(
-        self, view: Callable[[Request], Awaitable[Response]]
+        self, view: Callable[[Request], Awaitable[Response]], methods: tuple[str, ...]
     ) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
             if self.auth is None:
@@ -94,6 +105,13 @@ class Admin(OverviewPages, KeyPages, InboxPages, OutboxPages, HealthPages):
                     "The admin page needs the admin token as the password.",
                     status_code=401,
                     headers={"www-authenticate": 'Basic realm="pgonce admin", charset="UTF-8"'},
+                    media_type="text/plain",
+                )
+            if request.method not in methods:
+                return Response(
+                    "Method Not Allowed",
+                    status_code=405,
+                    headers={"allow": ", ".join(methods)},
                     media_type="text/plain",
                 )
             if any("\x00" in k or "\x00" in v for k, v in request.query_params.multi_items()):
