@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -267,3 +268,27 @@ def test_every_target_gets_a_policy_the_given_one_or_the_defaults() -> None:
     assert policies_for([custom], targets=["keys"]) == [custom]
     with pytest.raises(ConfigError, match="no sweep target 'nope'"):
         policies_for([], targets=["nope"])
+
+
+@pytest.mark.parametrize(
+    ("limits", "match"),
+    [
+        ({"batch_size": 2.5}, "batch_size must be an int"),
+        ({"batch_size": True}, "batch_size must be an int"),
+        ({"batch_size": "5"}, "batch_size must be an int"),
+        ({"batch_size": 2**63}, "from 1 to"),
+        ({"batch_size": 0}, "from 1 to"),
+        ({"max_batches": 2.5}, "max_batches must be an int"),
+        ({"pause": 1}, "pause must be a datetime.timedelta"),
+        ({"statement_timeout": 5000}, "statement_timeout must be a datetime.timedelta"),
+        ({"statement_timeout": timedelta(days=25)}, "at most 24 days"),
+    ],
+)
+def test_sweep_limits_the_server_would_refuse_are_refused_when_made(
+    limits: dict[str, Any], match: str
+) -> None:
+    # Each of these used to pass here and fail at the first batch (LIMIT true, an out-of-range
+    # statement_timeout), or raise a bare TypeError, or sweep LIMIT 2.5.
+    with pytest.raises(ConfigError, match=match):
+        SweepLimits(**limits)
+    assert SweepLimits(statement_timeout=timedelta(days=24)).timeout_ms == "2073600000"

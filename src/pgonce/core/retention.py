@@ -318,6 +318,14 @@ def policy_from_text(
 # Batch decisions.
 
 
+#: The largest batch: LIMIT's bigint. A batch is meant to be small (see DEFAULT_BATCH_SIZE); the
+#: bound only turns a value the server refuses at the first batch into an error at the start.
+_MAX_BATCH_SIZE = 2**63 - 1
+
+#: PostgreSQL's largest statement_timeout (INT_MAX milliseconds, about 24.8 days).
+_MAX_STATEMENT_TIMEOUT = timedelta(milliseconds=2**31 - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class SweepLimits:
     """How a sweep run is bounded; see the ``DEFAULT_*`` constants for why each value."""
@@ -328,14 +336,34 @@ class SweepLimits:
     statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError(f"the sweep batch size must be at least 1, not {self.batch_size}")
+        # Types first: a float, a bool or a str compared fine or not at all, and otherwise
+        # reached the server at the first batch (LIMIT 2.5, LIMIT true) or raised TypeError.
+        for name in ("batch_size", "max_batches"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise ConfigError(f"{name} must be an int, not {type(value).__name__}")
+        for name in ("pause", "statement_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta):
+                raise ConfigError(
+                    f"{name} must be a datetime.timedelta, not {type(value).__name__}"
+                )
+        if not 1 <= self.batch_size <= _MAX_BATCH_SIZE:
+            raise ConfigError(
+                f"the sweep batch size must be from 1 to {_MAX_BATCH_SIZE:,}, not {self.batch_size}"
+            )
         if self.max_batches < 1:
             raise ConfigError(f"the batch cap must be at least 1, not {self.max_batches}")
         if self.pause < timedelta(0):
             raise ConfigError("the pause between sweep batches must not be negative")
         if self.statement_timeout < timedelta(milliseconds=1):
             raise ConfigError("the sweep statement timeout must be at least 1ms")
+        if self.statement_timeout > _MAX_STATEMENT_TIMEOUT:
+            # PostgreSQL's own bound (an int of milliseconds): above it every batch would fail.
+            raise ConfigError(
+                "the sweep statement timeout must be at most "
+                f"{_MAX_STATEMENT_TIMEOUT.days} days, not {self.statement_timeout}"
+            )
 
     @property
     def timeout_ms(self) -> str:
