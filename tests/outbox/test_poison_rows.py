@@ -196,3 +196,32 @@ async def test_a_routing_key_above_255_bytes_is_refused_not_lost(rabbitmq_url: s
         await publisher.close()
     assert result.lost is None
     assert "routing key of 400 bytes" in result.refused[1]
+
+
+@pytest.mark.parametrize(
+    ("aggregatetype", "headers", "says"),
+    [
+        ("order created", {}, "invalid subject"),
+        ("order\r\nPUB x 1", {}, "invalid subject"),
+        ("order", {"a: b": "c"}, "invalid header"),
+    ],
+)
+async def test_what_the_nats_client_cannot_send_is_refused_not_lost(
+    nats_url: str, aggregatetype: str, headers: dict[str, str], says: str
+) -> None:
+    stream = fresh("PGONCE_TEST_")
+    prefix = fresh("pgonce.test.")
+    async with nats_stream(nats_url, stream, [f"{prefix}.>"]):
+        publisher = NatsPublisher(nats_url, routing=lambda m: f"{prefix}.{m.aggregatetype}")
+        now = datetime.now(UTC)
+        bad = OutboxMessage(1, aggregatetype, "1", "e", "{}", headers, now, 0)
+        behind = OutboxMessage(2, aggregatetype, "1", "e", "{}", {}, now, 0)
+        other = OutboxMessage(3, "order", "2", "e", "{}", {}, now, 0)
+        try:
+            result = await publisher.publish([bad, behind, other])
+        finally:
+            await publisher.close()
+    assert result.lost is None
+    assert says in result.refused[1]
+    assert result.refused.keys() == {1}
+    assert result.acked == {3}

@@ -6,9 +6,10 @@ batch and died before marking it does not even create a duplicate on the stream 
 publishes again within the window. A batch is pipelined on one connection (the stream stores it in
 order) and a message counts as acknowledged when its PubAck arrived (a PubAck flagged
 ``duplicate`` is an acknowledgement too: the stream has the message). An error answer (no stream
-for the subject, a stream limit) is a refusal, and so is a payload above the server's
-``max_payload``, refused before it is sent (the rows of its aggregate behind it in the batch are not
-sent and wait for it); a timeout or a lost connection leaves the message unsettled.
+for the subject, a stream limit) is a refusal, and so is a message the client cannot send (a
+payload above the server's ``max_payload``, an invalid subject or header), refused before it is
+sent (the rows of its aggregate behind it in the batch are not sent and wait for it); a timeout or
+a lost connection leaves the message unsettled.
 
 The PubAcks are collected here rather than through ``JetStreamContext.publish_async``: every
 message is a core ``publish`` whose reply subject ends in a token of this connection, one
@@ -210,23 +211,9 @@ class NatsPublisher:
         kinds: dict[int, str] = {}
         # Aggregates with a row refused before it was sent: their later rows wait behind it.
         held: set[tuple[str, str]] = set()
-        max_payload = client.max_payload
         try:
             for message in batch:
                 if held and (message.aggregatetype, message.aggregateid) in held:
-                    pending.settle()
-                    continue
-                payload = body(message)
-                if len(payload) > max_payload:
-                    # The client would raise for it as if the connection broke: the row would
-                    # be unsettled for ever, and every batch would stop at it. It is refused
-                    # instead (an attempt counted, parked in the end), and the rest goes on.
-                    pending.refused[message.id] = (
-                        f"the payload of {len(payload)} bytes is above the NATS server's "
-                        f"max_payload of {max_payload} bytes"
-                    )
-                    kinds[message.id] = "too_large"
-                    held.add((message.aggregatetype, message.aggregateid))
                     pending.settle()
                     continue
                 headers = message_headers(message)
@@ -234,9 +221,22 @@ class NatsPublisher:
                 token = str(next(next_token))
                 waiting[token] = (pending, message.id)
                 tokens.append(token)
-                await client.publish(
-                    self.routing(message), payload, reply=f"{inbox}.{token}", headers=headers
-                )
+                payload = body(message)
+                try:
+                    await client.publish(
+                        self.routing(message), payload, reply=f"{inbox}.{token}", headers=headers
+                    )
+                except _UNSENDABLE as error:
+                    # Raised by the client before a byte is sent, for this message alone. Taken
+                    # for a broken connection, the row would stay unsettled for ever and every
+                    # batch would stop at it; refused, it counts attempts (and is parked in the
+                    # end) while the rest goes on.
+                    del waiting[token]
+                    tokens.pop()
+                    pending.refused[message.id] = _unsendable(error, len(payload), client)
+                    kinds[message.id] = "unsendable"
+                    held.add((message.aggregatetype, message.aggregateid))
+                    pending.settle()
         except (OSError, nats.errors.Error) as error:
             # The connection broke mid-batch: what was not sent is unsettled, and no answer
             # comes for what was.
@@ -259,6 +259,24 @@ class NatsPublisher:
             # Closing a broken connection may fail; it is gone either way.
             with contextlib.suppress(Exception):
                 await connection.client.close()
+
+
+#: What nats-py raises for one message it refuses to send: its payload, subject or headers.
+_UNSENDABLE = (
+    nats.errors.MaxPayloadError,
+    nats.errors.BadSubjectError,
+    nats.errors.BadHeaderError,
+)
+
+
+def _unsendable(error: Exception, size: int, client: Client) -> str:
+    if isinstance(error, nats.errors.MaxPayloadError):
+        return (
+            f"the payload of {size} bytes is above the NATS server's max_payload of "
+            f"{client.max_payload} bytes"
+        )
+    what = "subject" if isinstance(error, nats.errors.BadSubjectError) else "header"
+    return f"NATS cannot send the message: an invalid {what} ({short_error(error)})"
 
 
 async def _log_error(error: Exception) -> None:
