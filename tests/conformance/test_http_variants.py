@@ -96,3 +96,13 @@ def test_a_bad_file_or_path_is_one_line_and_sends_nothing(
     assert code == 1
     assert "must be a path on the endpoint's server" in err
     assert httpx.get(variants.url + "/count").json() == {"count": 0}
+
+
+@pytest.mark.parametrize("check", ["replay-identical", "canonical-json-same-request"])
+async def test_two_equal_refusals_are_no_replay(variants: Server, check: str) -> None:
+    report = await check_http(
+        HttpTarget(f"{variants.url}/limited/payments", body=PAYMENT), only=(check,)
+    )
+    print(report.table())
+    assert not report.passed, report.table()
+    assert "429" in report.results[0].evidence

@@ -8,7 +8,9 @@ fails any of them judges the draft wrongly.
 
 ``/{mode}/payments``: ``plain`` sends no lifetime header; ``asctime`` sends
 ``Idempotency-Key-Expires`` as an RFC 9110 HTTP-date in the obsolete asctime form that every
-recipient must accept. Effects are counted in memory at ``GET /count``. Served by uvicorn in the
+recipient must accept. ``limited`` is no variation but a fault: a rate limiter that answers
+every request after the first with 429, for checks that must not pass on two equal refusals.
+Effects are counted in memory at ``GET /count``. Served by uvicorn in the
 tests (``python -m bench.servers FD tests.conformance.variants:create_app``).
 """
 
@@ -57,6 +59,7 @@ def sf_string(value: str) -> str | None:
 
 def create_app() -> Starlette:
     effects = {"count": 0}
+    limited = {"seen": 0}
     stored: dict[tuple[str, str], tuple[bytes, int, bytes, str, str]] = {}
     locks: dict[tuple[str, str], asyncio.Lock] = {}
 
@@ -67,6 +70,10 @@ def create_app() -> Starlette:
         return JSONResponse(effects)
 
     async def payments(request: Request) -> Response:
+        if request.path_params["mode"] == "limited":
+            limited["seen"] += 1
+            if limited["seen"] > 1:
+                return problem(429, "Too Many Requests")
         header = request.headers.get("idempotency-key")
         if header is None:
             return problem(400, "Idempotency-Key required")

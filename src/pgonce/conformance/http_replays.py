@@ -36,6 +36,8 @@ async def replay_identical(run: HttpRun) -> Finding:
     finding = Finding()
     first, second, effects = await run.first_pair()
     finding.saw(f"original {shown(first)}, retry {shown(second)}")
+    # Two equal refusals (a rate limiter, an outage) are no replay of anything.
+    finding.expect(first.is_success, f"the original answered {first.status_code}, not 2xx")
     finding.expect(
         second.status_code == first.status_code,
         f"the retry answered {second.status_code}, the original {first.status_code}",
@@ -196,6 +198,7 @@ async def canonical_json(run: HttpRun) -> Finding:
     first = await run.send(key)
     second = await run.send(key, body=other)
     finding.saw(f"original {shown(first)}, reformatted retry {shown(second)}")
+    finding.expect(first.is_success, f"the original answered {first.status_code}, not 2xx")
     if second.status_code == 422 and is_problem(second):
         # The draft lets the fingerprint be any digest of the payload, its raw bytes included:
         # refusing the other bytes as another request is allowed; running it again is not.
