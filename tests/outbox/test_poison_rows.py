@@ -225,3 +225,29 @@ async def test_what_the_nats_client_cannot_send_is_refused_not_lost(
     assert says in result.refused[1]
     assert result.refused.keys() == {1}
     assert result.acked == {3}
+
+
+@pytest.mark.parametrize(
+    ("payload_bytes", "headers"),
+    [(100, {"note": "x" * 2 * 1024 * 1024}), (1024 * 1024 - 50, {})],
+)
+async def test_headers_that_take_a_message_above_max_payload_are_refused_not_lost(
+    nats_url: str, payload_bytes: int, headers: dict[str, str]
+) -> None:
+    # The client checks only the payload; the server counts the headers too, and closes the
+    # connection for a message above max_payload, with every other answer of the batch.
+    stream = fresh("PGONCE_TEST_")
+    prefix = fresh("pgonce.test.")
+    async with nats_stream(nats_url, stream, [f"{prefix}.>"]):
+        publisher = NatsPublisher(nats_url, routing=lambda m: f"{prefix}.{m.aggregatetype}")
+        now = datetime.now(UTC)
+        payload = '"' + "y" * (payload_bytes - 2) + '"'
+        big = OutboxMessage(1, "order", "1", "e", payload, headers, now, 0)
+        other = OutboxMessage(2, "order", "2", "e", "{}", {}, now, 0)
+        try:
+            result = await publisher.publish([big, other])
+        finally:
+            await publisher.close()
+    assert result.lost is None
+    assert "max_payload" in result.refused[1]
+    assert result.acked == {2}

@@ -211,6 +211,7 @@ class NatsPublisher:
         kinds: dict[int, str] = {}
         # Aggregates with a row refused before it was sent: their later rows wait behind it.
         held: set[tuple[str, str]] = set()
+        max_payload = client.max_payload
         try:
             for message in batch:
                 if held and (message.aggregatetype, message.aggregateid) in held:
@@ -223,6 +224,12 @@ class NatsPublisher:
                 tokens.append(token)
                 payload = body(message)
                 try:
+                    # The server counts the headers too, and closes the connection for a
+                    # message above max_payload (the client checks only the payload).
+                    if (message.headers or len(payload) > max_payload - _HEADROOM) and (
+                        _size(payload, headers) > max_payload
+                    ):
+                        raise nats.errors.MaxPayloadError
                     await client.publish(
                         self.routing(message), payload, reply=f"{inbox}.{token}", headers=headers
                     )
@@ -233,7 +240,8 @@ class NatsPublisher:
                     # end) while the rest goes on.
                     del waiting[token]
                     tokens.pop()
-                    pending.refused[message.id] = _unsendable(error, len(payload), client)
+                    size = _size(payload, headers)
+                    pending.refused[message.id] = _unsendable(error, size, max_payload)
                     kinds[message.id] = "unsendable"
                     held.add((message.aggregatetype, message.aggregateid))
                     pending.settle()
@@ -269,11 +277,24 @@ _UNSENDABLE = (
 )
 
 
-def _unsendable(error: Exception, size: int, client: Client) -> str:
+#: More than the outbox facts take in a message's headers (their names are bounded in bytes by
+#: the table): a payload this far below max_payload needs no count of its headers' bytes when
+#: the caller gave none.
+_HEADROOM = 4096
+
+
+def _size(payload: bytes, headers: dict[str, str]) -> int:
+    """The bytes the server counts against max_payload: the payload and the encoded headers
+    (``NATS/1.0``, a line per header, an empty line)."""
+    lines = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return len(payload) + 12 + lines
+
+
+def _unsendable(error: Exception, size: int, max_payload: int) -> str:
     if isinstance(error, nats.errors.MaxPayloadError):
         return (
-            f"the payload of {size} bytes is above the NATS server's max_payload of "
-            f"{client.max_payload} bytes"
+            f"the message of {size} bytes (payload and headers) is above the NATS server's "
+            f"max_payload of {max_payload} bytes"
         )
     what = "subject" if isinstance(error, nats.errors.BadSubjectError) else "header"
     return f"NATS cannot send the message: an invalid {what} ({short_error(error)})"
