@@ -45,6 +45,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA, own_connect_kwargs
 from pgonce.core.outbox import OutboxMessage, Refusal, RetryPolicy, refuse, settle
@@ -155,6 +156,8 @@ class Relay:
             raise ConfigError(f"poll_interval must be above 0 and at most {MAX_POLL_INTERVAL}")
         if min(batch_size, per_aggregate, concurrency) < 1:
             raise ConfigError("batch_size, per_aggregate and concurrency must be at least 1")
+        for what, conninfo in (("dsn", dsn), ("listen_dsn", listen_dsn)):
+            _check_conninfo(what, conninfo)
         self.dsn = dsn
         self.publisher = publisher
         self.store = AsyncOutboxStore(schema=schema)
@@ -467,6 +470,22 @@ class Relay:
             yield conn.notifies()
         finally:
             await conn.close()
+
+
+def _check_conninfo(what: str, conninfo: str | None) -> None:
+    """Refuse a connection string libpq cannot parse, now and without quoting it: libpq's own
+    message repeats the text (``missing "=" after "postgres//user:password@..."``), which the
+    relay would log, password and all, at every reconnect."""
+    if conninfo is None:
+        return
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        raise ConfigError(
+            f"the relay's {what} is not a connection string PostgreSQL can read (a URI such as "
+            "postgresql://user@host/db, or key=value pairs); it is not repeated here because "
+            "it may hold a password"
+        ) from None
 
 
 def _jittered(delay: timedelta) -> timedelta:

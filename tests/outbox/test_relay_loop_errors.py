@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from pgonce.core.outbox import OutboxMessage
+from pgonce.errors import ConfigError
 from pgonce.publishers.base import PublishResult
 from pgonce.relay import Relay
 from pgonce.store._sync.outbox import enqueue
@@ -59,3 +60,21 @@ async def test_a_failing_batch_is_counted_every_time_and_logged_once(
         assert conn.execute(
             "SELECT count(*) FROM pgonce.outbox WHERE published_at IS NULL"
         ).fetchone() == (1,)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"dsn": "postgres//relay:s3cret@127.0.0.1/db"},
+        {"dsn": "postgresql://127.0.0.1/db", "listen_dsn": "postgres//relay:s3cret@127.0.0.1/db"},
+    ],
+)
+def test_a_connection_string_libpq_cannot_read_is_refused_without_its_password(
+    options: dict[str, str],
+) -> None:
+    # libpq's own message quotes the text, password included, and the loop would log it.
+    dsn = options.pop("dsn")
+    with pytest.raises(ConfigError, match="not repeated here") as raised:
+        Relay(dsn, Broken(), **options)  # type: ignore[arg-type]
+    assert "s3cret" not in str(raised.value)
+    assert raised.value.__suppress_context__
