@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from pgonce.cli import main
-from pgonce.conformance import HttpTarget, UrlEffects, check_http
+from pgonce.conformance import HttpTarget, SqlEffects, UrlEffects, check_http
 from pgonce.conformance.runner import client
-from tests.conformance.conftest import ALICE, BOB, PAYMENT
+from tests.conformance.conftest import ALICE, APP, BOB, PAYMENT
 from tests.http.conftest import Server, start_server
 
 VARIANTS = (sys.executable, "-m", "bench.servers", "{fd}", "tests.conformance.variants:create_app")
@@ -106,3 +106,24 @@ async def test_two_equal_refusals_are_no_replay(variants: Server, check: str) ->
     print(report.table())
     assert not report.passed, report.table()
     assert "429" in report.results[0].evidence
+
+
+async def test_a_retry_that_waits_for_the_original_and_replays_passes(
+    dsn: str, tmp_path: Path
+) -> None:
+    # pgonce's own middleware with `wait`: a duplicate in flight waits, then gets the replay.
+    server = start_server(dsn, tmp_path / "wait.log", {"wait_ms": 5000}, APP)
+    effects = await SqlEffects.connect(dsn, "SELECT count(*) FROM payments")
+    try:
+        report = await check_http(
+            HttpTarget(server.url + "/payments", body=PAYMENT, headers=ALICE, slow_path="/slow"),
+            effects=effects,
+            only=("in-flight-409", "concurrent-once"),
+        )
+    finally:
+        await effects.close()
+        server.stop()
+    print(report.table())
+    assert report.passed, report.table()
+    assert report.results[0].verdict == "PASS"
+    assert "waited" in report.results[1].evidence
