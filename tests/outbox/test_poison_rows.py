@@ -251,3 +251,19 @@ async def test_headers_that_take_a_message_above_max_payload_are_refused_not_los
     assert result.lost is None
     assert "max_payload" in result.refused[1]
     assert result.acked == {2}
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"url": "amqp://relay:s3cret@127.0.0.1:notaport/"}, "amqp://"),
+        ({"url": "redis://relay:s3cret@127.0.0.1:6379/"}, "amqp://"),
+        ({"exchange_type": "fan-out"}, "exchange_type must be one of"),
+    ],
+)
+def test_a_rabbitmq_publisher_that_cannot_work_is_a_config_error(
+    options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says) as raised:
+        RabbitMQPublisher(**options)
+    assert "s3cret" not in str(raised.value)

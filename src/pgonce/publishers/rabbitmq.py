@@ -25,9 +25,10 @@ import logging
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from pgonce.core.outbox import OutboxMessage
-from pgonce.errors import BrokerUnavailable
+from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.extras import needs
 from pgonce.publishers.base import (
     PublishResult,
@@ -36,6 +37,7 @@ from pgonce.publishers.base import (
     by_aggregatetype,
     message_headers,
     short_error,
+    url_origin,
 )
 
 with needs("rabbitmq", "the RabbitMQ publisher"):
@@ -76,10 +78,29 @@ class RabbitMQPublisher:
         declare: bool = False,
         exchange_type: str = "topic",
     ) -> None:
+        # Said at the start: aio-pika reads the URL only when it connects, and what it raises
+        # then would fail every batch (and it may quote the URL, password and all).
+        try:
+            parts = urlsplit(url)
+            # .port raises ValueError for a port that is not a number.
+            valid = parts.scheme in ("amqp", "amqps") and (parts.port is None or parts.port > 0)
+        except (ValueError, TypeError, AttributeError):
+            valid = False
+        if not valid:
+            raise ConfigError(
+                "the RabbitMQ publisher's url must be an amqp:// or amqps:// URL with a valid "
+                f"port, not {url_origin(url) if isinstance(url, str) else type(url).__name__}"
+            )
+        try:
+            self.exchange_type = aio_pika.ExchangeType(exchange_type)
+        except ValueError:
+            kinds = ", ".join(t.value for t in aio_pika.ExchangeType)
+            raise ConfigError(
+                f"the RabbitMQ exchange_type must be one of {kinds}, not {exchange_type!r}"
+            ) from None
         self.url = url
         self.exchange_name = exchange
         self.declare = declare
-        self.exchange_type = aio_pika.ExchangeType(exchange_type)
         #: Routing keys checked on the current connection: whether a queue takes them.
         self._routes: dict[str, bool] = {}
         self.routing = routing or by_aggregatetype("")
