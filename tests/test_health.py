@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from datetime import timedelta
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from faults.proxy import Proxy
 from pgonce.core.retention import Retention, RetentionPolicy
-from pgonce.errors import UsageError
+from pgonce.errors import DatabaseUnavailable, UsageError
 from pgonce.sql import migrations
 from pgonce.store._async.health import AsyncHealthCheck as AnyAsyncHealthCheck
 from pgonce.store._sync.health import HealthCheck as AnyHealthCheck
@@ -331,3 +335,71 @@ def test_doctor_fails_on_a_pending_migration(dsn: str) -> None:
     assert code == 1
     (line,) = [line for line in out.splitlines() if line.startswith("schema version")]
     assert line.split()[-1] == "FAIL"
+
+
+def _through(proxy_port: int, dsn: str) -> str:
+    return make_conninfo(dsn, host="127.0.0.1", port=str(proxy_port))
+
+
+def _server(dsn: str) -> tuple[str, int]:
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or "127.0.0.1")
+    if host.startswith("/"):
+        pytest.skip("the test server is reached by a Unix socket; the proxy forwards TCP")
+    return host, int(params.get("port") or 5432)
+
+
+def test_a_stalled_network_ends_the_check_with_a_typed_error(direct_dsn: str) -> None:
+    # Requests arrive, answers do not: the server's statement timeout fires but its error never
+    # comes back. The check must end on its own, not wait forever.
+    with Proxy(tcp=_server(direct_dsn)) as proxy:
+        conn = psycopg.connect(_through(proxy.port, direct_dsn), autocommit=True)
+        try:
+            proxy.hold(True)
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable, match="no answer within"):
+                HealthCheck(timeout=timedelta(milliseconds=500)).check(conn)
+            assert time.monotonic() - started < 10
+            assert conn.broken or conn.closed
+        finally:
+            conn.close()
+
+
+async def test_a_stalled_network_ends_the_async_check_with_a_typed_error(
+    direct_dsn: str,
+) -> None:
+    with Proxy(tcp=_server(direct_dsn)) as proxy:
+        conn = await psycopg.AsyncConnection.connect(
+            _through(proxy.port, direct_dsn), autocommit=True
+        )
+        try:
+            proxy.hold(True)
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable, match="no answer within"):
+                await AsyncHealthCheck(timeout=timedelta(milliseconds=500)).check(conn)
+            assert time.monotonic() - started < 10
+        finally:
+            await conn.close()
+
+
+def test_a_check_that_answers_in_time_leaves_the_connection_usable(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(3):
+            HealthCheck(timeout=timedelta(milliseconds=200)).check(conn, now=NOW)
+        # Every watchdog of the checks above has ended without firing: none can touch the
+        # connection later.
+        for thread in threading.enumerate():
+            if thread.name == "pgonce-health-watchdog":
+                thread.join(timeout=10)
+                assert not thread.is_alive()
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+async def test_the_wrong_kind_of_connection_is_refused_at_the_call(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+        with pytest.raises(UsageError, match="AsyncHealthCheck"):
+            HealthCheck().check(aconn)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match="AsyncSweeper"):
+            Sweeper().sweep(aconn)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="not None"):
+        HealthCheck().check(None)  # type: ignore[arg-type]

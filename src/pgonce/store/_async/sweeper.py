@@ -33,7 +33,7 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.checks import check_optional_time
+from pgonce.core.checks import check_connection, check_optional_time
 from pgonce.core.retention import (
     DEFAULT_SWEEP_EVERY,
     TARGETS,
@@ -105,6 +105,7 @@ class AsyncSweeper:
         A naive ``now`` is refused: the server would read it in the session's time zone, and a
         clock hours ahead deletes keys whose senders may still retry them.
         """
+        check_connection(conn, AsyncConnection, self)
         check_optional_time(now)
         if conn.info.transaction_status != TransactionStatus.IDLE:
             raise UsageError(

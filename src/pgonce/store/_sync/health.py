@@ -10,6 +10,9 @@ prints and what the service exposes as metrics. This file is the source of ``_sy
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -18,7 +21,7 @@ from typing import Any, TypeVar
 from psycopg import Connection, Cursor
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.checks import check_optional_time
+from pgonce.core.checks import check_connection, check_optional_time
 from pgonce.core.durability import Durability, judge_durability
 from pgonce.core.mvcc import DEFAULT_HORIZON_WARN, MvccHorizon, judge_mvcc_horizon
 from pgonce.core.retention import (
@@ -36,6 +39,7 @@ from pgonce.core.retention import (
     judge_schema,
     policies_for,
 )
+from pgonce.errors import DatabaseUnavailable
 from pgonce.sql import Queries, migrations
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
@@ -72,6 +76,11 @@ class HealthCheck:
         self.slack = slack
         # SweepLimits validates and renders the timeout the way set_config wants it.
         self._timeout_ms = SweepLimits(statement_timeout=timeout).timeout_ms
+        #: The whole check's bound: the statement timeout is the server's, and a stalled network
+        #: (requests arrive, answers do not) never brings its error back. Twice the statement
+        #: timeout leaves a slow table its due, and ends a check that would otherwise wait forever
+        #: (a metrics scrape holding a pooled connection for good, every scrape one more).
+        self.deadline = 2 * timeout
         self._sql = Queries("health", schema)
         self._sweep_sql = Queries("sweep", schema)
 
@@ -81,9 +90,19 @@ class HealthCheck:
         A naive ``now`` is refused, as the sweeper refuses it: read in the session's time zone, it
         would shift every age the report judges.
         """
+        check_connection(conn, Connection, self)
         check_optional_time(now)
-        with translate_errors("checking health"):
-            return self._read(conn, now)
+        watchdog = _Watchdog(conn, self.deadline.total_seconds())
+        try:
+            with translate_errors("checking health"), watchdog:
+                return self._read(conn, now)
+        except DatabaseUnavailable as error:
+            if not watchdog.fired:
+                raise
+            raise DatabaseUnavailable(
+                f"checking health failed: no answer within {self.deadline} (twice the statement "
+                "timeout), so the connection was closed: the server or the network is stalled"
+            ) from error
 
     def _read(self, conn: Connection[Row], now: datetime | None) -> HealthReport:
         groups: list[GroupFacts] = []
@@ -169,3 +188,45 @@ def _group_facts(
         )
         for scope in policy.groups()
     ]
+
+
+class _Watchdog:
+    """Shuts the connection's socket down if the block it guards outlives ``seconds``.
+
+    A thread, in both twins: cancelling the coroutine would not do, since psycopg answers a
+    cancellation by asking the server to cancel and waiting for the answer that the stalled
+    network holds back. Shutting the socket down wakes whatever waits on it with end-of-file, so
+    the statement fails at once as a lost connection, which the pool then discards. The lock keeps
+    the shutdown from landing after the block has left (the connection is the caller's again).
+    """
+
+    __slots__ = ("_conn", "_done", "_fd", "_lock", "_timer", "fired")
+
+    def __init__(self, conn: Connection[Any], seconds: float) -> None:
+        self._conn = conn
+        self._fd = -1
+        self._lock = threading.Lock()
+        self._done = False
+        self.fired = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.name = "pgonce-health-watchdog"
+        self._timer.daemon = True
+
+    def __enter__(self) -> None:
+        self._fd = self._conn.fileno()  # a closed connection fails here, inside translate_errors
+        self._timer.start()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+            # A duplicate of the descriptor: shutdown() acts on the socket itself, and closing the
+            # duplicate leaves the connection's own descriptor to psycopg.
+            with socket.socket(fileno=os.dup(self._fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)

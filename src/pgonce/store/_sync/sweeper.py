@@ -35,7 +35,7 @@ from psycopg import Connection
 from psycopg.pq import TransactionStatus
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.checks import check_optional_time
+from pgonce.core.checks import check_connection, check_optional_time
 from pgonce.core.retention import (
     DEFAULT_SWEEP_EVERY,
     TARGETS,
@@ -107,6 +107,7 @@ class Sweeper:
         A naive ``now`` is refused: the server would read it in the session's time zone, and a
         clock hours ahead deletes keys whose senders may still retry them.
         """
+        check_connection(conn, Connection, self)
         check_optional_time(now)
         if conn.info.transaction_status != TransactionStatus.IDLE:
             raise UsageError(
