@@ -127,3 +127,19 @@ async def test_a_retry_that_waits_for_the_original_and_replays_passes(
     assert report.passed, report.table()
     assert report.results[0].verdict == "PASS"
     assert "waited" in report.results[1].evidence
+
+
+@pytest.mark.parametrize(("mode", "verdict"), [("longkeys", "PASS"), ("truncate", "FAIL"),
+                                               ("plain", "PASS")])  # fmt: skip
+async def test_a_long_key_may_be_kept_whole_but_never_truncated(
+    variants: Server, mode: str, verdict: str
+) -> None:
+    async with client() as http:
+        report = await check_http(
+            HttpTarget(f"{variants.url}/{mode}/payments", body=PAYMENT),
+            effects=UrlEffects(http, variants.url + "/count"),
+            http=http,
+            only=("key-too-long",),
+        )
+    print(report.table())
+    assert report.results[0].verdict == verdict, report.table()

@@ -8,10 +8,11 @@ fails any of them judges the draft wrongly.
 
 ``/{mode}/payments``: ``plain`` sends no lifetime header; ``asctime`` sends
 ``Idempotency-Key-Expires`` as an RFC 9110 HTTP-date in the obsolete asctime form that every
-recipient must accept. ``limited`` is no variation but a fault: a rate limiter that answers
-every request after the first with 429, for checks that must not pass on two equal refusals.
-Effects are counted in memory at ``GET /count``. Served by uvicorn in the
-tests (``python -m bench.servers FD tests.conformance.variants:create_app``).
+recipient must accept; ``longkeys`` keeps keys of up to 4096 characters whole (the draft sets no
+limit). Two modes are faults, not variations: ``truncate`` cuts keys to 255 characters, and
+``limited`` is a rate limiter that answers every request after the first with 429. Effects are
+counted in memory at ``GET /count``. Served by uvicorn in the tests
+(``python -m bench.servers FD tests.conformance.variants:create_app``).
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def create_app() -> Starlette:
         if header is None:
             return problem(400, "Idempotency-Key required")
         key = sf_string(header)
-        if not key or len(key) > MAX_KEY:
+        mode = request.path_params["mode"]
+        if mode == "truncate" and key:
+            key = key[:MAX_KEY]  # the fault: two long keys become one
+        if not key or len(key) > (4096 if mode == "longkeys" else MAX_KEY):
             return problem(400, "Invalid Idempotency-Key")
         body = await request.body()
         if len(body) > MAX_BODY:

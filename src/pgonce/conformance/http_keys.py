@@ -55,11 +55,33 @@ async def key_empty(run: HttpRun) -> Finding:
 
 @suite.check(
     "key-too-long",
-    "keys over 255 characters are refused, not truncated (two keys would become one)",
-    f"{STRIPE} (keys of up to 255 characters)",
+    "keys over 255 characters are refused or kept whole, never truncated (two keys become one)",
+    f"{STRIPE} (keys of up to 255 characters); {DRAFT} (no limit: a longer key is one key)",
 )
 async def key_too_long(run: HttpRun) -> Finding:
-    return await refused_keys(run, {"a 256-character key": '"' + "k" * 256 + '"'})
+    finding = Finding()
+    before = await run.count()
+    stem = "k" * 255
+    first = await run.send(f'"{stem}a"')
+    if not first.is_success:
+        refused(finding, first, 400, "a 256-character key")
+        await run.effects_since(before, 0, finding)
+        return finding
+    # Accepted: another key with the same first 255 characters must be another operation.
+    other = await run.send(f'"{stem}b"')
+    finding.saw(f"a 256-character key: {shown(first)}; one differing in its last: {shown(other)}")
+    finding.expect(other.is_success, f"the second long key answered {other.status_code}")
+    same = other.content == first.content
+    if same and before is None and not run.replayed(other):
+        return finding.skip(
+            "both long keys got the same answer; whether the second ran needs --count-url or "
+            "--count-sql"
+        )
+    finding.expect(
+        not (same and run.replayed(other)), "the second long key replayed the first: truncated"
+    )
+    await run.effects_since(before, 2, finding)
+    return finding
 
 
 @suite.check(
