@@ -267,3 +267,34 @@ def test_a_rabbitmq_publisher_that_cannot_work_is_a_config_error(
     with pytest.raises(ConfigError, match=says) as raised:
         RabbitMQPublisher(**options)
     assert "s3cret" not in str(raised.value)
+
+
+async def test_a_webhook_endpoint_that_trickles_its_answer_is_cut_off_at_the_timeout() -> None:
+    # One byte of the status line every 50 ms: every read is quick, the answer never ends.
+    finished = asyncio.Event()
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while not finished.is_set():
+                writer.write(b"H")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    publisher = HttpPublisher(
+        url=f"http://127.0.0.1:{port}/hooks", secret=SECRET, timeout=timedelta(milliseconds=500)
+    )
+    message = OutboxMessage(1, "order", "1", "e", "{}", {}, datetime.now(UTC), 0)
+    try:
+        result = await asyncio.wait_for(publisher.publish([message]), timeout=10)
+    finally:
+        finished.set()
+        await publisher.close()
+        server.close()
+        await server.wait_closed()
+    assert "no answer within 0.5 s" in result.refused[1]

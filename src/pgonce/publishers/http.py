@@ -118,9 +118,19 @@ class HttpPublisher:
 
     async def _send(self, client: httpx.AsyncClient, message: OutboxMessage) -> str | None:
         url = self._routing(message)
+        seconds = self.timeout.total_seconds()
         try:
             content, headers = self.request(message)
-            response = await client.post(url, content=content, headers=headers)
+            # httpx's timeout bounds each read, not the request: an endpoint that trickles its
+            # answer a byte at a time would hold the batch (and its rows' locks) for ever. The
+            # body is not read at all: only the status decides, and a receiver's body could be
+            # of any size.
+            async with asyncio.timeout(seconds):
+                request = client.build_request("POST", url, content=content, headers=headers)
+                response = await client.send(request, stream=True)
+                await response.aclose()
+        except TimeoutError:
+            return f"webhook to {url_origin(url)} gave no answer within {seconds:g} s"
         except httpx.HTTPError as error:
             return f"webhook to {url_origin(url)} failed: {short_error(error)}"
         except httpx.InvalidURL:
