@@ -518,3 +518,30 @@ def unused_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     return port
+
+
+def test_a_stalled_network_ends_the_sweep_with_a_typed_error(direct_dsn: str) -> None:
+    # The batch's statement timeout is the server's: with answers held back it never reaches
+    # the sweeper, which must not wait forever (the loop would hold its connection for good).
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from faults.proxy import Proxy
+
+    params = conninfo_to_dict(direct_dsn)
+    host = str(params.get("host") or "127.0.0.1")
+    if host.startswith("/"):
+        pytest.skip("the test server is reached by a Unix socket; the proxy forwards TCP")
+    add_keys(direct_dsn, 5, age=40 * DAY)
+    short = SweepLimits(statement_timeout=timedelta(milliseconds=500), pause=NO_PAUSE)
+    with Proxy(tcp=(host, int(params.get("port") or 5432))) as proxy:
+        through = make_conninfo(direct_dsn, host="127.0.0.1", port=str(proxy.port))
+        for ctid in (None, False):  # the Citus probe first, then a batch
+            with psycopg.connect(through, autocommit=True) as conn:
+                proxy.hold(True)
+                started = time.monotonic()
+                with pytest.raises(DatabaseError):
+                    Sweeper(limits=short, ctid=ctid).sweep(conn, now=NOW)
+                assert time.monotonic() - started < 10
+                assert conn.broken
+                proxy.hold(False)
+    assert remaining(direct_dsn) == 5

@@ -47,6 +47,7 @@ from pgonce.core.retention import (
 )
 from pgonce.errors import DatabaseError, UsageError
 from pgonce.sql import Queries
+from pgonce.store._async.health import _Watchdog
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -125,7 +126,8 @@ class AsyncSweeper:
     async def _plain_postgres(self, conn: AsyncConnection[Row]) -> bool:
         # In a transaction of its own: on a non-autocommit connection a bare query would leave one
         # open, and every batch would then be a savepoint inside it instead of a transaction.
-        with translate_errors("checking for Citus"):
+        watchdog = _Watchdog(conn, 2 * self.limits.statement_timeout.total_seconds())
+        with translate_errors("checking for Citus"), watchdog:
             async with conn.transaction():
                 cur = cursor(conn)
                 await cur.execute(self._sql.plain_postgres)
@@ -163,12 +165,16 @@ class AsyncSweeper:
     async def _batch(
         self, conn: AsyncConnection[Row], statement: bytes, params: dict[str, Any]
     ) -> int:
-        async with conn.transaction():
-            await cursor(conn).execute(
-                self._sql.statement_timeout, {"timeout_ms": self.limits.timeout_ms}
-            )
-            cur = await cursor(conn).execute(statement, params)
-            return max(cur.rowcount, 0)
+        # The statement timeout is the server's: on a stalled network its error never comes
+        # back, and the watchdog closes the connection instead (the loop retries on a new one).
+        deadline = 2 * self.limits.statement_timeout.total_seconds()
+        with _Watchdog(conn, deadline):
+            async with conn.transaction():
+                await cursor(conn).execute(
+                    self._sql.statement_timeout, {"timeout_ms": self.limits.timeout_ms}
+                )
+                cur = await cursor(conn).execute(statement, params)
+                return max(cur.rowcount, 0)
 
 
 async def sweep_every(

@@ -49,6 +49,7 @@ from pgonce.core.retention import (
 )
 from pgonce.errors import DatabaseError, UsageError
 from pgonce.sql import Queries
+from pgonce.store._sync.health import _Watchdog
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -127,7 +128,8 @@ class Sweeper:
     def _plain_postgres(self, conn: Connection[Row]) -> bool:
         # In a transaction of its own: on a non-autocommit connection a bare query would leave one
         # open, and every batch would then be a savepoint inside it instead of a transaction.
-        with translate_errors("checking for Citus"), conn.transaction():
+        watchdog = _Watchdog(conn, 2 * self.limits.statement_timeout.total_seconds())
+        with translate_errors("checking for Citus"), watchdog, conn.transaction():
             cur = cursor(conn)
             cur.execute(self._sql.plain_postgres)
             row = cur.fetchone()
@@ -162,7 +164,10 @@ class Sweeper:
         return TargetSweep(policy.target, deleted, batches, ending, by_ctid)
 
     def _batch(self, conn: Connection[Row], statement: bytes, params: dict[str, Any]) -> int:
-        with conn.transaction():
+        # The statement timeout is the server's: on a stalled network its error never comes
+        # back, and the watchdog closes the connection instead (the loop retries on a new one).
+        deadline = 2 * self.limits.statement_timeout.total_seconds()
+        with _Watchdog(conn, deadline), conn.transaction():
             cursor(conn).execute(
                 self._sql.statement_timeout, {"timeout_ms": self.limits.timeout_ms}
             )
