@@ -143,3 +143,27 @@ async def test_a_long_key_may_be_kept_whole_but_never_truncated(
         )
     print(report.table())
     assert report.results[0].verdict == verdict, report.table()
+
+
+def test_a_fixed_key_in_the_headers_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    for option in ("--header", "--other-header"):
+        code = main(["conformance", "http", "http://127.0.0.1:9/payments",
+                     option, 'idempotency-key: "fixed"'])  # fmt: skip
+        assert code == 1
+        assert "sets Idempotency-Key itself" in capsys.readouterr().err
+
+
+async def test_a_given_content_type_replaces_the_default(variants: Server) -> None:
+    seen: list[list[str]] = []
+
+    async def record(request: httpx.Request) -> None:
+        seen.append(request.headers.get_list("content-type"))
+
+    async with client(event_hooks={"request": [record]}) as http:
+        await check_http(
+            HttpTarget(f"{variants.url}/plain/payments", body=PAYMENT,
+                       headers={"Content-Type": "application/json; charset=utf-8"}),
+            http=http, only=("replay-identical",),
+        )  # fmt: skip
+    assert seen
+    assert all(types == ["application/json; charset=utf-8"] for types in seen), seen

@@ -64,6 +64,12 @@ class HttpTarget:
     expires_header: str = "Idempotency-Key-Expires"
     replay_header: str = "Idempotent-Replayed"
 
+    def __post_init__(self) -> None:
+        for given in (self.headers, self.other_headers or {}):
+            if any(name.lower() == KEY_HEADER.lower() for name in given):
+                # Every check chooses its own key (or none): a fixed one would be sent as well.
+                raise UsageError(f"the kit sets {KEY_HEADER} itself: remove it from the headers")
+
 
 def new_key() -> str:
     """A fresh key, written as the draft's sf-string (a quoted string)."""
@@ -98,7 +104,9 @@ class HttpRun:
         method: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        sent = {"content-type": self.target.content_type, **(headers or self.target.headers)}
+        # Case-insensitive: a given "Content-Type" replaces the default instead of joining it.
+        sent = httpx.Headers({"content-type": self.target.content_type})
+        sent.update(headers or self.target.headers)
         if key is not None:
             sent[KEY_HEADER] = key
         method = method or self.target.method
