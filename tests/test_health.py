@@ -403,3 +403,13 @@ async def test_the_wrong_kind_of_connection_is_refused_at_the_call(dsn: str) -> 
             Sweeper().sweep(aconn)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="not None"):
         HealthCheck().check(None)  # type: ignore[arg-type]
+
+
+def test_a_check_inside_the_callers_transaction_leaves_its_settings_alone(dsn: str) -> None:
+    # The check's SET LOCAL statement_timeout, in a savepoint released, outlived the check and
+    # bounded every later statement of the caller's transaction.
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET LOCAL statement_timeout = '0'")
+        HealthCheck(timeout=timedelta(seconds=7)).check(conn, now=NOW)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)

@@ -108,7 +108,10 @@ class HealthCheck:
         groups: list[GroupFacts] = []
         stuck: list[StuckFacts] = []
         # One transaction: every figure is read at the same `now()`, under one statement timeout.
-        with conn.transaction():
+        # Rolled back, as nothing here writes: inside the caller's transaction this is a
+        # savepoint, and only rolling it back ends the SET LOCAL with it (released, the timeout
+        # would bound the rest of the caller's transaction).
+        with conn.transaction(force_rollback=True):
             cur = cursor(conn)
             cur.execute(self._sweep_sql.statement_timeout, {"timeout_ms": self._timeout_ms})
             cur.execute(self._sql.clock, {"now": now})
