@@ -298,3 +298,11 @@ async def test_a_webhook_endpoint_that_trickles_its_answer_is_cut_off_at_the_tim
         server.close()
         await server.wait_closed()
     assert "no answer within 0.5 s" in result.refused[1]
+
+
+def test_a_broker_wait_of_nothing_is_a_config_error() -> None:
+    # Every batch would end unsettled at once, and be retried for ever.
+    with pytest.raises(ConfigError, match="ack_timeout"):
+        NatsPublisher(ack_timeout=timedelta(0))
+    with pytest.raises(ConfigError, match="confirm_timeout"):
+        RabbitMQPublisher(confirm_timeout=timedelta(seconds=-1))

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from pgonce.core.outbox import OutboxMessage
-from pgonce.errors import BrokerUnavailable
+from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.extras import needs
 from pgonce.publishers.base import (
     PublishResult,
@@ -149,6 +149,9 @@ class NatsPublisher:
         routing: Routing | None = None,
         ack_timeout: timedelta = DEFAULT_ACK_TIMEOUT,
     ) -> None:
+        # A wait of nothing would leave every batch unsettled, retried for ever.
+        if not ack_timeout > timedelta(0):
+            raise ConfigError("the NATS publisher's ack_timeout must be above 0")
         self.servers = servers
         self.routing = routing or by_aggregatetype("outbox.")
         self.ack_timeout = ack_timeout

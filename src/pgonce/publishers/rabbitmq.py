@@ -98,6 +98,9 @@ class RabbitMQPublisher:
             raise ConfigError(
                 f"the RabbitMQ exchange_type must be one of {kinds}, not {exchange_type!r}"
             ) from None
+        # A wait of nothing would leave every batch unsettled, retried for ever.
+        if not confirm_timeout > timedelta(0):
+            raise ConfigError("the RabbitMQ publisher's confirm_timeout must be above 0")
         self.url = url
         self.exchange_name = exchange
         self.declare = declare
