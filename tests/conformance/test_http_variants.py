@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +168,17 @@ async def test_a_given_content_type_replaces_the_default(variants: Server) -> No
         )  # fmt: skip
     assert seen
     assert all(types == ["application/json; charset=utf-8"] for types in seen), seen
+
+
+def test_a_count_query_that_hangs_is_cut_off(
+    variants: Server, dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = time.monotonic()
+    code = main(["conformance", "http", variants.url + "/plain/payments",
+                 "--body", PAYMENT.decode(), "--budget", "5",
+                 "--count-sql", "SELECT count(*) FROM pg_sleep(120)", "--dsn", dsn])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "statement timeout" in err
+    assert dsn not in err
+    assert time.monotonic() - started < 30

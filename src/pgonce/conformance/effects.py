@@ -25,6 +25,9 @@ from psycopg import sql
 from pgonce.conformance.runner import public
 from pgonce.errors import UsageError
 
+#: The longest one read of the count may take, in seconds (the kit's per-request bound).
+COUNT_TIMEOUT = 10.0
+
 #: How many times the count may still move before it is judged anyway (a count that never holds
 #: still is an application doing other work: the check then judges the last value read).
 SETTLE_ROUNDS = 20
@@ -102,6 +105,12 @@ class SqlEffects:
     async def count(self) -> int:
         try:
             async with self.conn.transaction(force_rollback=True):
+                # A count read is a request like any other: bounded, so a query that hangs (a
+                # lock, a huge table) fails the run instead of holding it past its budget.
+                await self.conn.execute(
+                    "SELECT set_config('statement_timeout', %s, true)",
+                    (f"{int(COUNT_TIMEOUT * 1000)}ms",),
+                )
                 cur = await self.conn.execute(self.query)
                 rows = await cur.fetchall()
         except psycopg.Error as error:
