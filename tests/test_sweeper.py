@@ -545,3 +545,25 @@ def test_a_stalled_network_ends_the_sweep_with_a_typed_error(direct_dsn: str) ->
                 assert conn.broken
                 proxy.hold(False)
     assert remaining(direct_dsn) == 5
+
+
+def test_a_stop_request_ends_the_whole_run_not_only_the_current_target(dsn: str) -> None:
+    # A stop during the first target's run used to let every later target run one batch.
+    add_keys(dsn, 30, age=40 * DAY)
+    stop = threading.Event()
+    batches: list[str] = []
+
+    def on_batch(target: str, _deleted: int) -> None:
+        batches.append(target)
+        stop.set()
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        result = AnySweeper(limits=limits(10)).sweep(conn, now=NOW, stop=stop, on_batch=on_batch)
+    assert batches == ["keys"]
+    assert [(t.target, t.batches, t.ending) for t in result.targets] == [
+        ("keys", 1, "stopped"),
+        ("inbox", 0, "stopped"),
+        ("outbox", 0, "stopped"),
+        ("outbox_aggregates", 0, "stopped"),
+    ]
+    assert remaining(dsn) == 20

@@ -148,7 +148,9 @@ class AsyncSweeper:
         deleted = batches = 0
         ending: Ending | None = None
         while ending is None:
-            if batches and stop is not None and stop.is_set():
+            # Before every batch, a target's first too: a stop request that ended one target's
+            # run must not let each target after it run a batch of its own.
+            if stop is not None and stop.is_set():
                 ending = "stopped"
                 break
             if batches:
