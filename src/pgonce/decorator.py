@@ -303,6 +303,11 @@ class Idempotent:
     def __call__(self, function: Callable[P, R], /) -> Callable[P, R]: ...
 
     def __call__(self, function: Callable[P, Any], /) -> Callable[P, Any]:
+        if isinstance(function, staticmethod | classmethod):
+            raise UsageError(
+                "@idempotent decorates the function itself: write it below @staticmethod or "
+                "@classmethod, not above"
+            )
         if not callable(function):
             raise UsageError("@idempotent decorates a function")
         if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
@@ -313,7 +318,7 @@ class Idempotent:
                 "returned, outside the claim; decorate a function that returns the values (a list)"
             )
         call = _Call(self, function)
-        if inspect.iscoroutinefunction(function):
+        if call.is_async:
             run_async = call.run_async
 
             @functools.wraps(function)
@@ -335,7 +340,7 @@ class _Call(Generic[P]):
 
     def __init__(self, options: Idempotent, function: Callable[P, Any]) -> None:
         self.function = function
-        is_async = inspect.iscoroutinefunction(function)
+        self.is_async = is_async = _is_coroutine_function(function)
         store = options.store
         if store is None:
             store = AsyncKeyStore() if is_async else KeyStore()
@@ -346,7 +351,7 @@ class _Call(Generic[P]):
         self.store = store
         self.options = options
         self.signature = signature = inspect.signature(function)
-        self.scope = options.scope or f"{function.__module__}.{function.__qualname__}"
+        self.scope = options.scope or _default_scope(function)
         validate_key(self.scope, "-")
         self.conn = _Arguments(signature, options.connection, "connection")
         self.key = (
@@ -523,6 +528,24 @@ class _Call(Generic[P]):
                 op.respond(stored)
                 return returned
         return self._replayed(op.claim, key)
+
+
+def _is_coroutine_function(function: Callable[..., Any]) -> bool:
+    """A coroutine function, or an object whose ``__call__`` is one (the run must await it)."""
+    call = type(function).__call__
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+
+
+def _default_scope(function: Callable[..., Any]) -> str:
+    """The function's module and qualified name; refused where it has none to give."""
+    module = getattr(function, "__module__", None)
+    name = getattr(function, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(name, str):
+        raise UsageError(
+            f"@idempotent found no name for {type(function).__name__} {function!r} to make the "
+            "claims' scope from: give it scope=..."
+        )
+    return f"{module}.{name}"
 
 
 #: What a connection inside a transaction is told by a function decorated with ``commit=True``.

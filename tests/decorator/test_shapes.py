@@ -3,7 +3,10 @@ and options the key store would refuse at every call, on real PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import functools
+import inspect
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
@@ -148,3 +151,46 @@ def test_options_the_key_store_would_refuse_are_refused_when_decorating(
 
         @idempotent(key="k", **options)
         def run(conn: psycopg.Connection[Any], k: str) -> None: ...
+
+
+def test_callables_without_a_name_need_a_scope_and_async_ones_are_awaited(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    # A callable object or a partial has no __qualname__: an AttributeError when decorating,
+    # where a UsageError that says what to give belongs.
+    class Charge:
+        async def __call__(self, conn: psycopg.AsyncConnection[Any], k: str) -> int:
+            await conn.execute("INSERT INTO effects VALUES (%s)", (k,))
+            return 1
+
+    async def plain(conn: psycopg.AsyncConnection[Any], k: str) -> int:
+        return 2
+
+    for nameless in (Charge(), functools.partial(plain)):
+        with pytest.raises(UsageError, match="scope="):
+            idempotent(key="k")(nameless)
+
+    # Given a scope, an object whose __call__ is a coroutine function is run as one (it was
+    # run as a plain function, its coroutine never awaited).
+    charge = idempotent(key="k", scope="charge-object")(Charge())
+    assert inspect.iscoroutinefunction(charge)
+
+    async def twice() -> list[int]:
+        answers = []
+        for _ in range(2):
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                answers.append(await charge(conn, "c"))
+        return answers
+
+    assert asyncio.run(twice()) == [1, 1]
+    assert count(db, "effects") == 1
+
+
+def test_a_static_or_class_method_object_is_refused_with_the_order_to_use() -> None:
+    def function(conn: psycopg.Connection[Any], k: str) -> None: ...
+
+    loose: Any = function
+    wrappers: list[Any] = [staticmethod(loose), classmethod(loose)]
+    for wrapped in wrappers:
+        with pytest.raises(UsageError, match="below @staticmethod"):
+            idempotent(key="k")(wrapped)
