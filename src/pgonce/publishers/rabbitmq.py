@@ -281,7 +281,11 @@ class RabbitMQPublisher:
 
     async def _max_content_size(self) -> int:
         assert self._channel is not None
-        channel = await self._channel.get_underlay_channel()
+        try:
+            channel = await self._channel.get_underlay_channel()
+        except (RuntimeError, aiormq.exceptions.AMQPError) as error:
+            # The channel closed since the batch connected: the batch waits, as in an outage.
+            raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
         # A frame's payload: the frame size less its 7-byte header and its end octet.
         return int(channel.connection.connection_tune.frame_max) - 8
 
