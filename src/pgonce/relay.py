@@ -152,10 +152,26 @@ class Relay:
         prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
         outage_backoff: tuple[timedelta, timedelta] = DEFAULT_OUTAGE_BACKOFF,
     ) -> None:
-        if not timedelta(0) < poll_interval <= MAX_POLL_INTERVAL:
+        # Said here rather than by the loops: a wrong type would otherwise fail every batch
+        # (a float batch size is refused by the claim) or escape as a bare TypeError.
+        if not isinstance(poll_interval, timedelta) or not (
+            timedelta(0) < poll_interval <= MAX_POLL_INTERVAL
+        ):
             raise ConfigError(f"poll_interval must be above 0 and at most {MAX_POLL_INTERVAL}")
-        if min(batch_size, per_aggregate, concurrency) < 1:
-            raise ConfigError("batch_size, per_aggregate and concurrency must be at least 1")
+        for what, count in (
+            ("batch_size", batch_size),
+            ("per_aggregate", per_aggregate),
+            ("concurrency", concurrency),
+        ):
+            if type(count) is not int or count < 1:
+                raise ConfigError(f"{what} must be a whole number of at least 1, not {count!r}")
+        low, high = outage_backoff
+        if (
+            not isinstance(low, timedelta)
+            or not isinstance(high, timedelta)
+            or not (timedelta(0) < low <= high)
+        ):
+            raise ConfigError("outage_backoff must be two timedeltas with 0 < first <= second")
         for what, conninfo in (("dsn", dsn), ("listen_dsn", listen_dsn)):
             _check_conninfo(what, conninfo)
         self.dsn = dsn

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -78,3 +79,21 @@ def test_a_connection_string_libpq_cannot_read_is_refused_without_its_password(
         Relay(dsn, Broken(), **options)  # type: ignore[arg-type]
     assert "s3cret" not in str(raised.value)
     assert raised.value.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"batch_size": 1.5}, "batch_size must be a whole number"),
+        ({"batch_size": "100"}, "batch_size must be a whole number"),
+        ({"per_aggregate": 0}, "per_aggregate must be a whole number"),
+        ({"concurrency": True}, "concurrency must be a whole number"),
+        ({"poll_interval": 5}, "poll_interval"),
+        ({"outage_backoff": (timedelta(0), timedelta(seconds=1))}, "outage_backoff"),
+    ],
+)
+def test_relay_settings_that_would_fail_every_batch_are_config_errors(
+    options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says):
+        Relay("postgresql://127.0.0.1/db", Broken(), **options)
