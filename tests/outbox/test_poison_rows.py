@@ -306,3 +306,25 @@ def test_a_broker_wait_of_nothing_is_a_config_error() -> None:
         NatsPublisher(ack_timeout=timedelta(0))
     with pytest.raises(ConfigError, match="confirm_timeout"):
         RabbitMQPublisher(confirm_timeout=timedelta(seconds=-1))
+
+
+async def test_an_amqp_header_name_above_128_bytes_is_refused_not_cut(rabbitmq_url: str) -> None:
+    # Cut to 128 bytes, two such names would arrive as one, with one of the two values.
+    queue_name = fresh("pgonce-test-")
+    now = datetime.now(UTC)
+    long = {"x" * 130 + "a": "1", "x" * 130 + "b": "2"}
+    async with rabbitmq_queue(rabbitmq_url, queue_name) as queue:
+        publisher = RabbitMQPublisher(rabbitmq_url)
+        try:
+            result = await publisher.publish(
+                [
+                    OutboxMessage(1, queue_name, "1", "e", "{}", long, now, 0),
+                    OutboxMessage(2, queue_name, "2", "e", "{}", {}, now, 0),
+                ]
+            )
+        finally:
+            await publisher.close()
+        received = await rabbitmq_drain(queue)
+    assert "128 bytes" in result.refused[1]
+    assert result.acked == {2}
+    assert [r.message_id for r in received] == ["2"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -260,6 +260,10 @@ class RabbitMQPublisher:
             reason = None
             if len(key) > 63 and len(key.encode()) > 255:
                 reason = f"its routing key of {len(key.encode())} bytes is above AMQP's 255"
+            elif message.headers and (long := _long_header_name(message.headers)):
+                # The encoder would cut it to 128 bytes with a warning: the consumer would get
+                # another name (two such names, one value).
+                reason = f"the header name {long[:40]!r}... is above AMQP's 128 bytes"
             # Headers are few and short in the common case: the exact size (an encoding of
             # the header) only for those that could come near a frame.
             elif message.headers and _headers_bound(message) > _HEADER_MARGIN:
@@ -312,6 +316,14 @@ def _headers_bound(message: OutboxMessage) -> int:
     """More bytes than the caller's headers and the outbox facts take in an AMQP table."""
     facts = len(message.type) + len(message.aggregatetype) + len(message.aggregateid) + 64
     return 4 * (facts + sum(len(k) + len(v) + 6 for k, v in message.headers.items()))
+
+
+def _long_header_name(headers: Mapping[str, str]) -> str | None:
+    """A header name above the 128 bytes of an AMQP field name, if there is one."""
+    for name in headers:
+        if len(name) > 32 and len(name.encode()) > 128:
+            return name
+    return None
 
 
 def amqp_message(message: OutboxMessage) -> aio_pika.Message:
