@@ -7,6 +7,7 @@ import functools
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -413,3 +414,15 @@ def test_a_check_inside_the_callers_transaction_leaves_its_settings_alone(dsn: s
         HealthCheck(timeout=timedelta(seconds=7)).check(conn, now=NOW)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
+
+
+@pytest.mark.parametrize("name", ["stuck_after", "slack", "horizon_warn", "retired_window"])
+def test_thresholds_that_are_no_span_or_negative_are_refused_when_made(name: str) -> None:
+    # A number reached the server as a bad cast (stuck_after) or the judgement as a bare
+    # TypeError, at the first check rather than here.
+    bad: dict[str, Any] = {name: 5}
+    with pytest.raises(UsageError, match=name):
+        HealthCheck(**bad)
+    bad[name] = timedelta(minutes=-1)
+    with pytest.raises(UsageError, match="negative"):
+        HealthCheck(**bad)

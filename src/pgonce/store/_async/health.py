@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from psycopg import AsyncConnection, AsyncCursor
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.checks import check_connection, check_optional_time
+from pgonce.core.checks import check_connection, check_duration, check_optional_time
 from pgonce.core.durability import Durability, judge_durability
 from pgonce.core.mvcc import DEFAULT_HORIZON_WARN, MvccHorizon, judge_mvcc_horizon
 from pgonce.core.retention import (
@@ -37,7 +37,7 @@ from pgonce.core.retention import (
     judge_schema,
     policies_for,
 )
-from pgonce.errors import DatabaseUnavailable
+from pgonce.errors import DatabaseUnavailable, UsageError
 from pgonce.sql import Queries, migrations
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
@@ -67,6 +67,16 @@ class AsyncHealthCheck:
         horizon_warn: timedelta = DEFAULT_HORIZON_WARN,
         retired_window: timedelta = DEFAULT_RETIRED_WINDOW,
     ) -> None:
+        # Checked here, not at the first check: a number or a negative span reached the server
+        # as a bad cast there, or the judgement as a bare TypeError.
+        for name, span in (
+            ("stuck_after", stuck_after),
+            ("slack", slack),
+            ("horizon_warn", horizon_warn),
+            ("retired_window", retired_window),
+        ):
+            if check_duration(span, name) < timedelta(0):
+                raise UsageError(f"{name} must not be negative, not {span}")
         self.horizon_warn = horizon_warn
         self.retired_window = retired_window
         self.policies = policies_for(policies, targets)
