@@ -475,7 +475,16 @@ class Relay:
                     async for _ in notifications:
                         self._wake.set()
             except (PgonceError, psycopg.Error) as error:
-                log.info("relay: LISTEN connection lost (%s); polling meanwhile", error)
+                # Once a minute: a database that stays down fails every reconnect.
+                held = self.throttle.admit(("*", "listen"), datetime.now(UTC))
+                if held is not None:
+                    log.info(
+                        "relay: LISTEN connection lost (%s); polling every %g s meanwhile and "
+                        "reconnecting%s",
+                        error,
+                        self.poll_interval.total_seconds(),
+                        held_back(held),
+                    )
             await self._sleep(stop, self.poll_interval, wake=False)
 
     @contextlib.asynccontextmanager

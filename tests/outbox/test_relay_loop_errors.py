@@ -17,7 +17,7 @@ from pgonce.errors import ConfigError
 from pgonce.publishers.base import PublishResult
 from pgonce.relay import Relay
 from pgonce.store._sync.outbox import enqueue
-from tests.outbox.conftest import wait_until
+from tests.outbox.conftest import free_port, wait_until
 
 
 class Broken:
@@ -97,3 +97,30 @@ def test_relay_settings_that_would_fail_every_batch_are_config_errors(
 ) -> None:
     with pytest.raises(ConfigError, match=says):
         Relay("postgresql://127.0.0.1/db", Broken(), **options)
+
+
+async def test_a_listen_connection_that_keeps_failing_is_reported_once(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/db"
+
+    class Counting(Relay):
+        attempts = 0
+
+        async def connect(self, dsn: str) -> Any:
+            if dsn == nowhere:
+                Counting.attempts += 1
+            return await super().connect(dsn)
+
+    relay = Counting(dsn, Broken(), listen_dsn=nowhere, poll_interval=timedelta(milliseconds=20))
+    stop = asyncio.Event()
+    with caplog.at_level(logging.INFO, logger="pgonce.relay"):
+        running = asyncio.create_task(relay.run(stop))
+        try:
+            await wait_until(lambda: Counting.attempts >= 5)
+        finally:
+            stop.set()
+            await running
+    reports = [r.getMessage() for r in caplog.records if "LISTEN connection lost" in r.getMessage()]
+    assert len(reports) == 1
+    assert "polling every 0.02 s meanwhile" in reports[0]
