@@ -4,12 +4,17 @@ parked in the end) and never stalls the relay's other rows, nor jumps ahead of i
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
+import subprocess
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from redis.asyncio import Redis
 
 from pgonce.core.outbox import OutboxMessage, RetryPolicy
 from pgonce.errors import BrokerUnavailable, ConfigError
@@ -20,7 +25,7 @@ from pgonce.publishers.redis_streams import RedisStreamsPublisher
 from pgonce.relay import Relay
 from pgonce.store._sync.outbox import enqueue
 from tests.outbox.brokers import nats_read, nats_stream, rabbitmq_drain, rabbitmq_queue
-from tests.outbox.conftest import Receiver, fresh
+from tests.outbox.conftest import Receiver, answers, free_port, fresh
 
 #: One attempt: a refused row is parked at once, so that one drain shows where it ends.
 PARK_AT_ONCE = RetryPolicy(max_attempts=1)
@@ -328,3 +333,57 @@ async def test_an_amqp_header_name_above_128_bytes_is_refused_not_cut(rabbitmq_u
     assert "128 bytes" in result.refused[1]
     assert result.acked == {2}
     assert [r.message_id for r in received] == ["2"]
+
+
+@pytest.fixture
+def own_redis(tmp_path: Any) -> Iterator[str]:
+    """A Redis server of this test's own (its settings are changed), on a free port."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(200):
+            if answers("127.0.0.1", port, timeout=0.05):
+                break
+            server.poll()
+            assert server.returncode is None, "redis-server exited"
+            threading.Event().wait(0.025)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        ["CONFIG", "SET", "maxmemory", "1"],
+        ["REPLICAOF", "127.0.0.1", "1"],
+    ],
+)
+async def test_a_redis_that_cannot_take_writes_leaves_rows_waiting_not_refused(
+    dsn: str, own_redis: str, state: list[str]
+) -> None:
+    # Out of memory, or a primary demoted to a replica by a failover: counted as refusals, every
+    # row of the backlog would be parked within the half hour.
+    client = Redis.from_url(own_redis)
+    try:
+        await client.execute_command(*state)  # type: ignore[no-untyped-call]
+    finally:
+        await client.aclose()
+    with psycopg.connect(dsn) as conn:
+        row = enqueue(conn, "order", "1", "e", {"n": 1})
+        conn.commit()
+    relay = Relay(dsn, RedisStreamsPublisher(own_redis), policy=PARK_AT_ONCE)
+    try:
+        stats = await relay.drain()
+    finally:
+        await relay.publisher.close()
+    assert stats.unsettled >= 1
+    assert (stats.published, stats.refused, stats.parked) == (0, 0, 0)
+    assert rows(dsn)[row] == (False, False, 0, None)

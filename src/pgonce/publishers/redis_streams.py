@@ -4,8 +4,10 @@ The entry id is Redis's own (``*``): outbox ids of different aggregates reach a 
 order when several relays run, and Redis refuses an explicit entry id lower than the stream's last.
 Consumers dedupe on the ``message-id`` field. A batch goes in one pipeline (in order, one round
 trip); each ``XADD`` that returned an entry id is acknowledged, an error reply is a refusal, a lost
-connection leaves the batch unsettled. Redis acknowledges from memory: how durable an acknowledged
-entry is depends on the server's ``appendonly``/``appendfsync`` settings.
+connection leaves the batch unsettled, and so does an error reply about the server's state rather
+than the entry (``READONLY`` after a failover, ``OOM``, ``LOADING``, ``MISCONF``, ...). Redis
+acknowledges from memory: how durable an acknowledged entry is depends on the server's
+``appendonly``/``appendfsync`` settings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,25 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 #: stopped answering would otherwise hold the batch (and its rows' locks) for ever. After it the
 #: batch is unsettled and published again (consumers dedupe on ``message-id``).
 DEFAULT_TIMEOUT = timedelta(seconds=10)
+
+
+#: Error replies that describe the server's state, not the entry: the write may succeed later.
+_UNAVAILABLE_CODES = ("MISCONF", "NOREPLICAS", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN")
+
+
+def _unavailable(reply: object) -> bool:
+    if isinstance(
+        reply,
+        redis_errors.ReadOnlyError
+        | redis_errors.OutOfMemoryError
+        | redis_errors.BusyLoadingError
+        | redis_errors.TryAgainError
+        | redis_errors.ClusterDownError,
+    ):
+        return True
+    return isinstance(reply, redis_errors.ResponseError) and str(reply).startswith(
+        _UNAVAILABLE_CODES
+    )
 
 
 class RedisStreamsPublisher:
@@ -95,12 +116,22 @@ class RedisStreamsPublisher:
             raise BrokerUnavailable(f"Redis: {short_error(error)}") from error
         acked: set[int] = set()
         refused: dict[int, str] = {}
+        lost: str | None = None
         for message, reply in zip(batch, replies, strict=True):
-            if isinstance(reply, BaseException):
+            if _unavailable(reply):
+                # The server cannot take writes now (a replica after a failover, out of
+                # memory, loading): an outage, not a refusal of this row. Counted as attempts,
+                # a failover would park the whole backlog.
+                lost = f"Redis cannot take writes now: {short_error(reply)}"
+            elif isinstance(reply, BaseException):
                 refused[message.id] = f"Redis refused XADD: {short_error(reply)}"
             else:
                 acked.add(message.id)
-        return PublishResult(frozenset(acked), refused)
+        if lost:
+            # The next batch connects afresh: after a failover the URL may lead to the new
+            # primary.
+            await self.close()
+        return PublishResult(frozenset(acked), refused, lost=lost)
 
     async def close(self) -> None:
         client, self._client = self._client, None
