@@ -292,3 +292,22 @@ def test_sweep_limits_the_server_would_refuse_are_refused_when_made(
     with pytest.raises(ConfigError, match=match):
         SweepLimits(**limits)
     assert SweepLimits(statement_timeout=timedelta(days=24)).timeout_ms == "2073600000"
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: RetentionPolicy(default=Retention(keep=5)), "keep .*timedelta"),  # type: ignore[arg-type]
+        (lambda: RetentionPolicy(default=Retention(retry_horizon=5)), "retry_horizon"),  # type: ignore[arg-type]
+        (lambda: RetentionPolicy(scopes={"api": 5}), "must be a Retention"),  # type: ignore[dict-item]
+        (lambda: RetentionPolicy(scopes=[("api", Retention())]), "mapping"),  # type: ignore[arg-type]
+        (lambda: policies_for(RetentionPolicy()), r"\[policy\]"),  # type: ignore[arg-type]
+        (lambda: policies_for([5]), "must be a RetentionPolicy"),  # type: ignore[list-item]
+        (lambda: policies_for([], "keys"), r"\['keys'\]"),
+    ],
+    ids=["keep", "horizon", "scope-value", "scopes", "lone-policy", "not-a-policy", "lone-target"],
+)
+def test_policies_of_the_wrong_shape_are_config_errors(make: Any, match: str) -> None:
+    # Each raised a bare TypeError or AttributeError, or ("keys") swept the targets k, e, y, s.
+    with pytest.raises(ConfigError, match=match):
+        make()

@@ -233,6 +233,11 @@ class RetentionPolicy:
     def __post_init__(self) -> None:
         found = target(self.target)
         _guard(found, None, self.default)
+        if not isinstance(self.scopes, Mapping):
+            raise ConfigError(
+                f"the scopes of {found.name} are a mapping of {found.scope_word} to Retention, "
+                f"not {type(self.scopes).__name__}"
+            )
         for scope, retention in self.scopes.items():
             if not isinstance(scope, str) or not scope:
                 raise ConfigError(f"a {found.scope_word} of {found.name} must be a non-empty text")
@@ -269,7 +274,16 @@ def policies_for(
     ``targets`` restricts the list to those names (default: every registered target); policies of
     other targets are left out.
     """
-    given = {policy.target: policy for policy in policies}
+    if isinstance(policies, RetentionPolicy):
+        raise ConfigError("policies are a list of RetentionPolicy: give [policy], not policy")
+    given = {}
+    for policy in policies:
+        if not isinstance(policy, RetentionPolicy):
+            raise ConfigError(f"a policy must be a RetentionPolicy, not {type(policy).__name__}")
+        given[policy.target] = policy
+    if isinstance(targets, str):
+        # Iterated, "keys" was the targets k, e, y and s.
+        raise ConfigError(f"targets are a list of names: give [{targets!r}], not {targets!r}")
     names = list(TARGETS) if targets is None else [target(name).name for name in targets]
     return [given.get(name) or RetentionPolicy(name) for name in names]
 
@@ -277,6 +291,17 @@ def policies_for(
 def _guard(found: SweepTarget, scope: str | None, retention: Retention) -> None:
     where = f"{found.scope_word} {scope!r}" if scope else f"every {found.scope_word}"
     what = f"the retention of {found.name} for {where}"
+    # Types first: a number compared with a timedelta raised a bare TypeError here, and one that
+    # got past it would have reached the sweeper's SQL.
+    if not isinstance(retention, Retention):
+        raise ConfigError(f"{what} must be a Retention, not {type(retention).__name__}")
+    for name in ("keep", "retry_horizon"):
+        value = getattr(retention, name)
+        if not isinstance(value, timedelta):
+            raise ConfigError(
+                f"{name} of {found.name} for {where} must be a datetime.timedelta, "
+                f"not {type(value).__name__}"
+            )
     if retention.keep <= timedelta(0):
         raise ConfigError(f"{what} must be positive, not {format_duration(retention.keep)}")
     if retention.retry_horizon < timedelta(0):
