@@ -11,10 +11,18 @@ import httpx
 import pytest
 
 from pgonce.cli import main
-from pgonce.conformance import HttpTarget, SqlEffects, UrlEffects, check_http
+from pgonce.conformance import (
+    HttpTarget,
+    SqlEffects,
+    UrlEffects,
+    WebhookTarget,
+    check_http,
+    check_webhooks,
+)
 from pgonce.conformance.runner import client
 from tests.conformance.conftest import ALICE, APP, BOB, PAYMENT
 from tests.http.conftest import Server, start_server
+from tests.service.test_serve import SECRET
 
 VARIANTS = (sys.executable, "-m", "bench.servers", "{fd}", "tests.conformance.variants:create_app")
 
@@ -182,3 +190,20 @@ def test_a_count_query_that_hangs_is_cut_off(
     assert "statement timeout" in err
     assert dsn not in err
     assert time.monotonic() - started < 30
+
+
+async def test_a_receiver_refusing_bad_signatures_with_400_passes(dsn: str, tmp_path: Path) -> None:
+    server = start_server(dsn, tmp_path / "hooks.log", {}, VARIANTS, {"VARIANTS_SECRET": SECRET})
+    try:
+        async with client() as http:
+            report = await check_webhooks(
+                WebhookTarget(server.url + "/webhooks/shop", "standard-webhooks", SECRET),
+                effects=UrlEffects(http, server.url + "/count/webhooks"),
+                http=http,
+            )
+    finally:
+        server.stop()
+    print(report.table())
+    assert report.passed, report.table()
+    assert "answered 400" not in report.table()
+    assert "forged-signature-401" in report.table()

@@ -11,7 +11,11 @@ fails any of them judges the draft wrongly.
 recipient must accept; ``longkeys`` keeps keys of up to 4096 characters whole (the draft sets no
 limit). Two modes are faults, not variations: ``truncate`` cuts keys to 255 characters, and
 ``limited`` is a rate limiter that answers every request after the first with 429. Effects are
-counted in memory at ``GET /count``. Served by uvicorn in the tests
+counted in memory at ``GET /count``.
+
+``/webhooks/shop`` is a careful Standard Webhooks receiver (secret in ``VARIANTS_SECRET``) that
+refuses a signature it cannot verify with 400, as the providers' own sample receivers do, where
+pgonce answers 401; its effects are at ``GET /count/webhooks``. Served by uvicorn in the tests
 (``python -m bench.servers FD tests.conformance.variants:create_app``).
 """
 
@@ -20,14 +24,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import time
+from datetime import UTC, datetime
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from pgonce.errors import WebhookError
 from pgonce.http.problem import CONTENT_TYPE, problem_body
+from pgonce.webhooks.schemes import build_scheme
 
 MAX_BODY = 1024 * 1024
 MAX_KEY = 255
@@ -110,10 +118,43 @@ def create_app() -> Starlette:
             headers["idempotency-key-expires"] = expires
         return Response(answer, status_code=status, media_type="application/json", headers=headers)
 
+    scheme = build_scheme("standard-webhooks", os.environ.get("VARIANTS_SECRET", "whsec_AA=="))
+    events: dict[str, bytes] = {}
+    handled = {"count": 0}
+
+    async def webhook(request: Request) -> Response:
+        if request.path_params["source"] != "shop":
+            return problem(404, "Unknown source")
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return problem(413, "Content Too Large")
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            scheme.verify(headers, body, now=datetime.now(UTC))
+        except WebhookError:
+            return problem(400, "Bad signature")
+        try:
+            json.loads(body)
+        except ValueError:
+            return problem(400, "Not JSON")
+        event = headers["webhook-id"]
+        if event in events:
+            if events[event] != body:
+                return problem(409, "Event id reused with another body")
+            return JSONResponse({"status": "duplicate"})
+        events[event] = body
+        handled["count"] += 1
+        return JSONResponse({"status": "stored"})
+
+    async def webhook_count(request: Request) -> Response:
+        return JSONResponse(handled)
+
     return Starlette(
         routes=[
             Route("/health", health),
             Route("/count", count),
+            Route("/count/webhooks", webhook_count),
+            Route("/webhooks/{source}", webhook, methods=["POST"]),
             Route("/{mode}/payments", payments, methods=["POST"]),
         ]
     )

@@ -1,4 +1,4 @@
-"""The checks of signatures: the provider's are accepted, anything else is refused with 401."""
+"""The checks of signatures: the provider's are accepted, anything else is refused (401, 400, 403)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pgonce.conformance.report import Finding, digest
 from pgonce.conformance.runner import shown
 from pgonce.conformance.webhook_run import (
     GITHUB,
+    SIGNATURE_REFUSED,
     SLACK,
     STANDARD,
     STRIPE,
@@ -106,10 +107,12 @@ async def forged_signature(run: WebhookRun) -> Finding:
     finding = Finding()
     event_id, body = run.new_event()
     headers = run.sign(body, event_id, scheme=forged_scheme(run.target))
-    run.refused(finding, await run.post(body, headers), 401, "signed with another secret")
+    run.refused(
+        finding, await run.post(body, headers), SIGNATURE_REFUSED, "signed with another secret"
+    )
     _, other = run.new_event()
     moved = run.sign(other, event_id)  # a genuine signature, of other bytes
-    run.refused(finding, await run.post(body, moved), 401, "another body's signature")
+    run.refused(finding, await run.post(body, moved), SIGNATURE_REFUSED, "another body's signature")
     return finding
 
 
@@ -123,7 +126,7 @@ async def missing_signature(run: WebhookRun) -> Finding:
     event_id, body = run.new_event()
     names = run.signature_headers()
     headers = {k: v for k, v in run.sign(body, event_id).items() if k not in names}
-    run.refused(finding, await run.post(body, headers), 401, "no signature header")
+    run.refused(finding, await run.post(body, headers), SIGNATURE_REFUSED, "no signature header")
     return finding
 
 
@@ -138,7 +141,9 @@ async def malformed_signature(run: WebhookRun) -> Finding:
     for garbage in ("v1,@@not-base64@@", "t=abc,v1=zz", "sha256="):
         event_id, body = run.new_event()
         headers = {**run.sign(body, event_id), **dict.fromkeys(names, garbage)}
-        run.refused(finding, await run.post(body, headers), 401, f"signature {garbage!r}")
+        run.refused(
+            finding, await run.post(body, headers), SIGNATURE_REFUSED, f"signature {garbage!r}"
+        )
     return finding
 
 
@@ -148,7 +153,8 @@ async def out_of_tolerance(run: WebhookRun, shift: timedelta, what: str) -> Find
         return finding.skip(f"the {run.target.scheme} scheme signs no timestamp")
     event_id, body = run.new_event()
     moment = datetime.now(UTC) + shift
-    run.refused(finding, await run.post(body, run.sign(body, event_id, at=moment)), 401, what)
+    headers = run.sign(body, event_id, at=moment)
+    run.refused(finding, await run.post(body, headers), SIGNATURE_REFUSED, what)
     return finding
 
 
