@@ -1,4 +1,4 @@
-"""The checks of signatures: the provider's are accepted, anything else is refused (401, 400, 403)."""
+"""The checks of signatures: the provider's are accepted, any other is refused (401, 400, 403)."""
 
 from __future__ import annotations
 
