@@ -567,3 +567,23 @@ def test_a_stop_request_ends_the_whole_run_not_only_the_current_target(dsn: str)
         ("outbox_aggregates", 0, "stopped"),
     ]
     assert remaining(dsn) == 20
+
+
+def test_a_failing_target_does_not_starve_the_targets_after_it(dsn: str) -> None:
+    # Keys are swept first: with the key table locked run after run, the inbox and the outbox
+    # were never swept at all.
+    from tests.test_sweep_targets import add_event
+
+    add_keys(dsn, 5, age=40 * DAY)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        add_event(conn, "stripe", "old", "done", 40 * DAY)
+    short = SweepLimits(pause=NO_PAUSE, statement_timeout=timedelta(milliseconds=200))
+    with psycopg.connect(dsn) as blocker, psycopg.connect(dsn, autocommit=True) as conn:
+        blocker.execute("LOCK TABLE pgonce.keys IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(DatabaseError, match="sweeping keys"):
+            AnySweeper(limits=short, targets=["keys", "inbox"]).sweep(conn, now=NOW)
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        blocker.rollback()
+        inbox = conn.execute("SELECT count(*) FROM pgonce.inbox").fetchone()
+    assert inbox == (0,)
+    assert remaining(dsn) == 5

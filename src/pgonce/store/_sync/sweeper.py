@@ -12,6 +12,8 @@ Guarantees:
   claim in flight is never deleted.
 - A target's run stops at its first short batch, or at the batch cap; a stop request is honoured
   between batches.
+- A target that fails does not stop the others: the run goes on to the next target and raises
+  the first failure once every target was tried.
 - ctid is never needed for correctness: every target has a portable statement that joins on its
   primary key. On plain PostgreSQL a target's ``_by_ctid`` twin is used instead, for speed; where
   Citus is installed (or with ``ctid=False``) the portable one is.
@@ -120,9 +122,23 @@ class Sweeper:
         if by_ctid is None:
             by_ctid = self._plain_postgres(conn)
         swept = []
+        failure: DatabaseError | None = None
         for policy in self.policies:
             use_ctid = by_ctid and TARGETS[policy.target].has_ctid_twin
-            swept.append(self._sweep_target(conn, policy, use_ctid, now, stop, on_batch))
+            try:
+                swept.append(self._sweep_target(conn, policy, use_ctid, now, stop, on_batch))
+            except DatabaseError as error:
+                # The failed batch rolled back alone: the targets after it are still swept, so
+                # that one target failing run after run (a table locked, a batch that times out)
+                # does not leave every later one to grow. Unless the connection is gone.
+                if conn.closed:
+                    raise
+                if failure is None:
+                    failure = error  # raised at the end, and logged by whoever catches it
+                else:
+                    log.warning("%s (besides the failure this run raises)", error)
+        if failure is not None:
+            raise failure
         return SweepResult(tuple(swept), monotonic() - started)
 
     def _plain_postgres(self, conn: Connection[Row]) -> bool:
