@@ -42,6 +42,24 @@ def test_sweep_keeps_keys_for_the_configured_retention(dsn: str, tmp_path: Path)
     assert keys(dsn) == 0
 
 
+def test_migrate_and_sweep_need_no_secret_of_the_service(dsn: str, tmp_path: Path) -> None:
+    old_key(dsn, 40)
+    config = tmp_path / "pgonce.toml"
+    config.write_text(
+        '[keys]\nretention = "90d"\n[admin]\ntoken = "env:ADMIN_TOKEN"\n'
+        '[outbox]\npublisher = "rabbitmq"\nurl = "env:BROKER_URL"\n'
+        '[sources.shop]\nscheme = "standard-webhooks"\nsecrets = ["env:SHOP_SECRET"]\n'
+        'handler = "pgonce.service.demo:record_order"\n'
+    )
+    for args in (("migrate",), ("sweep",), ("doctor",), ("events",)):
+        result = pgonce(*args, "--config", str(config), "--dsn", dsn, own_settings=True)
+        assert result.returncode == 0, (args, result.stderr)
+    assert keys(dsn) == 1  # the file's retention of keys held
+    served = pgonce("serve", "--config", str(config), "--dsn", dsn, own_settings=True)
+    assert served.returncode == 1
+    assert "SHOP_SECRET is not set" in served.stderr
+
+
 def test_sweep_refuses_a_future_now_unless_it_is_a_dry_run(dsn: str) -> None:
     old_key(dsn, 1)
     later = (datetime.now(UTC) + timedelta(days=60)).isoformat()

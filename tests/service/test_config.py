@@ -122,6 +122,40 @@ def test_broker_url_with_a_password_must_come_from_the_environment(tmp_path: Pat
     assert "hunter2" not in str(caught.value)
 
 
+def test_the_database_commands_read_the_file_without_the_services_secrets(
+    tmp_path: Path,
+) -> None:
+    path = write(
+        tmp_path,
+        GOOD
+        + '[sources.empty]\nscheme = "stripe"\nsecrets = []\n'
+        + '[outbox]\npublisher = "rabbitmq"\nurl = "env:BROKER_URL"\n',
+    )
+    # pgonce serve needs every secret the file names, and says which are missing.
+    with pytest.raises(ConfigError) as caught:
+        load(path, {})
+    for missing in ("ADMIN_TOKEN", "SHOP_SECRET", "BROKER_URL"):
+        assert f"the environment variable {missing} is not set" in str(caught.value)
+    # migrate, sweep, doctor, replay and events need none of them, and keep the retention.
+    config = load(path, {}, secrets=False)
+    assert (config.sources, config.admin_token, config.outbox and config.outbox.url) == (
+        (),
+        None,
+        "",
+    )
+    [_, inbox, _] = config.retention_policies()
+    assert inbox.scopes["shop"].keep == timedelta(days=30)
+    # A source with no secret at all is still refused by serve, never left out quietly.
+    with pytest.raises(ConfigError, match=r"sources\.empty"):
+        load(path, {**ENV, "BROKER_URL": "amqp://mq/"})
+    # The DSN is read either way, and a secret written in the file is still refused.
+    with pytest.raises(ConfigError, match="PG_DSN is not set"):
+        load(write(tmp_path, '[database]\ndsn = "env:PG_DSN"\n'), {}, secrets=False)
+    with pytest.raises(ConfigError, match="by reference") as written:
+        load(write(tmp_path, '[admin]\ntoken = "hunter2"\n'), {}, secrets=False)
+    assert "hunter2" not in str(written.value)
+
+
 def test_unreadable_files_are_one_clear_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such configuration file"):
         load(tmp_path / "missing.toml", {})

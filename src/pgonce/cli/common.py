@@ -87,11 +87,16 @@ def fill_defaults(args: argparse.Namespace) -> None:
 
 
 def config_from(args: argparse.Namespace) -> ServiceConfig | None:
-    """The configuration file (--config or $PGONCE_CONFIG) as loaded, or None without one."""
+    """The configuration file (--config or $PGONCE_CONFIG) as loaded, or None without one.
+
+    Its database and retention settings only: the commands that take them never read the
+    sources' secrets, the broker's URL or the admin token, so a job that runs ``pgonce migrate``
+    or ``pgonce sweep`` need not be given them (see :func:`pgonce.service.config.load`).
+    """
     if getattr(args, "config", None) is not None or os.environ.get("PGONCE_CONFIG"):
         from pgonce.service.config import load
 
-        return load(getattr(args, "config", None))
+        return load(getattr(args, "config", None), secrets=False)
     return None
 
 

@@ -168,6 +168,9 @@ class ServiceConfig:
     log_format: str = "auto"
     #: Where the configuration came from, for messages.
     origin: str = "defaults"
+    #: How long each source's deliveries are kept, by source name: read from the file even where
+    #: ``sources`` is left empty because the command did not read the sources' secrets.
+    source_retention: Mapping[str, Retention] = field(default_factory=dict)
 
     def retention_policies(self) -> list[RetentionPolicy]:
         """One policy per sweep target: keys by scope, the inbox by source."""
@@ -177,7 +180,8 @@ class ServiceConfig:
                 RetentionPolicy(
                     "inbox",
                     Retention(),
-                    {s.source.name: s.retention for s in self.sources},
+                    {s.source.name: s.retention for s in self.sources}
+                    | dict(self.source_retention),
                 )
             )
         if "outbox" in TARGETS:
@@ -189,10 +193,12 @@ class ServiceConfig:
 class _Problems:
     """Collects every problem of a configuration, so that all are reported at once."""
 
-    def __init__(self, origin: str, environ: Mapping[str, str]) -> None:
+    def __init__(self, origin: str, environ: Mapping[str, str], *, secrets: bool = True) -> None:
         self.origin = origin
         #: Where env:NAME references are looked up.
         self.environ = environ
+        #: False: a reference to a variable that is not set is no problem (see load()).
+        self.secrets = secrets
         self.items: list[str] = []
 
     def add(self, key: str, why: str) -> None:
@@ -346,7 +352,13 @@ class _Section:
             yield child, _Section(data, f"{self.key(name)}.{child}", self.problems)
 
 
-def _secret(value: str, key: str, problems: _Problems) -> str | None:
+def _secret(value: str, key: str, problems: _Problems, *, needed: bool = False) -> str | None:
+    """The secret a setting names; None, with a problem recorded, when it cannot be read.
+
+    Where the command does not use the service's secrets (``load(secrets=False)``) a variable
+    that is not set is no problem, unless the setting is ``needed`` (the DSN). A value written
+    in place of a reference is refused either way: the file must not hold secrets.
+    """
     match = _ENV_SECRET.match(value)
     if not match and isinstance(value, _FromEnvironment):
         return str(value)  # the environment's own value: that is where secrets belong
@@ -357,8 +369,9 @@ def _secret(value: str, key: str, problems: _Problems) -> str | None:
         )
         return None
     secret = problems.environ.get(match[1])
-    if not secret:
+    if not secret and (problems.secrets or needed):
         problems.add(key, f"the environment variable {match[1]} is not set")
+    if not secret:
         return None
     return secret
 
@@ -487,7 +500,9 @@ _SOURCE_KEYS = {
 }
 
 
-def _source(name: str, section: _Section) -> SourceConfig | None:
+def _source(name: str, section: _Section) -> tuple[SourceConfig | None, Retention]:
+    """The source a section describes (None when it has problems, or when its secrets were not
+    read), and how long its deliveries are kept."""
     problems = section.problems
     before = len(problems.items)
     scheme_name = section.text("scheme", "")
@@ -550,7 +565,9 @@ def _source(name: str, section: _Section) -> SourceConfig | None:
     handler_timeout = section.duration("handler_timeout", timedelta(seconds=30))
     section.unknown(_SOURCE_KEYS)
     if len(problems.items) != before or retry is None:
-        return None
+        return None, retention
+    if not secrets and not problems.secrets:  # its secrets were not read: not built
+        return None, retention
     scheme = problems.check(
         section.key("scheme"),
         lambda: build_scheme(
@@ -558,7 +575,7 @@ def _source(name: str, section: _Section) -> SourceConfig | None:
         ),
     )
     if scheme is None:
-        return None
+        return None, retention
     source = problems.check(
         section.path,
         lambda: Source(
@@ -574,7 +591,7 @@ def _source(name: str, section: _Section) -> SourceConfig | None:
             handler_timeout=handler_timeout,
         ),
     )
-    return SourceConfig(source, retention) if source else None
+    return (SourceConfig(source, retention) if source else None), retention
 
 
 def _outbox(section: _Section) -> OutboxConfig | None:
@@ -641,13 +658,23 @@ def _unless_env(environ: Mapping[str, str], name: str, value: T | None) -> T | N
     return None if environ.get(name) else value
 
 
-def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> ServiceConfig:
-    """Read the configuration; raise :class:`ConfigError` listing every problem found."""
+def load(
+    path: Path | None = None, environ: Mapping[str, str] | None = None, *, secrets: bool = True
+) -> ServiceConfig:
+    """Read the configuration; raise :class:`ConfigError` listing every problem found.
+
+    ``secrets=False`` is for the commands that use only the database and the retention settings
+    (``migrate``, ``doctor``, ``sweep``, ``replay``, ``events``): a deploy job that runs them
+    need not hold the sources' signing secrets, the broker's URL or the admin token. A reference
+    to a variable that is not set is then no problem, the sources are left out of ``sources``
+    (their retention is in ``source_retention``) and the outbox's URL is empty; the DSN is still
+    read, and everything else is checked as ``pgonce serve`` checks it.
+    """
     env = os.environ if environ is None else environ
     if path is None and env.get("PGONCE_CONFIG"):
         path = Path(env["PGONCE_CONFIG"])
     origin = str(path) if path else "environment"
-    problems = _Problems(origin, env)
+    problems = _Problems(origin, env, secrets=secrets)
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -665,7 +692,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     # PGONCE_DSN, PGONCE_SCHEMA, ... win over the file's [database] keys, as every environment
     # override does; a reference the environment overrides is not resolved.
     dsn_ref = _unless_env(env, "PGONCE_DSN", database.optional_text("dsn"))
-    dsn = _secret(dsn_ref, "database.dsn", problems) if dsn_ref else None
+    dsn = _secret(dsn_ref, "database.dsn", problems, needed=True) if dsn_ref else None
     listen_ref = _unless_env(env, "PGONCE_LISTEN_DSN", database.optional_text("listen_dsn"))
     listen_dsn = _secret(listen_ref, "database.listen_dsn", problems) if listen_ref else None
     pooler = database.optional_text("pooler")
@@ -730,8 +757,9 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     admin.unknown()
 
     sources = []
+    source_retention = {}
     for name, section in root.tables("sources"):
-        found = _source(name, section)
+        found, source_retention[name] = _source(name, section)
         if found is not None:
             sources.append(found)
     root.unknown(
@@ -761,6 +789,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
         completer=completer,
         log_format=log_format,
         origin=origin,
+        source_retention=source_retention,
     )
 
 
