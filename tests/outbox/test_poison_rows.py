@@ -394,3 +394,72 @@ async def test_a_redis_that_cannot_take_writes_leaves_rows_waiting_not_refused(
     assert stats.unsettled >= 1
     assert (stats.published, stats.refused, stats.parked) == (0, 0, 0)
     assert rows(dsn)[row] == (False, False, 0, None)
+
+
+class RawReceiver:
+    """An HTTP/1.1 endpoint on a raw socket, answering every request on a kept-alive connection
+    with ``head`` and then ``body`` (bytes, or a callable that streams for ever)."""
+
+    def __init__(self, head: bytes, endless_body: bool = False) -> None:
+        self.head = head
+        self.endless_body = endless_body
+        self.connections = 0
+        self.requests = 0
+        self.done = asyncio.Event()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while not self.done.is_set():
+                header = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in header.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                self.requests += 1
+                writer.write(self.head)
+                await writer.drain()
+                while self.endless_body and not self.done.is_set():
+                    writer.write(b"x" * 65536)
+                    await writer.drain()
+                    await asyncio.sleep(0)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def send_through(receiver: RawReceiver, batch: list[OutboxMessage]) -> Any:
+    server = await asyncio.start_server(receiver.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    publisher = HttpPublisher(
+        url=f"http://127.0.0.1:{port}/hooks", secret=SECRET, timeout=timedelta(seconds=2)
+    )
+    try:
+        return await asyncio.wait_for(publisher.publish(batch), timeout=20)
+    finally:
+        receiver.done.set()
+        await publisher.close()
+        server.close()
+        await server.wait_closed()
+
+
+def one_aggregate(count: int) -> list[OutboxMessage]:
+    now = datetime.now(UTC)
+    return [OutboxMessage(n, "order", "1", "e", "{}", {}, now, 0) for n in range(1, count + 1)]
+
+
+async def test_webhooks_of_one_aggregate_reuse_one_connection() -> None:
+    receiver = RawReceiver(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    result = await send_through(receiver, one_aggregate(3))
+    assert result.acked == {1, 2, 3}
+    assert (receiver.requests, receiver.connections) == (3, 1)
+
+
+async def test_a_2xx_with_an_endless_body_is_acknowledged_in_bounded_time() -> None:
+    # The status decides; the body is read only to a bound, and never kept.
+    receiver = RawReceiver(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n", True)
+    result = await send_through(receiver, one_aggregate(1))
+    assert result.acked == {1}

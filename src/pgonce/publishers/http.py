@@ -17,6 +17,7 @@ never gets an aggregate's events out of order; different aggregates are sent con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -35,6 +36,28 @@ with needs("http", "the signed HTTP publisher"):
 DEFAULT_TIMEOUT = timedelta(seconds=15)
 #: Aggregates sent at once; bounds the connections opened to one receiver.
 DEFAULT_CONCURRENCY = 16
+
+
+#: Most bytes of an answer's body read (and dropped). Only the status decides; reading a short
+#: body to its end lets the connection be reused, and a longer one is cut there.
+MAX_DISCARDED_BODY = 64 * 1024
+
+
+async def _discard(response: httpx.Response, seconds: float) -> None:
+    """Read and drop the body of ``response`` (up to :data:`MAX_DISCARDED_BODY`, within
+    ``seconds``) and close it. A failure here changes nothing: the status has arrived."""
+    try:
+        async with asyncio.timeout(seconds):
+            read = 0
+            async for chunk in response.aiter_raw():
+                read += len(chunk)
+                if read > MAX_DISCARDED_BODY:
+                    break
+    except (httpx.HTTPError, TimeoutError):
+        pass
+    finally:
+        with contextlib.suppress(httpx.HTTPError):
+            await response.aclose()
 
 
 class HttpPublisher:
@@ -122,13 +145,10 @@ class HttpPublisher:
         try:
             content, headers = self.request(message)
             # httpx's timeout bounds each read, not the request: an endpoint that trickles its
-            # answer a byte at a time would hold the batch (and its rows' locks) for ever. The
-            # body is not read at all: only the status decides, and a receiver's body could be
-            # of any size.
+            # answer a byte at a time would hold the batch (and its rows' locks) for ever.
             async with asyncio.timeout(seconds):
                 request = client.build_request("POST", url, content=content, headers=headers)
                 response = await client.send(request, stream=True)
-                await response.aclose()
         except TimeoutError:
             return f"webhook to {url_origin(url)} gave no answer within {seconds:g} s"
         except httpx.HTTPError as error:
@@ -141,6 +161,7 @@ class HttpPublisher:
             # row can never be sent. Raised, it would fail every batch that holds the row,
             # without an attempt counted; refused, it is parked in the end like any refusal.
             return f"webhook to {url_origin(url)} could not be sent: {short_error(error)}"
+        await _discard(response, seconds)
         if 200 <= response.status_code < 300:
             return None
         return f"webhook to {url_origin(url)} answered {response.status_code}"
