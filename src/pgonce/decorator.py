@@ -277,6 +277,15 @@ class Idempotent:
             callable(getattr(codec, "encode", None)) and callable(getattr(codec, "decode", None))
         ):
             raise UsageError("codec must have encode(value) -> bytes and decode(bytes) -> value")
+        content_type = getattr(codec, "content_type", "")
+        if not isinstance(content_type, str) or any(
+            ord(c) < 0x20 or ord(c) == 0x7F for c in content_type
+        ):
+            # Stored with every result: a NUL failed the completion at the first call (after the
+            # function ran), a line break would end a header wherever the result is shown.
+            raise UsageError(
+                f"codec.content_type must be a str without control characters, not {content_type!r}"
+            )
         if not isinstance(commit, bool):
             raise UsageError("commit must be True or False")
         if store is not None and not isinstance(store, KeyStore | AsyncKeyStore):

@@ -194,3 +194,21 @@ def test_a_static_or_class_method_object_is_refused_with_the_order_to_use() -> N
     for wrapped in wrappers:
         with pytest.raises(UsageError, match="below @staticmethod"):
             idempotent(key="k")(wrapped)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain\x00", "text/plain\r\nX-Evil: 1", 5])
+def test_a_codec_content_type_the_store_cannot_hold_is_refused_when_decorating(
+    content_type: object,
+) -> None:
+    # A NUL failed the completion at the first call, after the function had run.
+    class Codec:
+        def encode(self, value: object) -> bytes:
+            return b"x"
+
+        def decode(self, data: bytes) -> str:
+            return "x"
+
+    codec: Any = Codec()
+    codec.content_type = content_type
+    with pytest.raises(UsageError, match="content_type"):
+        idempotent(key="k", codec=codec)
