@@ -17,6 +17,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from importlib import resources
+from typing import Any
 
 import psycopg
 import pytest
@@ -587,3 +588,11 @@ def test_a_failing_target_does_not_starve_the_targets_after_it(dsn: str) -> None
         inbox = conn.execute("SELECT count(*) FROM pgonce.inbox").fetchone()
     assert inbox == (0,)
     assert remaining(dsn) == 5
+
+
+def test_limits_and_ctid_of_the_wrong_kind_are_refused_when_made() -> None:
+    # limits=5 failed only at the first sweep, with an AttributeError.
+    wrongs: list[dict[str, Any]] = [{"limits": 5}, {"ctid": "yes"}]
+    for wrong in wrongs:
+        with pytest.raises(UsageError, match=next(iter(wrong))):
+            AnySweeper(**wrong)

@@ -90,6 +90,11 @@ class Sweeper:
         targets: Iterable[str] | None = None,
         ctid: bool | None = None,
     ) -> None:
+        # Checked here: a wrong limits or ctid failed only at the first sweep (AttributeError).
+        if limits is not None and not isinstance(limits, SweepLimits):
+            raise UsageError(f"limits must be a SweepLimits, not {type(limits).__name__}")
+        if ctid is not None and not isinstance(ctid, bool):
+            raise UsageError(f"ctid must be True, False or None, not {ctid!r}")
         self.schema = schema
         self.limits = limits or SweepLimits()
         self.policies = policies_for(policies, targets)
