@@ -596,3 +596,9 @@ def test_limits_and_ctid_of_the_wrong_kind_are_refused_when_made() -> None:
     for wrong in wrongs:
         with pytest.raises(UsageError, match=next(iter(wrong))):
             AnySweeper(**wrong)
+
+
+async def test_an_interval_that_is_no_timedelta_is_refused(dsn: str) -> None:
+    async with AsyncConnectionPool(dsn, min_size=0, max_size=1, open=False) as pool:
+        with pytest.raises(UsageError, match="sweep interval"):
+            await sweep_every(pool, AsyncSweeper(), asyncio.Event(), every=300)  # type: ignore[arg-type]

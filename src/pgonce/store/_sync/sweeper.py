@@ -37,7 +37,7 @@ from psycopg import Connection
 from psycopg.pq import TransactionStatus
 
 from pgonce.config import DEFAULT_SCHEMA
-from pgonce.core.checks import check_connection, check_optional_time
+from pgonce.core.checks import check_connection, check_duration, check_optional_time
 from pgonce.core.retention import (
     DEFAULT_SWEEP_EVERY,
     TARGETS,
@@ -216,7 +216,7 @@ def sweep_every(
     level, and the run that succeeds again once more; ``on_failure`` is called with every one
     (a counter). A stop request ends a run between batches.
     """
-    if every <= timedelta(0):
+    if check_duration(every, "the sweep interval") <= timedelta(0):
         raise UsageError("the sweep interval must be positive")
     failed_in_a_row = 0
     while not stop.is_set():
