@@ -426,3 +426,17 @@ def test_thresholds_that_are_no_span_or_negative_are_refused_when_made(name: str
     bad[name] = timedelta(minutes=-1)
     with pytest.raises(UsageError, match="negative"):
         HealthCheck(**bad)
+
+
+def test_a_stalled_network_ends_the_durability_probe(direct_dsn: str) -> None:
+    # /readyz reads it: on a stalled network each probe held its pooled connection for good.
+    with Proxy(tcp=_server(direct_dsn)) as proxy:
+        conn = psycopg.connect(_through(proxy.port, direct_dsn), autocommit=True)
+        try:
+            proxy.hold(True)
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable):
+                HealthCheck(timeout=timedelta(milliseconds=500)).durability(conn)
+            assert time.monotonic() - started < 10
+        finally:
+            conn.close()

@@ -174,8 +174,14 @@ class AsyncHealthCheck:
         return replace(facts, phases=phases, retired=retired, retired_age=newest)
 
     async def durability(self, conn: AsyncConnection[Row]) -> Durability:
-        """Whether the server has the synchronous standby it is configured for (one query)."""
-        with translate_errors("reading the synchronous standbys"):
+        """Whether the server has the synchronous standby it is configured for (one query).
+
+        Bounded like :meth:`check`: a readiness probe on a stalled network must end, not hold
+        its pooled connection for good.
+        """
+        check_connection(conn, AsyncConnection, self)
+        watchdog = _Watchdog(conn, self.deadline.total_seconds())
+        with translate_errors("reading the synchronous standbys"), watchdog:
             return await self._durability(cursor(conn))
 
     async def _durability(self, cur: AsyncCursor[tuple[Any, ...]]) -> Durability:

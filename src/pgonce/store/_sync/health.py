@@ -174,8 +174,14 @@ class HealthCheck:
         return replace(facts, phases=phases, retired=retired, retired_age=newest)
 
     def durability(self, conn: Connection[Row]) -> Durability:
-        """Whether the server has the synchronous standby it is configured for (one query)."""
-        with translate_errors("reading the synchronous standbys"):
+        """Whether the server has the synchronous standby it is configured for (one query).
+
+        Bounded like :meth:`check`: a readiness probe on a stalled network must end, not hold
+        its pooled connection for good.
+        """
+        check_connection(conn, Connection, self)
+        watchdog = _Watchdog(conn, self.deadline.total_seconds())
+        with translate_errors("reading the synchronous standbys"), watchdog:
             return self._durability(cursor(conn))
 
     def _durability(self, cur: Cursor[tuple[Any, ...]]) -> Durability:
