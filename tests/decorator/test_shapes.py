@@ -7,6 +7,7 @@ import asyncio
 import enum
 import functools
 import inspect
+import multiprocessing
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
@@ -212,3 +213,28 @@ def test_a_codec_content_type_the_store_cannot_hold_is_refused_when_decorating(
     codec.content_type = content_type
     with pytest.raises(UsageError, match="content_type"):
         idempotent(key="k", codec=codec)
+
+
+@idempotent(key="k", scope="across-processes", commit=True, wait=timedelta(seconds=20))
+def _charge_once(conn: psycopg.Connection[Any], k: str, amount: int) -> dict[str, int]:
+    conn.execute("INSERT INTO effects VALUES (%s)", (k,))
+    return {"amount": amount}
+
+
+def _charge_in_a_process(dsn: str, start: Any) -> object:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        start.wait()
+        return _charge_once(conn, "one", 5)
+
+
+def test_one_key_called_from_many_processes_runs_once(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, context.Pool(4) as pool:
+        start = manager.Event()
+        pending = [pool.apply_async(_charge_in_a_process, (dsn, start)) for _ in range(4)]
+        start.set()
+        answers = [p.get(timeout=60) for p in pending]
+    assert answers == [{"amount": 5}] * 4
+    assert count(db, "effects") == 1
