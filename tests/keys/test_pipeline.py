@@ -17,7 +17,8 @@ from psycopg import pq
 from psycopg.pq import TransactionStatus
 
 from pgonce import AsyncKeyStore, KeyStore, Response, Won, fingerprint
-from pgonce.errors import DatabaseUnavailable
+from pgonce.errors import DatabaseUnavailable, NotInTransaction
+from pgonce.store._sync.outbox import enqueue
 from tests.keys.test_key_store import effects
 
 FP = fingerprint("pipelined")
@@ -97,6 +98,34 @@ def test_inside_the_callers_pipeline(dsn: str, table: None, store: KeyStore) -> 
             op.respond(Response(201, (), b"ok"))
         assert op.stored  # known before the pipeline syncs on its own
         conn.commit()
+    assert effects(dsn, "k") == 1
+
+
+def test_an_autocommit_pipeline_outside_a_transaction_is_refused(
+    dsn: str, table: None, store: KeyStore
+) -> None:
+    # In a pipeline the status is ACTIVE once a statement is queued, transaction or not: an
+    # autocommit connection's claim or outbox row there would commit alone at the next sync,
+    # apart from the write queued before it.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.pipeline():
+            conn.execute("INSERT INTO effects (key) VALUES ('before')")
+            assert conn.info.transaction_status == TransactionStatus.ACTIVE
+            with pytest.raises(NotInTransaction), store.once(conn, "s", "k", FP):
+                pass
+            with pytest.raises(NotInTransaction):
+                store.claim(conn, "s", "k", FP)
+            with pytest.raises(NotInTransaction):
+                enqueue(conn, "order", "1", "order.created", {})
+        assert conn.execute("SELECT count(*) FROM pgonce.keys").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pgonce.outbox").fetchone() == (0,)
+        # Inside conn.transaction() the same pipeline joins it: all commit together.
+        with conn.pipeline(), conn.transaction():
+            conn.execute("INSERT INTO effects (key) VALUES ('k')")
+            with store.once(conn, "s", "k", FP) as op:
+                op.respond(Response(201, (), b"ok"))
+            enqueue(conn, "order", "1", "order.created", {})
+        assert op.stored
     assert effects(dsn, "k") == 1
 
 

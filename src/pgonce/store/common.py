@@ -25,8 +25,25 @@ class _HasTransactionState(Protocol):
 
 def require_transaction(conn: _HasTransactionState) -> None:
     """Refuse an autocommit connection outside a transaction: the write would commit alone."""
-    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+    if conn.autocommit and (
+        (status := conn.info.transaction_status) == TransactionStatus.IDLE
+        or (status == TransactionStatus.ACTIVE and outside_blocks(conn))
+    ):
         raise NotInTransaction()
+
+
+def outside_blocks(conn: object) -> bool:
+    """True when psycopg counts no ``conn.transaction()`` block open on the connection.
+
+    What tells an autocommit connection in psycopg's pipeline from one in a transaction: there
+    the status is ACTIVE while results are pending, inside a transaction or not, and the
+    statements of an autocommit connection outside ``conn.transaction()`` each commit alone at
+    the pipeline's next sync. A BEGIN the caller queued by hand is not counted: such a caller is
+    refused, and told to open the transaction with ``conn.transaction()``. psycopg keeps the
+    count in ``_num_transactions`` (since 3.0); should it ever be gone, nothing is refused on
+    its account.
+    """
+    return not getattr(conn, "_num_transactions", 1)
 
 
 def claim_row(row: tuple[Any, ...] | None) -> ClaimRow:

@@ -55,6 +55,7 @@ from pgonce.store.common import (
     check_wait,
     claim_row,
     complete_claimed,
+    outside_blocks,
     require_transaction,
 )
 from pgonce.store.cursors import cursor
@@ -723,6 +724,13 @@ class Operation(Generic[Row]):
             # says): psycopg's savepoint around the claim() function.
             if conn.closed:
                 raise DatabaseUnavailable("claiming a key failed: the connection is closed")
+            if conn.autocommit and status == _ACTIVE and outside_blocks(conn):
+                # An autocommit pipeline outside conn.transaction(): psycopg's savepoint would
+                # be a transaction of its own, committing the claim apart from the caller.
+                raise NotInTransaction(
+                    "once() joins the caller's transaction, and this autocommit connection's "
+                    "pipeline runs outside one: open it (conn.transaction()), or pass commit=True"
+                )
             if status == _IDLE:
                 _open_transaction(conn)
             self._savepoint = savepoint = conn.transaction()
@@ -841,6 +849,7 @@ _UNDO: tuple[Command, ...] = ((wire.ROLLBACK, wire.NO_PARAMS),)
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
+_ACTIVE = TransactionStatus.ACTIVE
 
 
 def _won(owned: Owned, fingerprint: bytes) -> Won:
