@@ -27,6 +27,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pgonce.core.outcomes import Won
 from pgonce.core.retention import TARGETS, Retention, RetentionPolicy, SweepLimits, SweepResult
 from pgonce.errors import ConfigError, DatabaseError, UsageError
+from pgonce.service.metrics import ServiceMetrics
 from pgonce.sql import parse_named
 from pgonce.store._async.sweeper import AsyncSweeper as AnyAsyncSweeper
 from pgonce.store._async.sweeper import sweep_every
@@ -508,6 +509,12 @@ async def test_the_timer_loop_survives_an_unreachable_server_logs_once_and_count
     ]
     assert len(warnings) == 1
     assert "tries again every" in warnings[0].getMessage()
+    # pgonce serve counts each one by its class (service.runner passes this as on_failure).
+    metrics = ServiceMetrics()
+    for failure in failures:
+        metrics.record_sweep_failure(failure)
+    reason = type(failures[0]).__name__
+    assert f'pgonce_sweeper_failures_total{{reason="{reason}"}} 3.0' in metrics.render().decode()
 
 
 @pytest.fixture

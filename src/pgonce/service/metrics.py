@@ -120,6 +120,13 @@ class ServiceMetrics:
             ["target"],
             registry=r,
         )
+        self.sweep_failures = Counter(
+            "pgonce_sweeper_failures",
+            "Sweeper runs that failed (each tried again at the next tick), by reason (the "
+            "exception's class: DatabaseUnavailable, PoolTimeout, ...)",
+            ["reason"],
+            registry=r,
+        )
         self.inbox_events = Gauge(
             "pgonce_inbox_events",
             "Inbox events not handled yet, by source and status (pending, dead)",
@@ -302,6 +309,9 @@ class ServiceMetrics:
     def record_sweep(self, result: SweepResult) -> None:
         for swept in result.targets:
             self.swept.labels(swept.target).inc(swept.deleted)
+
+    def record_sweep_failure(self, error: Exception) -> None:
+        self.sweep_failures.labels(type(error).__name__).inc()
 
     def record_completer(self, done: CompleterPass) -> None:
         for outcome in ("finished", "failed", "retired"):

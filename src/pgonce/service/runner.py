@@ -167,6 +167,7 @@ async def run(
                         stop,
                         every=config.sweep_every,
                         on_run=metrics.record_sweep,
+                        on_failure=metrics.record_sweep_failure,
                     ),
                     name="sweeper",
                 )
