@@ -116,10 +116,11 @@ def test_store_constructors_check_their_arguments() -> None:
         {"schema": ""},
         {"wait": 2},
         {"wait": timedelta(milliseconds=5)},
+        {"wait": timedelta(days=100_000)},
         {"retry_after": -1},
         {"store_server_errors": "yes"},
     ],
-    ids=["schema", "wait-type", "wait-short", "retry_after", "store_server_errors"],
+    ids=["schema", "wait-type", "wait-short", "wait-long", "retry_after", "store_server_errors"],
 )
 def test_the_two_phase_stores_refuse_the_key_stores_settings_alike(settings: Any) -> None:
     # One check serves every store of keys: the same value is refused with the same message.

@@ -14,6 +14,8 @@ from pgonce.errors import NotInTransaction, UsageError
 from pgonce.sql import Queries
 
 _MILLISECOND = timedelta(milliseconds=1)
+#: lock_timeout is an int of milliseconds on the server.
+_MAX_LOCK_TIMEOUT_MS = 2**31 - 1
 
 
 class _HasTransactionState(Protocol):
@@ -71,7 +73,14 @@ def check_wait(wait: object) -> int:
             "can wait that long for an index page, which a shorter wait would report as in flight"
         )
     assert isinstance(wait, timedelta)
-    return wait // _MILLISECOND
+    ms = wait // _MILLISECOND
+    if ms > _MAX_LOCK_TIMEOUT_MS:
+        # The server would refuse the lock_timeout at every claim, after the check passed here.
+        raise UsageError(
+            f"a claim's wait must be at most {_MAX_LOCK_TIMEOUT_MS} ms (about 24 days), "
+            "PostgreSQL's largest lock_timeout"
+        )
+    return ms
 
 
 def check_key_settings(
