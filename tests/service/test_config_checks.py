@@ -36,7 +36,10 @@ def write(tmp_path: Path, text: str) -> Path:
             "[outbox]\npublisher='nats'\nretention='0s'\n",
             "outbox.retention: must be longer than 0s",
         ),
-        ("[sweeper]\nevery = '9999999999999d'\n", "sweeper.every: is too long a duration"),
+        (
+            "[sweeper]\nevery = '9999999999999d'\n",
+            "sweeper.every: '9999999999999d' is too long a duration",
+        ),
     ],
 )
 def test_durations_need_a_unit_and_a_positive_length(tmp_path: Path, text: str, why: str) -> None:

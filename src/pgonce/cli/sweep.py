@@ -74,8 +74,6 @@ def duration_arg(text: str) -> timedelta:
         return parse_duration(text)
     except ConfigError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    except OverflowError:
-        raise argparse.ArgumentTypeError(f"{text!r} is too long a duration") from None
 
 
 def _env_duration(name: str) -> timedelta | None:
@@ -84,7 +82,7 @@ def _env_duration(name: str) -> timedelta | None:
         return None
     try:
         return parse_duration(text)
-    except (ConfigError, OverflowError) as error:
+    except ConfigError as error:
         raise ConfigError(f"{name}: {error}") from None
 
 

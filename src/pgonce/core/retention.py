@@ -180,7 +180,10 @@ def parse_duration(text: str) -> timedelta:
                 f"{text!r} is not a duration: write a number and a unit (w, d, h, m, s, ms), "
                 "e.g. 30d, 72h, 1d12h, 15m, 500ms"
             )
-        total += float(match[1]) * _UNITS[match[2]]
+        try:
+            total += float(match[1]) * _UNITS[match[2]]
+        except OverflowError:  # past timedelta's ~2.7 million years
+            raise ConfigError(f"{text!r} is too long a duration") from None
         pos = match.end()
     if pos == 0:
         raise ConfigError(f"{text!r} is not a duration (e.g. 30d, 72h, 15m)")

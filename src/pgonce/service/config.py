@@ -310,11 +310,7 @@ class _Section:
         if not isinstance(value, str):
             self.problems.add(self.key(name), "must be a duration such as 30s, 5m, 72h or 30d")
             return default
-        try:
-            parsed = self.problems.check(self.key(name), lambda: parse_duration(value))
-        except OverflowError:
-            self.problems.add(self.key(name), "is too long a duration")
-            return default
+        parsed = self.problems.check(self.key(name), lambda: parse_duration(value))
         if parsed is None:
             return default
         if parsed < timedelta(0) or (parsed == timedelta(0) and not zero):
