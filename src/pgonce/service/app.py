@@ -7,18 +7,21 @@ state on an instance.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
 from pgonce import sql as pgsql
+from pgonce.core.durability import Durability
 from pgonce.extras import needs
 from pgonce.service.admin import Admin
 from pgonce.service.metrics import CONTENT_TYPE, ServiceMetrics
 from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.inspect import AsyncInspector
 from pgonce.store._async.outbox import AsyncOutboxStore
+from pgonce.store.cursors import cursor
 from pgonce.webhooks.receiver import InboxReceiver
 
 with needs("server", "the pgonce service"):
@@ -45,6 +48,37 @@ _OUTCOME_BY_STATUS = {
 }
 WEBHOOK_PREFIX = "/webhooks/"
 
+#: The server's bound on each of /readyz's and /metrics' own statements (SET LOCAL
+#: statement_timeout, which counts lock waits too): a table locked by a migration or a slow
+#: server answers 503 (or ``pgonce_up 0``) within it instead of holding the probe, and its pooled
+#: connection, for as long as the lock lasts. The health figures of /metrics keep their own,
+#: longer bound (:class:`~pgonce.store._async.health.AsyncHealthCheck`'s timeout).
+PROBE_STATEMENT_MS = 5000
+_PROBE_TIMEOUT = {"timeout_ms": str(PROBE_STATEMENT_MS)}
+
+#: The bound of a whole /readyz answer, the pool's wait included. A stalled network (requests
+#: go out, answers never come back) is not ended by the server's statement timeout: past this,
+#: the probe answers 503 and the database work is cancelled behind it.
+READY_DEADLINE = 10.0
+
+
+async def _within(work: Coroutine[Any, Any, Any], seconds: float) -> Any:
+    """``work``'s result, or :class:`TimeoutError` after ``seconds``, whatever ``work`` does.
+
+    ``asyncio.timeout`` would not do: psycopg answers a cancellation by asking the server to
+    cancel the query and waiting for that (up to ten seconds on a stalled network) before the
+    cancellation comes through. Here the answer goes at the deadline; the cancelled work ends
+    behind it and its connection goes back to the pool, which discards a broken one.
+    """
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        # Its end (a cancellation, or the error of a closed connection) is nobody's to report.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        raise TimeoutError(f"no answer within {seconds}s")
+    return task.result()
+
 
 class ServiceApp:
     """The whole HTTP surface of ``pgonce serve``."""
@@ -66,6 +100,7 @@ class ServiceApp:
         self.inspector = AsyncInspector(schema=schema)
         self.outbox = AsyncOutboxStore(schema=schema)
         self.latest_migration = pgsql.migrations()[-1].version
+        self._statement_timeout = pgsql.Queries("sweep", schema).statement_timeout
         self.http = Starlette(
             routes=[
                 Route("/healthz", self.healthz),
@@ -121,13 +156,10 @@ class ServiceApp:
         make the service unready (it can still answer), but ``durability`` says "reduced".
         """
         try:
-            # The pool's own wait bound (pool_wait): a probe must not wait longer than requests.
-            async with self.pool.connection() as conn:
-                version = await self.inspector.schema_version(conn)
-                durability = await self.health.durability(conn)
-                await conn.rollback()
+            version, durability = await _within(self._readiness(), READY_DEADLINE)
         except Exception as error:
-            # pgonce's errors, the pool's timeout, a refused connection: all mean "not ready".
+            # pgonce's errors, the pool's timeout, a refused connection, no answer: all mean
+            # "not ready".
             return JSONResponse(
                 {"status": "unavailable", "detail": type(error).__name__}, status_code=503
             )
@@ -146,17 +178,34 @@ class ServiceApp:
             }
         )
 
+    async def _readiness(self) -> tuple[int, Durability]:
+        # The pool's own wait bound (pool_wait): a probe must not wait longer than requests.
+        async with self.pool.connection() as conn:
+            await cursor(conn).execute(self._statement_timeout, _PROBE_TIMEOUT)
+            version = await self.inspector.schema_version(conn)
+            await conn.rollback()
+            durability = await self.health.durability(conn)
+            await conn.rollback()
+        return version, durability
+
     async def metrics_page(self, request: Request) -> Response:
         now = datetime.now(UTC)
+        # The backlog's statements, then the health check within its own deadline; a stalled
+        # network ends the scrape at the sum, never later.
+        deadline = 5 + 3 * PROBE_STATEMENT_MS / 1000 + self.health.deadline.total_seconds()
         try:
-            async with self.pool.connection(timeout=5) as conn:
-                self.metrics.set_inbox(await self.inspector.inbox_backlog(conn), now)
-                self.metrics.set_outbox(await self.outbox.backlog(conn), now)
-                self.metrics.set_tables(await self.inspector.table_estimates(conn))
-                await conn.rollback()
-                self.metrics.set_health(await self.health.check(conn))
+            await _within(self._scrape(now), deadline)
             self.metrics.up.set(1)
         except Exception:
             # Metrics must answer even when the database does not: that is what they report.
             self.metrics.up.set(0)
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def _scrape(self, now: datetime) -> None:
+        async with self.pool.connection(timeout=5) as conn:
+            await cursor(conn).execute(self._statement_timeout, _PROBE_TIMEOUT)
+            self.metrics.set_inbox(await self.inspector.inbox_backlog(conn), now)
+            self.metrics.set_outbox(await self.outbox.backlog(conn), now)
+            self.metrics.set_tables(await self.inspector.table_estimates(conn))
+            await conn.rollback()
+            self.metrics.set_health(await self.health.check(conn))

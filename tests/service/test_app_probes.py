@@ -1,0 +1,86 @@
+"""/readyz and /metrics of a real `pgonce serve` answer within a bound whatever the database does:
+a table locked for as long as a migration takes, or a network that stopped answering."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from faults.proxy import Proxy
+from tests.service.test_serve import Service, start
+
+CONFIG = """
+[server]
+log_format = "json"
+"""
+
+
+@pytest.fixture
+def service(direct_dsn: str, tmp_path: Path) -> Iterator[Service]:
+    running = start(direct_dsn, tmp_path, CONFIG)
+    try:
+        yield running
+    finally:
+        if running.process.poll() is None:
+            running.stop()
+
+
+def timed_get(url: str) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    answer = httpx.get(url, timeout=90)
+    return answer, time.monotonic() - started
+
+
+def test_a_locked_ledger_makes_readyz_unready_within_its_bound(
+    direct_dsn: str, service: Service
+) -> None:
+    # A migration's ALTER TABLE holds its lock for as long as it runs: the probe waited on it,
+    # holding its pooled connection, for as long as the lock lasted.
+    assert httpx.get(f"{service.url}/readyz").status_code == 200
+    with psycopg.connect(direct_dsn) as locker:
+        locker.execute(
+            "LOCK TABLE pgonce.schema_migrations, pgonce.inbox, pgonce.outbox "
+            "IN ACCESS EXCLUSIVE MODE"
+        )
+        ready, took = timed_get(f"{service.url}/readyz")
+        assert ready.status_code == 503, ready.text
+        assert took < 9
+        scraped, took = timed_get(f"{service.url}/metrics")
+        assert scraped.status_code == 200
+        assert "pgonce_database_up 0.0" in scraped.text
+        assert took < 9
+        locker.rollback()
+    assert httpx.get(f"{service.url}/readyz").status_code == 200
+
+
+def test_a_stalled_network_makes_readyz_unready_within_its_bound(
+    direct_dsn: str, tmp_path: Path
+) -> None:
+    # Requests reach the server, answers never come back: no statement timeout's error arrives,
+    # and psycopg's own cancellation waits for the server too.
+    params = conninfo_to_dict(direct_dsn)
+    host = str(params.get("host") or "127.0.0.1")
+    if host.startswith("/"):
+        pytest.skip("the test server is reached by a Unix socket; the proxy forwards TCP")
+    with Proxy(tcp=(host, int(params.get("port") or 5432))) as proxy:
+        running = start(
+            make_conninfo(direct_dsn, host="127.0.0.1", port=str(proxy.port)), tmp_path, CONFIG
+        )
+        try:
+            assert httpx.get(f"{running.url}/readyz").status_code == 200
+            proxy.hold(True)
+            ready, took = timed_get(f"{running.url}/readyz")
+            assert ready.status_code == 503, ready.text
+            assert took < 15
+            alive = httpx.get(f"{running.url}/healthz", timeout=5)
+            assert alive.status_code == 200
+        finally:
+            proxy.hold(False)
+            running.process.kill()
+            running.process.wait(timeout=30)
