@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 
 from pgonce import sql as pgsql
+from pgonce.config import validate_schema
 from pgonce.errors import MigrationError, SchemaNotMigrated
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import first_line, translate_errors
@@ -27,6 +28,19 @@ class SchemaStatus:
     @property
     def up_to_date(self) -> bool:
         return self.current == self.latest
+
+    @property
+    def newer(self) -> bool:
+        """Migrated by a newer pgonce: nothing here may run its migrations, nor undo them."""
+        return self.current > self.latest
+
+
+def newer_schema_error(schema: str, state: SchemaStatus) -> MigrationError:
+    return MigrationError(
+        f"schema {schema} is at version {state.current}, newer than the latest this pgonce knows "
+        f"({state.latest}): a newer pgonce migrated it; nothing was applied or undone: run "
+        "`pgonce migrate` with that version"
+    )
 
 
 def _ddl(text: str) -> bytes:
@@ -70,6 +84,9 @@ def migrate(
 
     ``conn`` must be idle (no open transaction): each migration commits on its own.
     """
+    # The name reaches search_path as text, where PostgreSQL folds an unquoted name to lower
+    # case: "Tenant-A" built its tables in an existing schema "tenant-a", or nowhere.
+    validate_schema(schema)
     done: list[int] = []
     with translate_errors("migrating"):
         for migration in pgsql.migrations():
@@ -86,6 +103,7 @@ def apply_schema_file(conn: psycopg.Connection[Any], schema: str) -> None:
     Used by the test that proves migrations and ``schema.sql`` give the same database, and by test
     fixtures that want a fresh database quickly.
     """
+    validate_schema(schema)
     q = pgsql.Queries("migrate", schema)
     with translate_errors("applying schema.sql"), conn.transaction():
         cursor(conn).execute(q.lock, {"schema": schema})
@@ -99,6 +117,7 @@ def apply_schema_file(conn: psycopg.Connection[Any], schema: str) -> None:
 
 def status(conn: psycopg.Connection[Any], schema: str) -> SchemaStatus:
     """Which migration the database is at, and which is the latest this code knows."""
+    validate_schema(schema)
     latest = pgsql.migrations()[-1].version
     q = pgsql.Queries("migrate", schema)
     try:
