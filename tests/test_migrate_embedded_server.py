@@ -64,3 +64,20 @@ def _kill_one_then_leave(data_dir: Path) -> None:
     assert out == "up\n"
     # The last live user left: the server stopped (pg_ctl stop removes its pid file).
     assert not (data_dir / "postmaster.pid").exists()
+
+
+def test_a_folder_of_another_postgresql_version_is_named_as_such(tmp_path: Path) -> None:
+    # pg_ctl's failure said only "returned non-zero exit status 1"; the reason was in the log.
+    data_dir = tmp_path / "data"
+    try:
+        made = user(data_dir, "leave")
+        assert made.communicate(timeout=120)[0] == "up\n"
+        (data_dir / "PG_VERSION").write_text("15\n")
+        refused = user(data_dir, "leave")
+        out, err = refused.communicate(timeout=120)
+        assert refused.returncode == 1
+        assert out == ""
+        assert "did not start: database files are incompatible with server" in err
+        assert "initialized by PostgreSQL version 15" in err
+    finally:
+        stop_leftover(data_dir)

@@ -68,14 +68,36 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
             server: Any = get_server(data_dir, cleanup_mode="stop")
     except Exception as error:
         log_file = data_dir / "log"
+        why = _last_fatal(log_file) or first_line(error)
         raise DatabaseUnavailable(
-            f"the embedded PostgreSQL in {data_dir} did not start: {first_line(error)} "
-            f"(its log: {log_file})"
+            f"the embedded PostgreSQL in {data_dir} did not start: {why} (its log: {log_file})"
         ) from error
     try:
         yield str(server.get_uri("postgres"))
     finally:
         server.cleanup()
+
+
+def _last_fatal(log_file: Path) -> str | None:
+    """The server's last FATAL line in ``log_file`` and the DETAIL after it, if any.
+
+    pg_ctl's failure says only that it failed; the server's own line says why (a folder made by
+    another PostgreSQL version, one the server's user cannot read, a lock file of another
+    server), and is what the person has to act on.
+    """
+    try:
+        with log_file.open("rb") as log:
+            log.seek(max(0, log_file.stat().st_size - 65536))
+            lines = log.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for at in range(len(lines) - 1, -1, -1):
+        _, fatal, what = lines[at].partition("FATAL:")
+        if fatal:
+            after = lines[at + 1] if at + 1 < len(lines) else ""
+            _, detail, more = after.partition("DETAIL:")
+            return f"{what.strip()}: {more.strip()}" if detail else what.strip()
+    return None
 
 
 def _forget_dead_users(data_dir: Path) -> None:
