@@ -6,14 +6,15 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from pgonce import sql as pgsql
-from pgonce.errors import ConfigError
-from pgonce.store.migrate import apply_schema_file, migrate, status
+from pgonce.errors import ConfigError, MigrationError
+from pgonce.store.migrate import _apply_one, apply_schema_file, migrate, status
 from tests.test_migrations import describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,3 +118,26 @@ def test_a_run_killed_inside_a_migration_leaves_nothing_half_applied(
         assert conn.execute("SELECT to_regclass('pgonce.keys')").fetchone() == (None,)
         assert migrate(conn, "pgonce") == [m.version for m in pgsql.migrations()]
     assert describe(empty_dsn, "pgonce") == describe(dsn, "pgonce")
+
+
+def test_a_migration_blocked_by_a_long_transaction_gives_up_instead_of_stalling_claims(
+    empty_dsn: str,
+) -> None:
+    # DDL waiting for a table's lock queues every later statement on that table behind it: a
+    # transaction holding pgonce.keys stalled all claims for as long as it lasted, migrate too.
+    *before, last = pgsql.migrations()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for migration in before:
+            _apply_one(conn, "pgonce", migration.text, migration.version, migration.name)
+    with psycopg.connect(empty_dsn) as holder:
+        holder.execute("SELECT count(*) FROM pgonce.keys")  # ACCESS SHARE until rollback
+        with (
+            psycopg.connect(empty_dsn, autocommit=True) as conn,
+            pytest.raises(MigrationError, match="long transaction") as refused,
+        ):
+            migrate(conn, "pgonce", lock_timeout=timedelta(milliseconds=200), lock_tries=2)
+        assert f"{last.version:04d}_{last.name}" in str(refused.value)
+        holder.rollback()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert status(conn, "pgonce").current == before[-1].version
+        assert migrate(conn, "pgonce") == [last.version]

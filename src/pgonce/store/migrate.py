@@ -7,11 +7,14 @@ waits, then finds it recorded. Up to date means nothing runs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psycopg
+from psycopg import errors as pg_errors
 
 from pgonce import sql as pgsql
 from pgonce.config import validate_schema
@@ -43,6 +46,22 @@ def newer_schema_error(schema: str, state: SchemaStatus) -> MigrationError:
     )
 
 
+#: How long one migration's statement waits for a lock on a table before the try is given up.
+#: While DDL waits for its lock, every later statement on that table queues behind it: a long
+#: transaction holding a row of pgonce.keys stalled every claim for as long as it lasted. Two
+#: seconds is a stall a request survives (its pool wait and retries); the try is then rolled
+#: back, the queue drains, and the next try comes after a pause.
+DEFAULT_LOCK_TIMEOUT = timedelta(seconds=2)
+
+#: Tries of one migration before ``migrate`` gives up with :class:`MigrationError`. With the
+#: default timeout and pauses growing by it, about half a minute in all.
+DEFAULT_LOCK_TRIES = 5
+
+
+class _LockBusy(Exception):
+    """A try that waited its lock_timeout out; its transaction was rolled back."""
+
+
 def _ddl(text: str) -> bytes:
     # DDL comes from pgonce's own files; the connection's search_path makes its names pgonce's.
     return text.encode()
@@ -54,10 +73,14 @@ def _apply_one(
     migration_text: str,
     version: int,
     name: str,
+    lock_timeout_ms: str = "0",
 ) -> bool:
     q = pgsql.Queries("migrate", schema)
     with conn.transaction():
         cursor(conn).execute(q.lock, {"schema": schema})
+        # After the runners' own lock: a second `pgonce migrate` waits for the first whatever
+        # its migration takes (an index on a large table); only table locks are bounded.
+        cursor(conn).execute(q.lock_timeout, {"timeout_ms": lock_timeout_ms})
         cursor(conn).execute(q.create_schema)
         cursor(conn).execute(q.create_ledger)
         applied = {row[0] for row in cursor(conn).execute(q.applied)}
@@ -66,6 +89,8 @@ def _apply_one(
         cursor(conn).execute(q.use_schema, {"schema": schema})
         try:
             cursor(conn).execute(_ddl(migration_text))
+        except pg_errors.LockNotAvailable as error:
+            raise _LockBusy(first_line(error)) from error
         except psycopg.Error as error:
             raise MigrationError(
                 f"migration {version:04d}_{name} failed: {first_line(error)}"
@@ -79,22 +104,52 @@ def migrate(
     schema: str,
     *,
     on_applied: Callable[[int, str], None] | None = None,
+    lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT,
+    lock_tries: int = DEFAULT_LOCK_TRIES,
 ) -> list[int]:
     """Apply every pending migration; return the versions this call applied.
 
-    ``conn`` must be idle (no open transaction): each migration commits on its own.
+    ``conn`` must be idle (no open transaction): each migration commits on its own. A migration
+    that cannot get a table's lock within ``lock_timeout`` is rolled back and tried again after
+    a pause, ``lock_tries`` times in all, then :class:`MigrationError` names what it waited for.
     """
+    timeout_ms = str(max(1, round(lock_timeout / timedelta(milliseconds=1))))
     # The name reaches search_path as text, where PostgreSQL folds an unquoted name to lower
     # case: "Tenant-A" built its tables in an existing schema "tenant-a", or nowhere.
     validate_schema(schema)
     done: list[int] = []
     with translate_errors("migrating"):
         for migration in pgsql.migrations():
-            if _apply_one(conn, schema, migration.text, migration.version, migration.name):
+            if _apply_tries(conn, schema, migration, timeout_ms, lock_timeout, lock_tries):
                 done.append(migration.version)
                 if on_applied:
                     on_applied(migration.version, migration.name)
     return done
+
+
+def _apply_tries(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    migration: pgsql.Migration,
+    timeout_ms: str,
+    lock_timeout: timedelta,
+    tries: int,
+) -> bool:
+    for attempt in range(1, max(1, tries) + 1):
+        try:
+            return _apply_one(
+                conn, schema, migration.text, migration.version, migration.name, timeout_ms
+            )
+        except _LockBusy as busy:
+            if attempt >= tries:
+                raise MigrationError(
+                    f"migration {migration.version:04d}_{migration.name} waited {lock_timeout} "
+                    f"for a lock {tries} times ({busy}): a long transaction holds one of "
+                    "pgonce's tables (see pg_stat_activity); nothing of it was applied: run "
+                    "`pgonce migrate` again once that transaction ended"
+                ) from busy.__cause__
+            time.sleep(lock_timeout.total_seconds() * attempt)
+    return False
 
 
 def apply_schema_file(conn: psycopg.Connection[Any], schema: str) -> None:

@@ -5,6 +5,10 @@
 -- so nothing is held across transactions (safe behind PgBouncer in transaction mode).
 SELECT pg_advisory_xact_lock(hashtext('pgonce.migrate'), hashtext(%(schema)s))
 
+-- name: lock_timeout
+-- SET LOCAL: bounds each wait of the migration's DDL for a table lock (see DEFAULT_LOCK_TIMEOUT).
+SELECT set_config('lock_timeout', %(timeout_ms)s, true)
+
 -- name: create_schema
 CREATE SCHEMA IF NOT EXISTS {schema}
 
