@@ -74,6 +74,7 @@ _DUPLICATE_STATEMENT = "42P05"
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
+_COPY_OUT = pq.ExecStatus.COPY_OUT
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _CONNECTION_OK = pq.ConnStatus.OK
 _PIPELINE_OFF = pq.PipelineStatus.OFF
@@ -375,16 +376,23 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
     which ``PQgetResult`` returns without reading (the result's command is over; it blocks
     only while a command waits for data not read yet). Each ask is a call into libpq that
     releases and takes back the GIL, and a statement was asked about twice.
+
+    A result followed by another instead of the end marker is a COPY (a caller's queued write):
+    libpq answers a COPY with its result again at every call, for as long as the COPY lasts.
+    ``COPY ... TO STDOUT`` runs on the server without the client, and the statements after it
+    (COMMIT too) with it: its data is read and dropped, as a SELECT's rows are, and its final
+    result answers for it, so that what the batch reports is what the server did. A batch
+    cannot feed ``COPY ... FROM STDIN``: that is raised as :class:`psycopg.ProgrammingError`
+    with the COPY still open, and the connection cannot go on (see :func:`_abandon`); the server
+    runs nothing after it.
     """
     while pgconn.flush():
         ready = yield _WAIT_RW
         if ready & _READY_R:
             pgconn.consume_input()
     results: list[PGresult] = []
-    ended = 0  # statements whose result and end marker were read
-    last: PGresult | None = None
     while True:
-        while last is None and pgconn.is_busy():
+        while pgconn.is_busy():
             yield _WAIT_R
             try:
                 pgconn.consume_input()
@@ -395,18 +403,50 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
                     pgconn.notify_handler(notify)
         result = pgconn.get_result()
         if result is None:
-            if last is None:
-                raise _lost(pgconn, results)  # nothing more will come
-            ended += 1
-            last = None
-        elif result.status == _PIPELINE_SYNC:
-            if ended != expected:
+            raise _lost(pgconn, results)  # nothing more will come
+        if result.status == _PIPELINE_SYNC:
+            if len(results) != expected:
                 raise _lost(pgconn, results)
             pgconn.exit_pipeline_mode()
             return results
-        else:
-            results.append(result)
-            last = result
+        results.append(result)
+        if pgconn.get_result() is not None:  # the end marker, read without input (see above)
+            if result.status != _COPY_OUT:
+                raise _copy(result)
+            results[-1] = yield from _copied_out(pgconn, results)
+            if pgconn.get_result() is not None:
+                raise _lost(pgconn, results)
+
+
+def _copied_out(pgconn: PGconn, results: list[PGresult]) -> PQGen[PGresult]:
+    """Read a ``COPY ... TO STDOUT`` to its end, dropping its data; its final result."""
+    while True:
+        try:
+            nbytes = pgconn.get_copy_data(1)[0]
+        except psycopg.OperationalError:
+            raise _lost(pgconn, results) from None
+        if nbytes == -1:
+            break
+        if nbytes == 0:
+            yield _WAIT_R
+            try:
+                pgconn.consume_input()
+            except psycopg.OperationalError:
+                raise _lost(pgconn, results) from None
+    result = pgconn.get_result()
+    if result is None:
+        raise _lost(pgconn, results)
+    return result
+
+
+def _copy(result: PGresult) -> psycopg.ProgrammingError:
+    """The error for a statement that answered with a COPY a batch cannot run."""
+    status = pq.ExecStatus(result.status).name
+    return psycopg.ProgrammingError(
+        f"a statement of pgonce's batch answered {status}: COPY FROM STDIN cannot run among "
+        "the writes that op.execute() or commit(writes=...) queue; run it on the connection "
+        "with cursor.copy() before the block ends"
+    )
 
 
 def _lost(pgconn: PGconn, results: list[PGresult]) -> psycopg.OperationalError:
