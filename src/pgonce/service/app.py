@@ -71,13 +71,32 @@ async def _within(work: Coroutine[Any, Any, Any], seconds: float) -> Any:
     behind it and its connection goes back to the pool, which discards a broken one.
     """
     task = asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({task}, timeout=seconds)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except asyncio.CancelledError:
+        _abandon(task)
+        raise
     if not done:
-        task.cancel()
-        # Its end (a cancellation, or the error of a closed connection) is nobody's to report.
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        _abandon(task)
         raise TimeoutError(f"no answer within {seconds}s")
     return task.result()
+
+
+#: Cancelled probes still ending: the event loop keeps only weak references to tasks.
+_ABANDONED: set[asyncio.Future[Any]] = set()
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    _ABANDONED.add(task)
+
+    def ended(done: asyncio.Future[Any]) -> None:
+        _ABANDONED.discard(done)
+        # Its end (a cancellation, or the error of a closed connection) is nobody's to report.
+        if not done.cancelled():
+            done.exception()
+
+    task.add_done_callback(ended)
 
 
 class ServiceApp:
