@@ -81,3 +81,20 @@ def test_a_folder_of_another_postgresql_version_is_named_as_such(tmp_path: Path)
         assert "initialized by PostgreSQL version 15" in err
     finally:
         stop_leftover(data_dir)
+
+
+def test_a_data_folder_with_a_space_in_its_path_is_refused_in_one_line(tmp_path: Path) -> None:
+    # The server split "-k <folder>" at the space and started nothing; the reason was in its log.
+    folder = str(tmp_path / "a b")
+    run = subprocess.run(
+        [sys.executable, "-m", "pgonce", "migrate", "--status", "--data-dir", folder],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PGONCE_")},
+    )
+    assert run.returncode == 1
+    assert "the path has a space" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "a b").exists()

