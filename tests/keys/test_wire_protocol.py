@@ -4,15 +4,22 @@ in a state its next user could misread, and nothing hangs."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from pgonce import KeyStore, Replay, Response, Won, fingerprint
+from pgonce.store import wire
+from tests.keys.helpers import wait_until_blocked
 
 ROOT = Path(__file__).resolve().parents[2]
 FP = fingerprint("wire protocol")
@@ -110,3 +117,46 @@ def test_a_copy_to_stdout_among_queued_writes_runs_like_a_select(dsn: str, mode:
         replay = store.begin(conn, "s", "k", FP)
         assert isinstance(replay, Replay)
         assert replay.response == Response(201)
+
+
+def test_an_interrupted_sync_round_trip_closes_the_connection(dsn: str, store: KeyStore) -> None:
+    # Ctrl-C in a sync batch: psycopg's wait cancels the statement, reads the round trip to its
+    # end and raises KeyboardInterrupt, and the batch's answers never reach pgonce. Had the
+    # connection stayed open, the statements the batch prepared there would be unknown to
+    # pgonce: its next preparation fails on the name (42P05), which means a pooler that shares
+    # sessions, and from then on every connection that lets psycopg prepare is refused.
+    with (
+        psycopg.connect(dsn) as first,
+        psycopg.connect(dsn) as second,
+        psycopg.connect(dsn, autocommit=True) as observer,
+    ):
+        assert isinstance(store.begin(first, "s", "k", FP), Won)
+
+        def interrupt_when_blocked() -> None:
+            wait_until_blocked(observer, second.info.backend_pid)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        thread = threading.Thread(target=interrupt_when_blocked)
+        thread.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                store.begin(second, "s", "k", FP, wait=timedelta(seconds=30))
+        finally:
+            thread.join()
+        first.rollback()
+
+        def claims_go_on(conn: psycopg.Connection[Any]) -> None:
+            for key in ("a", "b"):
+                claim = store.begin(conn, "s", key, FP)
+                assert isinstance(claim, Won)
+                assert store.commit(conn, claim, Response(201)) is True
+
+        # The next claims go through, on this connection if it is still open, else on a new one.
+        if second.closed:
+            with psycopg.connect(dsn) as conn:
+                claims_go_on(conn)
+        else:
+            second.rollback()
+            claims_go_on(second)
+        assert not wire.statements_crossed()
+        assert second.closed

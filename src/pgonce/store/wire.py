@@ -604,12 +604,18 @@ def _abandon(conn: psycopg.BaseConnection[Any], session: _Session) -> None:
 
     Closing it is the one safe answer (the server rolls back its open transaction, and a pool
     discards a closed connection); otherwise the next user would read this batch's results.
+
+    So is one that psycopg finished by itself: on KeyboardInterrupt or SystemExit its wait
+    cancels the statement, reads the round trip to its end and raises, and the answers never
+    reach pgonce. What the batch did is then unknown: a statement prepared under a name this
+    session did not record (the next preparation would fail on it, 42P05, taken for a pooler
+    that shares sessions), a savepoint released or not, which a rollback to its name could
+    mistake for an outer block's.
     """
-    if conn.pgconn.pipeline_status != _PIPELINE_OFF or conn.pgconn.is_busy():
-        if session.watch is not None:
-            session.watch.close()
-            session.watch = None
-        conn.pgconn.finish()
+    if session.watch is not None:
+        session.watch.close()
+        session.watch = None
+    conn.pgconn.finish()
 
 
 async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn, session: _Session) -> list[PGresult]:
