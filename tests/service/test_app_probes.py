@@ -84,3 +84,21 @@ def test_a_stalled_network_makes_readyz_unready_within_its_bound(
             proxy.hold(False)
             running.process.kill()
             running.process.wait(timeout=30)
+
+
+def test_readyz_after_the_servers_sessions_ended_is_ready_at_once(
+    direct_dsn: str, service: Service
+) -> None:
+    # A restart or failover ends every pooled session; the probe said "unavailable" once per
+    # idle connection of the pool while the database answered.
+    assert httpx.get(f"{service.url}/readyz").status_code == 200
+    dbname = conninfo_to_dict(direct_dsn)["dbname"]
+    with psycopg.connect(direct_dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (dbname,),
+        )
+    for _ in range(3):
+        ready = httpx.get(f"{service.url}/readyz", timeout=30)
+        assert ready.status_code == 200, ready.text

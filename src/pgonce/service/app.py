@@ -13,8 +13,11 @@ from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+
 from pgonce import sql as pgsql
 from pgonce.core.durability import Durability
+from pgonce.errors import DatabaseUnavailable
 from pgonce.extras import needs
 from pgonce.service.admin import Admin
 from pgonce.service.metrics import CONTENT_TYPE, ServiceMetrics
@@ -198,14 +201,25 @@ class ServiceApp:
         )
 
     async def _readiness(self) -> tuple[int, Durability]:
-        # The pool's own wait bound (pool_wait): a probe must not wait longer than requests.
-        async with self.pool.connection() as conn:
-            await cursor(conn).execute(self._statement_timeout, _PROBE_TIMEOUT)
-            version = await self.inspector.schema_version(conn)
-            await conn.rollback()
-            durability = await self.health.durability(conn)
-            await conn.rollback()
-        return version, durability
+        # After a restart or a failover every idle pooled connection is dead, and the pool finds
+        # out only by using one: the probe said "unavailable" once per idle connection while the
+        # database answered. A connection found closed is discarded and the probe asks again on
+        # a fresh one (the pool opens one when none is left).
+        for attempt in range(1, self.pool.max_size + 2):
+            # The pool's own wait bound (pool_wait): a probe must not wait longer than requests.
+            async with self.pool.connection() as conn:
+                try:
+                    await cursor(conn).execute(self._statement_timeout, _PROBE_TIMEOUT)
+                    version = await self.inspector.schema_version(conn)
+                    await conn.rollback()
+                    durability = await self.health.durability(conn)
+                    await conn.rollback()
+                except (psycopg.OperationalError, DatabaseUnavailable):
+                    if not conn.closed or attempt > self.pool.max_size:
+                        raise
+                    continue
+            return version, durability
+        raise AssertionError("unreachable")
 
     async def metrics_page(self, request: Request) -> Response:
         now = datetime.now(UTC)
