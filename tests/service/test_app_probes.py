@@ -86,7 +86,7 @@ def test_a_stalled_network_makes_readyz_unready_within_its_bound(
             running.process.wait(timeout=30)
 
 
-def test_readyz_after_the_servers_sessions_ended_is_ready_at_once(
+def test_readyz_and_metrics_after_the_servers_sessions_ended_see_the_database_at_once(
     direct_dsn: str, service: Service
 ) -> None:
     # A restart or failover ends every pooled session; the probe said "unavailable" once per
@@ -102,3 +102,12 @@ def test_readyz_after_the_servers_sessions_ended_is_ready_at_once(
     for _ in range(3):
         ready = httpx.get(f"{service.url}/readyz", timeout=30)
         assert ready.status_code == 200, ready.text
+    with psycopg.connect(direct_dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (dbname,),
+        )
+    for _ in range(3):
+        scraped = httpx.get(f"{service.url}/metrics", timeout=90)
+        assert "pgonce_database_up 1.0" in scraped.text

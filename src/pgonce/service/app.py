@@ -11,9 +11,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
+from psycopg import AsyncConnection
 
 from pgonce import sql as pgsql
 from pgonce.core.durability import Durability
@@ -50,6 +51,7 @@ _OUTCOME_BY_STATUS = {
     503: "unavailable",
 }
 WEBHOOK_PREFIX = "/webhooks/"
+T = TypeVar("T")
 
 #: The server's bound on each of /readyz's and /metrics' own statements (SET LOCAL
 #: statement_timeout, which counts lock waits too): a table locked by a migration or a slow
@@ -201,24 +203,34 @@ class ServiceApp:
         )
 
     async def _readiness(self) -> tuple[int, Durability]:
-        # After a restart or a failover every idle pooled connection is dead, and the pool finds
-        # out only by using one: the probe said "unavailable" once per idle connection while the
-        # database answered. A connection found closed is discarded and the probe asks again on
-        # a fresh one (the pool opens one when none is left).
+        # The pool's own wait bound (pool_wait): a probe must not wait longer than requests.
+        return await self._on_live_connection(self._read_readiness, None)
+
+    async def _read_readiness(self, conn: AsyncConnection[Any]) -> tuple[int, Durability]:
+        await cursor(conn).execute(self._statement_timeout, _PROBE_TIMEOUT)
+        version = await self.inspector.schema_version(conn)
+        await conn.rollback()
+        durability = await self.health.durability(conn)
+        await conn.rollback()
+        return version, durability
+
+    async def _on_live_connection(
+        self, work: Callable[[AsyncConnection[Any]], Awaitable[T]], wait: float | None
+    ) -> T:
+        """``work`` on a pooled connection, again on another when the first one was dead.
+
+        After a restart or a failover every idle pooled connection is dead, and the pool finds
+        out only by using one: a probe said "unavailable" (a scrape ``pgonce_database_up 0``)
+        once per idle connection while the database answered. A connection found closed is
+        discarded; the pool opens a fresh one when none is left.
+        """
         for attempt in range(1, self.pool.max_size + 2):
-            # The pool's own wait bound (pool_wait): a probe must not wait longer than requests.
-            async with self.pool.connection() as conn:
+            async with self.pool.connection(timeout=wait) as conn:
                 try:
-                    await cursor(conn).execute(self._statement_timeout, _PROBE_TIMEOUT)
-                    version = await self.inspector.schema_version(conn)
-                    await conn.rollback()
-                    durability = await self.health.durability(conn)
-                    await conn.rollback()
+                    return await work(conn)
                 except (psycopg.OperationalError, DatabaseUnavailable):
                     if not conn.closed or attempt > self.pool.max_size:
                         raise
-                    continue
-            return version, durability
         raise AssertionError("unreachable")
 
     async def metrics_page(self, request: Request) -> Response:
@@ -235,10 +247,12 @@ class ServiceApp:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def _scrape(self, now: datetime) -> None:
-        async with self.pool.connection(timeout=5) as conn:
+        async def read(conn: AsyncConnection[Any]) -> None:
             await cursor(conn).execute(self._statement_timeout, _PROBE_TIMEOUT)
             self.metrics.set_inbox(await self.inspector.inbox_backlog(conn), now)
             self.metrics.set_outbox(await self.outbox.backlog(conn), now)
             self.metrics.set_tables(await self.inspector.table_estimates(conn))
             await conn.rollback()
             self.metrics.set_health(await self.health.check(conn))
+
+        await self._on_live_connection(read, 5)
