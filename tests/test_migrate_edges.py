@@ -74,6 +74,13 @@ def test_a_schema_a_newer_pgonce_migrated_is_refused_loudly_and_left_alone(empty
         state = status(conn, "pgonce")
         assert state.newer
         assert state.current == LATEST + 1
+    # The operator commands run on it, as the service does, with a warning: telling the operator
+    # to run `pgonce migrate`, which refuses, would leave a rollback with no way forward.
+    run = pgonce("replay", "--outbox", "--dsn", empty_dsn)
+    assert run.returncode == 1, run  # nothing parked to replay
+    assert "pgonce: replayed 0 parked outbox row(s)" in run.stderr, run
+    assert f"newer than the latest this pgonce knows ({LATEST})" in run.stderr, run
+    assert "run `pgonce migrate`" not in run.stderr
 
 
 def test_status_of_an_empty_database_says_version_0_and_builds_nothing(empty_dsn: str) -> None:

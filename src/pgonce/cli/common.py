@@ -169,6 +169,14 @@ def require_migrated(dsn: str, schema: str) -> None:
             f"schema {schema} holds no pgonce tables: check --schema and --dsn, or run "
             "`pgonce migrate` to create them"
         )
+    if state.newer:
+        # A rollback to this pgonce after a newer one migrated: it runs on the schema, as the
+        # service does (health warns too); `pgonce migrate` would refuse, not help.
+        say(
+            f"pgonce: warning: schema {schema} is at version {state.current}, newer than the "
+            f"latest this pgonce knows ({state.latest}): a newer pgonce migrated it"
+        )
+        return
     if not state.up_to_date:
         raise SchemaNotMigrated(
             f"schema {schema} is at version {state.current} of {state.latest}: run "
