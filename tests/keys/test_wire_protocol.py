@@ -160,3 +160,25 @@ def test_an_interrupted_sync_round_trip_closes_the_connection(dsn: str, store: K
             claims_go_on(second)
         assert not wire.statements_crossed()
         assert second.closed
+
+
+def test_a_batch_that_meets_a_deallocated_name_keeps_what_it_prepared(
+    dsn: str, store: KeyStore
+) -> None:
+    # DEALLOCATE ALL behind psycopg's back (a pool's reset, while psycopg held no names of its
+    # own), then a batch that prepares a statement new to the connection (BEGIN for another
+    # isolation level) before one whose name is gone (the claim): that name fails (26000), the
+    # new one exists. Forgetting both made the retry prepare the new one again (42P05), which
+    # means a pooler that shares sessions, and every later claim on a connection that lets
+    # psycopg prepare was refused.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        claim = store.begin(conn, "s", "a", FP)
+        assert store.commit(conn, claim, Response(201)) is True
+        conn.execute("DEALLOCATE ALL")
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        for key in ("b", "c", "d"):
+            claim = store.begin(conn, "s", key, FP)
+            assert isinstance(claim, Won)
+            assert store.commit(conn, claim, Response(201)) is True
+    assert not wire.statements_crossed()
+    assert not wire.statements_unnamed()

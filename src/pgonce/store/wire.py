@@ -352,13 +352,30 @@ def _settle(
     if not preparing:
         return results
     settled = list(results)
+    made: list[bytes] = []
     for index, name in preparing:
         if results[index].status == _COMMAND_OK:
             session.prepared.add(name)
+            made.append(name)
         else:
             settled[index + 1] = results[index]
     skip = {index for index, _ in preparing}
-    return [result for index, result in enumerate(settled) if index not in skip]
+    answers = _Settled(result for index, result in enumerate(settled) if index not in skip)
+    answers.made = made
+    return answers
+
+
+class _Settled(list[PGresult]):
+    """A batch's results, when it prepared statements: ``made`` names those it prepared.
+
+    They exist on the server whatever else the batch met. A later statement of the same batch
+    that fails on a name deallocated behind pgonce's back (26000) must not make them forgotten
+    too: their next preparation would fail on the name (42P05), which means a pooler that
+    shares sessions.
+    """
+
+    __slots__ = ("made",)
+    made: list[bytes]
 
 
 def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
@@ -476,7 +493,7 @@ def failure(
         if status == _FATAL_ERROR:
             error = errors.error_from_result(result, encoding=conn.info.encoding)
             if error.sqlstate in (_INVALID_STATEMENT_NAME, _DUPLICATE_STATEMENT):
-                _naming_failed(conn, error)
+                _naming_failed(conn, error, getattr(results, "made", ()))
             return index, error
         if status == _PIPELINE_ABORTED and aborted < 0:
             aborted = index
@@ -485,12 +502,15 @@ def failure(
     return None
 
 
-def _naming_failed(conn: psycopg.BaseConnection[Any], error: psycopg.Error) -> None:
+def _naming_failed(
+    conn: psycopg.BaseConnection[Any], error: psycopg.Error, made: Iterable[bytes] = ()
+) -> None:
     """A named statement failed: forget what this connection prepared, and tell a pooler.
 
     42P05 means another client prepared the name on this server session: sessions are shared.
     26000 is also what DEALLOCATE ALL or DISCARD ALL leave behind, on a direct connection too;
-    only its second time on one connection counts as a pooler.
+    only its second time on one connection counts as a pooler. What the failed batch itself
+    prepared (``made``) was prepared after that: it stays known.
     """
     session = _sessions.get(conn.pgconn)
     vanished_before = session is not None and session.vanished
@@ -499,6 +519,8 @@ def _naming_failed(conn: psycopg.BaseConnection[Any], error: psycopg.Error) -> N
     if session is not None:
         session.prepared.clear()
         session.vanished = True
+        if error.sqlstate == _INVALID_STATEMENT_NAME:
+            session.prepared.update(made)
     if error.sqlstate == _DUPLICATE_STATEMENT or vanished_before:
         sessions_shared(
             f"a prepared statement of pgonce's failed ({error.sqlstate}: "
