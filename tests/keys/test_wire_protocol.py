@@ -4,6 +4,7 @@ in a state its next user could misread, and nothing hangs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -182,3 +183,30 @@ def test_a_batch_that_meets_a_deallocated_name_keeps_what_it_prepared(
             assert store.commit(conn, claim, Response(201)) is True
     assert not wire.statements_crossed()
     assert not wire.statements_unnamed()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not caught: a rollback inside the block ends the claim's transaction, and psycopg "
+    "opens a new one at the next statement; commit() then completes nothing and commits the "
+    "work without the claim (stored False, no error). A guard before COMMIT costs the server "
+    "work on every fresh key.",
+)
+def test_a_rollback_inside_an_owned_block_is_never_a_silent_duplicate(
+    dsn: str, store: KeyStore
+) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE effects (n int)")
+        conn.commit()
+        for _ in range(2):
+            with contextlib.suppress(Exception), store.once(conn, "s", "k", FP, commit=True) as op:
+                if op.won:
+                    try:
+                        conn.execute("SELECT 1/0")
+                    except psycopg.errors.DivisionByZero:
+                        conn.rollback()
+                    conn.execute("INSERT INTO effects VALUES (1)")
+                    op.respond(Response(201))
+        count = conn.execute("SELECT count(*) FROM effects").fetchone()
+        assert count is not None
+        assert count[0] <= 1  # the work ran at most once
