@@ -450,6 +450,14 @@ def _copied_out(pgconn: PGconn, results: list[PGresult]) -> PQGen[PGresult]:
                 pgconn.consume_input()
             except psycopg.OperationalError:
                 raise _lost(pgconn, results) from None
+    # Its end read, the final result may still be on its way: PQgetResult would wait for it in
+    # the caller's thread (the event loop's).
+    while pgconn.is_busy():
+        yield _WAIT_R
+        try:
+            pgconn.consume_input()
+        except psycopg.OperationalError:
+            raise _lost(pgconn, results) from None
     result = pgconn.get_result()
     if result is None:
         raise _lost(pgconn, results)
