@@ -210,3 +210,28 @@ def test_a_rollback_inside_an_owned_block_is_never_a_silent_duplicate(
         count = conn.execute("SELECT count(*) FROM effects").fetchone()
         assert count is not None
         assert count[0] <= 1  # the work ran at most once
+
+
+@pytest.mark.parametrize("owned", [True, False])
+def test_a_queued_write_whose_result_type_changed_fails_once(
+    dsn: str, store: KeyStore, owned: bool
+) -> None:
+    # A queued write is prepared at its first run; an ALTER TABLE on another connection then
+    # changes what its RETURNING * returns, and PostgreSQL refuses the prepared statement
+    # (0A000) at every later run on that connection unless it is prepared anew.
+    with psycopg.connect(dsn, autocommit=True) as admin, psycopg.connect(dsn) as conn:
+        admin.execute("CREATE TABLE t (a int)")
+        said = []
+        for n in range(4):
+            if n == 1:
+                admin.execute("ALTER TABLE t ADD COLUMN b int")
+            try:
+                with store.once(conn, "s", f"k{n}", FP, commit=owned) as op:
+                    op.execute("INSERT INTO t VALUES (%s) RETURNING *", (n,))
+                    op.respond(Response(201))
+                conn.commit()
+                said.append("stored" if op.stored else "not stored")
+            except psycopg.errors.FeatureNotSupported:
+                conn.rollback()
+                said.append("refused")
+        assert said == ["stored", "refused", "stored", "stored"]

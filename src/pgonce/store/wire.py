@@ -537,6 +537,27 @@ def _naming_failed(
         )
 
 
+def stale_plan(
+    conn: psycopg.BaseConnection[Any], statement: Statement, error: BaseException
+) -> Command | None:
+    """The command that deallocates ``statement`` after ``error``, when the error says that its
+    prepared plan no longer fits the tables (0A000: its result type changed, after an ALTER
+    TABLE of another connection); None otherwise. The name is forgotten here, so that the next
+    batch prepares the statement again. psycopg names its own statements apart: they are not
+    touched.
+    """
+    if not isinstance(error, errors.FeatureNotSupported) or _STALE_PLAN not in str(error):
+        return None
+    session = _sessions.get(conn.pgconn)
+    if session is None or statement.name not in session.prepared:
+        return None
+    session.prepared.discard(statement.name)
+    return Statement(b"DEALLOCATE " + statement.name, prepare=False), NO_PARAMS
+
+
+_STALE_PLAN = "cached plan must not change result type"
+
+
 def round_trip(
     conn: psycopg.Connection[Any],
     commands: Sequence[Command],

@@ -477,6 +477,12 @@ class AsyncKeyStore:
         if failed:
             await undo(conn)
             index, error = failed
+            if (forget := wire.stale_plan(conn, commands[index][0], error)) is not None:
+                # A caller's statement whose result type changed since it was prepared here
+                # (an ALTER TABLE elsewhere, RETURNING *) fails so at every run: prepared anew
+                # at the next one.
+                with contextlib.suppress(psycopg.Error):
+                    await async_round_trip(conn, (forget,), named=False)
             if index < len(commands) - 2 or (
                 index == len(commands) - 1 and isinstance(error, _REFUSED_AT_COMMIT)
             ):
