@@ -15,20 +15,11 @@ import pytest
 from pgonce import sql as pgsql
 from pgonce.errors import ConfigError, MigrationError
 from pgonce.store.migrate import _apply_one, apply_schema_file, migrate, status
+from tests.test_cli import pgonce
 from tests.test_migrations import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 LATEST = pgsql.migrations()[-1].version
-
-
-def pgonce(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgonce", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.mark.parametrize("name", ["Tenant-A", "tenant-a", 'a"b', "x" * 64])
