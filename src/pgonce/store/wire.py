@@ -75,6 +75,7 @@ _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
 _COPY_OUT = pq.ExecStatus.COPY_OUT
+_COPY_IN = (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_BOTH)
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _CONNECTION_OK = pq.ConnStatus.OK
 _PIPELINE_OFF = pq.PipelineStatus.OFF
@@ -429,7 +430,8 @@ def exchange(pgconn: PGconn, expected: int) -> PQGen[list[PGresult]]:
         results.append(result)
         if pgconn.get_result() is not None:  # the end marker, read without input (see above)
             if result.status != _COPY_OUT:
-                raise _copy(result)
+                # Only a COPY answers twice; anything else is a protocol out of step.
+                raise _copy(result) if result.status in _COPY_IN else _lost(pgconn, results)
             results[-1] = yield from _copied_out(pgconn, results)
             if pgconn.get_result() is not None:
                 raise _lost(pgconn, results)
