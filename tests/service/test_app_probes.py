@@ -92,22 +92,21 @@ def test_readyz_and_metrics_after_the_servers_sessions_ended_see_the_database_at
     # A restart or failover ends every pooled session; the probe said "unavailable" once per
     # idle connection of the pool while the database answered.
     assert httpx.get(f"{service.url}/readyz").status_code == 200
-    dbname = conninfo_to_dict(direct_dsn)["dbname"]
-    with psycopg.connect(direct_dsn, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid()",
-            (dbname,),
-        )
+    end_sessions(direct_dsn)
     for _ in range(3):
         ready = httpx.get(f"{service.url}/readyz", timeout=30)
         assert ready.status_code == 200, ready.text
-    with psycopg.connect(direct_dsn, autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid()",
-            (dbname,),
-        )
+    end_sessions(direct_dsn)
     for _ in range(3):
         scraped = httpx.get(f"{service.url}/metrics", timeout=90)
         assert "pgonce_database_up 1.0" in scraped.text
+
+
+def end_sessions(dsn: str) -> None:
+    """Every other session on the database ended, as a restart or failover ends them."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (conninfo_to_dict(dsn)["dbname"],),
+        )
