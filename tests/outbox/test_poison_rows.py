@@ -49,6 +49,17 @@ async def one_batch(relay: Relay, dsn: str) -> None:
         await relay.run_once(conn)
 
 
+async def first_batch_then_drain(relay: Relay, dsn: str) -> dict[int, tuple[Any, ...]]:
+    """The rows after one batch; then the rest drained and the publisher closed."""
+    try:
+        await one_batch(relay, dsn)
+        after_first = rows(dsn)
+        await relay.drain()
+    finally:
+        await relay.publisher.close()
+    return after_first
+
+
 async def test_a_payload_above_nats_max_payload_is_refused_and_the_rest_goes_on(
     dsn: str, nats_url: str
 ) -> None:
@@ -65,12 +76,7 @@ async def test_a_payload_above_nats_max_payload_is_refused_and_the_rest_goes_on(
             NatsPublisher(nats_url, routing=lambda m: f"{prefix}.{m.aggregatetype}"),
             policy=PARK_AT_ONCE,
         )
-        try:
-            await one_batch(relay, dsn)
-            after_first = rows(dsn)
-            await relay.drain()
-        finally:
-            await relay.publisher.close()
+        after_first = await first_batch_then_drain(relay, dsn)
         received = await nats_read(js, stream)
     # The big row is refused and parked, with a reason a person can act on; the other aggregate
     # was published in the same batch; the big row's successor waited for it to be settled.
@@ -182,12 +188,7 @@ async def test_headers_above_an_amqp_frame_are_refused_and_the_rest_goes_on(
         conn.commit()
     async with rabbitmq_queue(rabbitmq_url, queue_name) as queue:
         relay = Relay(dsn, RabbitMQPublisher(rabbitmq_url), policy=PARK_AT_ONCE)
-        try:
-            await one_batch(relay, dsn)
-            after_first = rows(dsn)
-            await relay.drain()
-        finally:
-            await relay.publisher.close()
+        after_first = await first_batch_then_drain(relay, dsn)
         received = await rabbitmq_drain(queue)
     # Sent, the big header would have closed the connection and taken the batch's confirms
     # with it, again at every batch.
