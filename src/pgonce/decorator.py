@@ -76,7 +76,7 @@ from pgonce.errors import KeyInFlight, UsageError
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._async.keys import rollback_quietly as async_rollback_quietly
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
-from pgonce.store.common import check_wait
+from pgonce.store.common import check_wait, hold
 from pgonce.store.wire import headers_json, json_value
 
 __all__ = ["Codec", "JSONCodec", "idempotent"]
@@ -490,13 +490,16 @@ class _Call(Generic[P]):
             if not isinstance(claimed, tuple):
                 store._commit(conn, claimed, None, (), None)  # begin() ended it: nothing is sent
                 return self._replayed(claimed, key)
+            hold(conn, 1)  # the function cannot end the claim's transaction (see hold())
             try:
                 result = self.function(*args, **kwargs)
                 body = self._body(result)
                 returned = self._returned(body)
             except BaseException:
+                hold(conn, -1)
                 rollback_quietly(conn)
                 raise
+            hold(conn, -1)
             store._complete_owned(conn, claimed, self.headers_json, body)
             return returned
         with store.once(conn, self.scope, key, fp, wait=options.wait) as op:
@@ -520,13 +523,16 @@ class _Call(Generic[P]):
             if not isinstance(claimed, tuple):
                 await store._commit(conn, claimed, None, (), None)
                 return self._replayed(claimed, key)
+            hold(conn, 1)
             try:
                 result = await self.function(*args, **kwargs)
                 body = self._body(result)
                 returned = self._returned(body)
             except BaseException:
+                hold(conn, -1)
                 await async_rollback_quietly(conn)
                 raise
+            hold(conn, -1)
             await store._complete_owned(conn, claimed, self.headers_json, body)
             return returned
         async with store.once(conn, self.scope, key, fp, wait=options.wait) as op:

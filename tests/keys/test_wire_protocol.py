@@ -185,31 +185,54 @@ def test_a_batch_that_meets_a_deallocated_name_keeps_what_it_prepared(
     assert not wire.statements_unnamed()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not caught: a rollback inside the block ends the claim's transaction, and psycopg "
-    "opens a new one at the next statement; commit() then completes nothing and commits the "
-    "work without the claim (stored False, no error). A guard before COMMIT costs the server "
-    "work on every fresh key.",
-)
+@pytest.mark.parametrize("end", ["rollback", "commit"])
 def test_a_rollback_inside_an_owned_block_is_never_a_silent_duplicate(
-    dsn: str, store: KeyStore
+    dsn: str, store: KeyStore, end: str
 ) -> None:
+    # A rollback there ended the claim's transaction, psycopg opened another at the next
+    # statement, and commit() committed that work without the claim: run again at every retry.
+    # psycopg now counts the block as its own transaction block and refuses the call.
     with psycopg.connect(dsn) as conn:
         conn.execute("CREATE TABLE effects (n int)")
         conn.commit()
         for _ in range(2):
-            with contextlib.suppress(Exception), store.once(conn, "s", "k", FP, commit=True) as op:
-                if op.won:
-                    try:
-                        conn.execute("SELECT 1/0")
-                    except psycopg.errors.DivisionByZero:
-                        conn.rollback()
-                    conn.execute("INSERT INTO effects VALUES (1)")
-                    op.respond(Response(201))
-        count = conn.execute("SELECT count(*) FROM effects").fetchone()
-        assert count is not None
-        assert count[0] <= 1  # the work ran at most once
+            refused = pytest.raises(psycopg.ProgrammingError, match=f"Explicit {end}")
+            with refused, store.once(conn, "s", "k", FP, commit=True) as op:
+                try:
+                    conn.execute("SELECT 1/0")
+                except psycopg.errors.DivisionByZero:
+                    getattr(conn, end)()
+                conn.execute("INSERT INTO effects VALUES (1)")
+                op.respond(Response(201))
+        assert conn.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+        conn.rollback()
+        # A savepoint of the block's own is psycopg's nested block, and the block commits.
+        with store.once(conn, "s", "k", FP, commit=True) as op:
+            with contextlib.suppress(psycopg.errors.DivisionByZero), conn.transaction():
+                conn.execute("SELECT 1/0")
+            conn.execute("INSERT INTO effects VALUES (1)")
+            op.respond(Response(201))
+        assert op.stored
+        conn.commit()  # allowed again once the block ended
+        assert conn.execute("SELECT count(*) FROM effects").fetchone() == (1,)
+
+
+def test_a_decorated_call_that_owns_its_transaction_cannot_end_it(dsn: str) -> None:
+    from pgonce import idempotent
+
+    @idempotent(key="order", commit=True)
+    def pay(conn: psycopg.Connection[Any], order: str) -> str:
+        conn.execute("INSERT INTO effects VALUES (1)")
+        conn.commit()  # would have committed the effect without the claim
+        return order
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE effects (n int)")
+        for _ in range(2):
+            with pytest.raises(psycopg.ProgrammingError, match="Explicit commit"):
+                pay(conn, "o-1")
+        assert conn.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pgonce.keys").fetchone() == (0,)
 
 
 @pytest.mark.parametrize("owned", [True, False])

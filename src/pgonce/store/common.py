@@ -48,6 +48,20 @@ def outside_blocks(conn: object) -> bool:
     return not getattr(conn, "_num_transactions", 1)
 
 
+def hold(conn: Any, by: int) -> None:
+    """Count (``by=1``) or uncount (``by=-1``) a transaction pgonce owns among psycopg's blocks.
+
+    Inside ``once(commit=True)`` and a ``commit=True`` decorated call, the block's own code runs
+    in the transaction begin() opened; a ``conn.rollback()`` there ended it, the next statement
+    opened another, and commit() then committed that work without the claim: run again at every
+    retry. Counted, the transaction is psycopg's own ``conn.transaction()`` block to psycopg,
+    which refuses ``conn.commit()`` and ``conn.rollback()`` inside it (ProgrammingError) and
+    nests a ``conn.transaction()`` as a savepoint. Two additions of an int per owned block.
+    """
+    if hasattr(conn, "_num_transactions"):
+        conn._num_transactions += by
+
+
 def claim_row(row: tuple[Any, ...] | None) -> ClaimRow:
     # claim() always returns exactly one row; None would mean the function itself is broken.
     assert row is not None, "claim() returned no row"

@@ -53,6 +53,7 @@ from pgonce.store.common import (
     check_wait,
     claim_row,
     complete_claimed,
+    hold,
     outside_blocks,
     require_transaction,
 )
@@ -609,6 +610,10 @@ class AsyncKeyStore:
         rolls it all back. A duplicate's transaction is over before its block runs: it read the
         stored response, having written nothing. It refuses a connection inside a transaction
         with :class:`~pgonce.errors.UsageError`: committing there would commit the caller's work.
+        Inside the block the transaction is pgonce's, as if it were psycopg's own
+        ``conn.transaction()``: ``conn.commit()`` and ``conn.rollback()`` raise
+        ``psycopg.ProgrammingError`` (ending it there would commit the block's later writes
+        without the claim), and a ``conn.transaction()`` in the block is a savepoint.
         """
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         return AsyncOperation(
@@ -655,6 +660,8 @@ class AsyncOperation(Generic[Row]):
         # execute() after the block would change nothing that was stored.
         self._entered = False
         self._ended = False
+        #: True while the block's owned transaction is counted among psycopg's (see hold()).
+        self._held = False
 
     @property
     def claim(self) -> Claim:
@@ -714,7 +721,12 @@ class AsyncOperation(Generic[Row]):
             claimed = await self._store._begin(
                 conn, scope, key, fingerprint, self._wait_ms, self._now, _OWNED_REFUSAL
             )
-            self._claim = _won(claimed, fingerprint) if isinstance(claimed, tuple) else claimed
+            if isinstance(claimed, tuple):
+                self._claim = _won(claimed, fingerprint)
+                hold(conn, 1)  # released first thing at the block's end
+                self._held = True
+            else:
+                self._claim = claimed
         elif (status := conn.pgconn.transaction_status) == _IDLE and conn.autocommit:
             raise NotInTransaction(
                 "once() joins the caller's transaction, and an autocommit connection "
@@ -766,6 +778,9 @@ class AsyncOperation(Generic[Row]):
         claim = self._claim
         assert claim is not None
         self._ended = True
+        if self._held:
+            self._held = False
+            hold(self._conn, -1)
         if self._joined:
             if not isinstance(claim, Won):
                 return None  # the savepoint ended with the claim
