@@ -8,7 +8,7 @@ import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -123,21 +123,33 @@ async def test_a_routed_url_httpx_refuses_is_a_refusal_that_shows_no_credential(
     assert "s3cret" not in error
 
 
+def _webhooks(**options: Any) -> HttpPublisher:
+    return HttpPublisher(secret=SECRET, **options)
+
+
 @pytest.mark.parametrize(
-    ("options", "says"),
+    ("make", "options", "says"),
     [
-        ({"url": "ftp://example.com/hooks"}, "http:// or https://"),
-        ({"url": "https://user:s3cret@[::1/hooks"}, "http:// or https://"),
-        ({"url": "example.com/hooks"}, "http:// or https://"),
-        ({"url": "https://example.com/", "concurrency": 0}, "concurrency"),
-        ({"url": "https://example.com/", "timeout": timedelta(0)}, "timeout"),
+        (_webhooks, {"url": "ftp://example.com/hooks"}, "http:// or https://"),
+        (_webhooks, {"url": "https://user:s3cret@[::1/hooks"}, "http:// or https://"),
+        (_webhooks, {"url": "example.com/hooks"}, "http:// or https://"),
+        (_webhooks, {"url": "https://example.com/", "concurrency": 0}, "concurrency"),
+        (_webhooks, {"url": "https://example.com/", "timeout": timedelta(0)}, "timeout"),
+        (RedisStreamsPublisher, {"url": "http://user:s3cret@127.0.0.1:6379/0"}, "redis://"),
+        (RedisStreamsPublisher, {"url": "127.0.0.1:6379"}, "redis://"),
+        (RedisStreamsPublisher, {"maxlen": 0}, "maxlen"),
+        (RedisStreamsPublisher, {"maxlen": -1}, "maxlen"),
+        (RedisStreamsPublisher, {"timeout": timedelta(0)}, "timeout"),
+        (RabbitMQPublisher, {"url": "amqp://relay:s3cret@127.0.0.1:notaport/"}, "amqp://"),
+        (RabbitMQPublisher, {"url": "redis://relay:s3cret@127.0.0.1:6379/"}, "amqp://"),
+        (RabbitMQPublisher, {"exchange_type": "fan-out"}, "exchange_type must be one of"),
     ],
 )
-def test_a_webhook_publisher_that_cannot_work_is_a_config_error(
-    options: dict[str, Any], says: str
+def test_a_publisher_that_cannot_work_is_a_config_error(
+    make: Callable[..., object], options: dict[str, Any], says: str
 ) -> None:
     with pytest.raises(ConfigError, match=says) as raised:
-        HttpPublisher(secret=SECRET, **options)
+        make(**options)
     assert "s3cret" not in str(raised.value)
 
 
@@ -156,24 +168,6 @@ async def test_a_redis_that_stops_answering_leaves_the_batch_unsettled_in_bounde
                 await asyncio.wait_for(publisher.publish([message]), timeout=10)
         finally:
             await publisher.close()
-
-
-@pytest.mark.parametrize(
-    ("options", "says"),
-    [
-        ({"url": "http://user:s3cret@127.0.0.1:6379/0"}, "redis://"),
-        ({"url": "127.0.0.1:6379"}, "redis://"),
-        ({"maxlen": 0}, "maxlen"),
-        ({"maxlen": -1}, "maxlen"),
-        ({"timeout": timedelta(0)}, "timeout"),
-    ],
-)
-def test_a_redis_publisher_that_cannot_work_is_a_config_error(
-    options: dict[str, Any], says: str
-) -> None:
-    with pytest.raises(ConfigError, match=says) as raised:
-        RedisStreamsPublisher(**options)
-    assert "s3cret" not in str(raised.value)
 
 
 async def test_headers_above_an_amqp_frame_are_refused_and_the_rest_goes_on(
@@ -264,22 +258,6 @@ async def test_headers_that_take_a_message_above_max_payload_are_refused_not_los
     assert result.lost is None
     assert "max_payload" in result.refused[1]
     assert result.acked == {2}
-
-
-@pytest.mark.parametrize(
-    ("options", "says"),
-    [
-        ({"url": "amqp://relay:s3cret@127.0.0.1:notaport/"}, "amqp://"),
-        ({"url": "redis://relay:s3cret@127.0.0.1:6379/"}, "amqp://"),
-        ({"exchange_type": "fan-out"}, "exchange_type must be one of"),
-    ],
-)
-def test_a_rabbitmq_publisher_that_cannot_work_is_a_config_error(
-    options: dict[str, Any], says: str
-) -> None:
-    with pytest.raises(ConfigError, match=says) as raised:
-        RabbitMQPublisher(**options)
-    assert "s3cret" not in str(raised.value)
 
 
 async def test_a_webhook_endpoint_that_trickles_its_answer_is_cut_off_at_the_timeout() -> None:
