@@ -609,3 +609,85 @@ async def test_an_interval_that_is_no_timedelta_is_refused(dsn: str) -> None:
     async with AsyncConnectionPool(dsn, min_size=0, max_size=1, open=False) as pool:
         with pytest.raises(UsageError, match="sweep interval"):
             await sweep_every(pool, AsyncSweeper(), asyncio.Event(), every=300)  # type: ignore[arg-type]
+
+
+def _terminate_after(killer: psycopg.Connection[Any], pid: int, batches: int) -> Any:
+    """An on_batch that ends the sweeper's server session once ``batches`` batches committed."""
+    seen: list[int] = []
+
+    def on_batch(_target: str, deleted: int) -> None:
+        seen.append(deleted)
+        if len(seen) == batches:
+            # Waits (up to 10 s) until the backend has gone: the next batch meets a dead session.
+            killer.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+
+    return on_batch
+
+
+def test_a_run_that_fails_midway_reports_what_its_committed_batches_deleted(
+    direct_dsn: str,
+) -> None:
+    # The failure alone read as if the run had deleted nothing, and the service's counter of
+    # rows deleted missed every batch of a run that failed later.
+    from pgonce.store._sync.sweeper import failure_summary, swept_before
+
+    add_keys(direct_dsn, 100, age=40 * DAY)
+    with (
+        psycopg.connect(direct_dsn, autocommit=True) as killer,
+        psycopg.connect(direct_dsn, autocommit=True) as conn,
+    ):
+        on_batch = _terminate_after(killer, conn.info.backend_pid, 3)
+        with pytest.raises(DatabaseError) as failed:
+            Sweeper(limits=limits(10)).sweep(conn, now=NOW, on_batch=on_batch)
+    assert remaining(direct_dsn) == 70
+    assert swept_before(failed.value) == {"keys": 30}
+    assert failure_summary(failed.value).startswith(
+        "sweep failed after deleting 30 rows (keys 30) in batches committed before the failure: "
+    )
+    metrics = ServiceMetrics()
+    metrics.record_sweep_failure(failed.value)
+    page = metrics.render().decode()
+    assert 'pgonce_sweeper_rows_deleted_total{target="keys"} 30.0' in page
+    assert 'pgonce_sweeper_failures_total{reason="DatabaseUnavailable"} 1.0' in page
+
+
+def test_cli_says_what_a_failed_run_had_deleted_and_exits_1(direct_dsn: str) -> None:
+    add_keys(direct_dsn, 100, age=40 * DAY)
+    process = subprocess.Popen(
+        [*PGONCE, *sweep_args(direct_dsn, "--batch-size", "10", "--pause", "100ms")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with psycopg.connect(direct_dsn, autocommit=True) as watcher:
+            # Mid-run: once two batches have committed, end every other session of the database.
+            deadline = time.monotonic() + 60
+            while _count(watcher) > 80:
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the sweep never got going"
+            killed = watcher.execute(
+                """SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity
+                    WHERE datname = current_database() AND pid <> pg_backend_pid()
+                      AND backend_type = 'client backend'"""
+            ).fetchone()
+            assert killed is not None
+            assert killed[0] >= 1
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    deleted = 100 - remaining(direct_dsn)
+    assert 20 <= deleted < 100
+    assert process.returncode == 1
+    assert out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith(
+        f"pgonce: error: sweep failed after deleting {deleted} rows (keys {deleted}) in batches "
+        "committed before the failure: "
+    ), line
+
+
+def _count(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM pgonce.keys").fetchone()
+    assert row is not None
+    return int(row[0])

@@ -20,7 +20,8 @@ that are still kept.
 On a terminal a progress line runs on stderr and the final count ends it; otherwise (cron) only the
 final line is printed, on stdout, and --quiet prints nothing at all unless something fails.
 Exit status: 0 when the run finished (also when the batch cap ended it: the next run continues),
-1 on an error.
+1 on an error. A run that fails midway says how many rows it had already deleted (its batches
+committed before the failure stay deleted; the next run continues from there).
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ from pgonce.core.retention import (
     parse_duration,
     policy_from_text,
 )
-from pgonce.errors import ConfigError, UsageError
+from pgonce.errors import ConfigError, DatabaseError, UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.health import HealthCheck
-from pgonce.store._sync.sweeper import Sweeper
+from pgonce.store._sync.sweeper import Sweeper, failure_summary, swept_before
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -269,6 +270,12 @@ def run(args: argparse.Namespace) -> int:
                 )
         try:
             result = sweeper.sweep(conn, now=args.now, on_batch=progress)
+        except DatabaseError as error:
+            if swept_before(error) is None:
+                raise
+            # Same error class and exit status, with what the committed batches deleted: the
+            # bare error read as if the run had deleted nothing.
+            raise type(error)(failure_summary(error)) from error
         finally:
             progress.close()
     if not args.quiet:

@@ -21,6 +21,7 @@ from pgonce.core.retention import HealthReport, SweepResult
 from pgonce.extras import needs
 from pgonce.relay import RelayStats
 from pgonce.store._async.inspect import SourceStatus
+from pgonce.store._async.sweeper import swept_before
 from pgonce.webhooks.worker import BatchResult
 
 with needs("server", "the pgonce service"):
@@ -116,7 +117,7 @@ class ServiceMetrics:
         )
         self.swept = Counter(
             "pgonce_sweeper_rows_deleted",
-            "Rows the sweeper deleted, by target",
+            "Rows the sweeper deleted, by target (a failed run's committed batches included)",
             ["target"],
             registry=r,
         )
@@ -312,6 +313,9 @@ class ServiceMetrics:
 
     def record_sweep_failure(self, error: Exception) -> None:
         self.sweep_failures.labels(type(error).__name__).inc()
+        # The batches a failed run committed before its failure stay deleted: counted too.
+        for target, deleted in (swept_before(error) or {}).items():
+            self.swept.labels(target).inc(deleted)
 
     def record_completer(self, done: CompleterPass) -> None:
         for outcome in ("finished", "failed", "retired"):

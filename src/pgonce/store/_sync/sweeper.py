@@ -13,7 +13,9 @@ Guarantees:
 - A target's run stops at its first short batch, or at the batch cap; a stop request is honoured
   between batches.
 - A target that fails does not stop the others: the run goes on to the next target and raises
-  the first failure once every target was tried.
+  the first failure once every target was tried. The batches committed before it stay deleted;
+  :func:`swept_before` reads from that failure how many rows each target lost, so that a failed
+  run never reports as if it had deleted nothing.
 - ctid is never needed for correctness: every target has a portable statement that joins on its
   primary key. On plain PostgreSQL a target's ``_by_ctid`` twin is used instead, for speed; where
   Citus is installed (or with ``ctid=False``) the portable one is.
@@ -64,6 +66,31 @@ log = logging.getLogger("pgonce.sweeper")
 
 #: ``(target, rows deleted by this batch)``, called after every batch (progress lines, metrics).
 OnBatch = Callable[[str, int], None]
+
+#: The attribute of a run's failure that holds the rows it had deleted (see swept_before()).
+_SWEPT = "pgonce_swept"
+
+
+def swept_before(error: BaseException) -> dict[str, int] | None:
+    """The rows a failed run had deleted, by target, in batches committed before ``error``.
+
+    Every target of the run is named, 0 for one that deleted nothing (or was not reached); None
+    when ``error`` did not come out of a sweep.
+    """
+    found = getattr(error, _SWEPT, None)
+    return dict(found) if isinstance(found, dict) else None
+
+
+def failure_summary(error: BaseException) -> str:
+    """One line for a failed run: the failure, and what was deleted before it."""
+    deleted = swept_before(error)
+    if deleted is None:  # the run never started (no connection from the pool)
+        return f"sweep failed: {error}"
+    per_target = ", ".join(f"{target} {count:,}" for target, count in deleted.items())
+    return (
+        f"sweep failed after deleting {sum(deleted.values()):,} rows ({per_target}) in batches "
+        f"committed before the failure: {error}"
+    )
 
 
 class StopSignal(Protocol):
@@ -128,21 +155,32 @@ class Sweeper:
             by_ctid = self._plain_postgres(conn)
         swept = []
         failure: DatabaseError | None = None
+        # Every committed batch, counted as it commits: a failure later in the run takes them
+        # with it (swept_before()), since they stay deleted whatever happens next.
+        deleted = {policy.target: 0 for policy in self.policies}
+
+        def counted(target: str, count: int) -> None:
+            deleted[target] += count
+            if on_batch is not None:
+                on_batch(target, count)
+
         for policy in self.policies:
             use_ctid = by_ctid and TARGETS[policy.target].has_ctid_twin
             try:
-                swept.append(self._sweep_target(conn, policy, use_ctid, now, stop, on_batch))
+                swept.append(self._sweep_target(conn, policy, use_ctid, now, stop, counted))
             except DatabaseError as error:
                 # The failed batch rolled back alone: the targets after it are still swept, so
                 # that one target failing run after run (a table locked, a batch that times out)
                 # does not leave every later one to grow. Unless the connection is gone.
                 if conn.closed:
+                    setattr(error, _SWEPT, deleted)
                     raise
                 if failure is None:
                     failure = error  # raised at the end, and logged by whoever catches it
                 else:
                     log.warning("%s (besides the failure this run raises)", error)
         if failure is not None:
+            setattr(failure, _SWEPT, deleted)
             raise failure
         return SweepResult(tuple(swept), monotonic() - started)
 
@@ -213,8 +251,9 @@ def sweep_every(
     between runs. A run that fails on the database (or finds the pool busy or the server away for
     the pool's whole timeout) is tried again at the next tick: a failover or a timeout must not end
     the loop. The first failure of a run of them is logged as a warning, the others at debug
-    level, and the run that succeeds again once more; ``on_failure`` is called with every one
-    (a counter). A stop request ends a run between batches.
+    level, and the run that succeeds again once more; each line says how many rows the failed
+    run had deleted before it failed (:func:`swept_before`), and ``on_failure`` is called with
+    every one (a counter). A stop request ends a run between batches.
     """
     if check_duration(every, "the sweep interval") <= timedelta(0):
         raise UsageError("the sweep interval must be positive")
@@ -229,13 +268,13 @@ def sweep_every(
             failed_in_a_row += 1
             if failed_in_a_row == 1:
                 log.warning(
-                    "sweep failed (%s: %s); it tries again every %s",
+                    "%s (%s); it tries again every %s",
+                    failure_summary(error),
                     type(error).__name__,
-                    error,
                     every,
                 )
             else:
-                log.debug("sweep failed again (%d in a row): %s", failed_in_a_row, error)
+                log.debug("%s (%d failures in a row)", failure_summary(error), failed_in_a_row)
             if on_failure is not None:
                 on_failure(error)
         else:
