@@ -20,6 +20,10 @@ published and record refusals, commit. What that guarantees:
   out of order already (counted in :attr:`BatchReport.out_of_order`).
 - **Outages wait.** A broker that cannot be reached leaves rows pending with no attempt counted;
   only refusals count towards parking.
+- **A row's own failure is that row's.** What only one row can fail at (a routing function that
+  raises for it, a body above the broker's size limit) is a refusal of that row by the publisher,
+  never an exception out of the batch, which would stop every aggregate behind it; the rows of its
+  aggregate behind it wait for it, and are not reported as lacking an answer.
 
 Wake-up: a LISTEN on a dedicated connection (direct, never through a transaction-mode pooler)
 wakes the loop when an enqueueing transaction commits; polling every ``poll_interval`` covers a
@@ -112,8 +116,9 @@ class RelayStats:
     errors: int = 0
     last_error: str | None = field(default=None)
     #: Rows that failed to publish, by reason: the refusals' kinds ("unroutable", "nacked",
-    #: "refused", ...), "no_answer" (the broker did not settle them) and "unavailable" (the broker
-    #: could not be reached); each row counts once per failed attempt.
+    #: "too_large", "routing_failed", "refused", ...), "no_answer" (the broker did not settle
+    #: them) and "unavailable" (the broker could not be reached); each row counts once per failed
+    #: attempt.
     failures: dict[str, int] = field(default_factory=dict)
 
     def fail(self, reason: str, rows: int = 1) -> None:
@@ -292,6 +297,18 @@ class Relay:
                 )
         answered = result.acked.union(result.refused)
         unanswered = [row for row in batch if row.id not in answered]
+        if unanswered and result.refused:
+            # The rows behind a refused row of their aggregate wait for it, to keep the order:
+            # they were not left without an answer, and saying so would send one looking for an
+            # outage.
+            behind: set[tuple[str, str]] = set()
+            unanswered = []
+            for row in batch:
+                aggregate = (row.aggregatetype, row.aggregateid)
+                if row.id in result.refused:
+                    behind.add(aggregate)
+                elif row.id not in answered and aggregate not in behind:
+                    unanswered.append(row)
         if not unanswered:
             return
         reason = "unavailable" if broker_down else "no_answer"

@@ -143,6 +143,8 @@ def _webhooks(**options: Any) -> HttpPublisher:
         (RabbitMQPublisher, {"url": "amqp://relay:s3cret@127.0.0.1:notaport/"}, "amqp://"),
         (RabbitMQPublisher, {"url": "redis://relay:s3cret@127.0.0.1:6379/"}, "amqp://"),
         (RabbitMQPublisher, {"exchange_type": "fan-out"}, "exchange_type must be one of"),
+        (RabbitMQPublisher, {"max_message_size": 0}, "max_message_size must be a whole"),
+        (RabbitMQPublisher, {"max_message_size": 1.5e6}, "max_message_size must be a whole"),
     ],
 )
 def test_a_publisher_that_cannot_work_is_a_config_error(

@@ -82,6 +82,30 @@ class Routing(Protocol):
     def __call__(self, message: OutboxMessage) -> str: ...
 
 
+#: The kind of a refusal for a row the routing function raised for (or gave no name for).
+ROUTING_FAILED = "routing_failed"
+#: Most characters of the routing function's exception message kept in a refusal's reason.
+_ROUTING_ERROR_CHARS = 200
+
+
+def routing_refusal(outcome: object) -> str:
+    """The reason a row is refused when the routing function raised ``outcome`` for it, or
+    returned ``outcome``, which is not a ``str``.
+
+    A routing function that raises for one row (an aggregate type it does not know) is that
+    row's failure: refused, it counts attempts and is parked in the end while every other row is
+    published. Raised out of the batch, it would fail every batch that holds the row, without an
+    attempt counted, and stop every aggregate behind it. The reason names the exception's class
+    and the first line of its message, cut short; never the row itself.
+    """
+    if isinstance(outcome, BaseException):
+        text = short_error(outcome)
+        if len(text) > _ROUTING_ERROR_CHARS:
+            text = text[:_ROUTING_ERROR_CHARS] + "..."
+        return f"the routing function raised {text}"
+    return f"the routing function returned {type(outcome).__name__}, not a str"
+
+
 def short_error(error: BaseException) -> str:
     """A one-line reason for ``last_error``: the class and the first line of the message."""
     text = str(error).strip().splitlines()

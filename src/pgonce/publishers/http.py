@@ -7,7 +7,8 @@ id: receivers dedupe on it), ``webhook-timestamp`` and ``webhook-signature`` (HM
 the one :class:`~pgonce.webhooks.schemes.standard_webhooks.StandardWebhooks` scheme the inbox
 verifies with, so the two sides cannot disagree.
 
-A 2xx answer acknowledges the row; anything else, a timeout or a refused connection is a refusal:
+A 2xx answer acknowledges the row; anything else, a timeout, a refused connection or a routing
+function that raised for the row is a refusal:
 the endpoint belongs to someone else, so its downtime counts against the retry policy and ends in
 parking rather than in rows that wait forever. The rows of one aggregate are sent one after the
 other, and an aggregate stops at its first failure (its later rows wait, unsettled), so a receiver
@@ -25,7 +26,14 @@ from datetime import UTC, datetime, timedelta
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import ConfigError
 from pgonce.extras import needs
-from pgonce.publishers.base import PublishResult, Routing, short_error, url_origin
+from pgonce.publishers.base import (
+    ROUTING_FAILED,
+    PublishResult,
+    Routing,
+    routing_refusal,
+    short_error,
+    url_origin,
+)
 from pgonce.webhooks.schemes.standard_webhooks import StandardWebhooks
 
 with needs("http", "the signed HTTP publisher"):
@@ -125,22 +133,34 @@ class HttpPublisher:
             )
         acked: set[int] = set()
         refused: dict[int, str] = {}
+        kinds: dict[int, str] = {}
         gate = asyncio.Semaphore(self.concurrency)
 
         async def send_in_order(messages: list[OutboxMessage]) -> None:
             async with gate:
                 for message in messages:
-                    error = await self._send(client, message)
-                    if error is not None:
-                        refused[message.id] = error
+                    # Raised out of the gather, it would lose the answers of every aggregate
+                    # (sent again, duplicated) and fail every batch that holds the row.
+                    try:
+                        url: object = self._routing(message)
+                    except Exception as error:
+                        url = error
+                    if not isinstance(url, str):
+                        refused[message.id] = routing_refusal(url)
+                        kinds[message.id] = ROUTING_FAILED
+                        return
+                    failure = await self._send(client, message, url)
+                    if failure is not None:
+                        refused[message.id] = failure
                         return
                     acked.add(message.id)
 
         await asyncio.gather(*(send_in_order(m) for m in by_aggregate.values()))
-        return PublishResult(frozenset(acked), refused)
+        return PublishResult(frozenset(acked), refused, kinds)
 
-    async def _send(self, client: httpx.AsyncClient, message: OutboxMessage) -> str | None:
-        url = self._routing(message)
+    async def _send(
+        self, client: httpx.AsyncClient, message: OutboxMessage, url: str
+    ) -> str | None:
         seconds = self.timeout.total_seconds()
         try:
             content, headers = self.request(message)

@@ -7,9 +7,9 @@ publishes again within the window. A batch is pipelined on one connection (the s
 order) and a message counts as acknowledged when its PubAck arrived (a PubAck flagged
 ``duplicate`` is an acknowledgement too: the stream has the message). An error answer (no stream
 for the subject, a stream limit) is a refusal, and so is a message the client cannot send (a
-payload above the server's ``max_payload``, an invalid subject or header), refused before it is
-sent (the rows of its aggregate behind it in the batch are not sent and wait for it); a timeout or
-a lost connection leaves the message unsettled.
+payload above the server's ``max_payload``, an invalid subject or header) or one the routing
+function raised for, refused before it is sent (the rows of its aggregate behind it in the batch
+are not sent and wait for it); a timeout or a lost connection leaves the message unsettled.
 
 The PubAcks are collected here rather than through ``JetStreamContext.publish_async``: every
 message is a core ``publish`` whose reply subject ends in a token of this connection, one
@@ -35,11 +35,13 @@ from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.extras import needs
 from pgonce.publishers.base import (
+    ROUTING_FAILED,
     PublishResult,
     Routing,
     body,
     by_aggregatetype,
     message_headers,
+    routing_refusal,
     short_error,
 )
 
@@ -220,6 +222,18 @@ class NatsPublisher:
                 if held and (message.aggregatetype, message.aggregateid) in held:
                     pending.settle()
                     continue
+                try:
+                    subject: object = self.routing(message)
+                except Exception as error:
+                    subject = error
+                if not isinstance(subject, str):
+                    # This row's failure, not the batch's: refused, it is parked in the end
+                    # while every other aggregate goes on.
+                    pending.refused[message.id] = routing_refusal(subject)
+                    kinds[message.id] = ROUTING_FAILED
+                    held.add((message.aggregatetype, message.aggregateid))
+                    pending.settle()
+                    continue
                 headers = message_headers(message)
                 headers[MSG_ID_HEADER] = message.message_id
                 token = str(next(next_token))
@@ -234,7 +248,7 @@ class NatsPublisher:
                     ):
                         raise nats.errors.MaxPayloadError
                     await client.publish(
-                        self.routing(message), payload, reply=f"{inbox}.{token}", headers=headers
+                        subject, payload, reply=f"{inbox}.{token}", headers=headers
                     )
                 except _UNSENDABLE as error:
                     # Raised by the client before a byte is sent, for this message alone. Taken

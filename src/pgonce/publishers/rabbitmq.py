@@ -4,8 +4,12 @@ Every message is persistent, carries the outbox id as its AMQP ``message-id`` an
 ``mandatory``; a batch is pipelined on one confirm-mode channel and each message counts as
 acknowledged only when the broker's ``basic.ack`` for it arrived. A ``basic.nack`` or an unroutable
 return (no queue bound for the routing key) is a refusal, and so is a message AMQP cannot carry
-(headers above a frame, a routing key above 255 bytes), refused before it is sent; a lost
-connection leaves the messages unsettled (they are published again, with the same message id).
+(headers above a frame, a routing key above 255 bytes, a body above ``max_message_size``) or one
+the routing function raised for, refused before it is sent; a lost connection leaves the messages
+unsettled (they are published again, with the same message id). A body above the broker's own
+``max_message_size`` that got through (the publisher's setting above the broker's) makes the broker
+close the channel with ``406 PRECONDITION_FAILED``: that row is refused, the rows sent after it on
+the channel are unsettled, and the publisher keeps the broker's limit for the rows to come.
 RabbitMQ keeps the publish order of one channel on each queue, which is what per-aggregate order
 needs.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -31,11 +36,13 @@ from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.extras import needs
 from pgonce.publishers.base import (
+    ROUTING_FAILED,
     PublishResult,
     Routing,
     body,
     by_aggregatetype,
     message_headers,
+    routing_refusal,
     short_error,
     url_origin,
 )
@@ -55,6 +62,12 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 #: How long a batch waits for its confirms. Confirms arrive within milliseconds unless the broker
 #: is in trouble (disk or memory alarm); then the rows are retried rather than waiting forever.
 DEFAULT_CONFIRM_TIMEOUT = timedelta(seconds=10)
+#: RabbitMQ's default ``max_message_size`` from 3.8 to 3.13 (RabbitMQ 4 lowered it to 16 MiB; its
+#: most is 512 MiB). A body above it is refused before it is sent; a broker set lower says so by
+#: closing the channel, and the publisher then keeps the broker's figure.
+DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+#: How RabbitMQ words the channel close for a body above its max_message_size (3.8 and later).
+_TOO_LARGE = re.compile(r"message size (\d+) is larger than (?:configured )?max size (\d+)")
 
 
 class RabbitMQPublisher:
@@ -64,6 +77,9 @@ class RabbitMQPublisher:
     With ``declare`` the publisher declares what it publishes to: the exchange (durable, of
     ``exchange_type``), or on the default exchange a durable queue per routing key. Without it,
     it only checks that they exist and says what it found.
+
+    ``max_message_size`` is the largest body the broker takes (its own setting of that name): a
+    row with a larger body is refused before it is sent.
     """
 
     name = "rabbitmq"
@@ -77,6 +93,7 @@ class RabbitMQPublisher:
         confirm_timeout: timedelta = DEFAULT_CONFIRM_TIMEOUT,
         declare: bool = False,
         exchange_type: str = "topic",
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         # Said at the start: aio-pika reads the URL only when it connects, and what it raises
         # then would fail every batch (and it may quote the URL, password and all).
@@ -101,6 +118,11 @@ class RabbitMQPublisher:
         # A wait of nothing would leave every batch unsettled, retried for ever.
         if not confirm_timeout > timedelta(0):
             raise ConfigError("the RabbitMQ publisher's confirm_timeout must be above 0")
+        if type(max_message_size) is not int or max_message_size < 1:
+            raise ConfigError(
+                "the RabbitMQ publisher's max_message_size must be a whole number of bytes of at "
+                f"least 1, not {max_message_size!r}"
+            )
         self.url = url
         self.exchange_name = exchange
         self.declare = declare
@@ -108,6 +130,8 @@ class RabbitMQPublisher:
         self._routes: dict[str, bool] = {}
         self.routing = routing or by_aggregatetype("")
         self.confirm_timeout = confirm_timeout
+        #: Lowered to the broker's own figure when the broker refuses a body above it.
+        self.max_message_size = max_message_size
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
@@ -155,13 +179,12 @@ class RabbitMQPublisher:
             raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
         return self._exchange
 
-    async def _check_routes(self, batch: Sequence[OutboxMessage]) -> None:
+    async def _check_routes(self, sendable: Sequence[_Sendable]) -> None:
         """On the default exchange, check (or declare) the queue of each new routing key."""
         if self.exchange_name:
             return
         new: dict[str, str] = {}
-        for message in batch:
-            key = self.routing(message)
+        for message, _, key in sendable:
             if key not in self._routes:
                 new.setdefault(key, message.aggregatetype)
         for key, aggregatetype in new.items():
@@ -201,23 +224,23 @@ class RabbitMQPublisher:
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
         exchange = await self._connect()
-        await self._check_routes(batch)
         timeout = self.confirm_timeout.total_seconds()
         refused: dict[int, str] = {}
         kinds: dict[int, str] = {}
         sendable = await self._sendable(batch, refused, kinds)
+        await self._check_routes(sendable)
         # Started in order on one channel: the broker sees them in id order; confirms come back
         # in any grouping, and each future resolves with its own message's answer.
         results = await asyncio.gather(
             *(
-                exchange.publish(amqp, self.routing(m), mandatory=True, timeout=timeout)
-                for m, amqp in sendable
+                exchange.publish(amqp, key, mandatory=True, timeout=timeout)
+                for _, amqp, key in sendable
             ),
             return_exceptions=True,
         )
         acked: set[int] = set()
         lost: str | None = None
-        for (message, _), result in zip(sendable, results, strict=True):
+        for (message, amqp, key), result in zip(sendable, results, strict=True):
             if isinstance(result, Basic.Ack):
                 acked.add(message.id)
             elif isinstance(result, aio_pika.exceptions.DeliveryError):
@@ -225,13 +248,23 @@ class RabbitMQPublisher:
                 kinds[message.id] = "nacked"
             elif isinstance(result, TimeoutError):
                 lost = f"no confirm from RabbitMQ within {timeout:g} s"
+            elif isinstance(result, aiormq.exceptions.ChannelPreconditionFailed) and (
+                too_large := self._above_broker_limit(result, len(amqp.body))
+            ):
+                # The broker closed the channel for this body: this row can never be taken
+                # (until the broker's setting changes). Left unsettled, it would close the
+                # channel again at every batch, never parked. The rows sent after it on the
+                # channel (any batch's) got the same close and wait, unsettled, for a new one.
+                refused[message.id] = too_large
+                kinds[message.id] = "too_large"
+                lost = f"RabbitMQ closed the channel: {short_error(result)}"
             elif isinstance(result, BaseException):
                 # A dropped connection: the broker may or may not have it.
                 lost = f"RabbitMQ: {short_error(result)}"
             else:
                 refused[message.id] = (
                     f"RabbitMQ returned the message as unroutable (routing key "
-                    f"{self.routing(message)!r} on exchange {self.exchange_name!r}: no queue "
+                    f"{key!r} on exchange {self.exchange_name!r}: no queue "
                     "is bound for it)"
                 )
                 kinds[message.id] = "unroutable"
@@ -239,15 +272,39 @@ class RabbitMQPublisher:
             await self.close()
         return PublishResult(frozenset(acked), refused, kinds, lost)
 
+    def _above_broker_limit(self, error: BaseException, size: int) -> str | None:
+        """The refusal of a body of ``size`` bytes if ``error`` is the broker's channel close for
+        a body above its max_message_size and this body is above it; the publisher keeps the
+        broker's figure for the rows to come."""
+        found = _TOO_LARGE.search(str(error))
+        if found is None:
+            return None
+        limit = int(found.group(2))
+        if size <= limit:
+            # Another message's close: this one waits for the next channel.
+            return None
+        if limit < self.max_message_size:
+            log.warning(
+                "RabbitMQ: the broker's max_message_size is %d bytes, below the publisher's %d; "
+                "a larger body is refused before it is sent from now on",
+                limit,
+                self.max_message_size,
+            )
+            self.max_message_size = limit
+        return f"RabbitMQ cannot carry the message: {_too_large(size, limit)}"
+
     async def _sendable(
         self, batch: Sequence[OutboxMessage], refused: dict[int, str], kinds: dict[int, str]
-    ) -> list[tuple[OutboxMessage, aio_pika.Message]]:
-        """The batch's messages that AMQP can carry; the others are refused into ``refused``.
+    ) -> list[_Sendable]:
+        """The batch's messages that AMQP can carry, with their routing keys; the others are
+        refused into ``refused``.
 
-        A content header larger than a frame makes the broker close the whole connection, and a
-        routing key above 255 bytes cannot be encoded: either way every batch holding the row
-        would fail as if the connection broke, the row unsettled for ever, never parked. Such a
-        row is refused instead, and its aggregate's later rows in the batch wait behind it.
+        A content header larger than a frame makes the broker close the whole connection, a body
+        above the broker's max_message_size closes the channel, and a routing key above 255
+        bytes cannot be encoded: either way every batch holding the row would fail as if the
+        connection broke, the row unsettled for ever, never parked. A routing function that
+        raises for a row would fail every batch holding it. Such a row is refused instead, and
+        its aggregate's later rows in the batch wait behind it.
         """
         sendable = []
         held: set[tuple[str, str]] = set()
@@ -255,10 +312,20 @@ class RabbitMQPublisher:
         for message in batch:
             if held and (message.aggregatetype, message.aggregateid) in held:
                 continue
+            try:
+                key: object = self.routing(message)
+            except Exception as error:
+                key = error
+            if not isinstance(key, str):
+                refused[message.id] = routing_refusal(key)
+                kinds[message.id] = ROUTING_FAILED
+                held.add((message.aggregatetype, message.aggregateid))
+                continue
             amqp = amqp_message(message)
-            key = self.routing(message)
             reason = None
-            if len(key) > 63 and len(key.encode()) > 255:
+            if len(amqp.body) > self.max_message_size:
+                reason = _too_large(len(amqp.body), self.max_message_size)
+            elif len(key) > 63 and len(key.encode()) > 255:
                 reason = f"its routing key of {len(key.encode())} bytes is above AMQP's 255"
             elif message.headers and (long := _long_header_name(message.headers)):
                 # The encoder would cut it to 128 bytes with a warning: the consumer would get
@@ -276,7 +343,7 @@ class RabbitMQPublisher:
                         "frame size"
                     )
             if reason is None:
-                sendable.append((message, amqp))
+                sendable.append((message, amqp, key))
                 continue
             refused[message.id] = f"RabbitMQ cannot carry the message: {reason}"
             kinds[message.id] = "too_large"
@@ -304,6 +371,14 @@ class RabbitMQPublisher:
             # Closing a broken connection may fail; it is gone either way.
             with contextlib.suppress(Exception):
                 await connection.close()
+
+
+#: A message AMQP can carry, and its routing key.
+_Sendable = tuple[OutboxMessage, aio_pika.Message, str]
+
+
+def _too_large(size: int, limit: int) -> str:
+    return f"its body of {size} bytes is above the broker's max_message_size of {limit} bytes"
 
 
 #: Below this bound of a message's encoded headers no check of its header's size is made: the

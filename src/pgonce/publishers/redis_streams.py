@@ -3,11 +3,12 @@
 The entry id is Redis's own (``*``): outbox ids of different aggregates reach a stream out of id
 order when several relays run, and Redis refuses an explicit entry id lower than the stream's last.
 Consumers dedupe on the ``message-id`` field. A batch goes in one pipeline (in order, one round
-trip); each ``XADD`` that returned an entry id is acknowledged, an error reply is a refusal, a lost
-connection leaves the batch unsettled, and so does an error reply about the server's state rather
-than the entry (``READONLY`` after a failover, ``OOM``, ``LOADING``, ``MISCONF``, ...). Redis
-acknowledges from memory: how durable an acknowledged entry is depends on the server's
-``appendonly``/``appendfsync`` settings.
+trip); each ``XADD`` that returned an entry id is acknowledged, an error reply is a refusal (and so
+is a row the routing function raised for, refused before it is sent while the rows of its
+aggregate behind it in the batch wait for it), a lost connection leaves the batch unsettled, and
+so does an error reply about the server's state rather than the entry (``READONLY`` after a
+failover, ``OOM``, ``LOADING``, ``MISCONF``, ...). Redis acknowledges from memory: how durable an
+acknowledged entry is depends on the server's ``appendonly``/``appendfsync`` settings.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from urllib.parse import urlsplit
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.extras import needs
-from pgonce.publishers.base import PublishResult, Routing, body, by_aggregatetype, short_error
+from pgonce.publishers.base import (
+    ROUTING_FAILED,
+    PublishResult,
+    Routing,
+    body,
+    by_aggregatetype,
+    routing_refusal,
+    short_error,
+)
 
 with needs("redis", "the Redis Streams publisher"):
     from redis import exceptions as redis_errors
@@ -99,7 +108,24 @@ class RedisStreamsPublisher:
                 self.url, socket_connect_timeout=seconds, socket_timeout=seconds
             )
         pipe = self._client.pipeline(transaction=False)
+        refused: dict[int, str] = {}
+        kinds: dict[int, str] = {}
+        sent: list[OutboxMessage] = []
+        # Aggregates with a row the routing function raised for: their later rows wait behind it.
+        held: set[tuple[str, str]] = set()
         for message in batch:
+            if held and (message.aggregatetype, message.aggregateid) in held:
+                continue
+            try:
+                key: object = self.routing(message)
+            except Exception as error:
+                key = error
+            if not isinstance(key, str):
+                refused[message.id] = routing_refusal(key)
+                kinds[message.id] = ROUTING_FAILED
+                held.add((message.aggregatetype, message.aggregateid))
+                continue
+            sent.append(message)
             fields: dict[bytes | bytearray | memoryview[int] | str | int | float, Any] = {
                 "message-id": message.message_id,
                 "type": message.type,
@@ -108,16 +134,17 @@ class RedisStreamsPublisher:
                 "payload": body(message),
                 "headers": json.dumps(dict(message.headers), separators=(",", ":")),
             }
-            pipe.xadd(self.routing(message), fields, maxlen=self.maxlen, approximate=True)
+            pipe.xadd(key, fields, maxlen=self.maxlen, approximate=True)
+        if not sent:
+            return PublishResult(refused=refused, kinds=kinds)
         try:
             replies = await pipe.execute(raise_on_error=False)
         except (OSError, redis_errors.ConnectionError, redis_errors.TimeoutError) as error:
             await self.close()
             raise BrokerUnavailable(f"Redis: {short_error(error)}") from error
         acked: set[int] = set()
-        refused: dict[int, str] = {}
         lost: str | None = None
-        for message, reply in zip(batch, replies, strict=True):
+        for message, reply in zip(sent, replies, strict=True):
             if _unavailable(reply):
                 # The server cannot take writes now (a replica after a failover, out of
                 # memory, loading): an outage, not a refusal of this row. Counted as attempts,
@@ -131,7 +158,7 @@ class RedisStreamsPublisher:
             # The next batch connects afresh: after a failover the URL may lead to the new
             # primary.
             await self.close()
-        return PublishResult(frozenset(acked), refused, lost=lost)
+        return PublishResult(frozenset(acked), refused, kinds, lost)
 
     async def close(self) -> None:
         client, self._client = self._client, None
