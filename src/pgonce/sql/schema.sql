@@ -2,6 +2,12 @@
 -- tests/test_migrations.py proves it. Names are unqualified: it is applied with search_path set
 -- to pgonce's schema (default "pgonce").
 
+-- Every function below takes `SET search_path FROM CURRENT`: pgonce's schema, then pg_temp
+-- (0020). PostgreSQL searches the session's temporary schema for tables and types first unless
+-- search_path names it; named last, a caller's temporary table called keys or inbox never stands
+-- in for pgonce's. The schema's name is configurable, hence current_schema() rather than a name.
+SELECT set_config('search_path', current_schema() || ', pg_temp', true);
+
 -- ## Key store: one row per logical operation, keyed by (scope, key).
 --
 -- A claim is the row's INSERT; it commits in the caller's transaction together with the caller's
@@ -87,7 +93,7 @@ CREATE FUNCTION claim(p_scope text, p_key text, p_fingerprint bytea, p_wait_ms i
 RETURNS TABLE (state text, fingerprint bytea, claimed_at timestamptz, completed_at timestamptz,
                response_status integer, response_headers jsonb, response_body bytea)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
+SET search_path FROM CURRENT  -- pgonce's schema, then pg_temp (top of this file)
 SET lock_timeout = 2000
 AS $claim$
 DECLARE
@@ -243,7 +249,7 @@ CREATE FUNCTION outbox_enqueue(p_aggregatetype text, p_aggregateid text, p_type 
                                p_channel text)
 RETURNS bigint
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
+SET search_path FROM CURRENT  -- pgonce's schema, then pg_temp (top of this file)
 AS $enqueue$
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
@@ -351,7 +357,7 @@ CREATE FUNCTION inbox_store(p_source text[], p_event_id text[], p_body bytea[], 
                             p_now timestamptz, p_channel text)
 RETURNS TABLE (ord integer, outcome text)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
+SET search_path FROM CURRENT  -- pgonce's schema, then pg_temp (top of this file)
 AS $inbox_store$
 DECLARE
     v_now    timestamptz := coalesce(p_now, now());
