@@ -16,6 +16,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.config import Settings
+from pgonce.core.retention import format_duration
 from pgonce.errors import ConfigError, DatabaseUnavailable
 from pgonce.extras import needs
 from pgonce.store.cursors import cursor
@@ -184,6 +186,18 @@ def embedded_notice(data_dir: Path) -> str:
 #: Rounds of the shared-session check (see :func:`shares_server_sessions`).
 _PROBE_ROUNDS = 3
 
+#: How long a start-up check (:func:`check_reachable`, :func:`shares_server_sessions`) waits for
+#: the answers to its queries once connected. Each is one trivial query a live server answers in
+#: milliseconds; the server's statement timeout cannot bound them, as on a stalled network (a
+#: half-dead load balancer, a frozen host) its error never comes back. Ten seconds, as /readyz's
+#: own bound: a loaded server is given its due, and a stalled one ends the start with one line.
+ANSWER_TIMEOUT = timedelta(seconds=10)
+
+#: libpq's connect_timeout of the start-up checks and of the commands' own connections, in
+#: seconds: a server that accepts and never answers (or a host that drops the packets) ends the
+#: start with one line instead of psycopg's default of over two minutes.
+CONNECT_TIMEOUT = 5
+
 #: What polling costs, for the first log line and ``doctor``: the median wake-up measured behind
 #: PgBouncer 1.18 without a direct LISTEN connection (``python -m bench.topology``): the inbox
 #: polls every second, the relay every five, against 10-20 ms with one.
@@ -194,29 +208,65 @@ POLLING_COST = (
 )
 
 
-def shares_server_sessions(dsn: str, connect_timeout: int = 5) -> bool:
+def shares_server_sessions(
+    dsn: str, connect_timeout: int = CONNECT_TIMEOUT, answer_within: timedelta = ANSWER_TIMEOUT
+) -> bool:
     """Whether two connections to ``dsn`` land on one server session (a transaction-mode pooler).
 
     Each asks for its server process id in turn: a pooler hands the second the session the first
     just released (PgBouncer reuses the most recent one), and two direct connections never share
     a process. A pooler that spreads sessions round-robin may go unseen here; the store's batches
     still notice it by their prepared statements (:func:`pgonce.store.wire.sessions_shared`).
+
+    Bounded: ``connect_timeout`` for each connection, ``answer_within`` for the queries.
     """
     kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
+    what = "checking for a transaction-mode pooler"
     try:
         with (
             psycopg.connect(dsn, connect_timeout=connect_timeout, **kwargs) as first,
             psycopg.connect(dsn, connect_timeout=connect_timeout, **kwargs) as second,
+            _answered(dsn, first, answer_within, what),
+            _answered(dsn, second, answer_within, what),
         ):
             for _ in range(_PROBE_ROUNDS):
                 pids = [_backend_pid(first), _backend_pid(second)]
                 if pids[0] == pids[1]:
                     return True
     except psycopg.Error as error:
-        raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {first_line(error)}"
-        ) from error
+        raise _cannot_connect(dsn, error, connect_timeout) from error
     return False
+
+
+@contextlib.contextmanager
+def _answered(
+    dsn: str, conn: psycopg.Connection[Any], within: timedelta, what: str
+) -> Iterator[None]:
+    """The block's queries on ``conn`` within ``within``, else one line naming the server."""
+    from pgonce.store._sync.health import answered_within, stalled
+
+    try:
+        with answered_within(conn, within.total_seconds(), what):
+            yield
+    except DatabaseUnavailable as error:
+        if not stalled(error):
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {error}"
+            ) from error
+        raise DatabaseUnavailable(
+            f"PostgreSQL at {describe_dsn(dsn)} accepted the connection but sent no answer "
+            f"within {format_duration(within)} ({what}): the server or the network in between is "
+            "stalled"
+        ) from error
+
+
+def _cannot_connect(dsn: str, error: psycopg.Error, connect_timeout: int) -> DatabaseUnavailable:
+    reason = first_line(error)
+    if "timeout expired" in reason:
+        # psycopg's words alone ("connection timeout expired") said neither which bound nor how
+        # long it was.
+        reason = f"no answer to the connection within {connect_timeout}s (connect_timeout)"
+    return DatabaseUnavailable(f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {reason}")
 
 
 def reaches_server_directly(conn: psycopg.Connection[Any]) -> bool:
@@ -274,13 +324,20 @@ def check_parsable(dsn: str) -> None:
         )
 
 
-def check_reachable(dsn: str, timeout: int = 5) -> None:
-    """Connect once; on failure raise :class:`DatabaseUnavailable` naming host and cause."""
+def check_reachable(
+    dsn: str, timeout: int = CONNECT_TIMEOUT, answer_within: timedelta = ANSWER_TIMEOUT
+) -> None:
+    """Connect once; on failure raise :class:`DatabaseUnavailable` naming host and cause.
+
+    Bounded: ``timeout`` (seconds, libpq's connect_timeout) for the connection, ``answer_within``
+    for its query, so that a server or network that stalled ends the check with one line.
+    """
     check_parsable(dsn)
     try:
-        with psycopg.connect(dsn, connect_timeout=timeout, autocommit=True) as conn:
+        with (
+            psycopg.connect(dsn, connect_timeout=timeout, autocommit=True) as conn,
+            _answered(dsn, conn, answer_within, "checking the connection"),
+        ):
             conn.execute("SELECT 1")
     except psycopg.Error as error:
-        raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {first_line(error)}"
-        ) from error
+        raise _cannot_connect(dsn, error, timeout) from error

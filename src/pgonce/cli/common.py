@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 
 from pgonce.config import Settings
-from pgonce.database import Database, embedded_notice, load_embedded, open_database
+from pgonce.database import (
+    CONNECT_TIMEOUT,
+    Database,
+    embedded_notice,
+    load_embedded,
+    open_database,
+)
 from pgonce.errors import SchemaNotMigrated
 from pgonce.store.errors import translate_errors
 from pgonce.store.migrate import migrate, status
@@ -149,7 +155,10 @@ def database(
     settings = settings_from(args)
     with announced_database(settings) as db:
         if migrated:
-            with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
+            with (
+                translate_errors("connecting"),
+                psycopg.connect(db.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn,
+            ):
                 applied = migrate(conn, settings.schema)
             if applied:
                 say(f"pgonce: applied migrations {', '.join(f'{v:04d}' for v in applied)}")
@@ -162,7 +171,10 @@ def require_migrated(dsn: str, schema: str) -> None:
     Operator commands never create pgonce's tables: a mistyped --schema or --dsn would otherwise
     get a fresh, empty schema and act on nothing.
     """
-    with translate_errors("connecting"), psycopg.connect(dsn, autocommit=True) as conn:
+    with (
+        translate_errors("connecting"),
+        psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn,
+    ):
         state = status(conn, schema)
     if state.current == 0:
         raise SchemaNotMigrated(

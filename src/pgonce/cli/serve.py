@@ -123,7 +123,13 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
             # worker and relay run beside a service that owns the schema: never create one.
             require_migrated(db.dsn, config.settings.schema)
         else:
-            with translate_errors("connecting"), psycopg.connect(db.dsn, autocommit=True) as conn:
+            # [database] connect_timeout, as every connection of the service: psycopg's own
+            # default kept a start on a stalled network waiting for over two minutes.
+            connect_timeout = int(config.pool.connect_timeout.total_seconds())
+            with (
+                translate_errors("connecting"),
+                psycopg.connect(db.dsn, autocommit=True, connect_timeout=connect_timeout) as conn,
+            ):
                 applied = migrate(conn, config.settings.schema)
             if applied:
                 say(f"pgonce: applied migrations {', '.join(f'{v:04d}' for v in applied)}")

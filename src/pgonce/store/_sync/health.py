@@ -10,10 +10,11 @@ prints and what the service exposes as metrics. This file is the source of ``_sy
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -109,9 +110,12 @@ class HealthCheck:
         except DatabaseUnavailable as error:
             if not watchdog.fired:
                 raise
-            raise DatabaseUnavailable(
-                f"checking health failed: no answer within {self.deadline} (twice the statement "
-                "timeout), so the connection was closed: the server or the network is stalled"
+            raise _stalled(
+                DatabaseUnavailable(
+                    f"checking health failed: no answer within {self.deadline} (twice the "
+                    "statement timeout), so the connection was closed: the server or the network "
+                    "is stalled"
+                )
             ) from error
 
     def _read(self, conn: Connection[Row], now: datetime | None) -> HealthReport:
@@ -207,6 +211,46 @@ def _group_facts(
         )
         for scope in policy.groups()
     ]
+
+
+#: The attribute that marks a failure as a stall (see stalled()).
+_STALLED = "pgonce_stalled"
+
+
+def _stalled(error: DatabaseUnavailable) -> DatabaseUnavailable:
+    setattr(error, _STALLED, True)
+    return error
+
+
+def stalled(error: BaseException) -> bool:
+    """Whether ``error`` is a bound running out: no answer came in time, and the connection was
+    closed. Asking again on another connection through the same network would wait as long."""
+    return getattr(error, _STALLED, False) is True
+
+
+@contextlib.contextmanager
+def answered_within(conn: Connection[Any], seconds: float, what: str) -> Iterator[None]:
+    """Bound the block's statements on ``conn`` by ``seconds`` of wall time, whatever the network.
+
+    A server's statement timeout never comes back over a stalled network (requests arrive,
+    answers do not); past ``seconds`` the connection's socket is shut down and the block fails
+    with :class:`~pgonce.errors.DatabaseUnavailable` naming ``what`` and the bound (and
+    :func:`stalled` says so). psycopg's errors inside are translated as ``translate_errors(what)``
+    does.
+    """
+    watchdog = _Watchdog(conn, seconds)
+    try:
+        with translate_errors(what), watchdog:
+            yield
+    except DatabaseUnavailable as error:
+        if not watchdog.fired:
+            raise
+        raise _stalled(
+            DatabaseUnavailable(
+                f"{what} failed: no answer within {seconds:g}s, so the connection was closed: "
+                "the server or the network is stalled"
+            )
+        ) from error
 
 
 class _Watchdog:
