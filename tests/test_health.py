@@ -440,3 +440,61 @@ def test_a_stalled_network_ends_the_durability_probe(direct_dsn: str) -> None:
             assert time.monotonic() - started < 10
         finally:
             conn.close()
+
+
+def test_a_stalled_network_ends_the_failed_rows_read_with_a_typed_error(direct_dsn: str) -> None:
+    # `pgonce doctor` reads them after the health check, on the same connection, with no bound.
+    from pgonce.store._sync.health import stalled
+    from pgonce.store._sync.inspect import Inspector
+
+    with Proxy(tcp=_server(direct_dsn)) as proxy:
+        conn = psycopg.connect(_through(proxy.port, direct_dsn), autocommit=True)
+        try:
+            proxy.hold(True)
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable, match=r"no answer within 0\.5s") as failed:
+                Inspector(timeout=timedelta(milliseconds=500)).troubles(conn)
+            assert stalled(failed.value)
+            assert time.monotonic() - started < 10
+            assert conn.broken or conn.closed
+        finally:
+            conn.close()
+
+
+async def test_a_stalled_network_ends_the_async_failed_rows_read_with_a_typed_error(
+    direct_dsn: str,
+) -> None:
+    from pgonce.store._async.inspect import AsyncInspector
+
+    with Proxy(tcp=_server(direct_dsn)) as proxy:
+        conn = await psycopg.AsyncConnection.connect(
+            _through(proxy.port, direct_dsn), autocommit=True
+        )
+        try:
+            proxy.hold(True)
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable, match="reading failed rows failed: no answer"):
+                await AsyncInspector(timeout=timedelta(milliseconds=500)).troubles(conn)
+            assert time.monotonic() - started < 10
+        finally:
+            await conn.close()
+
+
+def test_doctor_on_a_server_that_stops_answering_says_so_and_exits_1(direct_dsn: str) -> None:
+    # The server freezes at doctor's read of the failed rows, after the health check answered.
+    from tests.stalling import freezing
+
+    add_keys(direct_dsn, 5, age=10 * DAY)
+    with freezing(direct_dsn, b"'outbox' AS part") as proxy:
+        started = time.monotonic()
+        done = pgonce(
+            "doctor", "--dsn", proxy.dsn(direct_dsn), "--target", "keys", "--timeout", "500ms"
+        )
+        assert proxy.frozen.is_set()
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "pgonce: error: reading failed rows failed: no answer within 1s, so the connection was "
+        "closed: the server or the network is stalled"
+    )

@@ -86,6 +86,44 @@ def test_a_stalled_network_makes_readyz_unready_within_its_bound(
             running.process.wait(timeout=30)
 
 
+def test_a_stalled_network_ends_every_scrape_within_its_bound_with_the_last_figures(
+    direct_dsn: str, tmp_path: Path
+) -> None:
+    # A scrape waited 80 s on a stalled network, and every scrape meanwhile took one more pooled
+    # connection for as long. Now the backlog reads give up at their own bound (10 s), one scrape
+    # reads at a time, and each answers with the figures read last, saying why they are old.
+    import concurrent.futures
+
+    params = conninfo_to_dict(direct_dsn)
+    host = str(params.get("host") or "127.0.0.1")
+    if host.startswith("/"):
+        pytest.skip("the test server is reached by a Unix socket; the proxy forwards TCP")
+    with Proxy(tcp=(host, int(params.get("port") or 5432))) as proxy:
+        running = start(
+            make_conninfo(direct_dsn, host="127.0.0.1", port=str(proxy.port)), tmp_path, CONFIG
+        )
+        try:
+            first = httpx.get(f"{running.url}/metrics", timeout=90)
+            assert "pgonce_database_up 1.0" in first.text
+            assert 'pgonce_outbox_rows{state="pending"} 0.0' in first.text
+            proxy.hold(True)
+            with concurrent.futures.ThreadPoolExecutor(3) as scrapers:
+                answers = list(scrapers.map(timed_get, [f"{running.url}/metrics"] * 3))
+            for scraped, took in answers:
+                assert scraped.status_code == 200
+                assert took < 15
+                assert "pgonce_database_up 0.0" in scraped.text
+                # The last figures read, not none.
+                assert 'pgonce_outbox_rows{state="pending"} 0.0' in scraped.text
+            # Each scrape counted, the last one to render saw all three.
+            failures = 'pgonce_metrics_read_failures_total{reason="no_answer"} 3.0'
+            assert any(failures in scraped.text for scraped, _ in answers)
+        finally:
+            proxy.hold(False)
+            running.process.kill()
+            running.process.wait(timeout=30)
+
+
 def test_readyz_and_metrics_after_the_servers_sessions_ended_see_the_database_at_once(
     direct_dsn: str, service: Service
 ) -> None:

@@ -19,8 +19,11 @@
 
 Give the same retention options (or the same --config) as `pgonce sweep` so that both judge by the
 same policy.
+Every query is bounded: --timeout is the server's statement timeout, and twice it the wall-time
+bound that ends a read on a stalled network (the server's error never comes back there), with one
+line saying which read got no answer.
 Exit status: 0 when every check passes or only warns, 1 when a check fails (also warnings, and
-parked or dead rows, with --strict) or the database cannot be read.
+parked or dead rows, with --strict) or the database cannot be read in time.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pgonce.cli.common import (
 )
 from pgonce.cli.sweep import add_retention_options, duration_arg, policies_from
 from pgonce.core.retention import (
+    DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_SLACK,
     DEFAULT_STUCK_AFTER,
     Finding,
@@ -46,7 +50,7 @@ from pgonce.core.retention import (
     format_duration,
 )
 from pgonce.core.topology import judge_listen
-from pgonce.database import POLLING_COST, shares_server_sessions
+from pgonce.database import CONNECT_TIMEOUT, POLLING_COST, shares_server_sessions
 from pgonce.store._sync.health import HealthCheck
 from pgonce.store._sync.inspect import Inspector, Trouble
 from pgonce.store.errors import translate_errors
@@ -76,6 +80,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="how far the oldest row may outlive its retention before the sweeper counts as "
         f"stalled (default {format_duration(DEFAULT_SLACK)}: a nightly cron that missed a night)",
+    )
+    group.add_argument(
+        "--timeout",
+        type=duration_arg,
+        default=DEFAULT_HEALTH_TIMEOUT,
+        metavar="DURATION",
+        help="statement timeout of the checks' queries; a query without an answer for twice "
+        "this (a stalled server or network) ends the check with an error "
+        f"(default {format_duration(DEFAULT_HEALTH_TIMEOUT)})",
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
 
@@ -136,14 +149,16 @@ def run(args: argparse.Namespace) -> int:
         targets=args.target,
         stuck_after=args.stuck_after,
         slack=args.slack,
+        timeout=args.timeout,
     )
     with (
         announced_database(settings) as db,
         translate_errors("connecting"),
-        psycopg.connect(db.dsn, autocommit=True) as conn,
+        psycopg.connect(db.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn,
     ):
         report = health.check(conn, now=args.now)
-        troubles = Inspector(schema=settings.schema).troubles(conn)
+        # Bounded as the health check is: on a stalled network it waited for good.
+        troubles = Inspector(schema=settings.schema, timeout=health.deadline).troubles(conn)
         listen_dsn = settings.listen_dsn
         listening = judge_listen(
             POLLING_COST,

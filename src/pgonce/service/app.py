@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -22,7 +22,7 @@ from pgonce.errors import DatabaseUnavailable
 from pgonce.extras import needs
 from pgonce.service.admin import Admin
 from pgonce.service.metrics import CONTENT_TYPE, ServiceMetrics
-from pgonce.store._async.health import AsyncHealthCheck
+from pgonce.store._async.health import AsyncHealthCheck, answered_within, stalled
 from pgonce.store._async.inspect import AsyncInspector
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store.cursors import cursor
@@ -66,8 +66,14 @@ _PROBE_TIMEOUT = {"timeout_ms": str(PROBE_STATEMENT_MS)}
 #: the probe answers 503 and the database work is cancelled behind it.
 READY_DEADLINE = 10.0
 
+#: The wall-time bound of /metrics' backlog reads (queue depths, outbox lag, table sizes) on
+#: their connection: twice their statement timeout. Past it the connection's socket is shut, the
+#: connection discarded, and the scrape answers at once with the last figures it read, with
+#: ``pgonce_database_up 0`` and ``pgonce_metrics_read_failures{reason="no_answer"}`` counted.
+SCRAPE_READ_DEADLINE = 2 * PROBE_STATEMENT_MS / 1000
 
-async def _within(work: Coroutine[Any, Any, Any], seconds: float) -> Any:
+
+async def _within(work: Awaitable[Any], seconds: float) -> Any:
     """``work``'s result, or :class:`TimeoutError` after ``seconds``, whatever ``work`` does.
 
     ``asyncio.timeout`` would not do: psycopg answers a cancellation by asking the server to
@@ -125,6 +131,8 @@ class ServiceApp:
         self.outbox = AsyncOutboxStore(schema=schema)
         self.latest_migration = pgsql.migrations()[-1].version
         self._statement_timeout = pgsql.Queries("sweep", schema).statement_timeout
+        #: The scrape reading the database now, if any: one at a time (see metrics_page).
+        self._scraping: asyncio.Future[None] | None = None
         self.http = Starlette(
             routes=[
                 Route("/healthz", self.healthz),
@@ -228,31 +236,57 @@ class ServiceApp:
             async with self.pool.connection(timeout=wait) as conn:
                 try:
                     return await work(conn)
-                except (psycopg.OperationalError, DatabaseUnavailable):
-                    if not conn.closed or attempt > self.pool.max_size:
+                except (psycopg.OperationalError, DatabaseUnavailable) as error:
+                    # A connection closed because no answer came in time is no dead pooled
+                    # connection: another one through the same stalled network waits as long.
+                    if not conn.closed or stalled(error) or attempt > self.pool.max_size:
                         raise
         raise AssertionError("unreachable")
 
     async def metrics_page(self, request: Request) -> Response:
-        now = datetime.now(UTC)
-        # The backlog's statements, then the health check within its own deadline; a stalled
-        # network ends the scrape at the sum, never later.
-        deadline = 5 + 3 * PROBE_STATEMENT_MS / 1000 + self.health.deadline.total_seconds()
+        """The metrics, with the database's figures read now, or the last ones read.
+
+        One scrape reads the database at a time: a scrape that arrives while another still
+        reads (a slow server, a stalled network) waits for that one's figures instead of taking
+        one more pooled connection, so that scrapes never pile up on the pool. A read that fails
+        or gets no answer in time leaves the database's gauges at their last figures, sets
+        ``pgonce_database_up`` to 0 and counts ``pgonce_metrics_read_failures`` by reason.
+        """
+        # The pool's wait and the backlog's statements, then the health check within its own
+        # deadline: each is bounded on its own, this is the backstop of the whole answer. The
+        # read itself is never cancelled (psycopg's cancellation waits for the server too): it
+        # ends at its own bounds, and the next scrape reads again.
+        deadline = 5 + SCRAPE_READ_DEADLINE + self.health.deadline.total_seconds()
+        scraping = self._scraping
+        if scraping is None or scraping.done():
+            scraping = self._scraping = asyncio.ensure_future(self._scrape(datetime.now(UTC)))
         try:
-            await _within(self._scrape(now), deadline)
+            await _within(asyncio.shield(scraping), deadline)
             self.metrics.up.set(1)
-        except Exception:
+        except Exception as error:
             # Metrics must answer even when the database does not: that is what they report.
             self.metrics.up.set(0)
+            self.metrics.record_read_failure(_read_failure(error))
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def _scrape(self, now: datetime) -> None:
         async def read(conn: AsyncConnection[Any]) -> None:
-            await cursor(conn).execute(self._statement_timeout, _PROBE_TIMEOUT)
-            self.metrics.set_inbox(await self.inspector.inbox_backlog(conn), now)
-            self.metrics.set_outbox(await self.outbox.backlog(conn), now)
-            self.metrics.set_tables(await self.inspector.table_estimates(conn))
-            await conn.rollback()
+            with answered_within(conn, SCRAPE_READ_DEADLINE, "reading the backlogs"):
+                await cursor(conn).execute(self._statement_timeout, _PROBE_TIMEOUT)
+                inbox = await self.inspector.inbox_backlog(conn)
+                outbox = await self.outbox.backlog(conn)
+                tables = await self.inspector.table_estimates(conn)
+                await conn.rollback()
+            self.metrics.set_inbox(inbox, now)
+            self.metrics.set_outbox(outbox, now)
+            self.metrics.set_tables(tables)
             self.metrics.set_health(await self.health.check(conn))
 
         await self._on_live_connection(read, 5)
+
+
+def _read_failure(error: BaseException) -> str:
+    """The reason label of a failed scrape read: ``no_answer`` for a bound that ran out."""
+    if isinstance(error, TimeoutError) or stalled(error):
+        return "no_answer"
+    return type(error).__name__

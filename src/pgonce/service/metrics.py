@@ -239,6 +239,14 @@ class ServiceMetrics:
         self.up = Gauge(
             "pgonce_database_up", "1 when the last scrape could read the database", registry=r
         )
+        self.read_failures = Counter(
+            "pgonce_metrics_read_failures",
+            "Scrapes that could not read the database's figures, by reason (no_answer: the "
+            "server or the network stalled past the read's bound; else the error's class); the "
+            "gauges read from the database keep their last figures",
+            ["reason"],
+            registry=r,
+        )
         r.register(_RelayCollector(relay_stats))
 
     def set_inbox(self, backlog: list[SourceStatus], now: datetime) -> None:
@@ -316,6 +324,9 @@ class ServiceMetrics:
         # The batches a failed run committed before its failure stay deleted: counted too.
         for target, deleted in (swept_before(error) or {}).items():
             self.swept.labels(target).inc(deleted)
+
+    def record_read_failure(self, reason: str) -> None:
+        self.read_failures.labels(reason).inc()
 
     def record_completer(self, done: CompleterPass) -> None:
         for outcome in ("finished", "failed", "retired"):

@@ -13,7 +13,10 @@ from typing import Any, TypeVar
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.checks import check_duration
+from pgonce.errors import UsageError
 from pgonce.sql import Queries
+from pgonce.store._async.health import answered_within
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -74,16 +77,30 @@ class Trouble:
 
 
 class AsyncInspector:
-    """Queries that show what pgonce holds; each runs in its own short read."""
+    """Queries that show what pgonce holds; each runs in its own short read.
 
-    def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
+    ``timeout`` bounds each query by wall time: on a stalled network (requests arrive, answers
+    do not) a query past it closes its connection and raises
+    :class:`~pgonce.errors.DatabaseUnavailable` saying so, instead of waiting forever. None (the
+    default) leaves the bound to the caller.
+    """
+
+    def __init__(self, *, schema: str = DEFAULT_SCHEMA, timeout: timedelta | None = None) -> None:
+        if timeout is not None and check_duration(timeout, "timeout") <= timedelta(0):
+            raise UsageError(f"timeout must be longer than 0s, not {timeout}")
         self.schema = schema
+        self.timeout = timeout
         self._sql = Queries("inspect", schema)
 
     async def _rows(
         self, conn: AsyncConnection[Row], statement: bytes, params: dict[str, Any], what: str
     ) -> list[tuple[Any, ...]]:
-        with translate_errors(what):
+        if self.timeout is None:
+            with translate_errors(what):
+                cur = cursor(conn)
+                await cur.execute(statement, params)
+                return await cur.fetchall()
+        with answered_within(conn, self.timeout.total_seconds(), what):
             cur = cursor(conn)
             await cur.execute(statement, params)
             return await cur.fetchall()
