@@ -109,3 +109,26 @@ def test_a_configured_schema_is_the_one_its_functions_search(empty_dsn: str, sch
         paths: dict[str, str] = dict(conn.execute(FUNCTION_PATHS, (schema,)).fetchall())
     assert len(paths) >= 3
     assert set(paths.values()) == {f"search_path={schema}, pg_temp"}
+
+
+def test_a_temporary_table_of_the_migrating_connection_is_left_alone(empty_dsn: str) -> None:
+    """The migrations' own unqualified names reach pgonce's tables, not a temporary table of the
+    connection that runs `pgonce migrate` (each migration runs with pg_temp last)."""
+    with psycopg.connect(empty_dsn) as conn:
+        conn.execute("CREATE TEMP TABLE keys (scope text, key text)")
+        conn.execute("INSERT INTO keys VALUES ('mine', 'untouched')")
+        conn.commit()
+        migrate(conn, SCHEMA)
+        assert conn.execute("SELECT scope, key FROM pg_temp.keys").fetchall() == [
+            ("mine", "untouched")
+        ]
+        temp_columns = conn.execute(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'pg_temp.keys'::regclass"
+            " AND attnum > 0 AND NOT attisdropped"
+        ).fetchone()
+        assert temp_columns == (2,)
+        assert conn.execute(FUNCTION_PATHS, (SCHEMA,)).fetchall()
+        assert conn.execute(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = %s AND tablename = 'keys'",
+            (SCHEMA,),
+        ).fetchone() != (0,)

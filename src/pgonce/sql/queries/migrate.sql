@@ -26,7 +26,9 @@ SELECT version FROM {schema}.schema_migrations ORDER BY version
 INSERT INTO {schema}.schema_migrations (version, name) VALUES (%(version)s, %(name)s)
 
 -- name: use_schema
-SELECT set_config('search_path', %(schema)s, true)
+-- SET LOCAL: the migration's unqualified names are pgonce's schema's, and pg_temp comes last, so a
+-- temporary table of the migrating connection never stands in for one of pgonce's.
+SELECT set_config('search_path', %(schema)s || ', pg_temp', true)
 
 -- name: current_version
 SELECT coalesce(max(version), 0) FROM {schema}.schema_migrations
