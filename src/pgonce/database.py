@@ -226,8 +226,8 @@ def shares_server_sessions(
         with (
             psycopg.connect(dsn, connect_timeout=connect_timeout, **kwargs) as first,
             psycopg.connect(dsn, connect_timeout=connect_timeout, **kwargs) as second,
-            _answered(dsn, first, answer_within, what),
-            _answered(dsn, second, answer_within, what),
+            answered_in_time(dsn, first, answer_within, what),
+            answered_in_time(dsn, second, answer_within, what),
         ):
             for _ in range(_PROBE_ROUNDS):
                 pids = [_backend_pid(first), _backend_pid(second)]
@@ -239,10 +239,15 @@ def shares_server_sessions(
 
 
 @contextlib.contextmanager
-def _answered(
+def answered_in_time(
     dsn: str, conn: psycopg.Connection[Any], within: timedelta, what: str
 ) -> Iterator[None]:
-    """The block's queries on ``conn`` within ``within``, else one line naming the server."""
+    """The block's queries on ``conn`` within ``within``, else one line naming the server.
+
+    For the checks a command makes before it starts: on a stalled network (a frozen host, a
+    half-dead load balancer) the server's statement timeout never comes back, and the command
+    would neither start nor exit.
+    """
     from pgonce.store._sync.health import answered_within, stalled
 
     try:
@@ -336,7 +341,7 @@ def check_reachable(
     try:
         with (
             psycopg.connect(dsn, connect_timeout=timeout, autocommit=True) as conn,
-            _answered(dsn, conn, answer_within, "checking the connection"),
+            answered_in_time(dsn, conn, answer_within, "checking the connection"),
         ):
             conn.execute("SELECT 1")
     except psycopg.Error as error:

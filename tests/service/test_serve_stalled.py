@@ -78,3 +78,28 @@ def test_a_server_that_never_answers_the_connection_ends_the_start_with_one_line
     ), line
     assert "no answer to the connection within 5s (connect_timeout)" in line
     assert seconds < 30
+
+
+def test_a_worker_whose_server_stops_answering_at_the_schema_check_ends_with_one_line(
+    direct_dsn: str, tmp_path: Path
+) -> None:
+    # `pgonce worker` and `pgonce relay` check the schema before they start: it waited for good.
+    import os
+
+    from tests.service.test_serve import CONFIG, SECRET, TOKEN
+
+    config = tmp_path / "pgonce.toml"
+    config.write_text(CONFIG)
+    env = {**os.environ, "TEST_SHOP_SECRET": SECRET, "TEST_ADMIN_TOKEN": TOKEN}
+    with freezing(direct_dsn, b"coalesce(max(version), 0)") as proxy:
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "pgonce", "worker", "--config", str(config),
+             "--dsn", proxy.dsn(direct_dsn)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=LIMIT, check=False,
+        )  # fmt: skip
+        assert proxy.frozen.is_set()
+    assert time.monotonic() - started < 30
+    line = error_line(result)
+    assert line.startswith(f"pgonce: error: PostgreSQL at 127.0.0.1:{proxy.port}/"), line
+    assert "sent no answer within 10s (reading the schema version)" in line

@@ -15,8 +15,10 @@ import psycopg
 
 from pgonce.config import Settings
 from pgonce.database import (
+    ANSWER_TIMEOUT,
     CONNECT_TIMEOUT,
     Database,
+    answered_in_time,
     embedded_notice,
     load_embedded,
     open_database,
@@ -174,6 +176,7 @@ def require_migrated(dsn: str, schema: str) -> None:
     with (
         translate_errors("connecting"),
         psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn,
+        answered_in_time(dsn, conn, ANSWER_TIMEOUT, "reading the schema version"),
     ):
         state = status(conn, schema)
     if state.current == 0:
