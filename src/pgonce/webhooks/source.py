@@ -128,6 +128,13 @@ class Source:
             raise ConfigError(
                 f"source {self.name!r}: handler must be callable, not {describe(self.handler)}"
             )
+        for option in ("ordering", "event_type", "event_id_fallback"):
+            extractor = getattr(self, option)
+            if extractor is not None and not callable(extractor):
+                raise ConfigError(
+                    f"source {self.name!r}: {option} must be callable, not {describe(extractor)}"
+                    " (a function of the delivery, not the name of a field)"
+                )
         if not isinstance(self.handlers, Mapping):
             raise ConfigError(
                 f"source {self.name!r}: handlers must map event types to handlers, not "
