@@ -222,13 +222,16 @@ class InboxReceiver:
         body = await _read_body(receive, headers, source.body_limit)
         if body is None:
             return  # the client went away; nobody is left to answer
-        delivery = self._verify(source, headers, body)
+        self._verify(source, headers, body)
         handshake: Callable[[bytes], bytes | None] | None = getattr(
             source.scheme, "handshake", None
         )  # Handshaking's, found by name: an isinstance() of a Protocol costs each delivery
         if handshake is not None and (reply := handshake(body)) is not None:
+            # Before the event's id and ordering are read: a handshake is no event, and the
+            # application's extractors, written for events, may well fail on it.
             await _send_json(send, 200, reply)
             return
+        delivery = self._delivery(source, headers, body)
         try:
             outcome = await self._submit(delivery)
         except PgonceError as error:
@@ -259,7 +262,7 @@ class InboxReceiver:
             return
         await _send_ok(send, answer(outcome), outcome)
 
-    def _verify(self, source: Source, headers: dict[str, str], body: bytes) -> Delivery:
+    def _verify(self, source: Source, headers: dict[str, str], body: bytes) -> None:
         try:
             source.scheme.verify(headers, body, now=self.clock())
         except WebhookError:
@@ -268,6 +271,9 @@ class InboxReceiver:
             # A scheme must raise only WebhookErrors; a bug in one fails closed, never a 500.
             log.exception("scheme %s of source %s failed", source.scheme.name, source.name)
             raise SignatureInvalid() from None
+
+    def _delivery(self, source: Source, headers: dict[str, str], body: bytes) -> Delivery:
+        """The verified delivery as the inbox stores it: its event id, headers and ordering."""
         payload = parse_json(body) if source.json_required else None
         try:
             event_id = source.scheme.event_id(headers, body)
