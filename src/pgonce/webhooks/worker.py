@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import socket
@@ -49,6 +50,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
+from pgonce.core.checks import describe
 from pgonce.core.inbox import (
     DeadLetter,
     InboxEvent,
@@ -114,6 +116,18 @@ RECONNECT_DELAY = timedelta(seconds=1)
 #: other events' handlers run again; failures come in bursts (a dependency is down), so after one
 #: the worker pays the savepoints for a while rather than re-running handlers again and again.
 CAREFUL_BATCHES = 10
+
+
+class HandlerNotAsync(UsageError):
+    """A source's handler returned something that cannot be awaited: a plain ``def``, not an
+    ``async def``. It has run to its end by then, so its event is dead-lettered at once rather
+    than retried: every retry would run it, and repeat its effects, again."""
+
+    def __init__(self, source: str, returned: object) -> None:
+        super().__init__(
+            f"the handler of source {source!r} returned {describe(returned)}, not an awaitable: "
+            "define it with async def (it ran once; its event is dead-lettered, not retried)"
+        )
 
 
 class _HandlerFailed(Exception):
@@ -409,7 +423,11 @@ class InboxWorker:
         claimed: bool = True,
     ) -> Retry | DeadLetter:
         at = now or self.clock()
-        decision = after_failure(source.retry, event.attempts, now=at, jitter=jitter)
+        decision: Retry | DeadLetter
+        if isinstance(error, HandlerNotAsync):
+            decision = DeadLetter()  # it ran to its end: a retry would only repeat its effects
+        else:
+            decision = after_failure(source.retry, event.attempts, now=at, jitter=jitter)
         await self.store.fail(
             conn, event, decision, describe_error(error), claimed=claimed, now=now
         )
@@ -437,7 +455,10 @@ class InboxWorker:
             return "done"  # an event type nobody handles: nothing to do, and nothing to retry
         try:
             async with asyncio.timeout(source.handler_timeout.total_seconds()):
-                await handler(event, conn)
+                running = handler(event, conn)
+                if not inspect.isawaitable(running):
+                    raise HandlerNotAsync(source.name, running)
+                await running
         except TimeoutError as error:
             raise HandlerTimeout(source.handler_timeout.total_seconds()) from error
         except asyncio.CancelledError as error:
