@@ -4,13 +4,17 @@ provider gives up on the endpoint and the events are never stored), or every eve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from pgonce.errors import ConfigError
+from pgonce.core.inbox import RetryPolicy
+from pgonce.errors import ConfigError, UsageError
+from pgonce.webhooks.receiver import InboxReceiver
 from pgonce.webhooks.source import Source
-from tests.inbox.conftest import hmac_scheme, record_effect
+from pgonce.webhooks.worker import InboxWorker
+from tests.inbox.conftest import hmac_scheme, record_effect, source
 
 
 @pytest.mark.parametrize("option", ["ordering", "event_type", "event_id_fallback"])
@@ -20,3 +24,34 @@ def test_an_extractor_that_is_not_callable_is_refused_at_construction(option: st
         arguments["handlers"] = {"a": record_effect}
     with pytest.raises(ConfigError, match=f"{option} must be callable, not a str"):
         Source(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: RetryPolicy(attempts="3"), "attempts must be a whole number, not a str"),
+        (lambda: RetryPolicy(attempts=2.5), "attempts must be a whole number, not a float"),
+        (lambda: RetryPolicy(base=5), "base must be a datetime.timedelta, not an int"),
+        (lambda: RetryPolicy(cap=60.0), "cap must be a datetime.timedelta, not a float"),
+        (lambda: worker(batch_size="50"), "batch_size must be a whole number"),
+        (lambda: worker(poll_interval=1), "poll_interval must be a datetime.timedelta"),
+        (lambda: worker(shutdown_timeout=30), "shutdown_timeout must be a datetime.timedelta"),
+        (lambda: receiver(max_batch="200"), "max_batch must be a whole number"),
+        (lambda: receiver(flushers=2.0), "flushers must be a whole number"),
+    ],
+)
+def test_settings_of_the_wrong_type_are_a_usage_error_at_the_call(
+    build: Callable[[], object], message: str
+) -> None:
+    """They were a TypeError of a comparison, or (a shutdown_timeout in seconds) an
+    AttributeError only when the worker was being stopped."""
+    with pytest.raises(UsageError, match=message):
+        build()
+
+
+def worker(**options: Any) -> InboxWorker:
+    return InboxWorker([source()], dsn="postgresql://", **options)
+
+
+def receiver(**options: Any) -> InboxReceiver:
+    return InboxReceiver([source()], dsn="postgresql://", **options)

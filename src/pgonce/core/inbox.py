@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pgonce.core.backoff import capped_exponential
-from pgonce.core.checks import storable_text
+from pgonce.core.checks import check_duration, describe, storable_text
 from pgonce.errors import BadPayload, UsageError
 
 #: Longest event id, in UTF-8 bytes (the table's CHECK constraint says the same). Providers' ids are
@@ -56,6 +56,14 @@ class RetryPolicy:
     cap: timedelta = timedelta(minutes=30)
 
     def __post_init__(self) -> None:
+        # Types first: a str or a number of seconds would otherwise fail as a TypeError here, or
+        # (a float) only at the first failure of a handler, far from the mistake.
+        if type(self.attempts) is not int:
+            raise UsageError(
+                f"a retry policy's attempts must be a whole number, not {describe(self.attempts)}"
+            )
+        check_duration(self.base, "a retry policy's base")
+        check_duration(self.cap, "a retry policy's cap")
         if self.attempts < 1:
             raise UsageError("a retry policy needs at least one attempt")
         if self.base <= timedelta(0) or self.cap < self.base:

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
+from pgonce.core.checks import check_int, check_str
 from pgonce.core.inbox import (
     Delivery,
     Ordering,
@@ -103,8 +104,10 @@ class InboxReceiver:
     ) -> None:
         if (pool is None) == (dsn is None):
             raise UsageError("give the receiver either a pool or a dsn")
-        if max_batch < 1 or flushers < 1:
-            raise UsageError("max_batch and flushers must be positive")
+        check_int(max_batch, "max_batch")
+        check_int(flushers, "flushers")
+        if dsn is not None:
+            check_str(dsn, "the dsn")
         self.sources = by_name(sources)
         self.store = AsyncInboxStore(schema=schema)
         self.prefix = prefix.rstrip("/")

@@ -50,7 +50,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
-from pgonce.core.checks import describe
+from pgonce.core.checks import check_duration, check_int, describe
 from pgonce.core.inbox import (
     DeadLetter,
     InboxEvent,
@@ -188,9 +188,10 @@ class InboxWorker:
         on_batch: Callable[[BatchResult, float], None] | None = None,
         on_failure: Callable[[str, str], None] | None = None,
     ) -> None:
-        if batch_size < 1 or concurrency < 1:
-            raise UsageError("batch_size and concurrency must be positive")
-        if poll_interval <= timedelta(0):
+        check_int(batch_size, "batch_size")
+        check_int(concurrency, "concurrency")
+        check_duration(shutdown_timeout, "shutdown_timeout")  # read only when stopping
+        if check_duration(poll_interval, "poll_interval") <= timedelta(0):
             raise UsageError("poll_interval must be positive")
         self.sources = {name: s for name, s in by_name(sources).items() if s.handles}
         if not self.sources:
