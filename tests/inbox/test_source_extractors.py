@@ -55,3 +55,15 @@ def worker(**options: Any) -> InboxWorker:
 
 def receiver(**options: Any) -> InboxReceiver:
     return InboxReceiver([source()], dsn="postgresql://", **options)
+
+
+@pytest.mark.parametrize("prefix", ["webhooks", "hooks/in"])
+def test_a_receiver_prefix_without_its_leading_slash_is_refused(prefix: str) -> None:
+    """Request paths start with "/": such a prefix matched none, and every delivery was 404."""
+    with pytest.raises(UsageError, match="the prefix must start with '/'"):
+        receiver(prefix=prefix)
+
+
+@pytest.mark.parametrize("prefix", ["", "/", "/webhooks", "/hooks/in/"])
+def test_receiver_prefixes_that_work_are_accepted(prefix: str) -> None:
+    receiver(prefix=prefix)

@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
-from pgonce.core.checks import check_int, check_str
+from pgonce.core.checks import check_int, check_str, describe
 from pgonce.core.inbox import (
     Delivery,
     Ordering,
@@ -108,6 +108,11 @@ class InboxReceiver:
         check_int(flushers, "flushers")
         if dsn is not None:
             check_str(dsn, "the dsn")
+        if not isinstance(prefix, str):
+            raise UsageError(f"the prefix must be a str, not {describe(prefix)}")
+        if prefix and not prefix.startswith("/"):
+            # A request's path starts with "/": without one, every delivery was answered 404.
+            raise UsageError(f"the prefix must start with '/', as {'/' + prefix!r} does")
         self.sources = by_name(sources)
         self.store = AsyncInboxStore(schema=schema)
         self.prefix = prefix.rstrip("/")
