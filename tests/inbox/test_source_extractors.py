@@ -12,6 +12,7 @@ import pytest
 from pgonce.core.inbox import RetryPolicy
 from pgonce.errors import ConfigError, UsageError
 from pgonce.webhooks.receiver import InboxReceiver
+from pgonce.webhooks.schemes import build_scheme
 from pgonce.webhooks.source import Source
 from pgonce.webhooks.worker import InboxWorker
 from tests.inbox.conftest import hmac_scheme, record_effect, source
@@ -67,3 +68,17 @@ def test_a_receiver_prefix_without_its_leading_slash_is_refused(prefix: str) -> 
 @pytest.mark.parametrize("prefix", ["", "/", "/webhooks", "/hooks/in/"])
 def test_receiver_prefixes_that_work_are_accepted(prefix: str) -> None:
     receiver(prefix=prefix)
+
+
+@pytest.mark.parametrize("value", ["false", 0, None])
+def test_json_required_that_is_not_a_bool_is_refused(value: object) -> None:
+    """ "false" from a configuration file was read as true (and 0 as false), silently."""
+    with pytest.raises(ConfigError, match="json_required must be True or False"):
+        Source(name="s", scheme=hmac_scheme(), json_required=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("options", ["header", 5, [("header", "x-signature")]])
+def test_scheme_options_that_are_not_a_mapping_are_a_config_error(options: object) -> None:
+    """They were a ValueError or a TypeError of dict(), or (pairs) accepted by accident."""
+    with pytest.raises(ConfigError, match="must be a mapping of option names to values"):
+        build_scheme("generic-hmac", ["s"], options=options)  # type: ignore[arg-type]

@@ -109,6 +109,12 @@ class Source:
                 f"source {self.name!r}: scheme must be a signature scheme, not "
                 f"{describe(self.scheme)}: build one with build_scheme(name, secrets)"
             )
+        if not isinstance(self.json_required, bool):
+            # "false" or 0 from a configuration would be read as true, or the reverse, silently.
+            raise ConfigError(
+                f"source {self.name!r}: json_required must be True or False, not "
+                f"{describe(self.json_required)}"
+            )
         if isinstance(self.body_limit, bool) or not isinstance(self.body_limit, int):
             raise ConfigError(
                 f"source {self.name!r}: body_limit must be a whole number of bytes, not "

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
+from pgonce.core.checks import describe
 from pgonce.errors import ConfigError
 from pgonce.webhooks.schemes import generic_hmac, github, shopify, slack, standard_webhooks, stripe
 from pgonce.webhooks.schemes.base import (
@@ -81,6 +82,11 @@ def build_scheme(
     timestamp header) accept it and do not use it. ``options`` are the scheme's own settings;
     only ``generic-hmac`` takes any (see :mod:`.generic_hmac`).
     """
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(
+            f"the options of the {name} scheme must be a mapping of option names to values, "
+            f"not {describe(options)}"
+        )
     factory = SCHEMES.get(name)
     if factory is None:
         raise ConfigError(
