@@ -28,6 +28,11 @@ DEFAULT_LEASE = timedelta(seconds=30)
 #: before the holder's first phase could renew it.
 MIN_LEASE = timedelta(seconds=1)
 
+#: The longest lease allowed: a holder silent for a day is dead, and a longer lease only keeps its
+#: retry waiting; far longer ones fail late (a claim whose expiry is past PostgreSQL's last
+#: timestamp, a heartbeat's wait past what a thread can sleep).
+MAX_LEASE = timedelta(days=1)
+
 #: Renewals per lease while a third party's call runs: the heartbeat renews every third of the
 #: lease, so that two renewals in a row can fail (a slow commit, the database away for a moment)
 #: before the lease runs out under a live holder.
@@ -45,12 +50,18 @@ PROVIDER_KEY_PREFIX = "pgonce-"
 
 
 def check_lease(lease: object, what: str = "a lease") -> timedelta:
-    """Refuse a lease that is not a :class:`~datetime.timedelta` of at least :data:`MIN_LEASE`."""
+    """Refuse a lease that is not a :class:`~datetime.timedelta` from :data:`MIN_LEASE` to
+    :data:`MAX_LEASE`."""
     value = check_duration(lease, what)
     if value < MIN_LEASE:
         raise UsageError(
             f"{what} must be at least {MIN_LEASE.total_seconds():.0f} s: it would expire before "
             "the holder's first phase could renew it"
+        )
+    if value > MAX_LEASE:
+        raise UsageError(
+            f"{what} must be at most {MAX_LEASE} (the heartbeat renews a lease while a call "
+            f"runs), not {value}: a retry would wait that long for a holder that died"
         )
     return value
 

@@ -90,6 +90,12 @@ _BUSY = (
     "state; run them one after the other"
 )
 
+#: Why a call's record (or a renewal while it runs) is refused on a connection its work used.
+_USED = (
+    "a call's work must not use the operation's connection: it left a transaction open on it, "
+    "in which the call's record would not commit; nothing was recorded"
+)
+
 Row = TypeVar("Row")
 #: What a phase returns: recorded as JSON, and read back from it when a retry skips the phase.
 Value = TypeVar("Value")
@@ -458,6 +464,8 @@ class AsyncPhasedOperation(Generic[Row]):
         #: True once a write or a heartbeat of this holder was refused: the key was taken over,
         #: and every later write raises :class:`~pgonce.errors.LeaseLost` without being tried.
         self.lost = False
+        #: True once this holder released the key (:meth:`release`): it holds nothing more.
+        self.released = False
         self._busy = False
 
     def _hold(
@@ -568,6 +576,8 @@ class AsyncPhasedOperation(Generic[Row]):
                 raise self._lost()
             if heartbeat.error is not None:
                 raise heartbeat.error
+            if _in_transaction(self._conn):
+                raise UsageError(_USED)
             async with self._transaction("recording a call"):
                 state = await self._record(name, value, now)
         self._passed(name, state)
@@ -593,12 +603,16 @@ class AsyncPhasedOperation(Generic[Row]):
 
     async def renew(self, *, now: datetime | None = None) -> None:
         """The heartbeat: the lease runs for the store's ``lease`` from ``now`` on."""
-        self._check_holding(None, now)
+        self._check_holding(None, now, idle=True)
         with self._exclusive():
             await self._renew(now)
 
     async def _renew(self, now: datetime | None) -> None:
         self._check_holding(None, now)
+        if _in_transaction(self._conn):
+            # Only a call's work can have opened it (renew() checks first): the renewal would
+            # be a savepoint of that transaction, gone with its rollback.
+            raise UsageError(_USED)
         with translate_errors("renewing a lease"):
             async with self._conn.transaction():
                 cur = await cursor(self._conn).execute(self._store._sql.renew, self._keyed(now))
@@ -671,7 +685,7 @@ class AsyncPhasedOperation(Generic[Row]):
         """End the lease now and note ``error``: the next retry, or the completer, takes over at
         once and resumes from the recovery point. Refused (:class:`LeaseLost`) when already
         taken over."""
-        self._check_holding(None, now)
+        self._check_holding(None, now, idle=True)
         check_str(error, "the error")
         with self._exclusive():
             await self._fail(error, now)
@@ -705,7 +719,7 @@ class AsyncPhasedOperation(Generic[Row]):
                 if cur.rowcount != 1:
                     raise self._lost()
         # Nothing of this holder remains: no later write of it is tried.
-        self.lost = True
+        self.released = True
 
     async def run(self, work: Work, *, now: datetime | None = None) -> Response:
         """Run ``work(self)`` and store the answer it returns; the answer.
@@ -723,7 +737,15 @@ class AsyncPhasedOperation(Generic[Row]):
         except LeaseLost:
             raise
         except Exception as error:
-            # Only after a failed phase or call: the connection is idle again (the phase's
+            if _in_transaction(self._conn):
+                # The work used the connection outside its phases and left a transaction of
+                # its own open: an end of lease there would commit with it or not at all.
+                error.add_note(
+                    "pgonce did not end the lease: the work left the connection inside a "
+                    "transaction; the lease runs out by itself"
+                )
+                raise
+            # After a failed phase or call: the connection is idle again (the phase's
             # transaction was rolled back), and this short transaction records the failure.
             await self.fail(failure_note(error), now=now)
             raise
@@ -742,11 +764,18 @@ class AsyncPhasedOperation(Generic[Row]):
                 "this two-phase request is already finished (its answer is stored): no write "
                 "of its holder is accepted after it"
             )
+        if self.released:
+            raise UsageError(
+                "this two-phase key was released (release()): its holder holds nothing more, "
+                "and the next request with the key is a new claim"
+            )
         if self.lost:
             raise LeaseLost(self.scope, self.key, self.token)
         if idle and self._busy:
             raise UsageError(_BUSY)
-        if idle and self._conn.info.transaction_status != TransactionStatus.IDLE:
+        # A connection lost meanwhile is not in a transaction: the write itself then raises
+        # DatabaseUnavailable, as the first write after the loss did.
+        if idle and _in_transaction(self._conn):
             raise UsageError(
                 "each phase of a two-phase key commits in a transaction of its own: the "
                 "connection must be idle, outside a transaction"
@@ -795,6 +824,15 @@ class AsyncPhasedOperation(Generic[Row]):
             "now": now,
             "lease": store.lease,
         }
+
+
+def _in_transaction(conn: AsyncConnection[Any]) -> bool:
+    """Whether ``conn`` is inside a transaction that pgonce did not open (or in a statement)."""
+    return conn.info.transaction_status in (
+        TransactionStatus.INTRANS,
+        TransactionStatus.INERROR,
+        TransactionStatus.ACTIVE,
+    )
 
 
 def _taken(

@@ -1,0 +1,211 @@
+"""Two-phase holders at the edges of their contract: a connection the caller left inside a
+transaction, a lease too long for the clock, and a key the holder released itself.
+
+Each case first failed on real PostgreSQL: a renewal or an end of lease nested as a savepoint in
+the caller's transaction (and lost with its rollback, while the holder believed it kept the key),
+a call recorded in a transaction pgonce was not handed (passed in memory, never committed), a
+lease that failed at the claim or killed the heartbeat's thread in silence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgonce import DatabaseUnavailable, Response, UsageError
+from pgonce import fingerprint as make_fingerprint
+from pgonce.phases import AsyncPhaseStore, PhaseStore
+
+FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
+T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def admin(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def holder(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection as most applications open one: not in autocommit, so that any statement of
+    the caller's opens a transaction that stays open until the caller ends it."""
+    with psycopg.connect(dsn) as c:
+        yield c
+
+
+def lease_row(admin: psycopg.Connection[Any], key: str) -> tuple[Any, ...]:
+    row = admin.execute(
+        "SELECT token, locked_until, last_error, state FROM pgonce.key_leases WHERE key = %s",
+        (key,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+# A connection inside the caller's transaction
+
+
+def test_a_renewal_inside_the_callers_transaction_is_refused(
+    holder: psycopg.Connection[Any], admin: psycopg.Connection[Any]
+) -> None:
+    store = PhaseStore(lease=LEASE)
+    op = store.start(holder, "t", "renew-in-tx", FP, now=at(0))
+    assert op.won
+    holder.execute("SELECT 1")  # the caller's own transaction, still open
+    with pytest.raises(UsageError, match="idle"):
+        op.renew(now=at(20))
+    holder.rollback()
+    # Nothing was renewed, and the holder was told so: at 35 s the lease taken at 0 has run out.
+    assert lease_row(admin, "renew-in-tx")[1] == at(30)
+    other = store.start(admin, "t", "renew-in-tx", FP, now=at(35))
+    assert other.won
+    assert other.resumed
+
+
+def test_ending_a_lease_inside_the_callers_transaction_is_refused(
+    holder: psycopg.Connection[Any], admin: psycopg.Connection[Any]
+) -> None:
+    store = PhaseStore(lease=LEASE)
+    op = store.start(holder, "t", "fail-in-tx", FP, now=at(0))
+    holder.execute("SELECT 1")
+    with pytest.raises(UsageError, match="idle"):
+        op.fail("the provider is down", now=at(5))
+    holder.rollback()
+    assert lease_row(admin, "fail-in-tx")[1:3] == (at(30), None)
+    op.fail("the provider is down", now=at(5))  # idle again: the lease ends, committed
+    assert lease_row(admin, "fail-in-tx")[1:3] == (at(5), "the provider is down")
+
+
+def test_a_call_whose_work_opened_a_transaction_on_the_connection_is_not_recorded(
+    holder: psycopg.Connection[Any], admin: psycopg.Connection[Any]
+) -> None:
+    store = PhaseStore(lease=LEASE)
+    op = store.start(holder, "t", "call-in-tx", FP, now=at(0))
+
+    def charge(idempotency_key: str) -> dict[str, str]:
+        holder.execute("SELECT 1")  # against the contract: the work uses the connection
+        return {"charge": "ch_1"}
+
+    with pytest.raises(UsageError, match="must not use"):
+        op.call("charge", charge, now=at(1))
+    assert not op.reached("charge")
+    holder.rollback()
+    assert lease_row(admin, "call-in-tx")[3] == {}
+    assert op.call("charge", lambda _: {"charge": "ch_1"}, now=at(2)) == {"charge": "ch_1"}
+    assert lease_row(admin, "call-in-tx")[3] == {"charge": {"charge": "ch_1"}}
+
+
+async def test_an_async_call_whose_work_opened_a_transaction_is_not_recorded(
+    dsn: str, admin: psycopg.Connection[Any]
+) -> None:
+    store = AsyncPhaseStore(lease=LEASE)
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        op = await store.start(conn, "t", "acall-in-tx", FP, now=at(0))
+
+        async def charge(idempotency_key: str) -> dict[str, str]:
+            await conn.execute("SELECT 1")
+            return {"charge": "ch_1"}
+
+        with pytest.raises(UsageError, match="must not use"):
+            await op.call("charge", charge, now=at(1))
+        assert not op.reached("charge")
+        await conn.rollback()
+    assert lease_row(admin, "acall-in-tx")[3] == {}
+
+
+def test_work_that_fails_inside_its_own_transaction_keeps_its_error_and_says_so(
+    holder: psycopg.Connection[Any], admin: psycopg.Connection[Any]
+) -> None:
+    # Before: the end of the lease was a savepoint of the work's transaction, lost with its
+    # rollback, while nothing said the lease was still running.
+    op = PhaseStore(lease=LEASE).start(holder, "t", "run-in-tx", FP, now=at(0))
+
+    def work(op: Any) -> Response:
+        holder.execute("SELECT 1")
+        raise RuntimeError("the ledger is down")
+
+    with pytest.raises(RuntimeError, match="the ledger is down") as raised:
+        op.run(work, now=at(1))
+    assert any("did not end the lease" in note for note in raised.value.__notes__)
+    holder.rollback()
+    assert lease_row(admin, "run-in-tx")[1:3] == (at(30), None)
+
+
+# Leases the clock cannot hold
+
+
+@pytest.mark.parametrize(
+    "lease", [timedelta(days=999_999_999), timedelta(days=365 * 1000), timedelta(days=2)]
+)
+def test_a_lease_longer_than_a_day_is_refused_by_the_store(lease: timedelta) -> None:
+    # Before: the first two failed late (the claim's timestamp out of range; the heartbeat's
+    # thread dying of an OverflowError that no log of pgonce's showed).
+    with pytest.raises(UsageError, match="at most"):
+        PhaseStore(lease=lease)
+    with pytest.raises(UsageError, match="at most"):
+        AsyncPhaseStore(lease=lease)
+
+
+def test_a_lease_of_a_day_still_claims_and_beats(admin: psycopg.Connection[Any]) -> None:
+    store = PhaseStore(lease=timedelta(days=1))
+    op = store.start(admin, "t", "a-day", FP, now=at(0))
+    assert op.call("charge", lambda _: 1, now=at(1)) == 1
+    assert lease_row(admin, "a-day")[1] == at(1) + timedelta(days=1)
+
+
+# A key the holder released itself
+
+
+def test_writes_after_release_are_usage_errors_not_a_lost_lease(
+    admin: psycopg.Connection[Any],
+) -> None:
+    op = PhaseStore(lease=LEASE).start(admin, "t", "released", FP, now=at(0))
+    op.release(now=at(1))
+    # Nobody took the key over: LeaseLost would send a caller looking for a new holder.
+    for write in (
+        lambda: op.phase("create", lambda _: 1, now=at(2)),
+        lambda: op.finish(Response(201, body=b"late"), now=at(2)),
+        lambda: op.fail("late", now=at(2)),
+        lambda: op.renew(now=at(2)),
+        lambda: op.release(now=at(2)),
+    ):
+        with pytest.raises(UsageError, match="released"):
+            write()
+
+
+# A connection lost between phases
+
+
+def test_every_write_after_a_lost_connection_is_database_unavailable(
+    dsn: str, admin: psycopg.Connection[Any]
+) -> None:
+    # Before: the first write raised DatabaseUnavailable, every later phase, call, finish or
+    # release a UsageError saying the connection was inside a transaction, which it was not.
+    conn = psycopg.connect(dsn, autocommit=True)
+    op = PhaseStore(lease=LEASE).start(conn, "t", "lost", FP, now=at(0))
+    admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    writes = [
+        lambda: op.phase("create", lambda _: 1, now=at(1)),
+        lambda: op.phase("create", lambda _: 1, now=at(1)),
+        lambda: op.call("charge", lambda _: 1, now=at(1)),
+        lambda: op.renew(now=at(1)),
+        lambda: op.fail("down", now=at(1)),
+        lambda: op.finish(Response(201, body=b"paid"), now=at(1)),
+        lambda: op.release(now=at(1)),
+    ]
+    for write in writes:
+        with pytest.raises(DatabaseUnavailable):
+            write()
+    assert op.state == {}
+    assert not op.stored
+    assert lease_row(admin, "lost")[1] == at(30)
