@@ -1,4 +1,4 @@
-"""Inbox workers used as a library behind PgBouncer 1.18 in transaction mode, with their defaults.
+"""Inbox workers run as a library behind PgBouncer 1.18 in transaction mode, with their defaults.
 
 The service finds the pooler by itself and opens every connection with ``prepare_threshold=None``
 (tests/topology/test_pgbouncer.py). An application that runs :class:`InboxWorker` itself, with a
