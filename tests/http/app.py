@@ -99,6 +99,11 @@ def create_app() -> FastAPI:
 
         return StreamingResponse(parts(), status_code=201, media_type="text/plain")
 
+    @app.post("/empty")
+    async def empty(tx: Tx = transaction) -> Response:
+        await insert_payment(tx)
+        return Response(status_code=204, headers={"x-custom": "kept"})
+
     @app.post("/no-db")
     async def no_db(tx: Tx = transaction) -> Response:
         tx.begin()

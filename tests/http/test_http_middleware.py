@@ -72,6 +72,22 @@ def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
 # --- the happy path and replays -------------------------------------------------------------
 
 
+def test_a_204_is_replayed_as_it_was_sent_without_a_content_length(
+    server: Server, db: psycopg.Connection[Any]
+) -> None:
+    # RFC 9110 8.6: a server must not send Content-Length in a 204; the original had none.
+    key = new_key()
+    first = post(server, "/empty", key)
+    second = post(server, "/empty", key)
+    assert first.status_code == second.status_code == 204
+    assert "content-length" not in first.headers
+    assert "content-length" not in second.headers
+    assert second.headers["idempotent-replayed"] == "true"
+    assert second.headers["x-custom"] == "kept"
+    assert second.content == first.content == b""
+    assert payments(db) == 1
+
+
 def test_key_expiry_is_advertised_on_first_answer_and_replays(
     server: Server, db: psycopg.Connection[Any]
 ) -> None:

@@ -8,7 +8,8 @@ own headers (``Location``, ``Content-Type``, custom ones) in their original orde
   cookie is left out.
 - hop-by-hop headers (RFC 9110 section 7.6.1: ``Connection``, ``Keep-Alive``, ``Transfer-Encoding``,
   ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``): they describe one connection, not the response.
-- ``Content-Length`` and ``Date``: recomputed for every answer, so they are never stale.
+- ``Content-Length`` and ``Date``: recomputed for every answer, so they are never stale (and
+  never sent with a 1xx, 204 or 304, as the original was not).
 - the headers this middleware adds itself, so that they are never doubled.
 
 Every replay carries ``Idempotent-Replayed: true``.
@@ -46,6 +47,11 @@ _NOT_STORED = frozenset(
     }
 )
 
+#: Statuses whose answer never carries Content-Length (RFC 9110 section 8.6: never on a 1xx or
+#: 204; on a 304 it would describe the representation, which is not stored): as sent the first
+#: time.
+_NO_CONTENT_LENGTH = frozenset({204, 304})
+
 RawHeaders = list[tuple[bytes, bytes]]
 
 
@@ -79,7 +85,9 @@ def replay_headers(response: Response, extra: Iterable[Header] = ()) -> RawHeade
     """ASGI headers for sending ``response`` again from the key store."""
     # Filtered again: rows stored by other code (or an older pgonce) must not leak a cookie either.
     raw = encode_headers(h for h in response.headers if h[0].lower() not in _NOT_STORED)
-    raw.append((b"content-length", str(len(response.body)).encode()))
+    status = response.status
+    if status is None or (status >= 200 and status not in _NO_CONTENT_LENGTH):
+        raw.append((b"content-length", str(len(response.body)).encode()))
     raw.append((REPLAYED_HEADER.encode(), b"true"))
     raw.extend(encode_headers(extra))
     return raw
