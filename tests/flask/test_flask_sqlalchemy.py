@@ -10,6 +10,7 @@ import pytest
 from flask import Flask
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
 
 from pgonce import UsageError
 from pgonce.contrib.flask import EngineConnections, Idempotency, session
@@ -125,3 +126,36 @@ def test_only_a_psycopg_engine_and_its_connections_serve_a_session(tmp_path: Any
     app = Flask(__name__)
     with app.test_request_context(), pytest.raises(UsageError):
         session()
+
+
+def test_a_failed_flush_caught_by_the_view_is_answered_and_not_stored(
+    engine: Engine, dsn: str
+) -> None:
+    # SQLAlchemy rolls the request's transaction back when a flush fails (the claim with it);
+    # the view answers 409 for the duplicate. That answer goes out, nothing is stored, and the
+    # retry runs again: never a 500 for a transaction SQLAlchemy ended itself.
+    app = app_on(engine)
+
+    @app.post("/duplicate")
+    def duplicate() -> tuple[str, int]:
+        first = Payment(amount=5)
+        session().add(first)
+        session().flush()
+        session().expunge(first)
+        session().add(Payment(id=first.id, amount=6))
+        try:
+            session().flush()
+        except IntegrityError:
+            return "duplicate", 409
+        return "", 201
+
+    client = app.test_client()
+    for _ in range(2):
+        answer = client.post("/duplicate", headers={"Idempotency-Key": "k-dup"})
+        assert answer.status_code == 409
+        assert answer.data == b"duplicate"
+        assert "Idempotency-Key-Expires" not in answer.headers
+        assert "Idempotent-Replayed" not in answer.headers
+    assert rows(dsn) == []
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pgonce.keys").fetchone() == (0,)

@@ -9,12 +9,14 @@ from typing import Annotated, Any
 import psycopg
 import pytest
 from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from psycopg_pool import AsyncConnectionPool
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from examples.payments.app import key_scope
-from examples.sqlalchemy_payments.app import IdempotentSession, create_app
+from examples.sqlalchemy_payments.app import IdempotentSession, Payment, create_app
 from pgonce.contrib.sqlalchemy import (
     EngineConnections,
     NotPsycopgSession,
@@ -60,6 +62,34 @@ def test_a_session_rollback_in_the_endpoint_is_refused_and_nothing_commits(dsn: 
 
     with TestClient(app) as client, pytest.raises(SessionRollbackRefused, match="begin_nested"):
         client.post("/rollback", json={}, headers=HEADERS)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        assert (payments(db), keys(db)) == (0, 0)
+
+
+def test_a_failed_flush_caught_by_the_endpoint_is_answered_and_not_stored(dsn: str) -> None:
+    # SQLAlchemy rolls the request's transaction back when a flush fails (the claim with it);
+    # the endpoint answers 409 for the duplicate. That answer goes out, nothing is stored, and
+    # the retry runs again: never a 500 for a transaction SQLAlchemy ended itself.
+    app = create_app(dsn)
+
+    @app.post("/duplicate")
+    async def duplicate(session: IdempotentSession) -> Any:
+        first = await insert_payment(session)
+        session.expunge_all()
+        session.add(Payment(id=first, principal="test", amount=1, currency="EUR"))
+        try:
+            await session.flush()
+        except IntegrityError:
+            return JSONResponse({"error": "duplicate"}, status_code=409)
+        return {}
+
+    with TestClient(app) as client:
+        for _ in range(2):
+            answer = client.post("/duplicate", json={}, headers=HEADERS)
+            assert answer.status_code == 409
+            assert answer.json() == {"error": "duplicate"}
+            assert "idempotency-key-expires" not in answer.headers
+            assert "idempotent-replayed" not in answer.headers
     with psycopg.connect(dsn, autocommit=True) as db:
         assert (payments(db), keys(db)) == (0, 0)
 

@@ -209,6 +209,10 @@ def session() -> Session:
     return opened
 
 
+_INTRANS = psycopg.pq.TransactionStatus.INTRANS
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
 def _close_session(error: BaseException | None) -> None:
     setattr(g, _CLOSED, True)
     opened = g.pop(_SESSION, None)
@@ -220,13 +224,15 @@ def _close_session(error: BaseException | None) -> None:
         # commits; closing the session would drop it while the answer is stored. Not in a
         # request that failed, whose transaction rolls back whatever is flushed.
         tx = request.environ.get(ENVIRON_KEY)
-        if (
-            error is None
-            and isinstance(tx, IdempotentTransaction)
-            and not tx.failed
-            and tx.connection.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-        ):
-            opened.flush()
+        if error is None and isinstance(tx, IdempotentTransaction) and not tx.failed:
+            status = tx.connection.info.transaction_status
+            if status == _INTRANS:
+                opened.flush()
+            elif status == _IDLE:
+                # A flush failed and SQLAlchemy rolled the request's transaction back (the
+                # claim with it), and the view caught the error and answered (a 409 for a
+                # duplicate): that answer goes out, not stored, and the retry runs again.
+                tx.fail()
     finally:
         opened.close()
 

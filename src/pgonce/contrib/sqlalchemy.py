@@ -702,6 +702,9 @@ class _RequestSession(Session):
 
 event.listen(_RequestSession, "before_commit", _refuse_commit)
 
+# A module constant: an enum class's attribute lookup at each request otherwise.
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
 
 async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
     """FastAPI dependency: an ``AsyncSession`` on the idempotent request's transaction.
@@ -744,6 +747,11 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
         tx.fail()
         await session.close()
         raise
+    if tx.connection.pgconn.transaction_status == _IDLE:
+        # A flush failed and SQLAlchemy rolled the request's transaction back (the claim with
+        # it), and the endpoint caught the error and answered (a 409 for a duplicate): that
+        # answer goes out, not stored, and the retry runs again.
+        tx.fail()
     # The last flush and the close in one call in SQLAlchemy's greenlet (each would start one).
     await session.run_sync(_flush_and_close)
 
