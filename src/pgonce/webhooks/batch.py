@@ -22,6 +22,7 @@ not here: a sync handler cannot be interrupted, and the caller's loop decides wh
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -52,6 +53,11 @@ DEFAULT_LIMIT = 50
 
 T = TypeVar("T")
 
+_NOT_SYNC = (
+    "the handler of a batch runs in the ORM's transaction and must be a plain def: an async def "
+    "handler returns a coroutine that nobody awaits (run async handlers with InboxWorker)"
+)
+
 # One throttle for every batch of the process (batches may run in threads side by side): a loop
 # of batches that fail alike logs as one worker does.
 _throttle = Throttle()
@@ -68,7 +74,7 @@ def with_payload(event: InboxEvent) -> InboxEvent:
 def run_batch(
     conn: Connection[Any],
     source: str,
-    handle: Callable[[InboxEvent, T], None],
+    handle: Callable[[InboxEvent, T], object],
     savepoint: Callable[[], AbstractContextManager[T]],
     *,
     store: InboxStore,
@@ -92,6 +98,10 @@ def run_batch(
         raise UsageError(f"out_of_order is 'process' or 'drop', not {out_of_order!r}")
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise UsageError(f"retry must be a RetryPolicy, not {type(retry).__qualname__}")
+    if inspect.iscoroutinefunction(handle) or inspect.iscoroutinefunction(
+        getattr(handle, "__call__", None)  # noqa: B004 (an object whose __call__ is async def)
+    ):
+        raise UsageError(_NOT_SYNC)
     policy = retry or RetryPolicy()
     events = store.claim(conn, source, limit=limit, now=now)
     for event in events:
@@ -102,7 +112,12 @@ def run_batch(
                 ):
                     store.skip(conn, event)
                     continue
-                handle(with_payload(event), opened)
+                returned = handle(with_payload(event), opened)
+                if inspect.isawaitable(returned):
+                    # Never awaited, it did nothing: the event must not be marked done.
+                    if inspect.iscoroutine(returned):
+                        returned.close()  # no "never awaited" warning: this error says it
+                    raise UsageError(_NOT_SYNC)
         except Exception as error:
             # The savepoint was rolled back: the handler's writes and the watermark's move with
             # it. A cancellation (KeyboardInterrupt, SystemExit) is no Exception: it reaches the
