@@ -120,7 +120,13 @@ def next_step(event: InboxEvent, decision: Retry | DeadLetter) -> str:
 def describe_error(error: BaseException) -> str:
     """``"<type>: <message>"`` of a handler's exception, truncated to :data:`MAX_ERROR_CHARS`, as
     the inbox's text column can store it."""
-    text = storable_text(str(error).strip())
+    try:
+        message = str(error)
+    except Exception:
+        # Its __str__ raised (as some exceptions do once unpickled): describing the failure must
+        # not fail in turn, out of the worker's batch and its loop.
+        message = "<its str() raised>"
+    text = storable_text(message.strip())
     described = f"{type(error).__qualname__}: {text}" if text else type(error).__qualname__
     if len(described) > MAX_ERROR_CHARS:
         described = described[: MAX_ERROR_CHARS - 1] + "…"
