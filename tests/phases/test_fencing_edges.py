@@ -209,3 +209,48 @@ def test_every_write_after_a_lost_connection_is_database_unavailable(
     assert op.state == {}
     assert not op.stored
     assert lease_row(admin, "lost")[1] == at(30)
+
+
+# Names and values of phases
+
+
+def test_a_phase_name_run_twice_by_one_holder_is_refused(admin: psycopg.Connection[Any]) -> None:
+    # Before: a loop that named every step "charge" ran the first and returned its value for
+    # the others, which never ran, without a word.
+    op = PhaseStore(lease=LEASE).start(admin, "t", "reused", FP, now=at(0))
+    charged: list[int] = []
+
+    def charge(amount: int) -> Any:
+        def work(idempotency_key: str) -> int:
+            charged.append(amount)
+            return amount
+
+        return work
+
+    assert op.call("charge", charge(10), now=at(1)) == 10
+    with pytest.raises(UsageError, match="already ran"):
+        op.call("charge", charge(20), now=at(2))
+    with pytest.raises(UsageError, match="already ran"):
+        op.phase("charge", lambda _: 30, now=at(2))
+    assert charged == [10]
+    assert op.call("charge-2", charge(20), now=at(3)) == 20
+
+
+def test_a_resumed_holder_skips_each_passed_phase_once(admin: psycopg.Connection[Any]) -> None:
+    store = PhaseStore(lease=LEASE)
+    first = store.start(admin, "t", "resumed-once", FP, now=at(0))
+    first.phase("create", lambda _: {"id": 1}, now=at(1))
+    second = store.start(admin, "t", "resumed-once", FP, now=at(60))
+    assert second.resumed
+    assert second.phase("create", lambda _: {"id": 2}, now=at(61)) == {"id": 1}
+    with pytest.raises(UsageError, match="already ran"):
+        second.phase("create", lambda _: {"id": 3}, now=at(62))
+
+
+def test_a_negative_zero_is_refused_as_a_recorded_value() -> None:
+    # jsonb keeps numbers as numeric, which has no negative zero: -0.0 came back as 0.0.
+    from pgonce.core.leases import check_state
+
+    with pytest.raises(UsageError, match="negative zero"):
+        check_state({"delta": -0.0}, "refund")
+    check_state({"delta": 0.0}, "refund")

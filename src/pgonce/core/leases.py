@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -147,6 +148,9 @@ def _unstorable(value: object, path: str, depth: int) -> str | None:
         return f"{where} is nested more than {MAX_STATE_DEPTH} levels deep"
     if isinstance(value, str):
         return _unstorable_text(value, where)
+    if isinstance(value, float) and value == 0 and math.copysign(1.0, value) < 0:
+        # numeric has no negative zero: a resume would read 0.0.
+        return f"{where} is a negative zero, which jsonb gives back as 0.0; record 0.0"
     if isinstance(value, float) and "e+" in repr(value):
         # jsonb keeps a number as numeric, which prints 1e+16 as 10000000000000000: a resume
         # would read an int where the phase returned a float.

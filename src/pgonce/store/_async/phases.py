@@ -467,6 +467,8 @@ class AsyncPhasedOperation(Generic[Row]):
         #: True once this holder released the key (:meth:`release`): it holds nothing more.
         self.released = False
         self._busy = False
+        #: The phases and calls this holder ran or read back: each once.
+        self._visited: set[str] = set()
 
     def _hold(
         self,
@@ -522,7 +524,9 @@ class AsyncPhasedOperation(Generic[Row]):
         once its COMMIT succeeded: a phase whose commit failed runs again when retried.
         """
         self._check_holding(name, now, idle=True)
+        self._visit(name)
         if name in self.state:
+            self._visited.add(name)
             return self.state[name]  # type: ignore[no-any-return]
         conn = self._conn
         with self._exclusive():
@@ -557,11 +561,13 @@ class AsyncPhasedOperation(Generic[Row]):
         :class:`~pgonce.errors.LeaseLost` without recording it.
         """
         self._check_holding(name, now, idle=True)
+        self._visit(name)
         if clock is not None:
             if not callable(clock):
                 raise UsageError("clock must be a function that returns a datetime, or None")
             check_optional_time(clock(), "the clock's time")
         if name in self.state:
+            self._visited.add(name)
             return self.state[name]  # type: ignore[no-any-return]
 
         async def beat() -> None:
@@ -597,9 +603,20 @@ class AsyncPhasedOperation(Generic[Row]):
             raise self._lost()
         return state
 
+    def _visit(self, name: str) -> None:
+        """Refuse a phase name this holder already ran or read back: the second would return
+        the first one's value without running its work."""
+        if name in self._visited:
+            raise UsageError(
+                f"phase {name!r} already ran for this holder: another phase or call of that name "
+                "would return the first one's value without running; give each step a name of "
+                "its own (f'charge-{i}'), and read a passed phase's value from op.state"
+            )
+
     def _passed(self, name: str, state: dict[str, Any]) -> None:
         self.state = state
         self.point = name
+        self._visited.add(name)
 
     async def renew(self, *, now: datetime | None = None) -> None:
         """The heartbeat: the lease runs for the store's ``lease`` from ``now`` on."""

@@ -464,6 +464,8 @@ class PhasedOperation(Generic[Row]):
         #: True once this holder released the key (:meth:`release`): it holds nothing more.
         self.released = False
         self._busy = False
+        #: The phases and calls this holder ran or read back: each once.
+        self._visited: set[str] = set()
 
     def _hold(
         self,
@@ -519,7 +521,9 @@ class PhasedOperation(Generic[Row]):
         once its COMMIT succeeded: a phase whose commit failed runs again when retried.
         """
         self._check_holding(name, now, idle=True)
+        self._visit(name)
         if name in self.state:
+            self._visited.add(name)
             return self.state[name]  # type: ignore[no-any-return]
         conn = self._conn
         with self._exclusive(), self._transaction("a phase"):
@@ -553,11 +557,13 @@ class PhasedOperation(Generic[Row]):
         :class:`~pgonce.errors.LeaseLost` without recording it.
         """
         self._check_holding(name, now, idle=True)
+        self._visit(name)
         if clock is not None:
             if not callable(clock):
                 raise UsageError("clock must be a function that returns a datetime, or None")
             check_optional_time(clock(), "the clock's time")
         if name in self.state:
+            self._visited.add(name)
             return self.state[name]  # type: ignore[no-any-return]
 
         def beat() -> None:
@@ -591,9 +597,20 @@ class PhasedOperation(Generic[Row]):
             raise self._lost()
         return state
 
+    def _visit(self, name: str) -> None:
+        """Refuse a phase name this holder already ran or read back: the second would return
+        the first one's value without running its work."""
+        if name in self._visited:
+            raise UsageError(
+                f"phase {name!r} already ran for this holder: another phase or call of that name "
+                "would return the first one's value without running; give each step a name of "
+                "its own (f'charge-{i}'), and read a passed phase's value from op.state"
+            )
+
     def _passed(self, name: str, state: dict[str, Any]) -> None:
         self.state = state
         self.point = name
+        self._visited.add(name)
 
     def renew(self, *, now: datetime | None = None) -> None:
         """The heartbeat: the lease runs for the store's ``lease`` from ``now`` on."""
