@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import uuid
 from collections.abc import Iterator
@@ -248,6 +249,55 @@ def test_a_drf_exception_is_the_answer_the_view_returned(
     assert second.content == first.content
     assert Payment.objects.count() == (0 if atomic_requests else 1)
     assert stored_keys(key) == 1
+
+
+def test_a_view_that_swallows_its_failed_statement_is_answered_rolled_back_and_not_stored(
+    atomic_requests: bool,
+) -> None:
+    # The view catches the error of its own statement and answers 409: the transaction is
+    # aborted, so nothing of it can commit; its answer goes out and the key stays free. Under
+    # ATOMIC_REQUESTS Django's own block refuses to end the aborted savepoint (500).
+    client = Client(raise_request_exception=False)
+    key = new_key()
+    first = post(client, "/swallow-db-error", key)
+    second = post(client, "/swallow-db-error", key)
+    assert first.status_code == second.status_code == (500 if atomic_requests else 409)
+    assert "Idempotency-Key-Expires" not in first.headers
+    assert "Idempotent-Replayed" not in second.headers  # ran again: the key was free
+    assert Payment.objects.count() == 0
+    assert stored_keys(key) == 0
+
+
+def test_a_view_that_ends_the_transaction_and_writes_anew_is_said_not_stored(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Too late to refuse (its write committed): the answer goes out without the expiry of a
+    # stored key, and the log says why a retry runs it again.
+    key = new_key()
+    with caplog.at_level(logging.ERROR, logger="pgonce.http"):
+        first = post(client, "/rollback-and-write-anew", key)
+    assert first.status_code == 201
+    assert "Idempotency-Key-Expires" not in first.headers
+    assert any("not stored" in record.getMessage() for record in caplog.records)
+    assert stored_keys(key) == 0
+    assert Payment.objects.count() == 1
+
+
+@pytest.mark.parametrize("path", ["/stream?chunks=5&size=1000", "/payments"])
+def test_an_answer_over_max_response_bytes_is_500_and_rolled_back(
+    settings: Any, atomic_requests: bool, path: str
+) -> None:
+    settings.PGONCE = {**settings.PGONCE, "MAX_RESPONSE_BYTES": 40}
+    client = Client()  # its handler builds the middleware with the limit above
+    key = new_key()
+    for _ in range(2):  # the key stays free: the view runs again, and is refused again
+        refused = post(client, path, key)
+        assert refused.status_code == 500
+        assert refused.headers["Content-Type"] == "application/problem+json"
+        assert json.loads(refused.content)["status"] == 500
+        assert "Idempotency-Key-Expires" not in refused.headers
+    assert Payment.objects.count() == 0
+    assert stored_keys(key) == 0
 
 
 def test_a_view_that_loses_the_database_is_answered_503_and_rolled_back(

@@ -19,4 +19,6 @@ urlpatterns = [
     path("drf/raise-after-write", views.RaiseAfterWriteDRF.as_view()),
     path("lose-connection", views.lose_connection),
     path("block", views.block),
+    path("swallow-db-error", views.swallow_db_error),
+    path("rollback-and-write-anew", views.rollback_and_write_anew),
 ]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -114,3 +114,23 @@ def block(request: HttpRequest) -> HttpResponse:
             return JsonResponse({"error": "gate never opened"}, status=500)
         time.sleep(0.01)
     return JsonResponse({"id": payment}, status=int(request.GET.get("status", 201)))
+
+
+def swallow_db_error(request: HttpRequest) -> HttpResponse:
+    # Catches its own failed statement outside any atomic() block of its own and answers: the
+    # transaction is aborted, so its write cannot commit and its answer must not be stored.
+    insert_payment()
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1 / 0")
+    except DatabaseError:
+        return JsonResponse({"error": "conflict"}, status=409)
+    return JsonResponse({"error": "unreachable"}, status=500)
+
+
+def rollback_and_write_anew(request: HttpRequest) -> HttpResponse:
+    # Misuse: ends the request's transaction on the psycopg connection itself (the claim goes
+    # with it), then writes in a new one, which the middleware's COMMIT commits without the key.
+    begin(request)
+    connection.connection.rollback()
+    return JsonResponse({"id": insert_payment()}, status=201)

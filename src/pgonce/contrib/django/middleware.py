@@ -325,16 +325,24 @@ class IdempotencyMiddleware:
             finally:
                 wrappers.pop()
             # A view that raised, or marked its transaction for rollback (set_rollback), must
-            # not commit.
+            # not commit; nor one that caught the error of its own statement and answered (the
+            # transaction is aborted: its answer goes out, not stored, and the key stays free).
             began = claimed.began and not claimed.raised and not wrapper.get_rollback()
-            if not captured.keep(began=began, status_kept=store.stores_status):
+            if not (
+                captured.keep(began=began, status_kept=store.stores_status)
+                and captured.commits(conn.pgconn.transaction_status)
+            ):
                 wrapper.set_rollback(True)
-            elif owned:
+            elif not (
                 # The completion and COMMIT in one round trip; Django's own COMMIT at the end
                 # of the block then finds the transaction over and sends nothing.
                 store.commit(conn, claim, captured.response())
-            else:
-                store.complete(conn, claim, captured.response())
+                if owned
+                else store.complete(conn, claim, captured.response())
+            ):
+                # The view ended the transaction on the psycopg connection itself and wrote in
+                # a new one: no claim was left to complete.
+                captured.claim_lost(claim)
         # Committed (or rolled back): only now is the answer given out.
         if captured.too_large:
             return to_django(semantics.RESPONSE_TOO_LARGE)
