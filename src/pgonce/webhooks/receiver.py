@@ -53,6 +53,7 @@ from pgonce.errors import (
 from pgonce.extras import needs
 from pgonce.http.problem import send_problem
 from pgonce.store._async.inbox import AsyncInboxStore
+from pgonce.webhooks.schemes.common import aware
 from pgonce.webhooks.source import Source, by_name
 
 with needs("asgi", "the webhook receiver"):
@@ -113,6 +114,12 @@ class InboxReceiver:
         if prefix and not prefix.startswith("/"):
             # A request's path starts with "/": without one, every delivery was answered 404.
             raise UsageError(f"the prefix must start with '/', as {'/' + prefix!r} does")
+        # Read once here: a naive or non-datetime clock would fail every signed timestamp's check
+        # (answered 401, authentic or not) from the first delivery on.
+        sample = clock() if callable(clock) else None
+        if not isinstance(sample, datetime):
+            raise UsageError(f"the clock must return a datetime, not {describe(sample)}")
+        aware(sample)
         self.sources = by_name(sources)
         self.store = AsyncInboxStore(schema=schema)
         self.prefix = prefix.rstrip("/")
