@@ -50,7 +50,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
-from pgonce.core.checks import check_duration, check_int, describe
+from pgonce.core.checks import check_duration, check_int, check_strs, describe
 from pgonce.core.inbox import (
     DeadLetter,
     InboxEvent,
@@ -606,10 +606,10 @@ class InboxWorker:
         now: datetime | None = None,
     ) -> list[str]:
         """Dead letters of ``source`` back to pending, committed; returns the replayed ids."""
+        # Checked before list() would turn a lone id into its characters.
+        ids = None if event_ids is None else check_strs(event_ids, "event_ids")
         async with conn.transaction():
-            return await self.store.replay(
-                conn, source, None if event_ids is None else list(event_ids), now=now
-            )
+            return await self.store.replay(conn, source, ids, now=now)
 
 
 async def _close(conn: AsyncConnection[Any] | None) -> None:
