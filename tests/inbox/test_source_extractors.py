@@ -82,3 +82,11 @@ def test_scheme_options_that_are_not_a_mapping_are_a_config_error(options: objec
     """They were a ValueError or a TypeError of dict(), or (pairs) accepted by accident."""
     with pytest.raises(ConfigError, match="must be a mapping of option names to values"):
         build_scheme("generic-hmac", ["s"], options=options)  # type: ignore[arg-type]
+
+
+def test_a_lone_source_instead_of_a_list_is_a_config_error() -> None:
+    """It was a TypeError ('Source' object is not iterable) out of the receiver's constructor."""
+    with pytest.raises(ConfigError, match="must be a list of Source, not a Source"):
+        InboxReceiver(source(), dsn="postgresql://")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must be a list of Source, not a Source"):
+        InboxWorker(source(), dsn="postgresql://")  # type: ignore[arg-type]

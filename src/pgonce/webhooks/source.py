@@ -189,6 +189,11 @@ class Source:
 
 def by_name(sources: Iterable[Source]) -> Mapping[str, Source]:
     """``{name: source}``, refusing two sources with one name."""
+    if isinstance(sources, Source) or not isinstance(sources, Iterable):
+        hint = ": pass [source]" if isinstance(sources, Source) else ""
+        raise ConfigError(
+            f"the webhook sources must be a list of Source, not {describe(sources)}{hint}"
+        )
     found: dict[str, Source] = {}
     for source in sources:
         if not isinstance(source, Source):
