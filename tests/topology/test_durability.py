@@ -41,6 +41,14 @@ def test_the_judgement_of_each_state(facts: Durability, state: str, status: str)
     assert (finding.detail != "") == (status == "warn")
 
 
+def test_a_server_that_takes_no_writes_fails_the_check_and_names_the_fix() -> None:
+    finding = judge_durability(
+        Durability(configured=True, synchronous=1, unknown=0, read_only=True)
+    )
+    assert (finding.status, finding.value) == ("fail", "read-only")
+    assert "target_session_attrs=read-write" in finding.detail
+
+
 @pytest.fixture(scope="module")
 def standby_missing() -> Iterator[str]:
     """A migrated scratch server that waits for a synchronous standby it does not have."""

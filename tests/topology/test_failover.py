@@ -209,15 +209,6 @@ def test_a_claim_on_a_standby_is_a_typed_error(primary_and_standby: tuple[str, s
             raise AssertionError("the block ran on a standby")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "translate_errors (src/pgonce/store/errors.py) turns 25006 read_only_sql_transaction into "
-        "a plain DatabaseError: the middleware answers a generic 500 instead of a 503 with "
-        "Retry-After during a failover, and the message names neither the standby nor "
-        "target_session_attrs=read-write"
-    ),
-)
 def test_a_claim_on_a_standby_is_unavailable_and_names_the_fix(
     primary_and_standby: tuple[str, str],
 ) -> None:
@@ -239,14 +230,6 @@ def _payments_app(pool: AsyncConnectionPool[Any]) -> IdempotencyMiddleware:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a claim on a read-only node is a plain DatabaseError, which the idempotency middleware "
-        "does not count as unavailable (http/middleware.py's _UNAVAILABLE): the client gets the "
-        "server's generic 500, not a 503 with Retry-After"
-    ),
-)
 async def test_the_middleware_answers_503_on_a_standby(
     primary_and_standby: tuple[str, str],
 ) -> None:
@@ -311,14 +294,6 @@ def test_the_service_refuses_to_start_on_a_standby(
         start(standby, tmp_path, config='[server]\nlog_format = "json"\n').stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "/readyz (src/pgonce/store/_async/health.py, service/) reads its facts in a read-only "
-        "transaction and never asks pg_is_in_recovery(): a service whose connections now reach "
-        "a demoted node answers 200 ready while every claim there fails"
-    ),
-)
 def test_readyz_is_503_once_the_address_reaches_a_standby(
     primary_and_standby: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -326,15 +301,17 @@ def test_readyz_is_503_once_the_address_reaches_a_standby(
     # failover demoted: the cut closes the pool's connections, the new ones reach the standby.
     primary, standby = primary_and_standby
     address = conninfo_to_dict(primary)
-    with Proxy(tcp=("127.0.0.1", int(address["port"]))) as proxy:
+    with Proxy(tcp=("127.0.0.1", int(str(address["port"])))) as proxy:
         service = start(
             _through(proxy, primary), tmp_path, config='[server]\nlog_format = "json"\n'
         )
         try:
             assert httpx.get(f"{service.url}/readyz").status_code == 200
-            proxy.tcp = ("127.0.0.1", int(conninfo_to_dict(standby)["port"]))
+            proxy.tcp = ("127.0.0.1", int(str(conninfo_to_dict(standby)["port"])))
             proxy.cut()
             answers = [httpx.get(f"{service.url}/readyz") for _ in range(5)]
             assert all(a.status_code == 503 for a in answers[1:]), [a.text for a in answers]
+            assert answers[-1].json()["status"] == "read-only"
+            assert "target_session_attrs=read-write" in answers[-1].json()["detail"]
         finally:
             service.stop()

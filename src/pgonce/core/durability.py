@@ -30,6 +30,10 @@ class Durability:
     synchronous: int
     #: Standbys attached now whose state this role cannot see.
     unknown: int
+    #: The server takes no writes: a standby (what a failover makes of the old primary, or where
+    #: a DSN without ``target_session_attrs=read-write`` landed) or
+    #: ``default_transaction_read_only``. No claim succeeds there.
+    read_only: bool = False
 
     @property
     def state(self) -> SyncState:
@@ -40,8 +44,21 @@ class Durability:
         return "unknown" if self.unknown else "none"
 
 
+#: What a server that takes no writes is told in ``/readyz``, ``pgonce doctor`` and a claim's error.
+READ_ONLY_DETAIL = (
+    "the server takes no writes (a standby, such as an old primary after a failover, or "
+    "default_transaction_read_only): list every node in the DSN with "
+    "target_session_attrs=read-write, or point it at the primary"
+)
+
+
 def judge_durability(durability: Durability) -> Finding:
-    """The doctor's line: a warning when a synchronous standby is configured but not attached."""
+    """The doctor's line: a failure on a server that takes no writes; a warning when a
+    synchronous standby is configured but not attached."""
+    if durability.read_only:
+        return Finding(
+            "sync standby", "database", None, "fail", "read-only", "the primary", READ_ONLY_DETAIL
+        )
     state = durability.state
     detail = ""
     status: Literal["ok", "warn"] = "ok"

@@ -17,7 +17,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce import sql as pgsql
-from pgonce.core.durability import Durability
+from pgonce.core.durability import READ_ONLY_DETAIL, Durability
 from pgonce.errors import DatabaseUnavailable
 from pgonce.extras import needs
 from pgonce.service.admin import Admin
@@ -198,6 +198,11 @@ class ServiceApp:
         if version < self.latest_migration:
             return JSONResponse(
                 {"status": "not migrated", "schema": version, "needs": self.latest_migration},
+                status_code=503,
+            )
+        if durability.read_only:
+            return JSONResponse(
+                {"status": "read-only", "schema": version, "detail": READ_ONLY_DETAIL},
                 status_code=503,
             )
         state = durability.state

@@ -12,6 +12,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
 
+from pgonce.core.durability import READ_ONLY_DETAIL
 from pgonce.errors import (
     ConfigError,
     DatabaseError,
@@ -122,4 +123,12 @@ class translate_errors:  # named like the function it replaced: ``with translate
             ) from error
         if isinstance(error, psycopg.OperationalError):
             raise DatabaseUnavailable(f"{what} failed: {first_line(error)}") from error
+        if isinstance(error, pg_errors.ReadOnlySqlTransaction):
+            # A node that takes no writes: after a failover the old primary, now a standby, or a
+            # DSN that reached a replica. Unavailable (a 503 with Retry-After from the
+            # middleware), not a failure of the code: the primary takes the retry.
+            raise DatabaseUnavailable(
+                f"{what} failed: {first_line(error)}: {READ_ONLY_DETAIL}, or end the caller's "
+                "read-only transaction"
+            ) from error
         raise DatabaseError(f"{what} failed: {first_line(error)}") from error

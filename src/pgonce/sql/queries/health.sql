@@ -127,10 +127,14 @@ SELECT NULL::text AS scope,
 -- name: sync_standby
 -- Whether the server is configured to wait for a synchronous standby, and how many standbys are
 -- attached in sync (or quorum) state now. sync_state is readable by superusers and members of
--- pg_read_all_stats (pg_monitor); for other roles it is NULL, counted as unknown.
+-- pg_read_all_stats (pg_monitor); for other roles it is NULL, counted as unknown. read_only: the
+-- server takes no writes (a standby, which a failover may have made of the old primary, or
+-- default_transaction_read_only set), so no claim can succeed there.
 SELECT current_setting('synchronous_standby_names') <> '' AS configured,
        count(*) FILTER (WHERE r.sync_state IN ('sync', 'quorum')) AS synchronous,
-       count(*) FILTER (WHERE r.sync_state IS NULL) AS unknown
+       count(*) FILTER (WHERE r.sync_state IS NULL) AS unknown,
+       pg_is_in_recovery() OR current_setting('default_transaction_read_only')::boolean
+         AS read_only
   FROM pg_stat_replication AS r
 
 -- name: mvcc_horizon

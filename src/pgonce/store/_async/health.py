@@ -190,8 +190,8 @@ class AsyncHealthCheck:
 
     async def _durability(self, cur: AsyncCursor[tuple[Any, ...]]) -> Durability:
         await cur.execute(self._sql.sync_standby)
-        configured, synchronous, unknown = await cur.fetchone() or (False, 0, 0)
-        return Durability(bool(configured), synchronous, unknown)
+        configured, synchronous, unknown, read_only = await cur.fetchone() or (False, 0, 0, False)
+        return Durability(bool(configured), synchronous, unknown, bool(read_only))
 
     async def _mvcc_horizon(self, cur: AsyncCursor[tuple[Any, ...]]) -> MvccHorizon:
         await cur.execute(self._sql.mvcc_horizon)

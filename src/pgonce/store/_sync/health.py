@@ -190,8 +190,8 @@ class HealthCheck:
 
     def _durability(self, cur: Cursor[tuple[Any, ...]]) -> Durability:
         cur.execute(self._sql.sync_standby)
-        configured, synchronous, unknown = cur.fetchone() or (False, 0, 0)
-        return Durability(bool(configured), synchronous, unknown)
+        configured, synchronous, unknown, read_only = cur.fetchone() or (False, 0, 0, False)
+        return Durability(bool(configured), synchronous, unknown, bool(read_only))
 
     def _mvcc_horizon(self, cur: Cursor[tuple[Any, ...]]) -> MvccHorizon:
         cur.execute(self._sql.mvcc_horizon)
