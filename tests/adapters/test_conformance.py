@@ -171,6 +171,19 @@ def test_a_body_over_the_limit_is_413(
     assert payments(db) == 0
 
 
+def test_an_answer_over_the_limit_is_500_and_rolled_back(
+    make_server: ServerFactory, db: psycopg.Connection[Any]
+) -> None:
+    # It cannot be stored, so it is not given out; the key stays free and the retry runs again.
+    server = make_server(max_response_bytes=40)
+    key = new_key()
+    for _ in range(2):
+        refused = assert_problem(post(server, "/payments", key), 500)
+        assert refused["title"] == "Response too large to store"
+    assert payments(db) == 0
+    assert keys(db) == 0
+
+
 def test_a_chunked_body_over_the_limit_is_413(
     make_server: ServerFactory, db: psycopg.Connection[Any]
 ) -> None:
