@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgonce import DatabaseUnavailable, Response, UsageError
+from pgonce import DatabaseUnavailable, KeyMismatch, Response, UsageError
 from pgonce import fingerprint as make_fingerprint
 from pgonce.phases import AsyncPhaseStore, PhaseStore
 
@@ -197,11 +197,11 @@ def test_every_write_after_a_lost_connection_is_database_unavailable(
     writes = [
         lambda: op.phase("create", lambda _: 1, now=at(1)),
         lambda: op.phase("create", lambda _: 1, now=at(1)),
-        lambda: op.call("charge", lambda _: 1, now=at(1)),
+        lambda: op.release(now=at(1)),
         lambda: op.renew(now=at(1)),
         lambda: op.fail("down", now=at(1)),
         lambda: op.finish(Response(201, body=b"paid"), now=at(1)),
-        lambda: op.release(now=at(1)),
+        lambda: op.call("charge", lambda _: 1, now=at(1)),
     ]
     for write in writes:
         with pytest.raises(DatabaseUnavailable):
@@ -254,3 +254,23 @@ def test_a_negative_zero_is_refused_as_a_recorded_value() -> None:
     with pytest.raises(UsageError, match="negative zero"):
         check_state({"delta": -0.0}, "refund")
     check_state({"delta": 0.0}, "refund")
+
+
+def test_a_holder_that_called_a_third_party_cannot_release_the_key(
+    admin: psycopg.Connection[Any],
+) -> None:
+    # Before: the call's value could not be recorded (a tuple), so no phase was, and release()
+    # freed the key; the next request with that key, another one, handed the provider the same
+    # idempotency key and was answered the first request's charge.
+    store = PhaseStore(lease=LEASE)
+    op = store.start(admin, "t", "called", FP, now=at(0))
+    with pytest.raises(UsageError, match="does not give back"):
+        op.call("charge", lambda _: ("ch_1", 4200), now=at(1))
+    assert op.state == {}
+    with pytest.raises(UsageError, match="called a third party"):
+        op.release(now=at(2))
+    op.fail("the charge could not be recorded", now=at(2))
+    other = make_fingerprint("POST", "/payments", b'{"amount": 1}')
+    assert store.start(admin, "t", "called", FP, now=at(3)).resumed
+    with pytest.raises(KeyMismatch):
+        store.start(admin, "t", "called", other, now=at(100))

@@ -469,6 +469,8 @@ class AsyncPhasedOperation(Generic[Row]):
         self._busy = False
         #: The phases and calls this holder ran or read back: each once.
         self._visited: set[str] = set()
+        #: True once this holder ran a call's work: the third party may have acted on it.
+        self._called = False
 
     def _hold(
         self,
@@ -574,6 +576,7 @@ class AsyncPhasedOperation(Generic[Row]):
             await self._renew(now if clock is None else clock())
 
         with self._exclusive():
+            self._called = True
             async with AsyncHeartbeat(beat, self._store.heartbeat) as heartbeat:
                 value = await AsyncCallback.result(
                     work(self.idempotency_key(name)), f"call {name!r}'s work"
@@ -729,6 +732,13 @@ class AsyncPhasedOperation(Generic[Row]):
             raise UsageError(
                 "a request that recorded a phase is resumed, not released: end its lease "
                 "with fail()"
+            )
+        if self._called:
+            # Its value may not have been recorded, but the third party may have acted: the
+            # next request with the key would hand it the same idempotency key.
+            raise UsageError(
+                "a request that called a third party is resumed, not released, even when the "
+                "call's value was not recorded: end its lease with fail()"
             )
         with self._exclusive():
             async with self._transaction("releasing a two-phase key"):

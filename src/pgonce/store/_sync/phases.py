@@ -466,6 +466,8 @@ class PhasedOperation(Generic[Row]):
         self._busy = False
         #: The phases and calls this holder ran or read back: each once.
         self._visited: set[str] = set()
+        #: True once this holder ran a call's work: the third party may have acted on it.
+        self._called = False
 
     def _hold(
         self,
@@ -570,6 +572,7 @@ class PhasedOperation(Generic[Row]):
             self._renew(now if clock is None else clock())
 
         with self._exclusive():
+            self._called = True
             with Heartbeat(beat, self._store.heartbeat) as heartbeat:
                 value = Callback.result(work(self.idempotency_key(name)), f"call {name!r}'s work")
             if heartbeat.lost:
@@ -718,6 +721,13 @@ class PhasedOperation(Generic[Row]):
             raise UsageError(
                 "a request that recorded a phase is resumed, not released: end its lease "
                 "with fail()"
+            )
+        if self._called:
+            # Its value may not have been recorded, but the third party may have acted: the
+            # next request with the key would hand it the same idempotency key.
+            raise UsageError(
+                "a request that called a third party is resumed, not released, even when the "
+                "call's value was not recorded: end its lease with fail()"
             )
         with self._exclusive(), self._transaction("releasing a two-phase key"):
             cur = cursor(self._conn).execute(self._store._sql.release, self._keyed(now))
