@@ -300,6 +300,23 @@ def test_an_answer_over_max_response_bytes_is_500_and_rolled_back(
     assert stored_keys(key) == 0
 
 
+def test_on_commit_hooks_run_once_after_the_commit_and_never_for_a_rollback(
+    client: Client, atomic_requests: bool
+) -> None:
+    from tests.django.views import COMMITTED as committed
+
+    committed.clear()
+    key = new_key()
+    first = post(client, "/committed-hook", key)
+    again = post(client, "/committed-hook", key)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert committed == [first.json()["id"]]  # once, after the commit; the replay runs no view
+    failed = new_key()
+    assert post(client, "/committed-hook?status=503", failed).status_code == 503
+    assert committed == [first.json()["id"]]  # rolled back: its hook never ran
+    assert stored_keys(failed) == 0
+
+
 def test_a_view_that_loses_the_database_is_answered_503_and_rolled_back(
     client: Client, atomic_requests: bool
 ) -> None:

@@ -21,4 +21,5 @@ urlpatterns = [
     path("block", views.block),
     path("swallow-db-error", views.swallow_db_error),
     path("rollback-and-write-anew", views.rollback_and_write_anew),
+    path("committed-hook", views.committed_hook),
 ]

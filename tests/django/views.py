@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -134,3 +134,13 @@ def rollback_and_write_anew(request: HttpRequest) -> HttpResponse:
     begin(request)
     connection.connection.rollback()
     return JsonResponse({"id": insert_payment()}, status=201)
+
+
+#: What the on_commit hooks of ``committed_hook`` ran for, in order.
+COMMITTED: list[int] = []
+
+
+def committed_hook(request: HttpRequest) -> HttpResponse:
+    payment = insert_payment()
+    transaction.on_commit(lambda: COMMITTED.append(payment))
+    return JsonResponse({"id": payment}, status=int(request.GET.get("status", 201)))
