@@ -274,3 +274,36 @@ def test_a_holder_that_called_a_third_party_cannot_release_the_key(
     assert store.start(admin, "t", "called", FP, now=at(3)).resumed
     with pytest.raises(KeyMismatch):
         store.start(admin, "t", "called", other, now=at(100))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "a resumed holder may release a key whose earlier holder called the provider and died "
+        "before recording it; refusing it in release() needs the ASGI and WSGI middlewares to "
+        "end the lease instead (they release a resumed request refused before its endpoint)"
+    ),
+)
+def test_a_resumed_holder_cannot_release_a_key_an_earlier_holder_may_have_charged(
+    admin: psycopg.Connection[Any],
+) -> None:
+    store = PhaseStore(lease=LEASE)
+    first = store.start(admin, "t", "charged-then-died", FP, now=at(0))
+    charged: list[str] = []
+
+    def charge_and_die(idempotency_key: str) -> None:
+        charged.append(idempotency_key)
+        raise ConnectionResetError("the holder's process died before the record")
+
+    with pytest.raises(ConnectionResetError):
+        first.call("charge", charge_and_die, now=at(1))
+    second = store.start(admin, "t", "charged-then-died", FP, now=at(60))
+    assert second.resumed
+    assert second.state == {}
+    with pytest.raises(UsageError):
+        second.release(now=at(61))
+    # What happens instead: another request with the key is a new claim, and its charge hands
+    # the provider the idempotency key the first request was charged with.
+    other = make_fingerprint("POST", "/payments", b'{"amount": 1}')
+    third = store.start(admin, "t", "charged-then-died", other, now=at(62))
+    assert third.idempotency_key("charge") != charged[0]
