@@ -4,19 +4,24 @@ transaction, a lease too long for the clock, and a key the holder released itsel
 Each case first failed on real PostgreSQL: a renewal or an end of lease nested as a savepoint in
 the caller's transaction (and lost with its rollback, while the holder believed it kept the key),
 a call recorded in a transaction pgonce was not handed (passed in memory, never committed), a
-lease that failed at the claim or killed the heartbeat's thread in silence.
+lease that failed at the claim or killed the heartbeat's thread in silence. The race of retries
+in processes of their own for one expired lease held from the start, and stays as a guard.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from pgonce import DatabaseUnavailable, KeyMismatch, Response, UsageError
+from pgonce import DatabaseUnavailable, KeyMismatch, LeaseLost, Response, UsageError
 from pgonce import fingerprint as make_fingerprint
 from pgonce.phases import AsyncPhaseStore, PhaseStore
 
@@ -307,3 +312,51 @@ def test_a_resumed_holder_cannot_release_a_key_an_earlier_holder_may_have_charge
     other = make_fingerprint("POST", "/payments", b'{"amount": 1}')
     third = store.start(admin, "t", "charged-then-died", other, now=at(62))
     assert third.idempotency_key("charge") != charged[0]
+
+
+# Retries racing for one expired lease, each a process of its own
+
+
+def test_retries_racing_for_an_expired_lease_make_one_holder(
+    dsn: str, admin: psycopg.Connection[Any]
+) -> None:
+    admin.execute("CREATE TABLE race_payments (key text PRIMARY KEY, holder int)")
+    dead = PhaseStore(lease=LEASE).start(admin, "t", "race", FP, now=at(0))
+    assert dead.won  # and never heard of again: its lease runs out at 30 s
+    root = Path(__file__).resolve().parents[2]
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.phases.racer", dsn, "race", "60"],
+            cwd=root,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
+    try:
+        for racer in racers:
+            assert racer.stdout is not None
+            assert racer.stdout.readline().strip() == "ready"
+        for racer in racers:  # all at once: each has its connection open already
+            assert racer.stdin is not None
+            racer.stdin.write("go\n")
+            racer.stdin.flush()
+        outcomes = []
+        for racer in racers:
+            out, _ = racer.communicate(timeout=60)
+            assert racer.returncode == 0, out
+            outcomes.append(json.loads(out.splitlines()[-1]))
+    finally:
+        for racer in racers:
+            if racer.poll() is None:
+                racer.kill()
+    won = [o for o in outcomes if o["claim"] == "won"]
+    assert len(won) == 1, outcomes
+    assert won[0]["stored"] is True
+    assert won[0]["token"] > dead.token
+    assert {o["claim"] for o in outcomes} <= {"won", "in_flight", "replay"}
+    rows = admin.execute("SELECT holder FROM race_payments").fetchall()
+    assert len(rows) == 1
+    with pytest.raises(LeaseLost):
+        dead.phase("create", lambda _: 0, now=at(61))
