@@ -317,6 +317,35 @@ def test_on_commit_hooks_run_once_after_the_commit_and_never_for_a_rollback(
     assert stored_keys(failed) == 0
 
 
+def test_a_key_scope_that_loses_the_database_is_answered_503(settings: Any) -> None:
+    # The server ended the thread's persistent connection between two requests (a restart, a
+    # failover): the next request's key scope reads the database first (as user_scope loads the
+    # session's user) and meets the loss there, before the claim. 503 and Retry-After, as when
+    # the claim meets it, never a 500; the retry reconnects and runs.
+    settings.PGONCE = {**settings.PGONCE, "SCOPE": "tests.django.views.database_scope"}
+    kept = connection.settings_dict["CONN_MAX_AGE"]
+    connection.settings_dict["CONN_MAX_AGE"] = None  # keep the connection across requests
+    try:
+        client = Client(raise_request_exception=False)
+        assert post(client, "/payments", new_key()).status_code == 201
+        with psycopg.connect(connection.connection.info.dsn, autocommit=True) as other:
+            pid = connection.connection.info.backend_pid
+            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        key = new_key()
+        lost = post(client, "/payments", key)
+        assert lost.status_code == 503
+        assert lost.headers["Content-Type"] == "application/problem+json"
+        assert int(lost.headers["Retry-After"]) >= 0
+        # What a server's request_finished does (Django's test client leaves it out).
+        connection.close_if_unusable_or_obsolete()
+        retried = post(client, "/payments", key)
+        assert retried.status_code == 201
+    finally:
+        connection.settings_dict["CONN_MAX_AGE"] = kept
+        connection.close()
+    assert Payment.objects.count() == 2
+
+
 def test_a_view_that_loses_the_database_is_answered_503_and_rolled_back(
     client: Client, atomic_requests: bool
 ) -> None:

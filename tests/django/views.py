@@ -144,3 +144,11 @@ def committed_hook(request: HttpRequest) -> HttpResponse:
     payment = insert_payment()
     transaction.on_commit(lambda: COMMITTED.append(payment))
     return JsonResponse({"id": payment}, status=int(request.GET.get("status", 201)))
+
+
+def database_scope(request: HttpRequest) -> str:
+    # A key scope that reads the database, as user_scope does to load the session's user.
+    with connection.cursor() as cur:
+        cur.execute("SELECT 'db-user'")
+        row = cur.fetchone()
+    return f"user:{row[0] if row else None}"

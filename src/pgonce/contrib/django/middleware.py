@@ -243,7 +243,12 @@ class IdempotencyMiddleware:
         return key
 
     def _handle(self, request: HttpRequest, key: str, view: GetResponse) -> HttpResponseBase:
-        caller = self.settings.scope(request)
+        try:
+            caller = self.settings.scope(request)
+        except _UNAVAILABLE:
+            # The scope read the database (user_scope loads the session's user) and lost it:
+            # nothing was claimed or done, and the retry runs the request.
+            return to_django(semantics.unavailable(self.store.retry_after))
         if caller is None:
             setattr(request, REQUEST_ATTRIBUTE, semantics.UNSCOPED)
             response: HttpResponseBase = view(request)
