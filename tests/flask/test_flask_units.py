@@ -221,6 +221,34 @@ def test_a_view_that_raises_is_rolled_back_whatever_flask_answers_for_it(
 
 
 @pytest.mark.usefixtures("things")
+def test_an_after_request_function_that_raises_is_rolled_back_and_not_stored(
+    pool: ConnectionPool[Any], dsn: str
+) -> None:
+    # Flask answers it 500 through handle_exception, not handle_user_exception: the request
+    # still raised after the view wrote, so nothing of it is kept, even by a store that keeps
+    # server errors.
+    app = Flask(__name__)
+    Idempotency(app, pool=pool, key_scope=lambda e: "s", store=KeyStore(store_server_errors=True))
+
+    @app.post("/after")
+    def after() -> tuple[str, int]:
+        connection().execute("INSERT INTO things VALUES ('after')")
+        return "made", 201
+
+    @app.after_request
+    def audit(response: Any) -> Any:
+        raise RuntimeError("the audit failed after the view wrote")
+
+    client = app.test_client()
+    for _ in range(2):  # the retry runs the view again: nothing was stored
+        answer = client.post("/after", headers={"Idempotency-Key": "k-after"})
+        assert answer.status_code == 500
+        assert "Idempotent-Replayed" not in answer.headers
+        assert "Idempotency-Key-Expires" not in answer.headers
+    assert written(dsn) == (0, 0)
+
+
+@pytest.mark.usefixtures("things")
 def test_a_view_that_rolls_back_and_writes_anew_is_said_not_stored(
     pool: ConnectionPool[Any], dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -328,9 +328,11 @@ def _mark_raised_views(app: Flask) -> None:
     Flask turns the exception into a response before the middleware sees it, and tells no one
     of an exception it handled (``got_request_exception`` is for the unhandled ones only), so
     the app's own ``handle_user_exception``, which every exception of a view and of its
-    ``before_request`` functions goes through, is wrapped.
+    ``before_request`` functions goes through, is wrapped, and so is ``handle_exception``, which
+    answers those of ``after_request`` functions.
     """
     handle = app.handle_user_exception
+    handle_unhandled = app.handle_exception
 
     def handle_user_exception(error: Exception) -> Any:
         tx = request.environ.get(ENVIRON_KEY)
@@ -338,7 +340,16 @@ def _mark_raised_views(app: Flask) -> None:
             tx.fail()
         return handle(error)
 
+    def handle_exception(error: Exception) -> Any:
+        # What Flask answers 500 without the user's handlers: an exception of an after_request
+        # function, after the view wrote.
+        tx = request.environ.get(ENVIRON_KEY)
+        if isinstance(tx, IdempotentTransaction):
+            tx.fail()
+        return handle_unhandled(error)
+
     app.handle_user_exception = handle_user_exception  # type: ignore[method-assign,assignment]
+    app.handle_exception = handle_exception  # type: ignore[method-assign,assignment]
 
 
 def _unavailable(middleware: IdempotencyMiddleware) -> Any:
