@@ -360,3 +360,38 @@ def test_retries_racing_for_an_expired_lease_make_one_holder(
     assert len(rows) == 1
     with pytest.raises(LeaseLost):
         dead.phase("create", lambda _: 0, now=at(61))
+
+
+# A call begun late in its lease
+
+
+def test_a_call_begun_late_in_its_lease_keeps_the_key_before_the_first_beat(
+    admin: psycopg.Connection[Any], dsn: str
+) -> None:
+    # Before: the first renewal came one heartbeat into the call; a call begun 25 s into a 30 s
+    # lease ran with its key up for the taking from 30 s on, and a retry took it over.
+    store = PhaseStore(lease=LEASE, heartbeat=timedelta(seconds=10))
+    op = store.start(admin, "t", "late-call", FP, now=at(0))
+    duplicates: list[str] = []
+
+    def charge(idempotency_key: str) -> str:
+        with psycopg.connect(dsn, autocommit=True) as other:
+            duplicates.append(store.start(other, "t", "late-call", FP, now=at(31)).claim.kind)
+        return "ch_1"
+
+    assert op.call("charge", charge, now=at(32), clock=lambda: at(25)) == "ch_1"
+    assert duplicates == ["in_flight"]
+
+
+def test_a_holder_taken_over_learns_it_before_calling_the_provider(
+    admin: psycopg.Connection[Any],
+) -> None:
+    # Before: a holder that woke past its lease called the provider again, and only its record
+    # was refused.
+    store = PhaseStore(lease=LEASE)
+    op = store.start(admin, "t", "woke-late", FP, now=at(0))
+    assert store.start(admin, "t", "woke-late", FP, now=at(60)).won
+    called: list[str] = []
+    with pytest.raises(LeaseLost):
+        op.call("charge", called.append, now=at(61))
+    assert called == []

@@ -557,17 +557,21 @@ class AsyncPhasedOperation(Generic[Row]):
         this connection (``work`` must not use it), so a call longer than the lease keeps the
         key. ``now`` is the time of the record; ``clock`` gives the time of each renewal
         (default: ``now``, or the database's clock when ``now`` is None); it is read once before
-        the call, so that a clock that gives no aware datetime fails here, not in the heartbeat.
+        the call, so that a clock that gives no aware datetime fails here, not in the heartbeat,
+        and the lease is renewed at that time before ``work`` runs: a holder whose key was
+        taken over gets :class:`~pgonce.errors.LeaseLost` without calling the third party.
         A renewal that finds the key taken over means the call's value must not count: the
         heartbeat stops, and once ``work`` returns this raises
         :class:`~pgonce.errors.LeaseLost` without recording it.
         """
         self._check_holding(name, now, idle=True)
         self._visit(name)
+        started = now
         if clock is not None:
             if not callable(clock):
                 raise UsageError("clock must be a function that returns a datetime, or None")
-            check_optional_time(clock(), "the clock's time")
+            started = clock()
+            check_optional_time(started, "the clock's time")
         if name in self.state:
             self._visited.add(name)
             return self.state[name]  # type: ignore[no-any-return]
@@ -576,6 +580,10 @@ class AsyncPhasedOperation(Generic[Row]):
             await self._renew(now if clock is None else clock())
 
         with self._exclusive():
+            # A whole lease from the start of the call: one begun late in its lease would be
+            # up for the taking until the first beat, and a holder already taken over learns
+            # it here, before it calls the third party.
+            await self._renew(started)
             self._called = True
             async with AsyncHeartbeat(beat, self._store.heartbeat) as heartbeat:
                 value = await AsyncCallback.result(
