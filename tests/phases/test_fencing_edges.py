@@ -395,3 +395,14 @@ def test_a_holder_taken_over_learns_it_before_calling_the_provider(
     with pytest.raises(LeaseLost):
         op.call("charge", called.append, now=at(61))
     assert called == []
+
+
+def test_a_takeover_bounded_by_an_age_that_is_not_a_duration_is_refused_at_the_call(
+    admin: psycopg.Connection[Any],
+) -> None:
+    # Before: the number was sent, and PostgreSQL refused to cast it (a DatabaseError).
+    store = PhaseStore(lease=LEASE)
+    store.start(admin, "t", "aged", FP, now=at(0))
+    with pytest.raises(UsageError, match=r"max_age must be a datetime\.timedelta"):
+        store.resume(admin, "t", "aged", max_age=60, now=at(60))  # type: ignore[arg-type]
+    assert store.resume(admin, "t", "aged", max_age=timedelta(minutes=5), now=at(60)).won

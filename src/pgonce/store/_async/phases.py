@@ -235,6 +235,8 @@ class AsyncPhaseStore:
         self._check_idle(conn)
         validate_key(scope, key)
         check_optional_time(now)
+        if max_age is not None:
+            check_duration(max_age, "max_age")
         params = {
             "scope": scope,
             "key": key,
