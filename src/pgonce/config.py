@@ -46,7 +46,9 @@ DEFAULT_PREPARE_THRESHOLD: int | None = 5
 #: What stands between pgonce and PostgreSQL, and so whether statements may be prepared.
 #: ``auto``: the service checks at start whether connections share server sessions (a
 #: transaction-mode pooler) and, if they do, runs as ``pgbouncer-transaction``; the library
-#: switches when a prepared statement of its own meets another client's. ``none``: a direct
+#: switches when a prepared statement of its own meets another client's, and an inbox worker or
+#: relay it runs lets psycopg prepare nothing where its first connection reached a pooler or a
+#: proxy (:func:`pgonce.database.own_prepare_threshold`). ``none``: a direct
 #: connection, or a pooler that keeps prepared statements per client (PgBouncer >= 1.21 with
 #: ``max_prepared_statements``): nothing is checked. ``pgbouncer-transaction``: no prepared
 #: statements at all, neither pgonce's nor psycopg's (``prepare_threshold = None``).
@@ -173,6 +175,13 @@ def own_connect_kwargs(
     if pooler == TRANSACTION_POOLER:
         kwargs["prepare_threshold"] = None
     return kwargs
+
+
+def checks_for_pooler(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the pooler is "auto" (``PGONCE_POOLER`` unset): the library checks what its own
+    connections reach (:func:`pgonce.database.own_prepare_threshold`)."""
+    env = os.environ if environ is None else environ
+    return validate_pooler(env.get("PGONCE_POOLER") or DEFAULT_POOLER) == "auto"
 
 
 def pool_kwargs(

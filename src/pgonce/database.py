@@ -24,7 +24,7 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
-from pgonce.config import Settings
+from pgonce.config import Settings, checks_for_pooler
 from pgonce.core.retention import format_duration
 from pgonce.errors import ConfigError, DatabaseUnavailable
 from pgonce.extras import needs
@@ -284,7 +284,56 @@ def reaches_server_directly(conn: psycopg.Connection[Any]) -> bool:
     still switch to unnamed statements when they meet its shared sessions.
     """
     with cursor(conn) as cur:
-        row = cur.execute("SHOW port").fetchone()
+        row = cur.execute(_SHOW_PORT).fetchone()
+    return _listens_on(row, conn)
+
+
+async def own_prepare_threshold(conn: psycopg.AsyncConnection[Any], what: str) -> int | None:
+    """psycopg's ``prepare_threshold`` for the connections that ``what`` (an inbox worker, the
+    outbox relay) opens itself, decided on its first one, ``conn``, idle.
+
+    With ``PGONCE_POOLER`` unset ("auto") the library cannot know what it connects to, and a
+    transaction-mode pooler before PgBouncer 1.21 hands psycopg's prepared statements
+    (``_pg3_0``, ...) to other clients' server sessions: a statement could run under another
+    client's statement's name. So the connection is asked once which port the server listens on
+    (:func:`reaches_server_directly`): where it reached a pooler or a proxy instead, psycopg
+    prepares nothing on it (nor on the next ones, which get the answer), and that is logged once.
+    A configured pooler (``PGONCE_POOLER`` ``none`` or ``pgbouncer-transaction``) or a threshold
+    already None is taken as it is, with no statement.
+    """
+    threshold = conn.prepare_threshold
+    if threshold is None or not checks_for_pooler():
+        return threshold
+    cur = cursor(conn)
+    await cur.execute(_SHOW_PORT)
+    row = await cur.fetchone()
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        await conn.rollback()  # the SHOW opened the connection's first transaction
+    if _listens_on(row, conn):
+        return threshold
+    conn.prepare_threshold = None
+    where = describe_dsn(conn.info.dsn)
+    if (what, where) in _SAID_POOLED:
+        return None  # the connections opened at once, before the first one's answer
+    _SAID_POOLED.add((what, where))
+    log.warning(
+        "%s connects to %s through a pooler or a proxy (the server listens on port %s): psycopg "
+        "prepares no statements on its connections; set PGONCE_POOLER=none where the pooler "
+        "keeps prepared statements per client (PgBouncer 1.21 and later with "
+        "max_prepared_statements), PGONCE_POOLER=pgbouncer-transaction to skip this check",
+        what,
+        where,
+        row[0] if row else "?",
+    )
+    return None
+
+
+_SHOW_PORT = "SHOW port"
+#: What own_prepare_threshold() said, once per part and address in a process.
+_SAID_POOLED: set[tuple[str, str]] = set()
+
+
+def _listens_on(row: tuple[Any, ...] | None, conn: psycopg.BaseConnection[Any]) -> bool:
     return row is not None and str(row[0]) == str(conn.info.port)
 
 

@@ -54,6 +54,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA, own_connect_kwargs
 from pgonce.core.outbox import OutboxMessage, Refusal, RetryPolicy, refuse, settle
 from pgonce.core.throttle import Throttle, held_back
+from pgonce.database import own_prepare_threshold
 from pgonce.errors import BrokerUnavailable, ConfigError, PgonceError
 from pgonce.publishers.base import Publisher, PublishResult
 from pgonce.store._async.outbox import AsyncOutboxStore
@@ -195,6 +196,8 @@ class Relay:
         self.prepare_threshold = own_connect_kwargs({"prepare_threshold": prepare_threshold})[
             "prepare_threshold"
         ]
+        # With PGONCE_POOLER unset, the first connection says whether psycopg may prepare.
+        self._pooler_checked = False
         self.outage_backoff = outage_backoff
         self.stats = RelayStats()
         #: Holds back repeated reports of one failure: per (aggregate type, reason).
@@ -466,9 +469,17 @@ class Relay:
 
     async def connect(self, dsn: str) -> AsyncConnection[Any]:
         with translate_errors("connecting the outbox relay"):
-            return await AsyncConnection.connect(
+            conn = await AsyncConnection.connect(
                 dsn, autocommit=True, prepare_threshold=self.prepare_threshold
             )
+            if not self._pooler_checked:
+                try:
+                    self.prepare_threshold = await own_prepare_threshold(conn, "the outbox relay")
+                except BaseException:
+                    await conn.close()
+                    raise
+                self._pooler_checked = True
+            return conn
 
     async def _sleep(self, stop: asyncio.Event, delay: timedelta, *, wake: bool) -> None:
         events = [stop, self._wake] if wake else [stop]

@@ -21,6 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgonce.publishers.redis_streams import RedisStreamsPublisher
+from pgonce.relay import Relay
 from pgonce.webhooks.worker import InboxWorker
 from tests.conftest import SCHEMA
 from tests.inbox.conftest import create_effects, effects, eventually, source
@@ -46,16 +48,6 @@ async def _other_client(dsn: str, stop: asyncio.Event, ran: list[int]) -> None:
             await asyncio.sleep(0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "InboxWorker (src/pgonce/webhooks/worker.py) opens its connections with psycopg's "
-        "prepare_threshold=5 unless PGONCE_POOLER says pgbouncer-transaction: behind PgBouncer "
-        "1.18 in transaction mode its prepared statements collide with other clients' "
-        "(26000/42P05, or another client's statement run under its name), and nothing detects "
-        "the pooler as the service's auto mode does"
-    ),
-)
 async def test_library_workers_with_defaults_handle_every_event_once(
     pooled_dsn: str,
     direct_dsn: str,
@@ -99,5 +91,36 @@ async def test_library_workers_with_defaults_handle_every_event_once(
     # A worker that ran a statement by a name another client prepared ("bind message supplies 1
     # parameters, but prepared statement "_pg3_1" requires 3") ran someone else's SQL; that it
     # failed here is luck of the parameter count.
-    crossed = [r.getMessage() for r in caplog.records if "prepared statement" in r.getMessage()]
+    crossed = [r.getMessage() for r in caplog.records if 'prepared statement "' in r.getMessage()]
     assert not crossed, crossed
+    # The workers found the pooler on their first connections, and it was said once.
+    said = [r.getMessage() for r in caplog.records if "through a pooler" in r.getMessage()]
+    assert len(said) == 1, said
+
+
+async def test_the_library_relay_finds_the_pooler_on_its_first_connection(
+    pooled_dsn: str,
+    direct_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Its connections run pgonce's statements and the caller's routing: psycopg must prepare
+    # nothing there behind a pooler that lends their server sessions to other clients.
+    caplog.set_level(logging.WARNING, logger="pgonce")
+    monkeypatch.delenv("PGONCE_POOLER", raising=False)
+    publisher = RedisStreamsPublisher("redis://127.0.0.1:6379/0", routing=lambda m: "unused")
+    pooled, direct = Relay(pooled_dsn, publisher), Relay(direct_dsn, publisher)
+    assert pooled.prepare_threshold == direct.prepare_threshold == 5
+    for _ in range(2):
+        async with await pooled.connect(pooled.dsn) as conn:
+            assert conn.prepare_threshold is None
+        async with await direct.connect(direct.dsn) as conn:
+            assert conn.prepare_threshold == 5
+    assert (pooled.prepare_threshold, direct.prepare_threshold) == (None, 5)
+    said = [r.getMessage() for r in caplog.records if "through a pooler" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "the outbox relay" in said[0]
+    monkeypatch.setenv("PGONCE_POOLER", "none")  # said so: nothing is checked
+    trusted = Relay(pooled_dsn, publisher)
+    async with await trusted.connect(trusted.dsn) as conn:
+        assert conn.prepare_threshold == 5

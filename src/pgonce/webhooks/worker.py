@@ -62,6 +62,7 @@ from pgonce.core.inbox import (
     parse_json,
 )
 from pgonce.core.throttle import Throttle
+from pgonce.database import own_prepare_threshold
 from pgonce.errors import (
     DatabaseUnavailable,
     HandlerCancelled,
@@ -207,6 +208,8 @@ class InboxWorker:
         self.listen = listen
         self.listen_dsn = listen_dsn or dsn
         self.connect_kwargs = own_connect_kwargs(connect_kwargs)
+        # With PGONCE_POOLER unset, the first connection says whether psycopg may prepare.
+        self._pooler_checked = False
         self.clock = clock
         #: Called after every batch the loops ran, with its result and its seconds (metrics).
         self.on_batch = on_batch
@@ -591,9 +594,23 @@ class InboxWorker:
 
     async def _connect(self, dsn: str, *, autocommit: bool) -> AsyncConnection[Any]:
         try:
-            return await AsyncConnection.connect(dsn, autocommit=autocommit, **self.connect_kwargs)
+            conn = await AsyncConnection.connect(dsn, autocommit=autocommit, **self.connect_kwargs)
         except psycopg.OperationalError as error:
             raise DatabaseUnavailable(f"connecting an inbox worker failed: {error}") from error
+        if not self._pooler_checked and dsn == self.dsn:
+            # The worker's own statements and its handlers' run on these connections.
+            try:
+                threshold = await own_prepare_threshold(conn, "an inbox worker")
+            except BaseException as error:
+                await conn.close()
+                if isinstance(error, psycopg.OperationalError):
+                    raise DatabaseUnavailable(
+                        f"connecting an inbox worker failed: {error}"
+                    ) from error
+                raise
+            self.connect_kwargs = {**self.connect_kwargs, "prepare_threshold": threshold}
+            self._pooler_checked = True
+        return conn
 
     # -- dead letters ----------------------------------------------------------------------------
 
