@@ -472,7 +472,7 @@ class Relay:
             conn = await AsyncConnection.connect(
                 dsn, autocommit=True, prepare_threshold=self.prepare_threshold
             )
-            if not self._pooler_checked:
+            if not self._pooler_checked and dsn == self.dsn:  # not the LISTEN address
                 try:
                     self.prepare_threshold = await own_prepare_threshold(conn, "the outbox relay")
                 except BaseException:
