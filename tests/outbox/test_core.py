@@ -84,3 +84,14 @@ def test_settle_leaves_unanswered_rows_unsettled_and_blocks_their_aggregate() ->
 def test_event_names_are_validated(aggregatetype: str, aggregateid: str, type: str) -> None:
     with pytest.raises(UsageError):
         validate_event(aggregatetype, aggregateid, type)
+
+
+def test_a_late_refusal_of_a_long_policy_waits_the_cap_instead_of_overflowing() -> None:
+    # An hour's base doubled 35 times passes timedelta's limit: the relay computing it died.
+    policy = RetryPolicy(max_attempts=100, base=timedelta(hours=1), cap=timedelta(hours=6))
+    assert policy.delay(36) == policy.delay(99) == timedelta(hours=6)
+    refusal = refuse(policy, id=1, attempts_before=60, error="refused", now=NOW)
+    wait = refusal.next_attempt_at - NOW
+    assert (
+        timedelta(hours=6) * (1 - policy.jitter) <= wait <= timedelta(hours=6) * (1 + policy.jitter)
+    )

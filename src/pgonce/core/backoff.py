@@ -12,5 +12,10 @@ def capped_exponential(base: timedelta, cap: timedelta, attempts: int) -> timede
     before any jitter (each caller spreads it its own way)."""
     if attempts < 1:
         raise UsageError("a backoff is computed after at least one failure")
-    # 2 ** 40 base delays are far past any cap; the bound keeps the number small.
-    return min(cap, base * (1 << min(attempts - 1, 40)))
+    doublings = attempts - 1
+    # Once 2 ** doublings passes cap // base the delay is the cap: multiplying further changes
+    # nothing but can overflow timedelta (an hour's base passed its limit at the 36th failure,
+    # and ended the inbox worker or the relay that computed it).
+    if doublings >= (cap // base).bit_length():
+        return cap
+    return base * (1 << doublings)

@@ -74,10 +74,7 @@ def backoff(policy: RetryPolicy, attempts: int, jitter: float) -> timedelta:
     """The delay after the ``attempts``-th failed run; ``jitter`` is a number in [0, 1)."""
     if not 0.0 <= jitter < 1.0:
         raise UsageError("jitter must be in [0, 1)")
-    # From this attempt on the delay is the cap; a larger exponent would change nothing but could
-    # overflow timedelta (an hour's base passes its limit at the 36th failure).
-    at_cap = 1 + (policy.cap // policy.base).bit_length()
-    delay = capped_exponential(policy.base, policy.cap, min(attempts, at_cap))
+    delay = capped_exponential(policy.base, policy.cap, attempts)
     return delay / 2 + delay / 2 * jitter
 
 
