@@ -97,6 +97,25 @@ def test_stored_headers_keep_what_verification_needs_and_drop_credentials() -> N
     assert stored_headers(headers, ("x-signature",)) == {"x-signature": "ab", "content-type": "a/b"}
 
 
+def test_a_scheme_that_lists_no_headers_never_has_a_shared_token_stored() -> None:
+    # GitLab's X-Gitlab-Token carries the secret itself: the stored row must not hold it.
+    headers = {
+        "x-gitlab-token": "s3cret",
+        "x-api-key": "k",
+        "x-webhook-secret": "s",
+        "x-auth-token": "t",
+        "set-cookie": "c",
+        "x-gitlab-event": "Push Hook",
+        "content-type": "application/json",
+    }
+    assert stored_headers(headers) == {
+        "x-gitlab-event": "Push Hook",
+        "content-type": "application/json",
+    }
+    # A scheme that names a header it needs (to verify again) keeps it.
+    assert stored_headers(headers, ("x-gitlab-token",))["x-gitlab-token"] == "s3cret"
+
+
 def test_outcomes_map_to_statuses_and_the_channel_fits() -> None:
     assert [answer(o) for o in ("stored", "duplicate", "conflict", "gone")] == [200, 200, 409, 503]
     assert notify_channel("pgonce", "inbox") == "pgonce.inbox"

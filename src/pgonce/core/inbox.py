@@ -30,6 +30,10 @@ MAX_ERROR_CHARS = 2000
 #: Request headers never stored with a delivery: credentials of our own edge, not the provider's
 #: signature, and not needed to verify the delivery again.
 UNSTORED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+#: Words that name a credential in a header's name (GitLab's ``x-gitlab-token``, an
+#: ``x-api-key``, an ``x-webhook-secret``): where a scheme does not list the headers it reads,
+#: such a header is not stored either, since for a shared-token scheme its value IS the secret.
+CREDENTIAL_WORDS = ("token", "secret", "password", "api-key", "apikey", "auth", "cookie", "session")
 
 StoreOutcome = Literal["stored", "duplicate", "conflict", "gone"]
 Status = Literal["pending", "done", "dead", "skipped"]
@@ -186,14 +190,19 @@ def stored_headers(
     headers: Mapping[str, str], needed: Collection[str] | None = None
 ) -> dict[str, str]:
     """The headers kept with a delivery: those the scheme reads (``needed``, lower-case names)
-    plus ``content-type``, or, when the scheme does not say, all but our own edge's credentials.
+    plus ``content-type``, or, when the scheme does not say, all but credentials: our own edge's,
+    and any header whose name has a word of :data:`CREDENTIAL_WORDS`.
     A value with a NUL character is left out: no HTTP server passes one on, and jsonb cannot hold
     it."""
     if needed is not None:
         keep = {*needed, "content-type"}
         chosen = {name: value for name, value in headers.items() if name in keep}
     else:
-        chosen = {n: v for n, v in headers.items() if n not in UNSTORED_HEADERS}
+        chosen = {
+            n: v
+            for n, v in headers.items()
+            if n not in UNSTORED_HEADERS and not any(word in n for word in CREDENTIAL_WORDS)
+        }
     return {name: value for name, value in chosen.items() if "\x00" not in value + name}
 
 
