@@ -79,7 +79,9 @@ def test_event_ids_and_orderings_that_cannot_be_stored_are_bad_payloads() -> Non
         with pytest.raises(BadPayload):
             validate_event_id(bad)
     assert validate_ordering(Ordering("cus_1", 3)) == Ordering("cus_1", 3)
-    for ordering in (Ordering(""), Ordering("k", 2**63), Ordering("k\x00")):
+    # A provider's numeric object id (Shopify's) names the object by its decimal text.
+    assert validate_ordering(Ordering(820982911946154508, 3)) == Ordering("820982911946154508", 3)  # type: ignore[arg-type]
+    for ordering in (Ordering(""), Ordering("k", 2**63), Ordering("k\x00"), Ordering(True)):  # type: ignore[arg-type]
         with pytest.raises(BadPayload):
             validate_ordering(ordering)
 

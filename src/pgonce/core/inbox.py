@@ -164,8 +164,16 @@ def validate_event_id(event_id: str) -> str:
 
 
 def validate_ordering(ordering: Ordering) -> Ordering:
-    """The ordering itself, or :class:`BadPayload` when its key or version cannot be stored."""
+    """The ordering itself, or :class:`BadPayload` when its key or version cannot be stored.
+
+    An integer key (Shopify's and many providers' object ids are JSON numbers) names its object
+    by its decimal text: ``Ordering(payload["id"])`` works as ``Ordering(str(payload["id"]))``,
+    instead of every delivery of the source being refused.
+    """
     version = ordering.version
+    key: object = ordering.key  # an untyped extractor's value
+    if type(key) is int:  # not a bool: True is no object's id
+        ordering = Ordering(str(key), version)
     _storable_text(ordering.key, "ordering key")
     if version is not None and (
         isinstance(version, bool) or not isinstance(version, int) or not -(2**63) <= version < 2**63
@@ -217,6 +225,7 @@ class Ordering:
     whatever the timing.
     """
 
+    #: The object's name; an integer id is taken as its decimal text (:func:`validate_ordering`).
     key: str
     version: int | None = None
 
