@@ -629,7 +629,8 @@ def test_a_run_that_fails_midway_reports_what_its_committed_batches_deleted(
 ) -> None:
     # The failure alone read as if the run had deleted nothing, and the service's counter of
     # rows deleted missed every batch of a run that failed later.
-    from pgonce.store._sync.sweeper import failure_summary, swept_before
+    from pgonce import swept_before
+    from pgonce.store._sync.sweeper import failure_summary
 
     add_keys(direct_dsn, 100, age=40 * DAY)
     with (

@@ -29,7 +29,7 @@ from pgonce.errors import (
 from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.keys import AsyncKeyStore, AsyncOperation
 from pgonce.store._async.outbox import AsyncOutboxStore
-from pgonce.store._async.sweeper import AsyncSweeper, sweep_every
+from pgonce.store._async.sweeper import AsyncSweeper, sweep_every, swept_before
 from pgonce.store._sync.health import HealthCheck
 from pgonce.store._sync.keys import KeyStore, Operation
 from pgonce.store._sync.outbox import OutboxStore, enqueue, enqueue_many
@@ -77,4 +77,5 @@ __all__ = [
     "fingerprint",
     "idempotent",
     "sweep_every",
+    "swept_before",
 ]
