@@ -170,3 +170,15 @@ def test_json_pointer() -> None:
     assert json_pointer("/a~1b/c~0d")({"a/b": {"c~d": 3}}) == 3
     with pytest.raises(ConfigError, match="not a JSON pointer"):
         json_pointer("data/id")
+
+
+def test_the_relays_rabbitmq_max_message_size_is_a_setting(tmp_path: Path) -> None:
+    from pgonce.service.runner import build_publisher
+
+    path = write(tmp_path, '[outbox]\npublisher = "rabbitmq"\nmax_message_size = 16777216\n')
+    publisher = build_publisher(load(path, {}))
+    assert publisher.max_message_size == 16 * 1024 * 1024  # type: ignore[attr-defined]
+    for bad in ("0", "536870913", '"16MiB"'):
+        path = write(tmp_path, f'[outbox]\npublisher = "rabbitmq"\nmax_message_size = {bad}\n')
+        with pytest.raises(ConfigError, match="max_message_size"):
+            load(path, {})

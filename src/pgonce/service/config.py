@@ -104,6 +104,11 @@ class OutboxConfig:
     declare: bool = False
     #: "http": the Standard Webhooks signing secret (whsec_...), from the environment.
     secret: str | None = field(default=None, repr=False)
+    #: RabbitMQ: the largest message body sent, in bytes; a larger one is refused (and parked
+    #: in the end) instead of closing the channel. The broker's ``max_message_size``: 128 MiB by
+    #: default in RabbitMQ 3.x, 16 MiB in 4.x (a lower limit of the broker's is learnt from its
+    #: first refusal).
+    max_message_size: int = 128 * 1024 * 1024
     #: Relays in this process; several share the rows without double publishing.
     relays: int = 1
     #: How long published rows are kept before the sweeper deletes them.
@@ -621,6 +626,9 @@ def _outbox(section: _Section) -> OutboxConfig | None:
         exchange=section.text("exchange", ""),
         declare=section.boolean("declare", False),
         secret=secret,
+        max_message_size=section.integer(
+            "max_message_size", OutboxConfig.max_message_size, high=512 * 1024 * 1024
+        ),
         relays=section.integer("relays", 1, high=64),
         retention=section.duration("retention", timedelta(days=7)),
     )

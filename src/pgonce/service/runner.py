@@ -61,7 +61,12 @@ def build_publisher(config: ServiceConfig) -> Publisher:
     if outbox.publisher == "rabbitmq":
         from pgonce.publishers.rabbitmq import RabbitMQPublisher
 
-        return RabbitMQPublisher(outbox.url, exchange=outbox.exchange, declare=outbox.declare)
+        return RabbitMQPublisher(
+            outbox.url,
+            exchange=outbox.exchange,
+            declare=outbox.declare,
+            max_message_size=outbox.max_message_size,
+        )
     if outbox.publisher == "nats":
         from pgonce.publishers.nats import NatsPublisher
 
