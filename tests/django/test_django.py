@@ -478,6 +478,25 @@ def test_a_handler_that_marks_its_transaction_for_rollback_is_retried_with_that_
     assert error.startswith("InboxHandlerError: the handler marked its transaction for rollback")
 
 
+def test_an_async_handler_never_has_its_events_marked_done() -> None:
+    # Called and never awaited, it would do nothing while every claimed event was marked done.
+    _deliver({"amount": 1}, source="async-handler")
+
+    async def handler(event: Any) -> None:
+        Payment.objects.create(principal="shop", amount=1, currency="EUR")
+
+    with pytest.raises(UsageError, match="plain def"):
+        process_batch("async-handler", handler, now=datetime.now(UTC))
+
+    class Handler:  # a plain callable whose call returns a coroutine: found when it runs
+        def __call__(self, event: Any) -> Any:
+            return handler(event)
+
+    assert process_batch("async-handler", Handler(), now=datetime.now(UTC)) == 1
+    assert not Payment.objects.exists()
+    assert [row[1:] for row in _inbox_rows("async-handler")] == [("pending", 1)]
+
+
 def _inbox_rows(source: str = "shop") -> list[tuple[str, str, int]]:
     with connection.cursor() as cur:
         cur.execute(

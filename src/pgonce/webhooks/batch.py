@@ -58,6 +58,17 @@ _NOT_SYNC = (
     "handler returns a coroutine that nobody awaits (run async handlers with InboxWorker)"
 )
 
+
+def check_sync(handler: object) -> None:
+    """:class:`~pgonce.errors.UsageError` for an ``async def`` handler (or an object whose
+    ``__call__`` is one), before anything is claimed: a batch's handler runs in the ORM's
+    transaction, where its coroutine would never be awaited and its event marked done."""
+    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 (an object whose __call__ is async def)
+    ):
+        raise UsageError(_NOT_SYNC)
+
+
 # One throttle for every batch of the process (batches may run in threads side by side): a loop
 # of batches that fail alike logs as one worker does.
 _throttle = Throttle()
@@ -98,10 +109,7 @@ def run_batch(
         raise UsageError(f"out_of_order is 'process' or 'drop', not {out_of_order!r}")
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise UsageError(f"retry must be a RetryPolicy, not {type(retry).__qualname__}")
-    if inspect.iscoroutinefunction(handle) or inspect.iscoroutinefunction(
-        getattr(handle, "__call__", None)  # noqa: B004 (an object whose __call__ is async def)
-    ):
-        raise UsageError(_NOT_SYNC)
+    check_sync(handle)
     policy = retry or RetryPolicy()
     events = store.claim(conn, source, limit=limit, now=now)
     for event in events:

@@ -26,6 +26,7 @@ LISTEN wake-ups and handler timeouts (the async worker has them).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -38,10 +39,11 @@ from pgonce.contrib.django.connection import psycopg_connection
 from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
 from pgonce.errors import InboxHandlerError
 from pgonce.store._sync.inbox import InboxStore
-from pgonce.webhooks.batch import DEFAULT_LIMIT, run_batch
+from pgonce.webhooks.batch import DEFAULT_LIMIT, check_sync, run_batch
 
-#: A handler for the ORM: it gets the event (``payload`` parsed when the body is JSON).
-DjangoHandler = Callable[[InboxEvent], None]
+#: A handler for the ORM: it gets the event (``payload`` parsed when the body is JSON); what it
+#: returns is ignored.
+DjangoHandler = Callable[[InboxEvent], object]
 
 
 def process_batch(
@@ -67,8 +69,12 @@ def process_batch(
     alias = using or pgonce.get("DATABASE", "default")
     store = InboxStore(schema=pgonce.get("SCHEMA", DEFAULT_SCHEMA))
 
-    def handle(event: InboxEvent, _: Any) -> None:
-        handler(event)
+    check_sync(handler)
+
+    def handle(event: InboxEvent, _: Any) -> object:
+        returned: object = handler(event)
+        if inspect.isawaitable(returned):
+            return returned  # refused by run_batch: the event is failed, not marked done
         if connections[alias].get_rollback():
             # Said plainly, rather than as the TransactionManagementError of the next query.
             raise InboxHandlerError(
@@ -79,6 +85,7 @@ def process_batch(
         # would surface at the batch's COMMIT and take every event of the batch down with it,
         # batch after batch. Checked here, it fails this handler's savepoint only.
         connections[alias].check_constraints()
+        return None
 
     with transaction.atomic(using=alias):
         return run_batch(
