@@ -435,6 +435,65 @@ def test_wsgi_a_request_refused_before_the_view_began_frees_its_key(dsn: str) ->
             assert http.post("/payments", json={}, headers=headers).status_code == 201
 
 
+def _refusing_or_crashing(environ_auth: str | None, crash: bool) -> int:
+    """What the test endpoints below do: 401 before they begin without authorization, a crash
+    after they began (the third party may have been called) when asked, else 201."""
+    if environ_auth != "ok":
+        return 401
+    if crash:
+        raise RuntimeError("the process died after the provider's call")
+    return 201
+
+
+async def test_asgi_a_request_refused_on_a_key_taken_over_keeps_it(dsn: str) -> None:
+    # An earlier request with the key began and failed: the next one takes the key over. Refused
+    # before its endpoint began, it must not free the key: the earlier holder may have called the
+    # third party, and a new claim by another request would hand it the same idempotency key.
+    async def create(request: Request) -> StarletteResponse:
+        if request.headers.get("authorization") == "ok":
+            phased(request).key  # noqa: B018 - takes the operation: the endpoint began
+        status = _refusing_or_crashing(
+            request.headers.get("authorization"), "x-crash" in request.headers
+        )
+        return JSONResponse({}, status_code=status)
+
+    async with two_phase_client(dsn, create) as client:
+        headers = {"idempotency-key": "k1", "x-api-key": "shop", "authorization": "ok"}
+        crashed = await client.post("/payments", json={}, headers={**headers, "x-crash": "1"})
+        assert crashed.status_code == 500
+        refused = await client.post("/payments", json={}, headers={**headers, "authorization": ""})
+        assert refused.status_code == 401
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert one(conn, "SELECT count(*) FROM pgonce.keys") == 1
+            assert one(conn, "SELECT count(*) FROM pgonce.key_leases") == 1
+        again = await client.post("/payments", json={}, headers=headers)
+        assert again.status_code == 201
+
+
+def test_wsgi_a_request_refused_on_a_key_taken_over_keeps_it(dsn: str) -> None:
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if environ.get("HTTP_AUTHORIZATION") == "ok":
+            wsgi.phased_of(environ)
+        status = _refusing_or_crashing(environ.get("HTTP_AUTHORIZATION"), "HTTP_X_CRASH" in environ)
+        start_response(f"{status} X", [("content-type", "application/json")])
+        return [b"{}"]
+
+    with ConnectionPool(dsn, min_size=1, max_size=2) as pool:
+        wrapped = wsgi.IdempotencyMiddleware(
+            app, pool=pool, key_scope=wsgi.header_scope("X-Api-Key"), two_phase=["/payments"]
+        )
+        with httpx.Client(transport=httpx.WSGITransport(app=wrapped), base_url="http://s") as http:
+            headers = {"Idempotency-Key": "k1", "X-Api-Key": "shop", "Authorization": "ok"}
+            with pytest.raises(RuntimeError):  # the WSGI server's 500
+                http.post("/payments", json={}, headers={**headers, "X-Crash": "1"})
+            refused = http.post("/payments", json={}, headers={**headers, "Authorization": ""})
+            assert refused.status_code == 401
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                assert one(conn, "SELECT count(*) FROM pgonce.keys") == 1
+                assert one(conn, "SELECT count(*) FROM pgonce.key_leases") == 1
+            assert http.post("/payments", json={}, headers=headers).status_code == 201
+
+
 def test_release_keeps_a_key_that_recorded_a_phase(db: psycopg.Connection[Any]) -> None:
     op = PhaseStore().start(db, "t", "k", FP)
     op.phase("create", lambda conn: 1)

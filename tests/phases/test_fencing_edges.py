@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,7 @@ def test_every_write_after_a_lost_connection_is_database_unavailable(
     conn = psycopg.connect(dsn, autocommit=True)
     op = PhaseStore(lease=LEASE).start(conn, "t", "lost", FP, now=at(0))
     admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-    writes = [
+    writes: list[Callable[[], object]] = [
         lambda: op.phase("create", lambda _: 1, now=at(1)),
         lambda: op.phase("create", lambda _: 1, now=at(1)),
         lambda: op.release(now=at(1)),
@@ -281,14 +281,6 @@ def test_a_holder_that_called_a_third_party_cannot_release_the_key(
         store.start(admin, "t", "called", other, now=at(100))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a resumed holder may release a key whose earlier holder called the provider and died "
-        "before recording it; refusing it in release() needs the ASGI and WSGI middlewares to "
-        "end the lease instead (they release a resumed request refused before its endpoint)"
-    ),
-)
 def test_a_resumed_holder_cannot_release_a_key_an_earlier_holder_may_have_charged(
     admin: psycopg.Connection[Any],
 ) -> None:
@@ -305,13 +297,17 @@ def test_a_resumed_holder_cannot_release_a_key_an_earlier_holder_may_have_charge
     second = store.start(admin, "t", "charged-then-died", FP, now=at(60))
     assert second.resumed
     assert second.state == {}
-    with pytest.raises(UsageError):
+    # Released, the key would be a new claim for another request, whose charge would hand the
+    # provider the idempotency key the first request was charged with.
+    with pytest.raises(UsageError, match="took its key over"):
         second.release(now=at(61))
-    # What happens instead: another request with the key is a new claim, and its charge hands
-    # the provider the idempotency key the first request was charged with.
+    second.fail("refused before the endpoint began", now=at(61))
     other = make_fingerprint("POST", "/payments", b'{"amount": 1}')
-    third = store.start(admin, "t", "charged-then-died", other, now=at(62))
-    assert third.idempotency_key("charge") != charged[0]
+    with pytest.raises(KeyMismatch):
+        store.start(admin, "t", "charged-then-died", other, now=at(62))
+    third = store.start(admin, "t", "charged-then-died", FP, now=at(62))
+    assert third.resumed
+    assert third.idempotency_key("charge") == charged[0]
 
 
 # Retries racing for one expired lease, each a process of its own

@@ -450,10 +450,12 @@ class IdempotencyMiddleware:
                     response = captured.response
                     if response.keep(began=holder.began, status_kept=self.phases.stores_status):
                         response.stored = op.finish(response.response())
-                    elif not holder.began and not op.state:
+                    elif not holder.began and not op.resumed:
                         # Refused before the view began (401, 422): nothing ran, and the key
                         # is freed as a one-transaction route's rollback frees it; a lease
-                        # ended instead would keep the key in flight for ever.
+                        # ended instead would keep the key in flight for ever. A key taken
+                        # over is not freed: an earlier holder may have called the third party
+                        # (PhasedOperation.release()).
                         op.release()
                     else:
                         op.fail(not_stored_note(response.status))

@@ -378,10 +378,12 @@ class IdempotencyMiddleware:
                     captured, began = await self._run_phased(scope, receive, send, op, body)
                     if captured.stored:
                         captured.stored = await op.finish(captured.response())
-                    elif not began and not op.state:
+                    elif not began and not op.resumed:
                         # Refused before the endpoint began (401, 422): nothing ran, and the
                         # key is freed as a one-transaction route's rollback frees it; a
-                        # lease ended instead would keep the key in flight for ever.
+                        # lease ended instead would keep the key in flight for ever. A key
+                        # taken over is not freed: an earlier holder may have called the
+                        # third party (PhasedOperation.release()).
                         await op.release()
                     else:
                         await op.fail(not_stored_note(captured.status))

@@ -735,7 +735,9 @@ class AsyncPhasedOperation(Generic[Row]):
 
         For a request refused before its endpoint ran (authentication, validation): the next
         request with the key is a new claim. Refused (:class:`~pgonce.errors.UsageError`) once
-        a phase was recorded, by this holder or an earlier one: that request resumes instead.
+        a phase was recorded, by this holder or an earlier one, once this holder called a third
+        party, and for a holder that took the key over (:attr:`resumed`): an earlier holder may
+        have called the third party and died before recording it. That request resumes instead.
         """
         self._check_holding(None, now, idle=True)
         if self.state:
@@ -743,12 +745,14 @@ class AsyncPhasedOperation(Generic[Row]):
                 "a request that recorded a phase is resumed, not released: end its lease "
                 "with fail()"
             )
-        if self._called:
-            # Its value may not have been recorded, but the third party may have acted: the
-            # next request with the key would hand it the same idempotency key.
+        if self._called or self.resumed:
+            # Its value may not have been recorded, but the third party may have acted (this
+            # holder's call, or an earlier holder's that died before its record): the next
+            # request with the key would hand it the same idempotency key.
             raise UsageError(
-                "a request that called a third party is resumed, not released, even when the "
-                "call's value was not recorded: end its lease with fail()"
+                "a request that called a third party, or that took its key over from an earlier "
+                "holder, is resumed, not released, even when no call's value was recorded: end "
+                "its lease with fail()"
             )
         with self._exclusive():
             async with self._transaction("releasing a two-phase key"):
