@@ -30,10 +30,22 @@ def test_an_extractor_that_is_not_callable_is_refused_at_construction(option: st
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: RetryPolicy(attempts="3"), "attempts must be a whole number, not a str"),
-        (lambda: RetryPolicy(attempts=2.5), "attempts must be a whole number, not a float"),
-        (lambda: RetryPolicy(base=5), "base must be a datetime.timedelta, not an int"),
-        (lambda: RetryPolicy(cap=60.0), "cap must be a datetime.timedelta, not a float"),
+        (
+            lambda: RetryPolicy(attempts="3"),  # type: ignore[arg-type]
+            "attempts must be a whole number, not a str",
+        ),
+        (
+            lambda: RetryPolicy(attempts=2.5),  # type: ignore[arg-type]
+            "attempts must be a whole number, not a float",
+        ),
+        (
+            lambda: RetryPolicy(base=5),  # type: ignore[arg-type]
+            "base must be a datetime.timedelta, not an int",
+        ),
+        (
+            lambda: RetryPolicy(cap=60.0),  # type: ignore[arg-type]
+            "cap must be a datetime.timedelta, not a float",
+        ),
         (lambda: worker(batch_size="50"), "batch_size must be a whole number"),
         (lambda: worker(poll_interval=1), "poll_interval must be a datetime.timedelta"),
         (lambda: worker(shutdown_timeout=30), "shutdown_timeout must be a datetime.timedelta"),
