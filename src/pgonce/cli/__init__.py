@@ -2,14 +2,18 @@
 
 Every command has ``--help``. Errors are one line on stderr and a non-zero exit code, never a
 traceback: pgonce's own errors print their message and exit 1; anything else is a bug and says so
-in one line (exit 1), with its traceback under ``-v``. A usage error (an unknown option, a bad
+in one line (exit 1), with its traceback under ``-v``. Output into a pipe whose reader is gone
+(``pgonce events | head -1``) stops quietly with exit 1. A usage error (an unknown option, a bad
 value for one) is argparse's and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import select
 import sys
 import traceback
 from collections.abc import Sequence
@@ -106,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pgonce: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # a bug: one line to report, the traceback only when asked
+        # Unless it is stdout's reader that went away; a broker's broken pipe is reported.
+        if isinstance(error, BrokenPipeError) and stdout_reader_gone():
+            return reader_gone()
         if args.verbose:
             traceback.print_exc()
         print(
@@ -114,4 +121,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_gone()
     return code
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (it polls as an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def reader_gone() -> int:
+    """The reader of stdout went away (``pgonce events | head -1``): nothing to say, exit 1.
+
+    What is still buffered cannot be written; stdout is pointed at /dev/null so that the
+    interpreter's own flush at exit does not report it again.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
