@@ -1,0 +1,151 @@
+"""The write side against the relay's claim: rows that become pending behind a held head.
+
+The claim locks only an aggregate's head; the rows after it join the batch unlocked, which is safe
+only while no row with a smaller id can become pending while another relay holds a later head.
+Ordered producers never do that (the lock row); an unordered producer's late commit and a replay
+of a parked row do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgonce.errors import DatabaseError
+from pgonce.store._async.outbox import enqueue as aenqueue
+from pgonce.store._sync.outbox import OutboxStore, enqueue
+from tests.outbox.conftest import wait_until
+
+
+def claimed(conn: psycopg.Connection[Any]) -> list[int]:
+    return [message.id for message in OutboxStore().claim(conn, limit=10)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an unordered event that commits after a later event of its aggregate was claimed "
+    "becomes a head below the held one, and the next relay's batch takes the rows in flight "
+    "(the claim locks heads only); needs the claim to lock its rows or a per-aggregate lock",
+)
+def test_a_late_unordered_commit_does_not_hand_rows_in_flight_to_a_second_relay(
+    dsn: str,
+) -> None:
+    with (
+        psycopg.connect(dsn) as early,
+        psycopg.connect(dsn) as late,
+        psycopg.connect(dsn) as relay1,
+        psycopg.connect(dsn) as relay2,
+    ):
+        first = enqueue(early, "audit", "u1", "a", {}, ordered=False)
+        second = enqueue(late, "audit", "u1", "b", {}, ordered=False)
+        late.commit()
+        assert claimed(relay1) == [second]  # in flight: relay1 has not marked it yet
+        early.commit()
+        in_flight = set(claimed(relay2)) & {second}
+        relay1.rollback()
+        relay2.rollback()
+        assert first < second
+        assert in_flight == set()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a replayed row is a head below one another relay holds, and the next relay's batch "
+    "takes the rows in flight (the claim locks heads only)",
+)
+def test_a_replay_does_not_hand_rows_in_flight_to_a_second_relay(dsn: str) -> None:
+    with (
+        psycopg.connect(dsn) as conn,
+        psycopg.connect(dsn) as relay1,
+        psycopg.connect(dsn) as relay2,
+    ):
+        parked = enqueue(conn, "order", "1", "a", {})
+        later = enqueue(conn, "order", "1", "b", {})
+        conn.execute("UPDATE pgonce.outbox SET parked_at = now() WHERE id = %s", (parked,))
+        conn.commit()
+        assert claimed(relay1) == [later]
+        assert OutboxStore().replay(conn, ids=[parked]) == [parked]
+        conn.commit()
+        in_flight = set(claimed(relay2)) & {later}
+        relay1.rollback()
+        relay2.rollback()
+        assert in_flight == set()
+
+
+def test_an_ordered_event_rolled_back_to_a_savepoint_keeps_the_aggregate_held(dsn: str) -> None:
+    """The transaction's earlier event holds the lock row past a rolled back savepoint."""
+    with (
+        psycopg.connect(dsn) as first,
+        psycopg.connect(dsn, autocommit=True) as second,
+        psycopg.connect(dsn, autocommit=True) as watcher,
+    ):
+        held = enqueue(first, "order", "1", "a", {})
+        with pytest.raises(RuntimeError), first.transaction():
+            enqueue(first, "order", "1", "b", {})
+            raise RuntimeError("rolled back to the savepoint")
+        second.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(DatabaseError, match="lock timeout"), second.transaction():
+            enqueue(second, "order", "1", "c", {})
+        first.commit()
+        with second.transaction():
+            after = enqueue(second, "order", "1", "c", {})
+        assert held < after
+        rows = watcher.execute("SELECT type FROM pgonce.outbox ORDER BY id").fetchall()
+        assert rows == [("a",), ("c",)]
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_snapshot_producer_behind_a_concurrent_one_fails_rather_than_misorders(
+    dsn: str, isolation: str
+) -> None:
+    """Under snapshot isolation the second producer of an aggregate cannot take an id after a
+    commit it does not see: the upsert of the lock row fails with a serialization failure."""
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        second.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
+        second.execute("SELECT 1")  # its snapshot, before the first producer commits
+        enqueue(first, "order", "1", "a", {})
+        first.commit()
+        with pytest.raises(DatabaseError) as caught:
+            enqueue(second, "order", "1", "b", {})
+        assert isinstance(caught.value.__cause__, psycopg.errors.SerializationFailure)
+
+
+async def test_producers_of_two_aggregates_in_opposite_orders_deadlock_and_write_nothing(
+    dsn: str,
+) -> None:
+    first = await psycopg.AsyncConnection.connect(dsn)
+    second = await psycopg.AsyncConnection.connect(dsn)
+    watcher = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        await aenqueue(first, "order", "B", "a", {})
+        await aenqueue(second, "order", "A", "a", {})
+        blocked = asyncio.create_task(aenqueue(first, "order", "A", "b", {}))
+        first_pid = first.info.backend_pid
+
+        async def first_is_waiting_on_a_lock() -> bool:
+            cur = await watcher.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (first_pid,)
+            )
+            return await cur.fetchone() == ("Lock",)
+
+        await wait_until(first_is_waiting_on_a_lock)
+        # PostgreSQL ends one of the two, whichever checks first; the other goes on.
+        results = await asyncio.gather(
+            blocked, aenqueue(second, "order", "B", "b", {}), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert len(failed) == 1
+        assert isinstance(failed[0], DatabaseError)
+        assert isinstance(failed[0].__cause__, psycopg.errors.DeadlockDetected)
+        survivor, victim = (second, first) if failed[0] is results[0] else (first, second)
+        await victim.rollback()
+        await survivor.commit()
+        cur = await watcher.execute("SELECT aggregateid, type FROM pgonce.outbox ORDER BY id")
+        rows = await cur.fetchall()
+        assert sorted(rows) == [("A", "a"), ("B", "b")] or sorted(rows) == [("A", "b"), ("B", "a")]
+    finally:
+        for c in (first, second, watcher):
+            await c.close()
