@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from psycopg.pq import TransactionStatus
@@ -75,6 +75,26 @@ def claim_row(row: tuple[Any, ...] | None) -> ClaimRow:
 def complete_claimed(schema: str) -> bytes:
     """commit()'s completion of a claim of begin(): the completion, narrowed to the row's ctid."""
     return Queries("keys", schema).complete + b" AND ctid = %(row)s::tid"
+
+
+def check_now(now: object) -> Any:
+    """``now`` as given, refused unless it is a timezone-aware datetime.
+
+    Called only where a ``now`` was given (None, the database's clock, is never checked): a str
+    or an int failed inside the store, as an AttributeError or as a statement PostgreSQL could
+    not match (misread as a schema not migrated), and a naive datetime was read in the server's
+    TimeZone, whatever the caller meant.
+    """
+    if not isinstance(now, datetime):
+        raise UsageError(
+            f"now must be a datetime, not {type(now).__name__} (or None, for the database's clock)"
+        )
+    if now.utcoffset() is None:
+        raise UsageError(
+            "now must be a timezone-aware datetime (datetime.now(UTC)): a naive one would be read "
+            "in the server's TimeZone"
+        )
+    return now
 
 
 def check_wait(wait: object) -> int:

@@ -50,6 +50,7 @@ from pgonce.store import wire
 from pgonce.store._async.counts import changed
 from pgonce.store.common import (
     check_key_settings,
+    check_now,
     check_wait,
     claim_row,
     complete_claimed,
@@ -189,11 +190,17 @@ class AsyncKeyStore:
         # the connection's state is checked here, where it counts.
         require_transaction(conn)
         self._check_pooled(conn)
-        params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
+        params = {
+            "scope": scope,
+            "key": key,
+            "fingerprint": fingerprint,
+            "wait_ms": wait_ms,
+            "now": now if now is None else check_now(now),
+        }
         with translate_errors("claiming a key"):
             cur = cursor(conn)
             # Binary results: psycopg parses a timestamptz in text only in the ISO DateStyle.
-            await cur.execute(statement, {**params, "now": now}, binary=True)
+            await cur.execute(statement, params, binary=True)
             row = await cur.fetchone()
         return self._decide(claim_row(row), scope, key, fingerprint)
 
@@ -312,7 +319,7 @@ class AsyncKeyStore:
                 scope_param,
                 key_param,
                 fingerprint,
-                None if now is None else wire.timestamp(now),
+                None if now is None else wire.timestamp(check_now(now)),
                 self._wait_param if wait_ms == self._wait_ms else b"%d" % wait_ms,
             ),
         )
@@ -441,7 +448,7 @@ class AsyncKeyStore:
                     None if status is None else b"%d" % status,  # wire.number(), written out
                     wire.headers_json(stored.headers),
                     stored.body,
-                    None if now is None else wire.timestamp(now),
+                    None if now is None else wire.timestamp(check_now(now)),
                 )
             except BaseException:
                 # A queued write psycopg refused (its parameters), or a key that the
@@ -559,7 +566,7 @@ class AsyncKeyStore:
             "status": status,
             "headers": Jsonb(headers),
             "body": body,
-            "now": now,
+            "now": now if now is None else check_now(now),
         }
 
     async def release(self, conn: AsyncConnection[Row], claim: Won) -> None:
@@ -744,6 +751,13 @@ class AsyncOperation(Generic[Row]):
             # says): psycopg's savepoint around the claim() function.
             if conn.closed:
                 raise DatabaseUnavailable("claiming a key failed: the connection is closed")
+            if status == _INERROR:
+                # psycopg's SAVEPOINT would fail with InFailedSqlTransaction, from in here.
+                raise UsageError(
+                    "once() joins the caller's transaction, which has failed (a statement "
+                    "before it raised): roll it back (conn.rollback(), or leave its "
+                    "conn.transaction() block) and claim in a new one"
+                )
             if conn.autocommit and status == _ACTIVE and outside_blocks(conn):
                 # An autocommit pipeline outside conn.transaction(): psycopg's savepoint would
                 # be a transaction of its own, committing the claim apart from the caller.
@@ -874,6 +888,7 @@ _UNDO: tuple[Command, ...] = ((wire.ROLLBACK, wire.NO_PARAMS),)
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
+_INERROR = TransactionStatus.INERROR
 _ACTIVE = TransactionStatus.ACTIVE
 
 

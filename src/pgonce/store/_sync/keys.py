@@ -52,6 +52,7 @@ from pgonce.store import wire
 from pgonce.store._sync.counts import changed
 from pgonce.store.common import (
     check_key_settings,
+    check_now,
     check_wait,
     claim_row,
     complete_claimed,
@@ -191,11 +192,17 @@ class KeyStore:
         # the connection's state is checked here, where it counts.
         require_transaction(conn)
         self._check_pooled(conn)
-        params = {"scope": scope, "key": key, "fingerprint": fingerprint, "wait_ms": wait_ms}
+        params = {
+            "scope": scope,
+            "key": key,
+            "fingerprint": fingerprint,
+            "wait_ms": wait_ms,
+            "now": now if now is None else check_now(now),
+        }
         with translate_errors("claiming a key"):
             cur = cursor(conn)
             # Binary results: psycopg parses a timestamptz in text only in the ISO DateStyle.
-            cur.execute(statement, {**params, "now": now}, binary=True)
+            cur.execute(statement, params, binary=True)
             row = cur.fetchone()
         return self._decide(claim_row(row), scope, key, fingerprint)
 
@@ -314,7 +321,7 @@ class KeyStore:
                 scope_param,
                 key_param,
                 fingerprint,
-                None if now is None else wire.timestamp(now),
+                None if now is None else wire.timestamp(check_now(now)),
                 self._wait_param if wait_ms == self._wait_ms else b"%d" % wait_ms,
             ),
         )
@@ -441,7 +448,7 @@ class KeyStore:
                     None if status is None else b"%d" % status,  # wire.number(), written out
                     wire.headers_json(stored.headers),
                     stored.body,
-                    None if now is None else wire.timestamp(now),
+                    None if now is None else wire.timestamp(check_now(now)),
                 )
             except BaseException:
                 # A queued write psycopg refused (its parameters), or a key that the
@@ -557,7 +564,7 @@ class KeyStore:
             "status": status,
             "headers": Jsonb(headers),
             "body": body,
-            "now": now,
+            "now": now if now is None else check_now(now),
         }
 
     def release(self, conn: Connection[Row], claim: Won) -> None:
@@ -742,6 +749,13 @@ class Operation(Generic[Row]):
             # says): psycopg's savepoint around the claim() function.
             if conn.closed:
                 raise DatabaseUnavailable("claiming a key failed: the connection is closed")
+            if status == _INERROR:
+                # psycopg's SAVEPOINT would fail with InFailedSqlTransaction, from in here.
+                raise UsageError(
+                    "once() joins the caller's transaction, which has failed (a statement "
+                    "before it raised): roll it back (conn.rollback(), or leave its "
+                    "conn.transaction() block) and claim in a new one"
+                )
             if conn.autocommit and status == _ACTIVE and outside_blocks(conn):
                 # An autocommit pipeline outside conn.transaction(): psycopg's savepoint would
                 # be a transaction of its own, committing the claim apart from the caller.
@@ -870,6 +884,7 @@ _UNDO: tuple[Command, ...] = ((wire.ROLLBACK, wire.NO_PARAMS),)
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
+_INERROR = TransactionStatus.INERROR
 _ACTIVE = TransactionStatus.ACTIVE
 
 
