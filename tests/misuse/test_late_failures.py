@@ -155,3 +155,23 @@ def test_the_happy_path_beside_these_checks_is_unchanged(conn: psycopg.Connectio
     store = KeyStore()
     won = store.begin(conn, "s", "k-plain", FP)
     assert store.commit(conn, won, Response(201, [("x-a", "b")], b"ok"))
+
+
+@pytest.mark.parametrize("status", [2**31, -(2**31) - 1, 10**20])
+def test_a_status_the_column_cannot_hold_is_refused_at_construction(status: int) -> None:
+    # response_status is an integer column: with store_server_errors the completion failed
+    # with "out of range" after the work ran; without, the status counted as a 5xx and the
+    # work was rolled back, answered only by commit()'s False.
+    with pytest.raises(UsageError, match="status"):
+        Response(status)
+
+
+def test_an_out_of_range_status_never_reaches_the_completion(
+    conn: psycopg.Connection[Any],
+) -> None:
+    store = KeyStore(store_server_errors=True)
+    won = store.begin(conn, "s", "k-range", FP)
+    with pytest.raises(UsageError, match="status"):
+        store.commit(conn, won, Response(2**31))
+    conn.rollback()
+    assert _stored(conn, "k-range") == 0

@@ -44,8 +44,10 @@ class Response:
         # The dataclass's own __init__ would set each field through object.__setattr__ (it is
         # frozen) and then call __post_init__: this one sets the slots directly, for a third of
         # the cost of every response an application makes.
-        if status is not None and (type(status) is not int):
-            raise UsageError(f"Response status must be an int or None, not {type(status).__name__}")
+        if status is not None and (
+            type(status) is not int or not _MIN_STATUS <= status <= _MAX_STATUS
+        ):
+            _check_status(status)
         if type(body) is not bytes:
             body = _body(body)
         plain = type(headers) is tuple and _new_pairs(headers)
@@ -81,6 +83,19 @@ class Response:
         if cls is Response and (status is None or type(status) is int):
             return _checked_response(status, tuple(pairs), body)
         return cls(status, tuple(pairs), body)
+
+
+#: The stored status is an ``integer`` column.
+_MIN_STATUS = -(2**31)
+_MAX_STATUS = 2**31 - 1
+
+
+def _check_status(status: object) -> None:
+    if type(status) is not int:
+        raise UsageError(f"Response status must be an int or None, not {type(status).__name__}")
+    raise UsageError(
+        f"Response status must fit in 32 bits (an HTTP status is 100 to 599), not {status}"
+    )
 
 
 def _body(body: object) -> bytes:
