@@ -401,6 +401,15 @@ class _Call(Generic[P]):
             if name != options.connection
         )
         self.key_function = None if isinstance(options.key, str) else options.key
+        first = next(iter(signature.parameters), None)
+        #: What a payload that cannot be fingerprinted is called in the error: a method's
+        #: default payload holds its instance, which the message names.
+        self.arguments_are = (
+            f"the call's arguments ({first} among them: a method's default payload holds its "
+            f"{'class' if first == 'cls' else 'instance'})"
+            if options.payload is None and first in ("self", "cls")
+            else "the call's arguments"
+        )
         self.payload_function = None if isinstance(options.payload, str) else options.payload
 
     def claim(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, bytes]:
@@ -423,7 +432,7 @@ class _Call(Generic[P]):
                 payload[name] = args[index]
         else:
             payload = self.arguments(args, kwargs)
-        return conn, key, fingerprint_of(_canonical_bytes(payload, "the call's arguments"))
+        return conn, key, fingerprint_of(_canonical_bytes(payload, self.arguments_are))
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Every argument by name, defaults included, but the connection, for a call that does
