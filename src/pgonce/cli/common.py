@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,6 +42,28 @@ class Command(Protocol):
 
 #: The options of add_database_options(), by their names in Settings.
 DATABASE_OPTIONS = ("dsn", "schema", "data_dir", "require_dsn")
+
+
+def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high] (no upper bound without ``high``).
+
+    A count that cannot mean anything is a usage error at the call: ``--copies 0`` would
+    otherwise send one copy, ``--demo-copies -1`` fire a storm of nothing and call it a failure,
+    and a conformance body limit of 10**12 be built in memory.
+    """
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if high is None and number < low:
+            raise argparse.ArgumentTypeError(f"{number} is not a whole number of at least {low}")
+        if high is not None and not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{number} is not between {low} and {high}")
+        return number
+
+    return parse
 
 
 def add_global_options(parser: argparse.ArgumentParser) -> None:

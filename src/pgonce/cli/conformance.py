@@ -29,12 +29,12 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from pgonce.cli.common import bounded_int
 from pgonce.errors import UsageError
 
 if TYPE_CHECKING:
@@ -44,22 +44,6 @@ NAME = "conformance"
 HELP = "check that a running endpoint or webhook receiver is really idempotent"
 
 SCHEMES = ("standard-webhooks", "stripe", "github", "shopify", "slack", "generic-hmac")
-
-
-def bounded_int(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: a whole number in [low, high] (a body limit of 10**12 would be built in
-    memory, a negative one would judge a body that is not over any limit)."""
-
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-        if not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"{number} is not between {low} and {high}")
-        return number
-
-    return parse
 
 
 def seconds(value: str) -> float:

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
-from pgonce.cli.common import add_database_options, announced_database, database, print_proof, say
+from pgonce.cli.common import (
+    add_database_options,
+    announced_database,
+    bounded_int,
+    database,
+    print_proof,
+    say,
+)
 from pgonce.cli.serve import fire_storm, service_config
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Response
@@ -64,11 +71,14 @@ class Tally:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_database_options(parser)
-    parser.add_argument("--orders", type=int, default=100, help="distinct orders (default 100)")
+    positive = bounded_int(1)
     parser.add_argument(
-        "--copies", type=int, default=10, help="deliveries of each order (default 10)"
+        "--orders", type=positive, default=100, help="distinct orders (default 100)"
     )
-    parser.add_argument("--connections", type=int, default=16, help="pool size (default 16)")
+    parser.add_argument(
+        "--copies", type=positive, default=10, help="deliveries of each order (default 10)"
+    )
+    parser.add_argument("--connections", type=positive, default=16, help="pool size (default 16)")
     parser.add_argument(
         "--crash-rate",
         type=float,
@@ -80,9 +90,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("orders", "copies", "connections"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"pgonce demo: --{name} must be at least 1")
     if not 0 <= args.crash_rate < 1:
         raise SystemExit("pgonce demo: --crash-rate must be in [0, 1)")
     if args.url:

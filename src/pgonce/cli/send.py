@@ -20,11 +20,14 @@ from collections import Counter
 from pathlib import Path
 from typing import cast
 
+from pgonce.cli.common import bounded_int
 from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import SigningScheme
 
 NAME = "send"
+#: The most copies one send fires at once: a duplicate storm in miniature, not a load test.
+MAX_COPIES = 1000
 HELP = "sign and send a test webhook to a running service"
 
 
@@ -39,7 +42,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     body.add_argument("--body", help="the JSON body to send")
     body.add_argument("--body-file", type=Path, help="a file holding the body")
     parser.add_argument("--id", dest="event_id", help="the event id (default: a new one)")
-    parser.add_argument("--copies", type=int, default=1, help="send it this many times at once")
+    parser.add_argument(
+        "--copies",
+        type=bounded_int(1, MAX_COPIES),
+        default=1,
+        help=f"send it this many times at once (default 1, at most {MAX_COPIES})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,7 +102,7 @@ async def _send(
     async with httpx.AsyncClient(timeout=30) as client:
         try:
             answers = await asyncio.gather(
-                *(client.post(url, content=body, headers=headers) for _ in range(max(1, copies)))
+                *(client.post(url, content=body, headers=headers) for _ in range(copies))
             )
         except httpx.HTTPError as error:
             raise UsageError(f"cannot reach {url}: {error}") from None

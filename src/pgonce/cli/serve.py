@@ -43,6 +43,7 @@ import psycopg
 from pgonce.cli.common import (
     add_database_options,
     announced_database,
+    bounded_int,
     database_options,
     print_proof,
     require_migrated,
@@ -92,8 +93,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="once up, fire a signed retry storm at the first source with a handler and print "
         "the exactly-once proof",
     )
-    parser.add_argument("--demo-orders", type=int, default=100, help="orders in the storm")
-    parser.add_argument("--demo-copies", type=int, default=5, help="deliveries of each order")
+    parser.add_argument(
+        "--demo-orders", type=bounded_int(1), default=100, help="orders in the storm (default 100)"
+    )
+    parser.add_argument(
+        "--demo-copies",
+        type=bounded_int(1),
+        default=5,
+        help="deliveries of each order (default 5)",
+    )
 
 
 def service_config(args: argparse.Namespace) -> ServiceConfig:

@@ -1,0 +1,41 @@
+"""Counts given on the command line (orders, copies, connections) are refused at the call when they
+cannot mean anything, as usage errors (exit 2), before anything is run or fired."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_cli import pgonce
+
+
+def usage_error(*args: str) -> str:
+    result = pgonce(
+        *args, env={"PGONCE_DSN": "postgresql://u:hunter2@127.0.0.1:1/x"}, own_settings=True
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "hunter2" not in result.stderr
+    assert result.stderr.startswith("usage: pgonce"), result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("option", ["--orders", "--copies", "--connections"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_demo_counts_must_be_positive(option: str, value: str) -> None:
+    line = usage_error("demo", option, value)
+    assert f"argument {option}: {value} is not a whole number of at least 1" in line
+
+
+@pytest.mark.parametrize("option", ["--demo-orders", "--demo-copies"])
+@pytest.mark.parametrize("value", ["0", "-1", "many"])
+def test_serve_demo_counts_must_be_positive(option: str, value: str) -> None:
+    # Before this was refused, --demo-copies -1 fired a storm of nothing and printed
+    # "exactly once: NO" after a minute; --demo-orders 0 proved "yes" on no event at all.
+    line = usage_error("serve", "--config", "/nonexistent/pgonce.toml", "--demo", option, value)
+    assert f"argument {option}: " in line
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1001"])
+def test_send_copies_is_refused_out_of_range(value: str) -> None:
+    line = usage_error("send", "--source", "shop", "--copies", value)
+    assert "argument --copies: " in line
