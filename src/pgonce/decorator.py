@@ -569,6 +569,13 @@ def _default_scope(function: Callable[..., Any]) -> str:
             f"@idempotent found no name for {type(function).__name__} {function!r} to make the "
             "claims' scope from: give it scope=..."
         )
+    if "<lambda>" in name:
+        # Every lambda of a module has this name: two would share their claims, and one
+        # would replay the other's result for the same key and arguments.
+        raise UsageError(
+            f"@idempotent cannot make the claims' scope of a lambda from its name ({name}), "
+            "which every lambda of its module shares: give it scope=..."
+        )
     return f"{module}.{name}"
 
 
