@@ -2,8 +2,8 @@
 
 The claim locks only an aggregate's head; the rows after it join the batch unlocked, which is safe
 only while no row with a smaller id can become pending while another relay holds a later head.
-Ordered producers never do that (the lock row); an unordered producer's late commit and a replay
-of a parked row do.
+Ordered producers never do that (the lock row), and a replay waits for both; an unordered
+producer's late commit does.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from pgonce.errors import DatabaseError
+from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store._async.outbox import enqueue as aenqueue
 from pgonce.store._sync.outbox import OutboxStore, enqueue
 from tests.outbox.conftest import wait_until
@@ -51,28 +52,72 @@ def test_a_late_unordered_commit_does_not_hand_rows_in_flight_to_a_second_relay(
         assert in_flight == set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a replayed row is a head below one another relay holds, and the next relay's batch "
-    "takes the rows in flight (the claim locks heads only)",
-)
-def test_a_replay_does_not_hand_rows_in_flight_to_a_second_relay(dsn: str) -> None:
-    with (
-        psycopg.connect(dsn) as conn,
-        psycopg.connect(dsn) as relay1,
-        psycopg.connect(dsn) as relay2,
-    ):
-        parked = enqueue(conn, "order", "1", "a", {})
-        later = enqueue(conn, "order", "1", "b", {})
-        conn.execute("UPDATE pgonce.outbox SET parked_at = now() WHERE id = %s", (parked,))
-        conn.commit()
-        assert claimed(relay1) == [later]
-        assert OutboxStore().replay(conn, ids=[parked]) == [parked]
-        conn.commit()
-        in_flight = set(claimed(relay2)) & {later}
-        relay1.rollback()
-        relay2.rollback()
-        assert in_flight == set()
+async def test_a_replay_waits_for_a_relay_publishing_later_rows_of_its_aggregate(
+    dsn: str,
+) -> None:
+    """A replayed row becomes its aggregate's head: the replay commits only once no relay holds
+    a later head, so no second relay takes rows in flight with it."""
+    store = AsyncOutboxStore()
+    conn = await psycopg.AsyncConnection.connect(dsn)
+    relay1 = await psycopg.AsyncConnection.connect(dsn)
+    relay2 = await psycopg.AsyncConnection.connect(dsn)
+    watcher = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        parked = await aenqueue(conn, "order", "1", "a", {})
+        later = await aenqueue(conn, "order", "1", "b", {})
+        await conn.execute("UPDATE pgonce.outbox SET parked_at = now() WHERE id = %s", (parked,))
+        await conn.commit()
+        assert [m.id for m in await store.claim(relay1, limit=10)] == [later]
+        replaying = asyncio.create_task(store.replay(conn, ids=[parked]))
+        pid = conn.info.backend_pid
+
+        async def replay_is_waiting_on_a_lock() -> bool:
+            cur = await watcher.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+            )
+            return await cur.fetchone() == ("Lock",)
+
+        await wait_until(replay_is_waiting_on_a_lock)
+        assert await store.claim(relay2, limit=10) == []
+        await relay2.rollback()
+        assert await store.mark_published(relay1, [later]) == 1
+        await relay1.commit()
+        assert await replaying == [parked]
+        await conn.commit()
+        assert [m.id for m in await store.claim(relay2, limit=10)] == [parked]
+        await relay2.rollback()
+    finally:
+        for c in (conn, relay1, relay2, watcher):
+            await c.close()
+
+
+async def test_an_ordered_producer_waits_for_a_replay_of_its_aggregate(dsn: str) -> None:
+    """Nor can an event committed during the replay become a head a relay takes meanwhile."""
+    store = AsyncOutboxStore()
+    conn = await psycopg.AsyncConnection.connect(dsn)
+    producer = await psycopg.AsyncConnection.connect(dsn)
+    watcher = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    try:
+        parked = await aenqueue(conn, "order", "1", "a", {})
+        await conn.execute("UPDATE pgonce.outbox SET parked_at = now() WHERE id = %s", (parked,))
+        await conn.commit()
+        assert await store.replay(conn, ids=[parked]) == [parked]
+        enqueueing = asyncio.create_task(aenqueue(producer, "order", "1", "b", {}))
+        pid = producer.info.backend_pid
+
+        async def producer_is_waiting_on_a_lock() -> bool:
+            cur = await watcher.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+            )
+            return await cur.fetchone() == ("Lock",)
+
+        await wait_until(producer_is_waiting_on_a_lock)
+        await conn.commit()
+        assert await enqueueing > parked
+        await producer.commit()
+    finally:
+        for c in (conn, producer, watcher):
+            await c.close()
 
 
 def test_an_ordered_event_rolled_back_to_a_savepoint_keeps_the_aggregate_held(dsn: str) -> None:

@@ -197,6 +197,41 @@ UPDATE {schema}.outbox AS o
        AS r (id, attempts, next_attempt_at, parked_at, last_error)
  WHERE o.id = r.id AND o.published_at IS NULL
 
+-- name: replay_hold
+-- replay()'s first statement: the lock rows of the aggregates it replays, taken as enqueue()
+-- takes them (in enqueue_many's order), so that no ordered producer of theirs commits an event
+-- until the replay has. A replayed row becomes its aggregate's oldest pending row, and a relay
+-- holds an aggregate by its oldest pending row alone (see claim): the replay must not commit
+-- while a relay publishes later rows of the aggregate, nor while one could start to.
+INSERT INTO {schema}.outbox_aggregates AS a (aggregatetype, aggregateid, events,
+                                             last_enqueued_at)
+SELECT p.aggregatetype, p.aggregateid, 0, coalesce(%(now)s::timestamptz, now())
+  FROM (SELECT DISTINCT o.aggregatetype, o.aggregateid
+          FROM {schema}.outbox AS o
+         WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL
+           AND (%(ids)s::bigint[] IS NULL OR o.id = ANY(%(ids)s::bigint[]))
+           AND (%(aggregatetype)s::text IS NULL
+                OR o.aggregatetype = %(aggregatetype)s::text)) AS p
+ ORDER BY p.aggregatetype COLLATE "C", p.aggregateid COLLATE "C"
+ON CONFLICT (aggregatetype, aggregateid) DO UPDATE SET events = a.events
+
+-- name: replay_wait
+-- replay()'s second statement, with a snapshot taken once the lock rows are held: the pending
+-- rows of those aggregates, locked in id order, which waits for a relay that holds one (it
+-- holds the oldest, and is waited for before any later row of its batch is locked) and keeps
+-- every relay off them until the replay commits.
+SELECT o.id
+  FROM {schema}.outbox AS o
+ WHERE o.published_at IS NULL AND o.parked_at IS NULL
+   AND (o.aggregatetype, o.aggregateid) IN (
+       SELECT p.aggregatetype, p.aggregateid
+         FROM {schema}.outbox AS p
+        WHERE p.parked_at IS NOT NULL AND p.published_at IS NULL
+          AND (%(ids)s::bigint[] IS NULL OR p.id = ANY(%(ids)s::bigint[]))
+          AND (%(aggregatetype)s::text IS NULL OR p.aggregatetype = %(aggregatetype)s::text))
+ ORDER BY o.id
+   FOR UPDATE OF o
+
 -- name: replay
 -- Parked rows back into the queue: due at once, attempts from zero.
 UPDATE {schema}.outbox

@@ -347,7 +347,9 @@ class AsyncOutboxStore:
         """Put parked rows back in the queue (all of them, or those ``ids``, or one aggregate type).
 
         The rows are due at once with their attempts reset, and the relays are woken when the
-        transaction commits. Returns the ids replayed.
+        transaction commits. Returns the ids replayed. It waits for a relay that is publishing
+        rows of their aggregates, and holds those aggregates' ordered producers until the
+        transaction ends: commit it soon.
         """
         check_connection(conn, AsyncConnection, self)
         require_transaction(conn)
@@ -361,6 +363,12 @@ class AsyncOutboxStore:
             "now": now,
         }
         with translate_errors("replaying parked outbox rows"):
+            # Two statements first, each with its own snapshot: the aggregates' lock rows (no
+            # ordered producer of theirs commits meanwhile), then their pending rows (waits for
+            # a relay publishing some of them): a replayed row is its aggregate's oldest pending
+            # row, which must not appear behind a relay's back (see the claim statement).
+            await cursor(conn).execute(self._sql.replay_hold, params)
+            await cursor(conn).execute(self._sql.replay_wait, params)
             cur = cursor(conn)
             await cur.execute(self._sql.replay, params)
             replayed = [int(r[0]) for r in await cur.fetchall()]
