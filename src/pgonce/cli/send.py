@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import cast
 
 from pgonce.cli.common import bounded_int
+from pgonce.conformance.runner import public
 from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import SigningScheme
@@ -105,5 +106,5 @@ async def _send(
                 *(client.post(url, content=body, headers=headers) for _ in range(copies))
             )
         except httpx.HTTPError as error:
-            raise UsageError(f"cannot reach {url}: {error}") from None
+            raise UsageError(f"cannot reach {public(url)}: {error}") from None
     return Counter((r.status_code, r.text.strip()[:200]) for r in answers)

@@ -49,7 +49,8 @@ from pgonce.cli.common import (
     require_migrated,
     say,
 )
-from pgonce.errors import ConfigError
+from pgonce.conformance.runner import public
+from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
 from pgonce.store.errors import translate_errors
 from pgonce.store.migrate import migrate
@@ -200,15 +201,22 @@ async def fire_storm(
     with needs("server", "the demo"):
         from psycopg_pool import AsyncConnectionPool
 
+    with needs("http", "the demo"):
+        import httpx
+
     name, scheme = demo_source(config)
     url = service_demo.service_url(url, name)
     async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
         async with pool.connection() as conn:
             await service_demo.check_setup(conn, where or "the database")
         say(
-            f"pgonce demo: {orders * copies} signed deliveries of {orders} orders to {url} ({name})"
+            f"pgonce demo: {orders * copies} signed deliveries of {orders} orders to "
+            f"{public(url)} ({name})"
         )
-        report = await service_demo.storm(url, name, scheme, pool, orders=orders, copies=copies)
+        try:
+            report = await service_demo.storm(url, name, scheme, pool, orders=orders, copies=copies)
+        except httpx.HTTPError as error:  # --url names no running service
+            raise UsageError(f"cannot reach {public(url)}: {error}") from None
     print_proof(
         report.proof(), seconds=report.seconds, items=report.deliveries, ok=report.exactly_once
     )
