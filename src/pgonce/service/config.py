@@ -205,9 +205,23 @@ class _Problems:
         #: False: a reference to a variable that is not set is no problem (see load()).
         self.secrets = secrets
         self.items: list[str] = []
+        #: The keys ``PGONCE__...`` variables set (by the variable's name), and the file's keys.
+        self.overrides: dict[str, str] = {}
+        self.file_keys: set[str] = set()
 
     def add(self, key: str, why: str) -> None:
-        self.items.append(f"{self.origin}: {key}: {why}")
+        self.items.append(f"{self.where(key)}: {key}: {why}")
+
+    def where(self, key: str) -> str:
+        """The variable that set ``key`` (or, for a table the file does not have, one of its
+        keys), else the file: the operator is sent where the value was written."""
+        if key in self.overrides:
+            return self.overrides[key]
+        if key not in self.file_keys:
+            for path, name in sorted(self.overrides.items()):
+                if path.startswith(f"{key}."):
+                    return name
+        return self.origin
 
     def check(self, key: str, build: Callable[[], T]) -> T | None:
         """Run ``build``; a pgonce error it raises becomes a problem of ``key``."""
@@ -225,7 +239,18 @@ class _FromEnvironment(str):
     __slots__ = ()
 
 
-def _env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+def _keys(data: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    """Every dotted key of a parsed file, tables included."""
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        yield key
+        if isinstance(value, dict):
+            yield from _keys(value, f"{key}.")
+
+
+def _env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
+    """Apply the ``PGONCE__...`` variables to ``data``; the keys they set, by variable name."""
+    overrides: dict[str, str] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -238,6 +263,8 @@ def _env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
         else:
             if path:
                 target[path[-1]] = _FromEnvironment(value)
+                overrides[".".join(path)] = name
+    return overrides
 
 
 class _Section:
@@ -689,7 +716,8 @@ def load(
             raise ConfigError(f"{path}: cannot read it: {error}") from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    _env_overrides(data, env)
+    problems.file_keys = set(_keys(data))
+    problems.overrides = _env_overrides(data, env)
     root = _Section(data, "", problems)
 
     database = _Section(root.raw("database"), "database", problems)
