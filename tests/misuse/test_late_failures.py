@@ -175,3 +175,39 @@ def test_an_out_of_range_status_never_reaches_the_completion(
         store.commit(conn, won, Response(2**31))
     conn.rollback()
     assert _stored(conn, "k-range") == 0
+
+
+@pytest.mark.parametrize(
+    ("writes", "given"),
+    [
+        (["INSERT INTO pgonce_written VALUES (1)"], "a str"),
+        ([("INSERT INTO pgonce_written VALUES (1)",)], "a tuple of 1"),
+        (("INSERT INTO pgonce_written VALUES (%s)", (1,)), "a str"),  # one pair, not a list of them
+        ("INSERT INTO pgonce_written VALUES (1)", "a str"),
+        (None, "NoneType"),
+    ],
+)
+def test_writes_that_are_not_query_and_params_pairs_are_named(
+    conn: psycopg.Connection[Any], writes: Any, given: str
+) -> None:
+    # They were Python's ValueError or TypeError from the unpacking inside commit(), with
+    # nothing to say which argument, or how it should look.
+    conn.execute("CREATE TABLE IF NOT EXISTS pgonce_written (x int)")
+    conn.commit()
+    store = KeyStore()
+    won = store.begin(conn, "s", "k-writes", FP)
+    with pytest.raises(UsageError, match=rf"writes must be .*\(query, params\).*{given}"):
+        store.commit(conn, won, Response(200), writes=writes)
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert _stored(conn, "k-writes") == 0
+
+
+def test_a_write_psycopg_refuses_is_still_psycopg_s_error(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS pgonce_written (x int)")
+    conn.commit()
+    store = KeyStore()
+    won = store.begin(conn, "s", "k-write-params", FP)
+    with pytest.raises(TypeError, match="sequence or a mapping"):
+        store.commit(
+            conn, won, Response(200), writes=[("INSERT INTO pgonce_written VALUES (%s)", 1)]
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -95,6 +96,38 @@ def check_now(now: object) -> Any:
             "in the server's TimeZone"
         )
     return now
+
+
+def check_writes(writes: object, error: BaseException) -> None:
+    """After commit() failed on its ``writes`` with ``error``: a UsageError from it when they are
+    not a sequence of ``(query, params)`` pairs (the unpacking's ValueError or TypeError said
+    neither which argument nor its shape); nothing when they are, and ``error`` is the write's.
+    Called only on that failure, so the shape costs the happy path nothing."""
+    if isinstance(writes, str | bytes) or not isinstance(writes, Iterable):
+        wrong: object = writes
+    else:
+        try:
+            items = list(writes)
+        except Exception:  # an iterator already consumed, or one that failed: as it failed
+            return
+        wrong = next(
+            (w for w in items if not isinstance(w, tuple | list) or len(w) != 2),
+            _SHAPED,
+        )
+        if wrong is _SHAPED:
+            return
+    if isinstance(wrong, tuple | list):
+        given = f"a {type(wrong).__name__} of {len(wrong)}"
+    else:
+        given = f"a {type(wrong).__name__}"
+    found = f"not {given}" if wrong is writes else f"not one holding {given}"
+    raise UsageError(
+        "commit()'s writes must be a sequence of (query, params) pairs, as for conn.execute() "
+        f"(params None for none), [(query, params), ...]: {found}"
+    ) from error
+
+
+_SHAPED = object()
 
 
 def check_wait(wait: object) -> int:

@@ -54,6 +54,7 @@ from pgonce.store.common import (
     check_key_settings,
     check_now,
     check_wait,
+    check_writes,
     claim_row,
     complete_claimed,
     hold,
@@ -450,11 +451,13 @@ class KeyStore:
                     stored.body,
                     None if now is None else wire.timestamp(check_now(now)),
                 )
-            except BaseException:
+            except BaseException as error:
                 # A queued write psycopg refused (its parameters), or a key that the
                 # connection's encoding, changed by the work, cannot carry: nothing of the
                 # block may stay in the transaction, as for any failure of the completion.
                 (leave_quietly if joined else rollback_quietly)(conn)
+                if isinstance(error, ValueError | TypeError):
+                    check_writes(writes, error)  # writes not of (query, params): say so
                 raise
             if claim.row is None:  # a claim() of this transaction, not begin()'s
                 commands.append((self._complete_batched, completion))
