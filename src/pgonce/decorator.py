@@ -292,6 +292,8 @@ class Idempotent:
             raise UsageError(f"store must be a pgonce KeyStore, not {type(store).__name__}")
         if scope is not None:
             validate_key(scope, "-")  # a scope the key store would refuse at every call
+            if not scope.isascii():
+                _check_sendable(scope)
         if wait is not None:
             check_wait(wait)  # as the key store checks it at every call: here once, at import
         self.key = key
@@ -558,6 +560,18 @@ def _is_coroutine_function(function: Callable[..., Any]) -> bool:
     """A coroutine function, or an object whose ``__call__`` is one (the run must await it)."""
     call = type(function).__call__
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+
+
+def _check_sendable(scope: str) -> None:
+    """Refuse a scope with a lone surrogate: no connection's encoding carries one, and every
+    call would fail."""
+    try:
+        scope.encode()
+    except UnicodeEncodeError as error:
+        raise UsageError(
+            f"scope holds a lone surrogate at position {error.start}, which no connection can "
+            "send: give a scope of Unicode text"
+        ) from None
 
 
 def _default_scope(function: Callable[..., Any]) -> str:

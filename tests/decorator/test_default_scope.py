@@ -28,3 +28,9 @@ def test_a_named_local_function_keeps_its_default_scope(conn: psycopg.Connection
         return "ran"
 
     assert local(conn, "k-2") == "ran"
+
+
+def test_a_scope_no_connection_can_send_is_refused_when_decorating() -> None:
+    # A lone surrogate passed the decoration and failed every call.
+    with pytest.raises(UsageError, match="surrogate"):
+        idempotent(key="k", scope="orders-\udcff")
