@@ -39,3 +39,11 @@ def test_serve_demo_counts_must_be_positive(option: str, value: str) -> None:
 def test_send_copies_is_refused_out_of_range(value: str) -> None:
     line = usage_error("send", "--source", "shop", "--copies", value)
     assert "argument --copies: " in line
+
+
+@pytest.mark.parametrize("kind", ["http", "webhooks"])
+def test_verbose_is_taken_after_a_conformance_kind_too(kind: str) -> None:
+    # -v is taken before and after every command; after `conformance http URL` it was refused.
+    result = pgonce("conformance", kind, "http://127.0.0.1:1/", "-v", own_settings=True)
+    assert "unrecognized arguments" not in result.stderr, result.stderr
+    assert result.returncode in (1, 2), result.stderr

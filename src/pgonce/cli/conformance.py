@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from pgonce.cli.common import bounded_int
+from pgonce.cli.common import add_global_options, bounded_int
 from pgonce.errors import UsageError
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(--method, --body, --header) must succeed (2xx) with a new key. Traffic goes only to "
         "URL's server (and --count-url); the run takes under --budget seconds.",
     )
+    add_global_options(http)  # -v after the kind too, as after every command
     http.add_argument(
         "url", metavar="URL", nargs="?", help="the endpoint, such as http://host/payments"
     )
@@ -140,6 +141,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Traffic goes only to URL, one sibling path (its last segment replaced, for the "
         "unknown-source check) and --count-url; the run takes under --budget seconds.",
     )
+    add_global_options(hooks)
     hooks.add_argument(
         "url",
         metavar="URL",
