@@ -47,3 +47,9 @@ def test_verbose_is_taken_after_a_conformance_kind_too(kind: str) -> None:
     result = pgonce("conformance", kind, "http://127.0.0.1:1/", "-v", own_settings=True)
     assert "unrecognized arguments" not in result.stderr, result.stderr
     assert result.returncode in (1, 2), result.stderr
+
+
+@pytest.mark.parametrize("value", ["1", "-0.1", "nan", "often"])
+def test_demo_crash_rate_is_a_usage_error_out_of_range(value: str) -> None:
+    line = usage_error("demo", "--crash-rate", value)
+    assert "argument --crash-rate: " in line

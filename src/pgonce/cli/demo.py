@@ -69,6 +69,17 @@ class Tally:
     responses: dict[str, set[bytes]] = field(default_factory=dict)
 
 
+def crash_rate(value: str) -> float:
+    """An argparse type: a share of first attempts, at least 0 and below 1 (all would never end)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0 <= number < 1:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"{value} is not at least 0 and below 1")
+    return number
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     add_database_options(parser)
     positive = bounded_int(1)
@@ -81,7 +92,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connections", type=positive, default=16, help="pool size (default 16)")
     parser.add_argument(
         "--crash-rate",
-        type=float,
+        type=crash_rate,
         default=0.05,
         help="share of first attempts that crash after writing (default 0.05)",
     )
@@ -90,8 +101,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 <= args.crash_rate < 1:
-        raise SystemExit("pgonce demo: --crash-rate must be in [0, 1)")
     if args.url:
         config = service_config(args)
         with announced_database(config.settings, then="counting effects there") as db:
