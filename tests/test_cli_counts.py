@@ -53,3 +53,17 @@ def test_verbose_is_taken_after_a_conformance_kind_too(kind: str) -> None:
 def test_demo_crash_rate_is_a_usage_error_out_of_range(value: str) -> None:
     line = usage_error("demo", "--crash-rate", value)
     assert "argument --crash-rate: " in line
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("replay", "--source", "shop", "--id", "5"), "--id and --aggregatetype go with --outbox"),
+        (("replay", "--outbox", "--event-id", "x"), "--event-id goes with --source"),
+        (("events", "--show", "--id", "x"), "--show needs --source and --id"),
+    ],
+)
+def test_options_that_do_not_go_together_are_usage_errors(args: tuple[str, ...], said: str) -> None:
+    line = usage_error(*args)
+    assert line.startswith(f"pgonce {args[0]}: error: "), line
+    assert said in line

@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_global_options(child)
         command.configure(child)
         takes = {action.dest for action in child._actions}
-        child.set_defaults(run=command.run, takes=takes)
+        # parser: a command's run() refuses options that do not go together with
+        # args.parser.error(), a usage error (exit 2) as argparse's own.
+        child.set_defaults(run=command.run, takes=takes, parser=child)
     return parser
 
 

@@ -56,7 +56,7 @@ def _when(value: object) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.show and not (args.source and args.event_id):
-        raise SystemExit("pgonce events: --show needs --source and --id")
+        args.parser.error("--show needs --source and --id")
     with (
         database(args, migrated=False) as (settings, db),
         translate_errors("connecting"),

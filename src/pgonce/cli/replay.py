@@ -65,9 +65,9 @@ def _migrated(dsn: str, schema: str) -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     if args.outbox and args.event_ids:
-        raise SystemExit("pgonce replay: --event-id goes with --source; use --id with --outbox")
+        args.parser.error("--event-id goes with --source; use --id with --outbox")
     if args.source and (args.ids or args.aggregatetype):
-        raise SystemExit("pgonce replay: --id and --aggregatetype go with --outbox")
+        args.parser.error("--id and --aggregatetype go with --outbox")
     with (
         database(args, migrated=False) as (settings, db),
         _migrated(db.dsn, settings.schema),
