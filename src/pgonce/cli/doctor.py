@@ -40,7 +40,12 @@ from pgonce.cli.common import (
     config_from,
     settings_from,
 )
-from pgonce.cli.sweep import add_retention_options, duration_arg, policies_from
+from pgonce.cli.sweep import (
+    add_retention_options,
+    duration_arg,
+    policies_from,
+    positive_duration_arg,
+)
 from pgonce.core.retention import (
     DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_SLACK,
@@ -83,7 +88,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--timeout",
-        type=duration_arg,
+        type=positive_duration_arg,
         default=DEFAULT_HEALTH_TIMEOUT,
         metavar="DURATION",
         help="statement timeout of the checks' queries; a query without an answer for twice "

@@ -77,14 +77,25 @@ def duration_arg(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def positive_duration_arg(text: str) -> timedelta:
+    """An argparse type for a duration that means nothing at zero (a retention, a timeout)."""
+    duration = duration_arg(text)
+    if duration <= timedelta(0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not longer than 0s")
+    return duration
+
+
 def _env_duration(name: str) -> timedelta | None:
     text = os.environ.get(name)
     if not text:
         return None
     try:
-        return parse_duration(text)
+        duration = parse_duration(text)
     except ConfigError as error:
         raise ConfigError(f"{name}: {error}") from None
+    if duration <= timedelta(0):
+        raise ConfigError(f"{name}: {text!r} is not longer than 0s")
+    return duration
 
 
 def _moment(text: str) -> datetime:
@@ -102,7 +113,7 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("retention")
     group.add_argument(
         "--retention",
-        type=duration_arg,
+        type=positive_duration_arg,
         metavar="DURATION",
         help="how long completed rows are kept, e.g. 30d, 72h (default: $PGONCE_RETENTION, else "
         "the configuration file's retention of each table and source, else "
@@ -111,7 +122,7 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--retry-horizon",
-        type=duration_arg,
+        type=positive_duration_arg,
         metavar="DURATION",
         help="how long senders keep retrying a key; the retention must cover it (default: "
         "$PGONCE_RETRY_HORIZON, else the configuration file's, else "
@@ -146,16 +157,20 @@ def policies_from(
     """One policy per target: the options, else the environment, else the configuration's
     policies (``config``), else the defaults. Raises ConfigError from the horizon guard."""
     names = args.target or list(TARGETS)
-    keep = args.retention or _env_duration("PGONCE_RETENTION")
-    horizon = args.retry_horizon or _env_duration("PGONCE_RETRY_HORIZON")
+    keep = args.retention if args.retention is not None else _env_duration("PGONCE_RETENTION")
+    horizon = (
+        args.retry_horizon
+        if args.retry_horizon is not None
+        else _env_duration("PGONCE_RETRY_HORIZON")
+    )
     configured = {p.target: p for p in (config.retention_policies() if config else [])}
     policies = []
     for name in names:
         base = configured.get(name) or RetentionPolicy(name)
         given = policy_from_text(
             name,
-            keep=keep or base.default.keep,
-            retry_horizon=horizon or base.default.retry_horizon,
+            keep=base.default.keep if keep is None else keep,
+            retry_horizon=base.default.retry_horizon if horizon is None else horizon,
             overrides=args.scope_retention,
         )
         policies.append(replace(given, scopes={**base.scopes, **given.scopes}))
@@ -187,7 +202,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--statement-timeout",
-        type=duration_arg,
+        type=positive_duration_arg,
         default=format_duration(DEFAULT_STATEMENT_TIMEOUT),
         metavar="DURATION",
         help="statement timeout of one batch "
