@@ -33,3 +33,13 @@ def test_a_zero_duration_in_the_environment_is_refused_by_name(name: str, dsn: s
     result = pgonce("sweep", "--dsn", dsn, "--dry-run", env={name: "0s"}, own_settings=True)
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert f"pgonce: error: {name}: " in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("option", ["--dsn", "--config"])
+def test_an_empty_dsn_or_config_is_a_usage_error(option: str) -> None:
+    # `--dsn "$DATABASE_URL"` with the variable unset connected to libpq's default server (and
+    # `pgonce migrate` would have migrated it); `--config ""` read the current folder.
+    result = pgonce("migrate", "--status", "--require-dsn", option, "", own_settings=True)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert f"argument {option}: is empty" in result.stderr, result.stderr
+    assert "using PostgreSQL" not in result.stderr

@@ -66,6 +66,19 @@ def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def not_empty(text: str) -> str:
+    """An argparse type: a value that is not empty (``--dsn "$DATABASE_URL"`` with the variable
+    unset would otherwise reach libpq's default server, and ``--config ""`` the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty")
+    return text
+
+
+def config_path(text: str) -> Path:
+    """An argparse type: the configuration file's path, not empty."""
+    return Path(not_empty(text))
+
+
 def add_global_options(parser: argparse.ArgumentParser) -> None:
     """Options accepted before and after the command: given on both the top-level parser and each
     command's, without a default (argparse.SUPPRESS), so that neither erases the other's value;
@@ -75,7 +88,7 @@ def add_global_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--config",
-        type=Path,
+        type=config_path,
         default=argparse.SUPPRESS,
         help="TOML configuration file (default: $PGONCE_CONFIG; none: defaults and environment)",
     )
@@ -85,6 +98,7 @@ def add_database_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("database")
     group.add_argument(
         "--dsn",
+        type=not_empty,
         default=argparse.SUPPRESS,
         help="PostgreSQL connection string (default: $PGONCE_DSN or [database] dsn; none: the "
         "embedded server)",
