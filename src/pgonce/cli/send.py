@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import cast
 
 from pgonce.cli.common import bounded_int
-from pgonce.conformance.runner import public
+from pgonce.core.urls import public
 from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import SigningScheme

@@ -49,7 +49,7 @@ from pgonce.cli.common import (
     require_migrated,
     say,
 )
-from pgonce.conformance.runner import public
+from pgonce.core.urls import public
 from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
 from pgonce.store.errors import translate_errors

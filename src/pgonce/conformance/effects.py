@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
-from pgonce.conformance.runner import public
+from pgonce.core.urls import public
 from pgonce.errors import UsageError
 
 #: The longest one read of the count may take, in seconds (the kit's per-request bound).

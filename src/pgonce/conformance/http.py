@@ -22,7 +22,8 @@ from pgonce.conformance import http_keys, http_replays
 from pgonce.conformance.effects import Effects
 from pgonce.conformance.http_run import HttpRun, HttpTarget, new_key, suite
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client, public
+from pgonce.conformance.runner import DEFAULT_BUDGET, client
+from pgonce.core.urls import public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
 

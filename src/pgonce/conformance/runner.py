@@ -12,9 +12,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from pgonce.conformance.report import Check, Finding, Report, Result
+from pgonce.core.urls import public
 from pgonce.extras import needs
 
 with needs("http", "pgonce conformance"):
@@ -114,16 +114,6 @@ async def request(
         return await session.request(method, url, **options)
     except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
         return await session.request(method, url, **options)
-
-
-def public(url: str) -> str:
-    """``url`` as a report may show it: a password in its user part is replaced by ``***``
-    (httpx sends it as Basic credentials; a report is pasted into CI logs and tickets)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def shown(response: httpx.Response) -> str:

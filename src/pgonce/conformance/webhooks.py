@@ -22,8 +22,9 @@ import contextlib
 from pgonce.conformance import webhook_deliveries, webhook_signatures
 from pgonce.conformance.effects import Effects, settled_count
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client, public
+from pgonce.conformance.runner import DEFAULT_BUDGET, client
 from pgonce.conformance.webhook_run import WebhookRun, WebhookTarget, suite
+from pgonce.core.urls import public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
 from pgonce.webhooks.schemes import build_scheme
