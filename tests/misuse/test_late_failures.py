@@ -97,8 +97,8 @@ def test_a_nul_header_never_reaches_the_completion(conn: psycopg.Connection[Any]
     store = KeyStore()
     with store.once(conn, "s", "k-nul", FP) as op:
         with pytest.raises(UsageError, match="NUL"):
-            op.respond(Response(200, [("x-note", "a\x00b")]))
-        op.respond(Response(200, [("x-note", "ab")]))
+            op.respond(Response(200, (("x-note", "a\x00b"),)))
+        op.respond(Response(200, (("x-note", "ab"),)))
     conn.commit()
     assert op.stored
 
@@ -154,7 +154,7 @@ async def test_async_once_in_a_failed_transaction_is_refused_with_the_fix(
 def test_the_happy_path_beside_these_checks_is_unchanged(conn: psycopg.Connection[Any]) -> None:
     store = KeyStore()
     won = store.begin(conn, "s", "k-plain", FP)
-    assert store.commit(conn, won, Response(201, [("x-a", "b")], b"ok"))
+    assert store.commit(conn, won, Response(201, (("x-a", "b"),), b"ok"))
 
 
 @pytest.mark.parametrize("status", [2**31, -(2**31) - 1, 10**20])
@@ -209,5 +209,8 @@ def test_a_write_psycopg_refuses_is_still_psycopg_s_error(conn: psycopg.Connecti
     won = store.begin(conn, "s", "k-write-params", FP)
     with pytest.raises(TypeError, match="sequence or a mapping"):
         store.commit(
-            conn, won, Response(200), writes=[("INSERT INTO pgonce_written VALUES (%s)", 1)]
+            conn,
+            won,
+            Response(200),
+            writes=[("INSERT INTO pgonce_written VALUES (%s)", 1)],  # type: ignore[list-item]
         )
