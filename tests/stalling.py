@@ -1,10 +1,10 @@
 """A PostgreSQL server that freezes at a chosen moment, for the stalled-network tests.
 
-:class:`FreezingProxy` forwards TCP to the test server (through the suite's own proxy) until a
-client sends a statement holding ``marker``: from then on no answer comes back on any connection,
-old or new (a host that froze, a half-dead load balancer). Requests still arrive, so the server's
-own statement timeout fires, but its error never reaches the client either. ``frozen`` is set at
-that moment, for a test to wait on.
+:class:`FreezingProxy` forwards to the test server, by TCP or its Unix socket (through the
+suite's own proxy), until a client sends a statement holding ``marker``: from then on no answer
+comes back on any connection, old or new (a host that froze, a half-dead load balancer). Requests
+still arrive, so the server's own statement timeout fires, but its error never reaches the client
+either. ``frozen`` is set at that moment, for a test to wait on.
 """
 
 from __future__ import annotations
@@ -13,15 +13,40 @@ import asyncio
 import contextlib
 import threading
 
-import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from faults.proxy import Proxy
 
 
+def server_of(dsn: str) -> tuple[str | None, tuple[str, int] | None]:
+    """The proxy target of ``dsn``'s server: its Unix socket file, or else its TCP address."""
+    params = conninfo_to_dict(dsn)
+    host, port = str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
+    if host.startswith("/"):
+        return f"{host}/.s.PGSQL.{port}", None
+    return None, (host, port)
+
+
+def proxy_to(dsn: str) -> Proxy:
+    """A :class:`Proxy` in front of the server of ``dsn``, reached by TCP or a Unix socket."""
+    unix_path, tcp = server_of(dsn)
+    return Proxy(unix_path=unix_path, tcp=tcp)
+
+
+def through(proxy: Proxy, dsn: str) -> str:
+    """``dsn`` through ``proxy``."""
+    return make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port))
+
+
 class FreezingProxy(Proxy):
-    def __init__(self, marker: bytes | None, *, tcp: tuple[str, int]) -> None:
-        super().__init__(tcp=tcp)
+    def __init__(
+        self,
+        marker: bytes | None,
+        *,
+        unix_path: str | None = None,
+        tcp: tuple[str, int] | None = None,
+    ) -> None:
+        super().__init__(unix_path=unix_path, tcp=tcp)
         self.marker = marker
         self.frozen = threading.Event()
 
@@ -60,9 +85,6 @@ class FreezingProxy(Proxy):
 
 
 def freezing(dsn: str, marker: bytes | None) -> FreezingProxy:
-    """A :class:`FreezingProxy` in front of the server of ``dsn`` (skips on a Unix socket)."""
-    params = conninfo_to_dict(dsn)
-    host = str(params.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the test server is reached by a Unix socket; the proxy forwards TCP")
-    return FreezingProxy(marker, tcp=(host, int(params.get("port") or 5432)))
+    """A :class:`FreezingProxy` in front of the server of ``dsn``."""
+    unix_path, tcp = server_of(dsn)
+    return FreezingProxy(marker, unix_path=unix_path, tcp=tcp)

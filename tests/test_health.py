@@ -11,15 +11,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
-from faults.proxy import Proxy
 from pgonce.core.retention import Retention, RetentionPolicy
 from pgonce.errors import DatabaseUnavailable, UsageError
 from pgonce.sql import migrations
 from pgonce.store._async.health import AsyncHealthCheck as AnyAsyncHealthCheck
 from pgonce.store._sync.health import HealthCheck as AnyHealthCheck
 from pgonce.store._sync.sweeper import Sweeper as AnySweeper
+from tests.stalling import proxy_to
 from tests.test_cli import pgonce
 from tests.test_sweeper import DAY, NOW, add_keys
 
@@ -342,18 +342,10 @@ def _through(proxy_port: int, dsn: str) -> str:
     return make_conninfo(dsn, host="127.0.0.1", port=str(proxy_port))
 
 
-def _server(dsn: str) -> tuple[str, int]:
-    params = conninfo_to_dict(dsn)
-    host = str(params.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the test server is reached by a Unix socket; the proxy forwards TCP")
-    return host, int(params.get("port") or 5432)
-
-
 def test_a_stalled_network_ends_the_check_with_a_typed_error(direct_dsn: str) -> None:
     # Requests arrive, answers do not: the server's statement timeout fires but its error never
     # comes back. The check must end on its own, not wait forever.
-    with Proxy(tcp=_server(direct_dsn)) as proxy:
+    with proxy_to(direct_dsn) as proxy:
         conn = psycopg.connect(_through(proxy.port, direct_dsn), autocommit=True)
         try:
             proxy.hold(True)
@@ -369,7 +361,7 @@ def test_a_stalled_network_ends_the_check_with_a_typed_error(direct_dsn: str) ->
 async def test_a_stalled_network_ends_the_async_check_with_a_typed_error(
     direct_dsn: str,
 ) -> None:
-    with Proxy(tcp=_server(direct_dsn)) as proxy:
+    with proxy_to(direct_dsn) as proxy:
         conn = await psycopg.AsyncConnection.connect(
             _through(proxy.port, direct_dsn), autocommit=True
         )
@@ -430,7 +422,7 @@ def test_thresholds_that_are_no_span_or_negative_are_refused_when_made(name: str
 
 def test_a_stalled_network_ends_the_durability_probe(direct_dsn: str) -> None:
     # /readyz reads it: on a stalled network each probe held its pooled connection for good.
-    with Proxy(tcp=_server(direct_dsn)) as proxy:
+    with proxy_to(direct_dsn) as proxy:
         conn = psycopg.connect(_through(proxy.port, direct_dsn), autocommit=True)
         try:
             proxy.hold(True)
@@ -447,7 +439,7 @@ def test_a_stalled_network_ends_the_failed_rows_read_with_a_typed_error(direct_d
     from pgonce.store._sync.health import stalled
     from pgonce.store._sync.inspect import Inspector
 
-    with Proxy(tcp=_server(direct_dsn)) as proxy:
+    with proxy_to(direct_dsn) as proxy:
         conn = psycopg.connect(_through(proxy.port, direct_dsn), autocommit=True)
         try:
             proxy.hold(True)
@@ -466,7 +458,7 @@ async def test_a_stalled_network_ends_the_async_failed_rows_read_with_a_typed_er
 ) -> None:
     from pgonce.store._async.inspect import AsyncInspector
 
-    with Proxy(tcp=_server(direct_dsn)) as proxy:
+    with proxy_to(direct_dsn) as proxy:
         conn = await psycopg.AsyncConnection.connect(
             _through(proxy.port, direct_dsn), autocommit=True
         )

@@ -531,20 +531,13 @@ def unused_port() -> int:
 def test_a_stalled_network_ends_the_sweep_with_a_typed_error(direct_dsn: str) -> None:
     # The batch's statement timeout is the server's: with answers held back it never reaches
     # the sweeper, which must not wait forever (the loop would hold its connection for good).
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from tests.stalling import proxy_to, through
 
-    from faults.proxy import Proxy
-
-    params = conninfo_to_dict(direct_dsn)
-    host = str(params.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the test server is reached by a Unix socket; the proxy forwards TCP")
     add_keys(direct_dsn, 5, age=40 * DAY)
     short = SweepLimits(statement_timeout=timedelta(milliseconds=500), pause=NO_PAUSE)
-    with Proxy(tcp=(host, int(params.get("port") or 5432))) as proxy:
-        through = make_conninfo(direct_dsn, host="127.0.0.1", port=str(proxy.port))
+    with proxy_to(direct_dsn) as proxy:
         for ctid in (None, False):  # the Citus probe first, then a batch
-            with psycopg.connect(through, autocommit=True) as conn:
+            with psycopg.connect(through(proxy, direct_dsn), autocommit=True) as conn:
                 proxy.hold(True)
                 started = time.monotonic()
                 with pytest.raises(DatabaseError):

@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
-from faults.proxy import Proxy
 from tests.service.test_serve import Service, start
+from tests.stalling import proxy_to, through
 
 CONFIG = """
 [server]
@@ -64,14 +64,8 @@ def test_a_stalled_network_makes_readyz_unready_within_its_bound(
 ) -> None:
     # Requests reach the server, answers never come back: no statement timeout's error arrives,
     # and psycopg's own cancellation waits for the server too.
-    params = conninfo_to_dict(direct_dsn)
-    host = str(params.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the test server is reached by a Unix socket; the proxy forwards TCP")
-    with Proxy(tcp=(host, int(params.get("port") or 5432))) as proxy:
-        running = start(
-            make_conninfo(direct_dsn, host="127.0.0.1", port=str(proxy.port)), tmp_path, CONFIG
-        )
+    with proxy_to(direct_dsn) as proxy:
+        running = start(through(proxy, direct_dsn), tmp_path, CONFIG)
         try:
             assert httpx.get(f"{running.url}/readyz").status_code == 200
             proxy.hold(True)
@@ -94,14 +88,8 @@ def test_a_stalled_network_ends_every_scrape_within_its_bound_with_the_last_figu
     # reads at a time, and each answers with the figures read last, saying why they are old.
     import concurrent.futures
 
-    params = conninfo_to_dict(direct_dsn)
-    host = str(params.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        pytest.skip("the test server is reached by a Unix socket; the proxy forwards TCP")
-    with Proxy(tcp=(host, int(params.get("port") or 5432))) as proxy:
-        running = start(
-            make_conninfo(direct_dsn, host="127.0.0.1", port=str(proxy.port)), tmp_path, CONFIG
-        )
+    with proxy_to(direct_dsn) as proxy:
+        running = start(through(proxy, direct_dsn), tmp_path, CONFIG)
         try:
             first = httpx.get(f"{running.url}/metrics", timeout=90)
             assert "pgonce_database_up 1.0" in first.text

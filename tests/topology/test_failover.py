@@ -34,6 +34,7 @@ from pgonce.http.middleware import header_scope
 from pgonce.http.transaction import connection
 from pgonce.store.migrate import migrate
 from tests.service.test_serve import start
+from tests.stalling import proxy_to
 from tests.topology.cluster import scratch_cluster, scratch_standby
 
 FP = fingerprint("failover")
@@ -53,8 +54,7 @@ def _until(condition: Any, what: str) -> None:
 
 @pytest.fixture
 def proxied(direct_dsn: str) -> Iterator[tuple[Proxy, str]]:
-    params = conninfo_to_dict(direct_dsn)
-    with Proxy(tcp=(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))) as p:
+    with proxy_to(direct_dsn) as p:
         yield p, _through(p, direct_dsn)
 
 

@@ -21,14 +21,13 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from faults.proxy import Proxy
 from pgonce.config import Settings, pool_kwargs
 from pgonce.errors import ConfigError
 from pgonce.http import IdempotencyMiddleware
@@ -38,6 +37,7 @@ from pgonce.service.config import PoolConfig, load
 from pgonce.service.pools import request_pool
 from pgonce.webhooks.schemes import build_scheme
 from tests.service.test_config import SECRET, write
+from tests.stalling import proxy_to
 
 LISTEN_URL = "postgresql://listener:s3cret@10.0.0.5:5432/app"
 
@@ -187,14 +187,6 @@ async def test_the_middleware_answers_503_when_the_pool_has_no_connection(dsn: s
             assert (await client.post("/pay", json={"n": 1}, headers=headers)).status_code == 201
 
 
-def _proxy_for(dsn: str) -> Proxy:
-    params = conninfo_to_dict(dsn)
-    host, port = str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
-    if host.startswith("/"):
-        return Proxy(unix_path=f"{host}/.s.PGSQL.{port}")
-    return Proxy(tcp=(host, port))
-
-
 async def _select_one(pool: AsyncConnectionPool[Any], wait: float | None = None) -> None:
     async with pool.connection(timeout=wait) as conn:
         await conn.execute("SELECT 1")
@@ -215,7 +207,7 @@ def _application_pool(dsn: str, wait: timedelta) -> AsyncConnectionPool[Any]:
 async def test_after_an_outage_the_first_request_gets_a_new_connection(
     dsn: str, make_pool: Callable[[str, timedelta], AsyncConnectionPool[Any]]
 ) -> None:
-    with _proxy_for(dsn) as proxy:
+    with proxy_to(dsn) as proxy:
         proxied = make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port))
         async with make_pool(proxied, timedelta(milliseconds=300)) as pool:
             await pool.wait()
