@@ -106,6 +106,27 @@ def routing_refusal(outcome: object) -> str:
     return f"the routing function returned {type(outcome).__name__}, not a str"
 
 
+def route_or_refuse(
+    routing: Routing, message: OutboxMessage, refused: dict[int, str], kinds: dict[int, str]
+) -> str | None:
+    """The destination ``routing`` names for ``message``; or, when the routing function raised
+    for it or returned something other than a ``str``, ``None`` after refusing the row into
+    ``refused`` (the reason, see :func:`routing_refusal`) and ``kinds`` (``ROUTING_FAILED``).
+
+    The caller skips a refused row; one that keeps per-aggregate order also holds the row's
+    aggregate back for the rest of the batch.
+    """
+    try:
+        outcome: object = routing(message)
+    except Exception as error:
+        outcome = error
+    if isinstance(outcome, str):
+        return outcome
+    refused[message.id] = routing_refusal(outcome)
+    kinds[message.id] = ROUTING_FAILED
+    return None
+
+
 def short_error(error: BaseException) -> str:
     """A one-line reason for ``last_error``: the class and the first line of the message."""
     text = str(error).strip().splitlines()

@@ -27,10 +27,9 @@ from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import ConfigError
 from pgonce.extras import needs
 from pgonce.publishers.base import (
-    ROUTING_FAILED,
     PublishResult,
     Routing,
-    routing_refusal,
+    route_or_refuse,
     short_error,
     url_origin,
 )
@@ -141,13 +140,8 @@ class HttpPublisher:
                 for message in messages:
                     # Raised out of the gather, it would lose the answers of every aggregate
                     # (sent again, duplicated) and fail every batch that holds the row.
-                    try:
-                        url: object = self._routing(message)
-                    except Exception as error:
-                        url = error
-                    if not isinstance(url, str):
-                        refused[message.id] = routing_refusal(url)
-                        kinds[message.id] = ROUTING_FAILED
+                    url = route_or_refuse(self._routing, message, refused, kinds)
+                    if url is None:
                         return
                     failure = await self._send(client, message, url)
                     if failure is not None:

@@ -35,13 +35,12 @@ from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.extras import needs
 from pgonce.publishers.base import (
-    ROUTING_FAILED,
     PublishResult,
     Routing,
     body,
     by_aggregatetype,
     message_headers,
-    routing_refusal,
+    route_or_refuse,
     short_error,
 )
 
@@ -222,15 +221,10 @@ class NatsPublisher:
                 if held and (message.aggregatetype, message.aggregateid) in held:
                     pending.settle()
                     continue
-                try:
-                    subject: object = self.routing(message)
-                except Exception as error:
-                    subject = error
-                if not isinstance(subject, str):
-                    # This row's failure, not the batch's: refused, it is parked in the end
-                    # while every other aggregate goes on.
-                    pending.refused[message.id] = routing_refusal(subject)
-                    kinds[message.id] = ROUTING_FAILED
+                # A row the routing function fails for is refused: this row's failure, not
+                # the batch's; it is parked in the end while every other aggregate goes on.
+                subject = route_or_refuse(self.routing, message, pending.refused, kinds)
+                if subject is None:
                     held.add((message.aggregatetype, message.aggregateid))
                     pending.settle()
                     continue

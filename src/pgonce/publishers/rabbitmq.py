@@ -36,13 +36,12 @@ from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.extras import needs
 from pgonce.publishers.base import (
-    ROUTING_FAILED,
     PublishResult,
     Routing,
     body,
     by_aggregatetype,
     message_headers,
-    routing_refusal,
+    route_or_refuse,
     short_error,
     url_origin,
 )
@@ -312,13 +311,8 @@ class RabbitMQPublisher:
         for message in batch:
             if held and (message.aggregatetype, message.aggregateid) in held:
                 continue
-            try:
-                key: object = self.routing(message)
-            except Exception as error:
-                key = error
-            if not isinstance(key, str):
-                refused[message.id] = routing_refusal(key)
-                kinds[message.id] = ROUTING_FAILED
+            key = route_or_refuse(self.routing, message, refused, kinds)
+            if key is None:
                 held.add((message.aggregatetype, message.aggregateid))
                 continue
             amqp = amqp_message(message)
