@@ -126,6 +126,8 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
     parts = tuple(parts)
     config = service_config(args)
     refuse_idle(config, parts)
+    if "http" in parts:
+        refuse_unbindable(args, config)
     logs.configure(config.log_format, level=logging.DEBUG if args.verbose else logging.INFO)
     with announced_database(config.settings, then=f"configuration from {config.origin}") as db:
         if set(parts) != set(PARTS):
@@ -149,6 +151,20 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
         asyncio.run(runner.run(config, db.dsn, parts=parts, on_ready=on_ready))
     say("pgonce: stopped")
     return 0
+
+
+def refuse_unbindable(args: argparse.Namespace, config: ServiceConfig) -> None:
+    """Refuse an address the service cannot listen on before the start does anything (migrates):
+    a usage error naming --host when the option gave it, else the configuration's error."""
+    from pgonce.service.runner import host_problem
+
+    problem = host_problem(config.host)
+    if problem is None:
+        return
+    parser = getattr(args, "parser", None)
+    if getattr(args, "host", None) is not None and parser is not None:
+        parser.error(f"--host {args.host}: {problem}")
+    raise ConfigError(f"[server] host {config.host!r}: {problem}")
 
 
 def refuse_idle(config: ServiceConfig, parts: tuple[str, ...]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import socket
@@ -84,19 +85,65 @@ def build_publisher(config: ServiceConfig) -> Publisher:
 def _listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound here so that a port in use is one clear line, not a stack."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, kind, proto, _, address = infos[0]
-        listening = socket.socket(family, kind, proto)
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listening.bind(address)
-        listening.listen(2048)
+        listening = _bound(host, port)
+        try:
+            listening.listen(2048)
+        except OSError:
+            listening.close()
+            raise
     except OSError as error:
         raise ConfigError(
-            f"cannot listen on {host}:{port}: {error.strerror or error} "
-            "(another process may hold the port; choose one with --port or [server] port)"
+            f"cannot listen on {host}:{port}: {listen_problem(host, error)}"
         ) from None
     listening.set_inheritable(True)
     return listening
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    listening = socket.socket(family, kind, proto)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+    except OSError:
+        listening.close()
+        raise
+    return listening
+
+
+def listen_problem(host: str, error: OSError) -> str:
+    """What ``error``, raised binding or listening on ``host``, says is wrong, with the setting
+    to change: the address (not one, or not this host's), the port (in use, or privileged)."""
+    reason = error.strerror or str(error)
+    if isinstance(error, socket.gaierror):
+        return (
+            f"{host!r} is neither an IP address nor a host name this host resolves ({reason}), "
+            "so it cannot be bound; choose one of this host's addresses (0.0.0.0 for all of "
+            "them) with --host or [server] host"
+        )
+    if error.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"{host} is not an address of this host ({reason}); choose one of its addresses "
+            "(0.0.0.0 for all of them) with --host or [server] host"
+        )
+    if error.errno == errno.EADDRINUSE:
+        return f"{reason}: another process holds the port; choose one with --port or [server] port"
+    if error.errno == errno.EACCES:
+        return (
+            f"{reason}: a port below 1024 needs privileges; choose one with --port or [server] port"
+        )
+    return reason
+
+
+def host_problem(host: str) -> str | None:
+    """Why the service could not listen on ``host``, or None when it can: checked on a port the
+    system picks, so that an address that cannot be bound is said before the start does anything."""
+    try:
+        _bound(host, 0).close()
+    except OSError as error:
+        return listen_problem(host, error)
+    return None
 
 
 class _Server(uvicorn.Server):
