@@ -1,9 +1,9 @@
 """The write side against the relay's claim: rows that become pending behind a held head.
 
-The claim locks only an aggregate's head; the rows after it join the batch unlocked, which is safe
-only while no row with a smaller id can become pending while another relay holds a later head.
-Ordered producers never do that (the lock row), and a replay waits for both; an unordered
-producer's late commit does.
+Holding an aggregate's head keeps other relays off its later rows only while no row with a smaller
+id can become pending while another relay holds a later head. Ordered producers never do that (the
+lock row), and a replay waits for both; an unordered producer's late commit does, so the claim
+locks every row it hands out and ends an aggregate's prefix before a row another relay holds.
 """
 
 from __future__ import annotations
@@ -25,12 +25,6 @@ def claimed(conn: psycopg.Connection[Any]) -> list[int]:
     return [message.id for message in OutboxStore().claim(conn, limit=10)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an unordered event that commits after a later event of its aggregate was claimed "
-    "becomes a head below the held one, and the next relay's batch takes the rows in flight "
-    "(the claim locks heads only); needs the claim to lock its rows or a per-aggregate lock",
-)
 def test_a_late_unordered_commit_does_not_hand_rows_in_flight_to_a_second_relay(
     dsn: str,
 ) -> None:

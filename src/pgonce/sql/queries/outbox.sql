@@ -129,11 +129,25 @@ RETURNING id
 -- order.
 --
 -- heads: the oldest pending row of each aggregate, if it is due, locked FOR UPDATE SKIP LOCKED.
--- Holding an aggregate's head is holding the aggregate: another relay skips the locked head, and
--- none of the aggregate's later rows is a head while the head is pending, so no other relay can
--- take them. The later rows therefore need no lock of their own; they join the batch in id order
--- (a prefix of each aggregate). Every exclusion a concurrent commit can cause is on the safe side:
--- a row is skipped this round, never taken out of order.
+-- Holding an aggregate's head keeps the other relays off the aggregate's later rows while no row
+-- below it can become pending: ordered producers never commit below a visible row (the lock row),
+-- and a replay waits for the relay. An unordered event can: committed after a relay took a later
+-- row of its aggregate as head, it is a new head below the held one, and the next relay's prefix
+-- runs into the rows in flight. So each later row of the prefix is locked too, FOR UPDATE SKIP
+-- LOCKED in a subquery of its own, and the prefix ends before the first row that another relay
+-- holds (or published or parked since this statement's snapshot): `gaps` counts the rows not
+-- taken so far, in id order, and only the rows before the first of them join the batch. No relay
+-- then hands out a row it does not hold, nor row N+1 of an aggregate while another relay holds
+-- row N. Every exclusion a concurrent commit can cause is on the safe side: a row is skipped this
+-- round, never taken out of order. The subquery finds its row by ctid (a TID scan, not a second
+-- descent of the primary key; a row updated since is followed to its latest version and its
+-- conditions rechecked), and the head, locked already, is not locked twice (CASE). The window
+-- stops at the first gap (its run condition) but reads one row ahead: the row after a gap, or
+-- after an aggregate's last row in the batch, may be locked too and held unpublished until the
+-- transaction ends, behind a head this relay holds, where no other relay takes it anyway (the
+-- next batch does). The row locks cost the claim 0.17 ms more per 100 rows (0.17 against 0.35
+-- ms; a WAL record each) and no round trip; an advisory lock per aggregate instead could exhaust
+-- the lock table on a batch of many aggregates (max_locks_per_transaction).
 --
 -- The batch takes aggregates in the order of their heads, each with its prefix, until `limit`
 -- rows: the inner LIMIT stops the join, and the join reads heads from the CTE only as it needs
@@ -170,13 +184,26 @@ SELECT b.id, b.aggregatetype, b.aggregateid, b.type, b.payload, b.headers, b.cre
                nullif(r.headers, '{{}}') AS headers, r.created_at, r.attempts
           FROM heads AS h
          CROSS JOIN LATERAL (
-               SELECT o.*
-                 FROM {schema}.outbox AS o
-                WHERE o.aggregatetype = h.aggregatetype AND o.aggregateid = h.aggregateid
-                  AND o.published_at IS NULL AND o.parked_at IS NULL
-                  AND o.id >= h.id
-                ORDER BY o.id
-                LIMIT %(per_aggregate)s) AS r
+               SELECT t.*
+                 FROM (SELECT p.*,
+                              count(*) FILTER (WHERE NOT p.taken)
+                                  OVER (ORDER BY p.id ROWS UNBOUNDED PRECEDING) AS gaps
+                         FROM (SELECT o.*,
+                                      CASE WHEN o.id = h.id THEN true
+                                           ELSE (SELECT true
+                                                   FROM {schema}.outbox AS l
+                                                  WHERE l.ctid = o.ctid AND l.published_at IS NULL
+                                                    AND l.parked_at IS NULL
+                                                    FOR UPDATE OF l SKIP LOCKED) IS NOT NULL
+                                      END AS taken
+                                 FROM {schema}.outbox AS o
+                                WHERE o.aggregatetype = h.aggregatetype
+                                  AND o.aggregateid = h.aggregateid
+                                  AND o.published_at IS NULL AND o.parked_at IS NULL
+                                  AND o.id >= h.id
+                                ORDER BY o.id
+                                LIMIT %(per_aggregate)s) AS p) AS t
+                WHERE t.gaps = 0) AS r
          LIMIT %(limit)s) AS b
  ORDER BY b.id
 
@@ -201,7 +228,7 @@ UPDATE {schema}.outbox AS o
 -- replay()'s first statement: the lock rows of the aggregates it replays, taken as enqueue()
 -- takes them (in enqueue_many's order), so that no ordered producer of theirs commits an event
 -- until the replay has. A replayed row becomes its aggregate's oldest pending row, and a relay
--- holds an aggregate by its oldest pending row alone (see claim): the replay must not commit
+-- holds an aggregate by its oldest pending row (see claim): the replay must not commit
 -- while a relay publishes later rows of the aggregate, nor while one could start to.
 INSERT INTO {schema}.outbox_aggregates AS a (aggregatetype, aggregateid, events,
                                              last_enqueued_at)

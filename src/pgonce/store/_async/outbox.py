@@ -286,8 +286,9 @@ class AsyncOutboxStore:
         transaction, in id order.
 
         Only an aggregate whose oldest pending row is due and not locked by another relay takes
-        part, and that row stays locked until the transaction ends; so two relays never publish
-        one aggregate at once.
+        part, with its following rows up to the first that another relay holds; every row
+        returned stays locked until the transaction ends. So no row goes to two relays, and no
+        relay takes a row of an aggregate after one that another relay holds.
         """
         check_connection(conn, AsyncConnection, self)
         per_aggregate = limit if per_aggregate is None else per_aggregate
