@@ -204,6 +204,8 @@ class Won:
 
     ``row`` is where a claim of ``begin()`` put its row (the ctid, valid in that transaction
     only), by which ``commit()`` completes it; not part of the value, and None from ``claim()``.
+    ``conn`` is the connection whose transaction holds a claim of ``begin()``: ``commit()``
+    refuses the claim on any other connection. Not part of the value either.
     """
 
     scope: str
@@ -212,6 +214,7 @@ class Won:
     claimed_at: datetime
     kind: Literal["won"] = field(default="won", init=False)
     row: bytes | None = field(default=None, repr=False, compare=False)
+    conn: object = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +261,7 @@ _won_fingerprint = _slot(Won, "fingerprint")
 _won_claimed_at = _slot(Won, "claimed_at")
 _won_kind = _slot(Won, "kind")
 _won_row = _slot(Won, "row")
+_won_conn = _slot(Won, "conn")
 _replay_response = _slot(Replay, "response")
 _replay_claimed_at = _slot(Replay, "claimed_at")
 _replay_completed_at = _slot(Replay, "completed_at")
@@ -268,7 +272,12 @@ _response_body = _slot(Response, "body")
 
 
 def won(
-    scope: str, key: str, fingerprint: bytes, claimed_at: datetime, row: bytes | None = None
+    scope: str,
+    key: str,
+    fingerprint: bytes,
+    claimed_at: datetime,
+    row: bytes | None = None,
+    conn: object = None,
 ) -> Won:
     """``Won(scope, key, fingerprint, claimed_at, row=row)``, made faster."""
     made: Won = _new(Won)
@@ -278,6 +287,7 @@ def won(
     _won_claimed_at(made, claimed_at)
     _won_kind(made, "won")
     _won_row(made, row)
+    _won_conn(made, conn)
     return made
 
 

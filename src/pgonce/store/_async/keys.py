@@ -274,7 +274,7 @@ class AsyncKeyStore:
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         claimed = await self._begin(conn, scope, key, fingerprint, wait_ms, now)
         if isinstance(claimed, tuple):
-            return _won(claimed, fingerprint)
+            return _won(claimed, fingerprint, conn)
         return claimed
 
     async def _begin(
@@ -421,6 +421,11 @@ class AsyncKeyStore:
             if joined or conn.pgconn.transaction_status == _IDLE:
                 return False  # _begin() already ended it
             commands.append(_COMMIT)
+        elif (owner := claim.conn) is not conn and owner is not None:
+            # A claim of begin() on another connection: its row is in that connection's
+            # transaction, which this completion cannot reach; this COMMIT would commit this
+            # connection's transaction without its own claim's response.
+            raise UsageError(_OTHER_CONNECTION)
         elif not joined and conn.pgconn.transaction_status == _IDLE:
             raise UsageError(_ENDED_BEFORE_COMMIT)
         elif (
@@ -488,6 +493,8 @@ class AsyncKeyStore:
         if failed:
             await undo(conn)
             index, error = failed
+            if joined and isinstance(error, psycopg.errors.InvalidSavepointSpecification):
+                raise UsageError(_SAVEPOINT_GONE) from error
             if (forget := wire.stale_plan(conn, commands[index][0], error)) is not None:
                 # A caller's statement whose result type changed since it was prepared here
                 # (an ALTER TABLE elsewhere, RETURNING *) fails so at every run: prepared anew
@@ -578,6 +585,44 @@ class AsyncKeyStore:
         require_transaction(conn)
         with translate_errors("releasing a key"):
             await cursor(conn).execute(self._sql.release, {"scope": claim.scope, "key": claim.key})
+
+    async def _settle(
+        self,
+        conn: AsyncConnection[Row],
+        claim: Won,
+        response: Response | None,
+        writes: Sequence[tuple[Query, Params | None]],
+        now: datetime | None,
+    ) -> bool:
+        """Complete ``claim``, which a joined block's commit committed, in a transaction of its
+        own on the idle ``conn``, with the block's queued ``writes``; False, with nothing
+        written, when the claim is not there (the block rolled it back). See
+        AsyncOperation._ended_in_block()."""
+        if not wire.usable(conn):
+            raise DatabaseUnavailable("completing a key failed: the connection is not usable")
+        stored = response or _NO_RESPONSE
+        encoding = wire.encoding(conn)
+        try:
+            scope_param, key_param = claim.scope.encode(encoding), claim.key.encode(encoding)
+        except UnicodeEncodeError as error:
+            raise UsageError(unencodable("completing a key", error)) from error
+        completion = (
+            scope_param,
+            key_param,
+            None if stored.status is None else b"%d" % stored.status,
+            wire.headers_json(stored.headers),
+            stored.body,
+            None if now is None else wire.timestamp(check_now(now)),
+            claim.row,
+        )
+        begin: Command = (wire.begin_statement(conn), wire.NO_PARAMS)
+        results = await self._finish(conn, [begin, (self._complete_claimed, completion)])
+        if results[-1].command_tuples != 1:
+            await self._finish(conn, list(_UNDO))
+            return False
+        commands = [wire.caller_command(conn, query, params) for query, params in writes]
+        await self._finish(conn, [*commands, _COMMIT])
+        return True
 
     def once(
         self,
@@ -732,7 +777,7 @@ class AsyncOperation(Generic[Row]):
                 conn, scope, key, fingerprint, self._wait_ms, self._now, _OWNED_REFUSAL
             )
             if isinstance(claimed, tuple):
-                self._claim = _won(claimed, fingerprint)
+                self._claim = _won(claimed, fingerprint, conn)
                 hold(conn, 1)  # released first thing at the block's end
                 self._held = True
             else:
@@ -747,7 +792,9 @@ class AsyncOperation(Generic[Row]):
             claimed = await self._store._begin(
                 conn, scope, key, fingerprint, self._wait_ms, self._now, joined=True
             )
-            self._claim = _won(claimed, fingerprint) if isinstance(claimed, tuple) else claimed
+            self._claim = (
+                _won(claimed, fingerprint, conn) if isinstance(claimed, tuple) else claimed
+            )
             self._joined = True
         else:
             # In psycopg's pipeline (or a failed transaction, whose SAVEPOINT fails as psycopg
@@ -806,11 +853,7 @@ class AsyncOperation(Generic[Row]):
                 await leave_quietly(conn)
                 return None
             if conn.pgconn.transaction_status == _IDLE:
-                raise UsageError(
-                    "the transaction that once() joined ended inside its block (a commit or "
-                    "rollback of the connection there), so the response was not stored; a "
-                    "claim committed that way stays in flight until its key expires"
-                )
+                raise await self._ended_in_block(conn, claim)
             self.stored = await self._store._commit(
                 conn, claim, self.response, self._writes, self._now, joined=True
             )
@@ -838,6 +881,40 @@ class AsyncOperation(Generic[Row]):
                 await savepoint.__aexit__(type(error), error, error.__traceback__)
                 raise
         return await savepoint.__aexit__(exc_type, exc, tb)
+
+    async def _ended_in_block(self, conn: AsyncConnection[Row], claim: Won) -> UsageError:
+        """The error for a joined block that ended the caller's transaction, with nothing run
+        after the end (the connection is idle), once the key is settled as honestly as it can be.
+
+        The block's commit (conn.commit(), or a COMMIT in SQL) committed the claim with what the
+        block had written: the business writes are done, so a retry must replay their outcome,
+        not wait on a claim in flight until the key expires, nor run them again. The block's
+        response (a 5xx too: its writes could not be rolled back with the claim, as a 5xx's are)
+        and its queued writes are then stored in a transaction of pgonce's own on the idle
+        connection. The block's rollback took the claim with the writes: the key is free and
+        nothing is stored. Which of the two happened is the claim's row, read by its ctid: an
+        extra round trip on this misuse's path only.
+        """
+        try:
+            self.stored = stored = await self._store._settle(
+                conn, claim, self.response, self._writes, self._now
+            )
+        except Exception as error:
+            failure = UsageError(
+                f"{_ENDED_IN_BLOCK}; storing the response of the claim it committed failed "
+                f"({error}), so the key stays in flight"
+            )
+            failure.__cause__ = error
+            return failure
+        if stored:
+            return UsageError(
+                f"{_ENDED_IN_BLOCK}; its commit had committed the claim with the block's writes, "
+                "so the block's response was stored after it, and a retry replays it"
+            )
+        return UsageError(
+            f"{_ENDED_IN_BLOCK}; the claim was rolled back with the block's writes before the "
+            "end: nothing was stored and the key is free, so a retry runs the work again"
+        )
 
 
 async def _open_transaction(conn: AsyncConnection[Row]) -> None:
@@ -878,6 +955,32 @@ _ENDED_BEFORE_COMMIT = (
     "in flight until its key expires"
 )
 _CLAIM_TYPES = (Won, Replay, InFlight)
+# What commit() answers for a claim of begin() on another connection.
+_OTHER_CONNECTION = (
+    "commit() was given a claim that begin() made on another connection: the claim is in that "
+    "connection's transaction, which only commit() on that connection completes; this "
+    "connection's transaction was left as it was"
+)
+# What a joined once() block that ended the caller's transaction is told, then how its key was
+# left (AsyncOperation._ended_in_block()).
+_ENDED_IN_BLOCK = (
+    "the transaction that once() joined ended inside its block (a conn.commit() or "
+    "conn.rollback(), or a COMMIT or ROLLBACK in SQL, there): end it after the block, or pass "
+    "commit=True for pgonce to own the transaction"
+)
+# What it is told when it ended that transaction and went on in a new one (or released a
+# savepoint opened before once()'s): pgonce's savepoint is gone and the completion failed.
+_SAVEPOINT_GONE = (
+    "once()'s savepoint was gone at the block's end: the transaction that once() joined ended "
+    "inside its block (a conn.commit() or conn.rollback(), or a COMMIT or ROLLBACK in SQL) and "
+    "the block went on in a new one, or a savepoint opened before pgonce's was released or "
+    "rolled back inside it. Nothing was "
+    "stored, and the transaction now open has failed: roll it back. A claim committed inside "
+    "the block stays in flight (part of the block's work committed, part did not: neither a "
+    "replay nor a new run would be right) until its key expires or is released by hand. The "
+    "transaction ends after the block (or pass commit=True for pgonce to own it), and "
+    "savepoints opened inside the block end inside it"
+)
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
 # What COMMIT refuses a transaction for on account of its writes: the caller's to handle (a
@@ -895,10 +998,11 @@ _INERROR = TransactionStatus.INERROR
 _ACTIVE = TransactionStatus.ACTIVE
 
 
-def _won(owned: Owned, fingerprint: bytes) -> Won:
-    """The :class:`Won` of a claim that ``_begin()`` answered as owned, from the claim's result."""
+def _won(owned: Owned, fingerprint: bytes, conn: AsyncConnection[Row]) -> Won:
+    """The :class:`Won` of a claim that ``_begin()`` answered as owned on ``conn``, from the
+    claim's result."""
     scope, key, result = owned
-    return won(scope, key, fingerprint, *wire.claimed(result))
+    return won(scope, key, fingerprint, *wire.claimed(result), conn)
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:
