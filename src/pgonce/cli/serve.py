@@ -34,8 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
@@ -49,6 +51,7 @@ from pgonce.cli.common import (
     require_migrated,
     say,
 )
+from pgonce.core.retention import format_duration
 from pgonce.core.urls import public
 from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
@@ -137,11 +140,7 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
             # [database] connect_timeout, as every connection of the service: psycopg's own
             # default kept a start on a stalled network waiting for over two minutes.
             connect_timeout = int(config.pool.connect_timeout.total_seconds())
-            with (
-                translate_errors("connecting"),
-                psycopg.connect(db.dsn, autocommit=True, connect_timeout=connect_timeout) as conn,
-            ):
-                applied = migrate(conn, config.settings.schema)
+            applied = migrate_at_start(db.dsn, config.settings.schema, connect_timeout)
             if applied:
                 say(f"pgonce: applied migrations {', '.join(f'{v:04d}' for v in applied)}")
         on_ready = None
@@ -151,6 +150,89 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
         asyncio.run(runner.run(config, db.dsn, parts=parts, on_ready=on_ready))
     say("pgonce: stopped")
     return 0
+
+
+#: How long the start waits for the migration lock that another runner (``pgonce migrate``, a
+#: replica's start) holds while it migrates, before it ends with one line naming it. The same
+#: order as the waits for a table's lock that the migration itself allows (five tries of
+#: DEFAULT_LOCK_TIMEOUT, with pauses, about half a minute); without it, a runner stuck in its
+#: transaction kept the start waiting for good, saying nothing.
+MIGRATION_LOCK_WAIT = timedelta(seconds=30)
+
+#: After this long, a start still migrating says once what the migration waits for.
+MIGRATION_NOTICE_AFTER = timedelta(seconds=1)
+
+log = logging.getLogger("pgonce.service")
+
+
+def migrate_at_start(dsn: str, schema: str, connect_timeout: int) -> list[int]:
+    """Apply the pending migrations, within :data:`MIGRATION_LOCK_WAIT` for the runners' lock
+    (the migration bounds its waits for a table's lock itself), saying once what it waits for
+    when it takes longer than :data:`MIGRATION_NOTICE_AFTER`."""
+    with (
+        translate_errors("connecting"),
+        psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout) as conn,
+    ):
+        done = threading.Event()
+        watcher = threading.Thread(
+            target=_say_what_migration_waits_for,
+            args=(dsn, conn.info.backend_pid, connect_timeout, done),
+            name="pgonce-migration-watch",
+            daemon=True,
+        )
+        watcher.start()
+        try:
+            return migrate(conn, schema, lock_wait=MIGRATION_LOCK_WAIT)
+        finally:
+            done.set()  # the watcher ends after its current look, if any
+
+
+#: What a migrating backend waits for, and who holds it (the first blocker).
+_WAITING = r"""
+SELECT w.wait_event_type, w.wait_event,
+       (SELECT CASE WHEN l.locktype = 'relation' THEN 'a lock on ' || l.relation::regclass::text
+                    WHEN l.locktype = 'advisory' THEN 'the migration lock'
+                    ELSE 'a lock (' || l.locktype || ')' END
+          FROM pg_locks l WHERE l.pid = w.pid AND NOT l.granted LIMIT 1),
+       b.pid, b.state, left(regexp_replace(b.query, '\s+', ' ', 'g'), 120),
+       floor(extract(epoch FROM now() - b.xact_start))::int
+  FROM pg_stat_activity w
+  LEFT JOIN pg_stat_activity b ON b.pid = (pg_blocking_pids(w.pid))[1]
+ WHERE w.pid = %s
+"""
+
+
+def _say_what_migration_waits_for(
+    dsn: str, backend: int, connect_timeout: int, done: threading.Event
+) -> None:
+    """Once the migration on ``backend`` has run :data:`MIGRATION_NOTICE_AFTER`, log once what
+    it waits for: a lock and the session holding it, or its statement. Best effort: a failure
+    to ask is only a debug line, and the migration's own bounds stand."""
+    if done.wait(MIGRATION_NOTICE_AFTER.total_seconds()):
+        return
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout) as conn:
+            while not done.is_set():
+                row = conn.execute(_WAITING, (backend,)).fetchone()
+                if done.is_set():
+                    return
+                if row is not None and row[0] == "Lock" and row[3] is not None:
+                    _, _, what, pid, state, query, seconds = row
+                    log.warning(
+                        "the start-up migration waits for %s, held by the session of pid %s "
+                        "(%s for %ss, last statement: %s); it gives up after %s",
+                        what or "a lock",
+                        pid,
+                        state,
+                        seconds,
+                        query,
+                        format_duration(MIGRATION_LOCK_WAIT),
+                    )
+                    return
+                if done.wait(MIGRATION_NOTICE_AFTER.total_seconds()):
+                    return
+    except psycopg.Error as error:
+        log.debug("could not see what the start-up migration waits for: %s", error)
 
 
 def refuse_unbindable(args: argparse.Namespace, config: ServiceConfig) -> None:

@@ -18,6 +18,7 @@ from psycopg import errors as pg_errors
 
 from pgonce import sql as pgsql
 from pgonce.config import validate_schema
+from pgonce.core.retention import format_duration
 from pgonce.errors import MigrationError, SchemaNotMigrated
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import first_line, translate_errors
@@ -62,6 +63,10 @@ class _LockBusy(Exception):
     """A try that waited its lock_timeout out; its transaction was rolled back."""
 
 
+class _RunnerBusy(Exception):
+    """The runners' own lock waited ``lock_wait`` out: another runner holds it."""
+
+
 def _ddl(text: str) -> bytes:
     # DDL comes from pgonce's own files; the connection's search_path makes its names pgonce's.
     return text.encode()
@@ -74,10 +79,18 @@ def _apply_one(
     version: int,
     name: str,
     lock_timeout_ms: str = "0",
+    lock_wait_ms: str | None = None,
 ) -> bool:
     q = pgsql.Queries("migrate", schema)
     with conn.transaction():
-        cursor(conn).execute(q.lock, {"schema": schema})
+        if lock_wait_ms is None:
+            cursor(conn).execute(q.lock, {"schema": schema})
+        else:
+            cursor(conn).execute(q.lock_timeout, {"timeout_ms": lock_wait_ms})
+            try:
+                cursor(conn).execute(q.lock, {"schema": schema})
+            except pg_errors.LockNotAvailable as error:
+                raise _RunnerBusy(first_line(error)) from error
         # After the runners' own lock: a second `pgonce migrate` waits for the first whatever
         # its migration takes (an index on a large table); only table locks are bounded.
         cursor(conn).execute(q.lock_timeout, {"timeout_ms": lock_timeout_ms})
@@ -106,21 +119,40 @@ def migrate(
     on_applied: Callable[[int, str], None] | None = None,
     lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT,
     lock_tries: int = DEFAULT_LOCK_TRIES,
+    lock_wait: timedelta | None = None,
 ) -> list[int]:
     """Apply every pending migration; return the versions this call applied.
 
     ``conn`` must be idle (no open transaction): each migration commits on its own. A migration
     that cannot get a table's lock within ``lock_timeout`` is rolled back and tried again after
     a pause, ``lock_tries`` times in all, then :class:`MigrationError` names what it waited for.
+
+    Each migration first takes the runners' own lock, held by another runner for as long as its
+    migration takes. With ``lock_wait`` a wait for it longer than that ends in
+    :class:`MigrationError` (``pgonce serve`` sets it: a start must end); without, it waits.
     """
-    timeout_ms = str(max(1, round(lock_timeout / timedelta(milliseconds=1))))
+    timeout_ms = _milliseconds(lock_timeout)
+    wait_ms = None if lock_wait is None else _milliseconds(lock_wait)
     # The name reaches search_path as text, where PostgreSQL folds an unquoted name to lower
     # case: "Tenant-A" built its tables in an existing schema "tenant-a", or nowhere.
     validate_schema(schema)
     done: list[int] = []
     with translate_errors("migrating"):
         for migration in pgsql.migrations():
-            if _apply_tries(conn, schema, migration, timeout_ms, lock_timeout, lock_tries):
+            try:
+                applied = _apply_tries(
+                    conn, schema, migration, timeout_ms, lock_timeout, lock_tries, wait_ms
+                )
+            except _RunnerBusy as busy:
+                raise MigrationError(
+                    f"waited {format_duration(lock_wait or timedelta())} for the migration lock "
+                    f"of schema {schema}, to apply or skip migration {migration.version:04d}_"
+                    f"{migration.name} ({busy}): another pgonce migrate, or a pgonce serve "
+                    "starting, holds it while it migrates this database (see pg_locks, locktype "
+                    "advisory, and pg_stat_activity); nothing of it was applied: start again "
+                    "once that one has finished"
+                ) from busy.__cause__
+            if applied:
                 done.append(migration.version)
                 if on_applied:
                     on_applied(migration.version, migration.name)
@@ -134,11 +166,12 @@ def _apply_tries(
     timeout_ms: str,
     lock_timeout: timedelta,
     tries: int,
+    wait_ms: str | None = None,
 ) -> bool:
     for attempt in range(1, max(1, tries) + 1):
         try:
             return _apply_one(
-                conn, schema, migration.text, migration.version, migration.name, timeout_ms
+                conn, schema, migration.text, migration.version, migration.name, timeout_ms, wait_ms
             )
         except _LockBusy as busy:
             if attempt >= tries:
@@ -150,6 +183,10 @@ def _apply_tries(
                 ) from busy.__cause__
             time.sleep(lock_timeout.total_seconds() * attempt)
     return False
+
+
+def _milliseconds(duration: timedelta) -> str:
+    return str(max(1, round(duration / timedelta(milliseconds=1))))
 
 
 def apply_schema_file(conn: psycopg.Connection[Any], schema: str) -> None:
