@@ -22,4 +22,9 @@ urlpatterns = [
     path("swallow-db-error", views.swallow_db_error),
     path("rollback-and-write-anew", views.rollback_and_write_anew),
     path("committed-hook", views.committed_hook),
+    path("mark-for-rollback", views.mark_for_rollback),
+    path("mark-own-block-for-rollback", views.mark_own_block_for_rollback),
+    path("undo-a-part-then-write", views.undo_a_part_then_write),
+    path("commit-the-request", views.commit_the_request),
+    path("end-on-psycopg", views.end_on_psycopg),
 ]

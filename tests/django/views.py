@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -152,3 +152,49 @@ def database_scope(request: HttpRequest) -> str:
         cur.execute("SELECT 'db-user'")
         row = cur.fetchone()
     return f"user:{row[0] if row else None}"
+
+
+def mark_for_rollback(request: HttpRequest) -> HttpResponse:
+    # Undoes its write and answers 200 (Django's documented way): under ATOMIC_REQUESTS the mark
+    # is on the request's atomic() block, else on the middleware's own.
+    insert_payment()
+    transaction.set_rollback(True)
+    return JsonResponse({"saved": False}, status=200)
+
+
+def mark_own_block_for_rollback(request: HttpRequest) -> HttpResponse:
+    # The same inside the view's own atomic() block: without the middleware, the whole
+    # transaction of a view under autocommit.
+    with transaction.atomic():
+        insert_payment()
+        transaction.set_rollback(True)
+    return JsonResponse({"saved": False}, status=200)
+
+
+def undo_a_part_then_write(request: HttpRequest) -> HttpResponse:
+    # A partial undo (get_or_create's way): a block rolled back by the exception the view
+    # catches, then a write that commits with the stored answer.
+    try:
+        with transaction.atomic():
+            insert_payment()
+            raise IntegrityError("taken")
+    except IntegrityError:
+        pass
+    return JsonResponse({"id": insert_payment()}, status=201)
+
+
+def commit_the_request(request: HttpRequest) -> HttpResponse:
+    # Misuse: commits the request's transaction (the claim with it) before the answer is stored.
+    payment = insert_payment()
+    if request.GET.get("how") == "autocommit-off":
+        transaction.set_autocommit(False)
+    connection.commit()
+    return JsonResponse({"id": payment}, status=201)
+
+
+def end_on_psycopg(request: HttpRequest) -> HttpResponse:
+    # Misuse: ends the request's transaction on the psycopg connection itself (the claim with
+    # it) and runs nothing after.
+    payment = insert_payment()
+    getattr(connection.connection, request.GET["action"])()
+    return JsonResponse({"id": payment}, status=201)

@@ -173,8 +173,10 @@ def session() -> Session:
     ``commit()``) raises
     :class:`~pgonce.contrib.sqlalchemy.SessionCommitRefused`: the middleware commits;
     ``session.rollback()`` raises :class:`~pgonce.contrib.sqlalchemy.SessionRollbackRefused`: it
-    would roll back the claim (undo a part with ``session.begin_nested()``). Asking for it marks
-    the view as begun. Needs ``pool=EngineConnections(engine)``.
+    would roll back the claim (undo a part with ``session.begin_nested()``). Either refusal, not
+    caught by the view, is logged and answered with the problem of
+    :data:`~pgonce.http.semantics.TRANSACTION_ENDED`, and nothing of the request commits. Asking
+    for it marks the view as begun. Needs ``pool=EngineConnections(engine)``.
     """
     existing = g.get(_SESSION)
     if existing is not None:
@@ -303,6 +305,13 @@ class Idempotency:
         app.extensions[_CLOSES_SESSIONS] = self.closes_sessions
         if self.closes_sessions:
             app.teardown_request(_close_session)
+            from pgonce.contrib.sqlalchemy import SessionCommitRefused, SessionRollbackRefused
+
+            # The view's commit() or rollback() of the request's session (or of its
+            # connection()) is refused, its writes roll back with the claim (see
+            # _mark_raised_views), and the client is told so, not given Flask's 500 page.
+            app.register_error_handler(SessionCommitRefused, _transaction_ended)
+            app.register_error_handler(SessionRollbackRefused, _transaction_ended)
         return middleware
 
 
@@ -318,6 +327,14 @@ def _response(answer: Answer) -> Response:
 
 def _missing_scope(error: MissingKeyScope) -> Response:
     return _response(semantics.MISSING_SCOPE)
+
+
+def _transaction_ended(error: UsageError) -> Response:
+    tx = request.environ.get(ENVIRON_KEY)
+    if not isinstance(tx, IdempotentTransaction):
+        raise error  # not a covered request: the app's own error handling decides
+    semantics.log_transaction_ended(tx.scope, error)
+    return _response(semantics.TRANSACTION_ENDED)
 
 
 def _mark_raised_views(app: Flask) -> None:

@@ -69,6 +69,7 @@ from pgonce.http.semantics import (
     IdempotencyRules,
     PhasedRequest,
 )
+from pgonce.http.semantics import IDLE as _IDLE
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
 from pgonce.store._sync.phases import PhasedOperation, PhaseStore
 
@@ -367,7 +368,14 @@ class IdempotencyMiddleware:
                     try:
                         captured = self._run(environ, conn, claim)
                         response = captured.response
-                        if not response.commits(conn.pgconn.transaction_status):
+                        status = conn.pgconn.transaction_status
+                        if status == _IDLE and (response.stored or not _failed(environ)):
+                            # The view committed or rolled back the request's transaction
+                            # itself and ran nothing since: the claim is settled on its own,
+                            # never left in flight, and the log says what was wrong. (Not a
+                            # failed view's: SQLAlchemy rolled back after a failed flush.)
+                            self._settle(conn, claim, response)
+                        elif not response.commits(status):
                             conn.rollback()
                         elif not self.store.commit(conn, claim, response.response()):
                             # The completion and COMMIT in one round trip (a failed completion
@@ -402,6 +410,18 @@ class IdempotencyMiddleware:
             return _answer(start_response, self.rules.replay(claim))
         assert isinstance(claim, InFlight)
         return _answer(start_response, semantics.in_flight(claim))
+
+    def _settle(self, conn: Connection[Any], claim: Won, response: CapturedResponse) -> None:
+        """Complete (or release) ``claim`` in a transaction of its own on the idle ``conn``,
+        after the view ended the request's transaction (see
+        :meth:`~pgonce.http.semantics.CapturedResponse.ended_by_endpoint`)."""
+        found: bool | None = None
+        if response.stored:
+            found = self.store.complete(conn, claim, response.response())
+        else:
+            self.store.release(conn, claim)
+        conn.commit()
+        response.ended_by_endpoint(claim, found=found)
 
     def _run(self, environ: Environ, conn: Connection[Any], claim: Won) -> _Captured:
         """Run the application in the claim's transaction and capture its whole response.
@@ -492,6 +512,8 @@ class IdempotencyMiddleware:
             return _answer(start_response, semantics.unavailable(self.store.retry_after))
         if response.too_large:
             return _answer(start_response, semantics.RESPONSE_TOO_LARGE)
+        if response.ended:
+            return _answer(start_response, semantics.TRANSACTION_ENDED)
         if not response.answered:
             raise UsageError("the WSGI application returned without calling start_response()")
         headers = list(captured.headers)
@@ -529,6 +551,12 @@ class _Captured:
     def _write(self, data: bytes) -> None:
         # The legacy write() callable: its bytes come before the iterable's, as a server sends them.
         self.response.add(data, more=True)
+
+
+def _failed(environ: Environ) -> bool:
+    """Whether the view of a claimed request failed (see :meth:`IdempotentTransaction.fail`)."""
+    tx = environ.get(ENVIRON_KEY)
+    return isinstance(tx, IdempotentTransaction) and tx.failed
 
 
 def _status_line(status: int) -> str:

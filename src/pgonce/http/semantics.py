@@ -16,7 +16,8 @@ back in its framework's response type. So the answers are the same whichever ada
 422    the key was first used with another request (method, path, query or body)
 401    the key scope named no caller and the endpoint asked for the claim's transaction
 500    the response exceeded ``max_response_bytes``: it cannot be stored, so it is not given out
-       and the endpoint's work is rolled back
+       and the endpoint's work is rolled back; or the endpoint tried to commit or roll back the
+       request's transaction itself (:data:`TRANSACTION_ENDED`): nothing of it committed
 503    the database could not be reached; nothing committed; ``Retry-After``
 =====  ==========================================================================================
 
@@ -47,7 +48,7 @@ from psycopg.pq import TransactionStatus
 
 from pgonce.core.outcomes import InFlight, Replay, Response, Won
 from pgonce.core.requests import request_fingerprint
-from pgonce.errors import InvalidIdempotencyKey
+from pgonce.errors import InvalidIdempotencyKey, UsageError
 from pgonce.http.keys import key_of, parse_key
 from pgonce.http.problem import CONTENT_TYPE, problem_body
 from pgonce.http.replay import (
@@ -94,8 +95,10 @@ FIRST_LOOK = 0.02
 LONGEST_LOOK = 0.25
 
 _EXPIRES = EXPIRES_HEADER.encode()
-# A module constant: an enum class's attribute lookup at each request otherwise.
+# Module constants: an enum class's attribute lookup at each request otherwise.
 _INERROR = TransactionStatus.INERROR
+#: The status of a connection whose transaction the endpoint ended (see ended_by_endpoint()).
+IDLE = TransactionStatus.IDLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,29 @@ RESPONSE_TOO_LARGE = problem(
     "Response too large to store",
     "the response exceeded the size that can be stored for replay; nothing was done",
 )
+
+
+#: The endpoint tried to commit or roll back the request's transaction itself (refused, and
+#: nothing of it committed): the claim would have committed before its response was stored, or
+#: gone with the rollback while the endpoint's later writes committed without it.
+TRANSACTION_ENDED = problem(
+    500,
+    "Transaction ended by the endpoint",
+    "the endpoint tried to commit or roll back the request's transaction, which is committed "
+    "only once its response is stored; nothing was done, and a retry runs it again",
+)
+
+
+def log_transaction_ended(scope: str, error: BaseException) -> None:
+    """Say that an endpoint committed or rolled back the request's transaction, or tried to (a
+    refusal is answered :data:`TRANSACTION_ENDED`): a bug of the endpoint, named by the typed
+    error, which says what became of the request. One line, no traceback."""
+    _log.error(
+        "idempotent request's transaction ended by its endpoint: %s: %s",
+        type(error).__name__,
+        error,
+        extra={"scope": scope, "outcome": "transaction_ended"},
+    )
 
 
 def invalid_key(error: InvalidIdempotencyKey) -> Answer:
@@ -293,6 +319,10 @@ class CapturedResponse:
     #: committed (or, if COMMIT's answer was lost, the retry replays what did), so the client is
     #: told to retry: 503 with Retry-After, never a 500 and a traceback.
     unavailable: bool = False
+    #: The endpoint ended the request's transaction itself and nothing of the request committed:
+    #: the client is told so (:data:`TRANSACTION_ENDED`), not given the answer (see
+    #: :meth:`ended_by_endpoint`).
+    ended: bool = False
 
     def add(self, chunk: bytes, more: bool) -> None:
         """One chunk of the body; ``more`` is false for the last one."""
@@ -337,6 +367,39 @@ class CapturedResponse:
         request's transaction itself (see :func:`log_not_stored`). Nothing is stored."""
         self.stored = False
         log_not_stored(claim)
+
+    def ended_by_endpoint(self, claim: Won, *, found: bool | None) -> None:
+        """The endpoint committed or rolled back the request's transaction on its connection
+        and ran nothing since (the connection was idle when it returned), and the adapter then
+        settled the claim in a transaction of its own: completed it with the response if the
+        response is kept (:meth:`keep`), else released it. ``found``: whether that completion
+        found the claim (``None``: released, not known).
+
+        Found, the endpoint had committed the claim with its writes before the response was
+        stored: the response is stored now, so the key is not left in flight, and its answer
+        goes out. Not found, it had rolled the claim back, and nothing of the request committed:
+        the client is told so (:data:`TRANSACTION_ENDED`) and the retry runs. Either way the
+        log names the error."""
+        self.stored = bool(found)
+        self.ended = found is False
+        if found:
+            outcome = (
+                "it committed the claim with its writes before the response was stored (had the "
+                "process stopped there, the key would have stayed in flight until it expired); "
+                "the response was stored after it"
+            )
+        elif found is None:
+            outcome = "its answer was not stored, and the key was freed"
+        else:
+            outcome = "it rolled back the claim with its writes: nothing was done"
+        log_transaction_ended(
+            claim.scope,
+            UsageError(
+                "the endpoint committed or rolled back the request's transaction on its "
+                f"connection itself: {outcome}. Let the middleware commit once the response is "
+                "stored: undo a part with a savepoint, or raise to undo it all"
+            ),
+        )
 
     def response(self) -> Response:
         """What the key store keeps for replays."""

@@ -29,7 +29,17 @@ A view that raises is never stored, whatever answer Django makes of the exceptio
 writes roll back with the claim. A view that lost the database (Django's ``OperationalError`` or
 ``InterfaceError``) is answered 503 with Retry-After, as when the middleware's own calls lose
 it. Django REST Framework turns exceptions into responses inside the view: those are answers the
-view returned, stored once it began.
+view returned, stored once it began (under ``ATOMIC_REQUESTS`` DRF marks the view's transaction for
+rollback, below).
+
+A view whose transaction is marked for rollback (``transaction.set_rollback(True)``) while it
+answers is not stored either: its writes never commit, so neither does its answer, and the key
+stays free. Its transaction is ``ATOMIC_REQUESTS``' block, the view's own outermost ``atomic()``
+block, or, outside any, the middleware's; a part it undoes inside it (a nested block, a block an
+exception it caught rolled back) is not. A view that tries to end the request's transaction
+(``connection.commit()``, which Django refuses inside ``atomic()``) is answered an RFC 9457
+problem and logged; one that ends it on the psycopg connection and runs nothing after has its
+claim settled apart, never left in flight.
 
 Not supported: writes on any other connection, which commit on their own (and a retry after a
 failure makes them again): another thread's (``sync_to_async(..., thread_sensitive=False)`` in an
@@ -44,9 +54,11 @@ repeated headers with a comma before the middleware sees them; a header repeated
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import aclosing
+from types import FrameType
 from typing import Any
 
 import psycopg
@@ -55,6 +67,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.core.handlers.asgi import ASGIRequest
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.transaction import TransactionManagementError
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from psycopg.pq import TransactionStatus
 
@@ -70,7 +83,7 @@ from pgonce.errors import (
     UsageError,
 )
 from pgonce.http import semantics
-from pgonce.http.semantics import NO_WAIT, Answer, CapturedResponse, IdempotencyRules
+from pgonce.http.semantics import IDLE, NO_WAIT, Answer, CapturedResponse, IdempotencyRules
 from pgonce.store._sync.keys import KeyStore
 
 #: Where the request's claim is kept for :func:`begin` (``request.pgonce``).
@@ -81,32 +94,94 @@ _UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError, OperationalError,
 #: What Django's ``atomic()`` sends for its savepoints (``connection.ops.savepoint_*_sql``): they
 #: write nothing, so a view inside ``ATOMIC_REQUESTS`` has not begun when its block opens.
 _SAVEPOINT_SQL = ("SAVEPOINT ", "RELEASE SAVEPOINT ", "ROLLBACK TO SAVEPOINT ")
+_ROLLBACK_SQL = "ROLLBACK TO SAVEPOINT "
+
+#: The code of Django's ``Atomic.__exit__``, which rolls a block back to its savepoint, and how
+#: many frames above the execute wrapper it is looked for (Django's cursor, its debug cursor,
+#: ``savepoint_rollback()``, its ``async_unsafe`` wrapper and other execute wrappers are between).
+_ATOMIC_EXIT = transaction.Atomic.__exit__.__code__
+_FRAMES = 20
 
 GetResponse = Callable[[HttpRequest], Any]
+
+#: Where Django refuses a commit, a rollback or a change of autocommit inside ``atomic()``.
+_NO_ATOMIC_BLOCK = BaseDatabaseWrapper.validate_no_atomic_block.__code__
+
+
+def _transaction_ended(refusal: TransactionManagementError) -> UsageError:
+    """What a view did wrong when it tried to commit or roll back the request's transaction."""
+    return UsageError(
+        "the view runs in the idempotent request's transaction, which the Idempotency-Key "
+        "middleware commits once the response is stored, and called connection.commit(), "
+        f"rollback() or set_autocommit() on it (Django: {refusal}); nothing was committed. Let "
+        "the middleware commit: undo a part with transaction.atomic() and "
+        "transaction.set_rollback(True), or raise to undo it all"
+    )
+
+
+def _ends_transaction(error: TransactionManagementError) -> bool:
+    """Whether Django raised ``error`` refusing to end the transaction of an ``atomic()`` block
+    (its ``validate_no_atomic_block()``), not for another misuse of a transaction."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and frame.tb_frame.f_code is _NO_ATOMIC_BLOCK
 
 
 class ClaimedRequest:
     """The key a request claimed; ``began`` turns true at the view's first query, ``raised``
-    when the view raised (whatever response Django made of it).
+    when the view raised (whatever response Django made of it), ``undone`` when the view's
+    transaction was marked for rollback (see :meth:`_rolled_back`).
 
     It is also the execute wrapper (Django's ``connection.execute_wrapper()``) that sees that
     query, installed on the connection while the view runs and while its streamed body is read.
     """
 
-    __slots__ = ("began", "key", "raised", "scope")
+    __slots__ = ("began", "depth", "key", "raised", "scope", "undone")
 
-    def __init__(self, scope: str, key: str) -> None:
+    def __init__(self, scope: str, key: str, depth: int = 0) -> None:
         self.scope = scope
         self.key = key
+        #: How many savepoints Django's atomic() blocks held in the middleware's block.
+        self.depth = depth
         self.began = False
         self.raised = False
+        self.undone = False
 
     def __call__(
         self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
     ) -> Any:
-        if not self.began:  # one test per request: every later query skips it
+        if self.began:
+            if isinstance(sql, str) and sql.startswith(_ROLLBACK_SQL):
+                self._rolled_back(context["connection"])
+        else:
             self.began = not (isinstance(sql, str) and sql.startswith(_SAVEPOINT_SQL))
         return execute(sql, params, many, context)
+
+    def _rolled_back(self, wrapper: BaseDatabaseWrapper) -> None:
+        """A savepoint is rolled back: is it the view's transaction, marked for rollback?
+
+        The view's transaction is the outermost ``atomic()`` block inside the middleware's
+        (``ATOMIC_REQUESTS``' block, or the view's own): without the middleware it would be a
+        transaction, and a rollback there undoes all of it. Django rolls it back to its
+        savepoint when it ends marked for rollback (``transaction.set_rollback(True)``, as DRF's
+        exception handler does under ``ATOMIC_REQUESTS``), and then nothing of the request may
+        commit, the answer included. Not when an exception leaves it: the view either raised
+        (``raised``) or caught the exception to go on, a partial undo (``get_or_create``'s way)
+        whose answer is stored with the rest; nor for a block nested deeper, a partial undo too.
+        """
+        if len(wrapper.savepoint_ids) != self.depth:
+            return  # a block nested deeper: a part the view undoes
+        frame: FrameType | None = sys._getframe(2)
+        for _ in range(_FRAMES):
+            if frame is None:
+                return
+            if frame.f_code is _ATOMIC_EXIT:
+                # Atomic.__exit__(self, exc_type, ...): rolling back without an exception means
+                # that the block was marked for rollback.
+                self.undone = self.undone or frame.f_locals.get("exc_type") is None
+                return
+            frame = frame.f_back
 
 
 def begin(request: HttpRequest) -> None:
@@ -214,7 +289,11 @@ class IdempotencyMiddleware:
         For a claimed request the view is marked as raised, so that its writes roll back with the
         claim and nothing is stored: the retry runs the view again. A view that lost the database
         is answered 503 with Retry-After, as the middleware answers when its own calls lose it. A
-        view that asked for the claim of a request whose key scope named no caller: 401.
+        view that asked for the claim of a request whose key scope named no caller: 401. A view
+        that tried to end the request's transaction (``connection.commit()``, ``rollback()`` or
+        ``set_autocommit()``, which Django refuses inside the middleware's ``atomic()`` block):
+        the problem answer of :data:`~pgonce.http.semantics.TRANSACTION_ENDED`, logged as a
+        :class:`~pgonce.errors.UsageError`, never Django's 500 page.
         """
         if isinstance(exception, MissingKeyScope):
             return to_django(semantics.MISSING_SCOPE)
@@ -225,6 +304,9 @@ class IdempotencyMiddleware:
         if isinstance(exception, _UNAVAILABLE):
             semantics.log_unavailable(claimed.scope, exception)
             return to_django(semantics.unavailable(self.store.retry_after))
+        if isinstance(exception, TransactionManagementError) and _ends_transaction(exception):
+            semantics.log_transaction_ended(claimed.scope, _transaction_ended(exception))
+            return to_django(semantics.TRANSACTION_ENDED)
         return None
 
     def _check(self, request: HttpRequest) -> str | Answer | None:
@@ -317,7 +399,7 @@ class IdempotencyMiddleware:
                     return to_django(self.rules.replay(claim))
                 assert isinstance(claim, InFlight)
                 return to_django(semantics.in_flight(claim))
-            claimed = ClaimedRequest(caller, key)
+            claimed = ClaimedRequest(caller, key, len(wrapper.savepoint_ids))
             setattr(request, REQUEST_ATTRIBUTE, claimed)
             # What connection.execute_wrapper(claimed) does, without its two context managers.
             wrappers = wrapper.execute_wrappers
@@ -329,14 +411,25 @@ class IdempotencyMiddleware:
                 captured = _capture(response, self.rules.capture())
             finally:
                 wrappers.pop()
-            # A view that raised, or marked its transaction for rollback (set_rollback), must
-            # not commit; nor one that caught the error of its own statement and answered (the
-            # transaction is aborted: its answer goes out, not stored, and the key stays free).
-            began = claimed.began and not claimed.raised and not wrapper.get_rollback()
-            if not (
-                captured.keep(began=began, status_kept=store.stores_status)
-                and captured.commits(conn.pgconn.transaction_status)
-            ):
+            # A view that raised, or marked its transaction for rollback (set_rollback: on the
+            # middleware's block, or on the view's outermost block, which Django has rolled back
+            # to its savepoint), must not commit; nor one that caught the error of its own
+            # statement and answered (the transaction is aborted). Its answer goes out, not
+            # stored, and the key stays free.
+            began = (
+                claimed.began
+                and not claimed.raised
+                and not claimed.undone
+                and not wrapper.get_rollback()
+            )
+            kept = captured.keep(began=began, status_kept=store.stores_status)
+            status = conn.pgconn.transaction_status
+            if status == IDLE:
+                # The view committed or rolled back the request's transaction on the psycopg
+                # connection itself and ran nothing since: the claim is settled on its own,
+                # never left in flight, and the log says what was wrong.
+                _settle(store, conn, claim, captured)
+            elif not (kept and captured.commits(status)):
                 wrapper.set_rollback(True)
             elif not (
                 # The completion and COMMIT in one round trip; Django's own COMMIT at the end
@@ -351,10 +444,27 @@ class IdempotencyMiddleware:
         # Committed (or rolled back): only now is the answer given out.
         if captured.too_large:
             return to_django(semantics.RESPONSE_TOO_LARGE)
+        if captured.ended:
+            return to_django(semantics.TRANSACTION_ENDED)
         if captured.stored:
             name, value = self.rules.expires_text_header(claim.claimed_at)
             response[name] = value
         return response
+
+
+def _settle(
+    store: KeyStore, conn: psycopg.Connection[Any], claim: Won, captured: CapturedResponse
+) -> None:
+    """Complete (or release) ``claim`` in a transaction of its own on the idle ``conn``, after
+    the view ended the request's transaction (see
+    :meth:`~pgonce.http.semantics.CapturedResponse.ended_by_endpoint`)."""
+    found: bool | None = None
+    if captured.stored:
+        found = store.complete(conn, claim, captured.response())
+    else:
+        store.release(conn, claim)
+    conn.commit()
+    captured.ended_by_endpoint(claim, found=found)
 
 
 def _query_bytes(request: HttpRequest) -> bytes:
