@@ -216,3 +216,41 @@ async def test_async_commit_of_another_connections_claim_is_refused(
             await astore.commit(other, mine, CREATED)
         assert await astore.commit(other, theirs, CREATED)
         assert await astore.commit(aconn, mine, CREATED)
+
+
+@pytest.mark.parametrize("end", ["COMMIT", "ROLLBACK"])
+def test_an_end_inside_a_joined_block_in_psycopgs_pipeline_is_refused(
+    dsn: str, orders: None, conn: psycopg.Connection[Any], store: KeyStore, end: str
+) -> None:
+    # Before: psycopg's NoActiveSqlTransaction from its RELEASE, untyped.
+    with (
+        pytest.raises(UsageError, match="ended inside its block"),
+        conn.pipeline(),
+        store.once(conn, "s", "k", FP) as op,
+    ):
+        conn.execute("INSERT INTO orders VALUES ('k')")
+        conn.execute(end)
+        op.respond(CREATED)
+    conn.rollback()
+    if end == "COMMIT":
+        assert orders_of(dsn, "k") == 1
+        assert retry(dsn, store, "k").response == CREATED
+    else:
+        assert orders_of(dsn, "k") == 0
+        assert isinstance(retry(dsn, store, "k"), Won)
+
+
+class Failure(Exception):
+    """What the block raises after it ended the transaction."""
+
+
+def test_a_block_that_raises_after_ending_the_transaction_says_so(
+    dsn: str, orders: None, conn: psycopg.Connection[Any], store: KeyStore
+) -> None:
+    with pytest.raises(Failure) as raised, store.once(conn, "s", "k", FP):
+        conn.execute("INSERT INTO orders VALUES ('k')")
+        conn.commit()
+        raise Failure
+    assert any("ended inside its block" in note for note in raised.value.__notes__)
+    assert orders_of(dsn, "k") == 1
+    assert isinstance(retry(dsn, store, "k"), InFlight)  # no outcome to replay, nor to redo

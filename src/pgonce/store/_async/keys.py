@@ -850,6 +850,10 @@ class AsyncOperation(Generic[Row]):
                 return None  # the savepoint ended with the claim
             conn = self._conn
             if exc is not None:
+                if conn.pgconn.transaction_status == _IDLE:
+                    # The block ended the transaction, then raised: its exception goes on, with
+                    # what became of the claim (no response to store, nothing to roll back).
+                    exc.add_note(_ENDED_THEN_RAISED)
                 await leave_quietly(conn)
                 return None
             if conn.pgconn.transaction_status == _IDLE:
@@ -880,7 +884,16 @@ class AsyncOperation(Generic[Row]):
             except BaseException as error:
                 await savepoint.__aexit__(type(error), error, error.__traceback__)
                 raise
-        return await savepoint.__aexit__(exc_type, exc, tb)
+        try:
+            return await savepoint.__aexit__(exc_type, exc, tb)
+        except _SAVEPOINT_ENDED as error:
+            if exc is not None:
+                raise
+            # In psycopg's pipeline the block's end of the transaction is seen only here, when
+            # psycopg's RELEASE finds no transaction (or no savepoint) any more: the completion
+            # ran after that end, on its own, so it stored the response of a claim the block
+            # committed, and found nothing of one it rolled back (the key is free).
+            raise UsageError(_ENDED_IN_PIPELINE) from error
 
     async def _ended_in_block(self, conn: AsyncConnection[Row], claim: Won) -> UsageError:
         """The error for a joined block that ended the caller's transaction, with nothing run
@@ -967,6 +980,22 @@ _ENDED_IN_BLOCK = (
     "the transaction that once() joined ended inside its block (a conn.commit() or "
     "conn.rollback(), or a COMMIT or ROLLBACK in SQL, there): end it after the block, or pass "
     "commit=True for pgonce to own the transaction"
+)
+_ENDED_THEN_RAISED = (
+    f"pgonce: {_ENDED_IN_BLOCK}; the block raised after that end, so no response was stored: a "
+    "claim it committed stays in flight (with whatever the block wrote before its commit), one "
+    "it rolled back left the key free"
+)
+# What psycopg's RELEASE of once()'s savepoint in its pipeline meets when the block ended the
+# transaction: no transaction any more, or not the savepoint's.
+_SAVEPOINT_ENDED = (
+    psycopg.errors.NoActiveSqlTransaction,
+    psycopg.errors.InvalidSavepointSpecification,
+)
+_ENDED_IN_PIPELINE = (
+    f"{_ENDED_IN_BLOCK}; in psycopg's pipeline the completion ran after that end, on its own: "
+    "the response of a claim the block committed was stored (a retry replays it), and a claim "
+    "it rolled back left the key free"
 )
 # What it is told when it ended that transaction and went on in a new one (or released a
 # savepoint opened before once()'s): pgonce's savepoint is gone and the completion failed.
