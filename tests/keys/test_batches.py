@@ -767,12 +767,13 @@ def test_deallocate_all_inside_the_callers_transaction_keeps_its_writes(
 def test_a_transaction_ended_inside_the_block_is_refused(
     conn: psycopg.Connection[Any], store: KeyStore
 ) -> None:
-    # The commit took the claim with it, without a response: the key stays in flight, as a
-    # begin() claim committed by hand does, and the caller is told at the block's end.
+    # The commit took the claim and the block's writes with it: the caller is told at the
+    # block's end, and the response is stored in a transaction of pgonce's own, so that a retry
+    # replays it instead of being told "in flight" until the key expires.
     with pytest.raises(UsageError, match="ended inside its block"), store.once(conn, "s", "k", FP):
         conn.commit()
     with store.once(conn, "s", "k", FP, wait=timedelta(milliseconds=100)) as again:
-        assert again.in_flight
+        assert again.replayed
     conn.rollback()
 
 
