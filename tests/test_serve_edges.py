@@ -19,23 +19,12 @@ import pytest
 
 from pgonce import sql as pgsql
 from pgonce.store.migrate import _apply_one
+from tests.test_cli import pgonce
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: TEST-NET-1 (RFC 5737): an IP address no host of a test machine has.
 NOT_OURS = "192.0.2.1"
-
-
-def pgonce(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgonce", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 def fresh_database(direct_dsn: str) -> str:
