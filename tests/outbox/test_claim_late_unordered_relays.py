@@ -62,11 +62,14 @@ class Shared:
 
 def relay(dsn: str, me: int, shared: Shared) -> None:
     """Claim; hold the batch until the other relay has claimed since; mark it; commit. Until a
-    claim after the producers finished comes back empty."""
+    claim that started after the producers finished comes back empty."""
     other = 1 - me
     try:
         with psycopg.connect(dsn) as conn:
             while True:
+                with shared.cond:
+                    # A claim that starts once the producers finished sees all their events.
+                    last = shared.stop
                 ids = claim(conn)
                 with shared.cond:
                     shared.batches.append((me, ids))
@@ -79,7 +82,7 @@ def relay(dsn: str, me: int, shared: Shared) -> None:
                         return shared.claims[other] > seen or shared.left[other] or shared.stop
 
                     shared.cond.wait_for(other_moved, timeout=WAIT)
-                    finished = shared.stop and not ids
+                    finished = last and not ids
                 if ids:
                     marked = OutboxStore().mark_published(conn, ids)
                     assert marked == len(ids), f"relay {me} was handed published rows: {ids}"
