@@ -437,25 +437,10 @@ class AsyncKeyStore:
             commands.extend(_LEAVE if joined else _UNDO)
         else:
             completing = True
-            stored = response or _NO_RESPONSE
-            status = stored.status
             try:
                 for query, params in writes:
                     commands.append(wire.caller_command(conn, query, params))
-                encoding = wire.encoding(conn)
-                try:
-                    scope_param = claim.scope.encode(encoding)
-                    key_param = claim.key.encode(encoding)
-                except UnicodeEncodeError as error:
-                    raise UsageError(unencodable("completing a key", error)) from error
-                completion = (
-                    scope_param,
-                    key_param,
-                    None if status is None else b"%d" % status,  # wire.number(), written out
-                    wire.headers_json(stored.headers),
-                    stored.body,
-                    None if now is None else wire.timestamp(check_now(now)),
-                )
+                completion = _completion_params(conn, claim, response or _NO_RESPONSE, now)
             except BaseException as error:
                 # A queued write psycopg refused (its parameters), or a key that the
                 # connection's encoding, changed by the work, cannot carry: nothing of the
@@ -600,21 +585,7 @@ class AsyncKeyStore:
         AsyncOperation._ended_in_block()."""
         if not wire.usable(conn):
             raise DatabaseUnavailable("completing a key failed: the connection is not usable")
-        stored = response or _NO_RESPONSE
-        encoding = wire.encoding(conn)
-        try:
-            scope_param, key_param = claim.scope.encode(encoding), claim.key.encode(encoding)
-        except UnicodeEncodeError as error:
-            raise UsageError(unencodable("completing a key", error)) from error
-        completion = (
-            scope_param,
-            key_param,
-            None if stored.status is None else b"%d" % stored.status,
-            wire.headers_json(stored.headers),
-            stored.body,
-            None if now is None else wire.timestamp(check_now(now)),
-            claim.row,
-        )
+        completion = (*_completion_params(conn, claim, response or _NO_RESPONSE, now), claim.row)
         begin: Command = (wire.begin_statement(conn), wire.NO_PARAMS)
         results = await self._finish(conn, [begin, (self._complete_claimed, completion)])
         if results[-1].command_tuples != 1:
@@ -1032,6 +1003,27 @@ def _won(owned: Owned, fingerprint: bytes, conn: AsyncConnection[Row]) -> Won:
     claim's result."""
     scope, key, result = owned
     return won(scope, key, fingerprint, *wire.claimed(result), conn)
+
+
+def _completion_params(
+    conn: AsyncConnection[Row], claim: Won, stored: Response, now: datetime | None
+) -> tuple[wire.Param, ...]:
+    """The completion's parameters but the claim's row: scope and key in the connection's
+    encoding now (the work may have changed it), status, headers as stored, body, clock."""
+    encoding = wire.encoding(conn)
+    try:
+        scope_param, key_param = claim.scope.encode(encoding), claim.key.encode(encoding)
+    except UnicodeEncodeError as error:
+        raise UsageError(unencodable("completing a key", error)) from error
+    status = stored.status
+    return (
+        scope_param,
+        key_param,
+        None if status is None else b"%d" % status,  # wire.number(), written out
+        wire.headers_json(stored.headers),
+        stored.body,
+        None if now is None else wire.timestamp(check_now(now)),
+    )
 
 
 def _stored(response: Response | None) -> tuple[int | None, list[list[str]], bytes]:
