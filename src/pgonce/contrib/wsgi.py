@@ -293,7 +293,10 @@ class IdempotencyMiddleware:
         caller = self.key_scope(environ)
         if caller is None:
             return self._unscoped(environ, start_response)
-        body = self._read_body(environ)
+        try:
+            body = self._read_body(environ)
+        except _IncompleteBody as cut:
+            return _answer(start_response, cut.answer)
         if body is None:
             return _answer(start_response, self.rules.request_too_large)
         fingerprint = self.rules.fingerprint(
@@ -325,13 +328,24 @@ class IdempotencyMiddleware:
         return key
 
     def _read_body(self, environ: Environ) -> bytes | None:
-        """The whole request body; ``None`` when it exceeds ``max_request_bytes``."""
+        """The whole request body; ``None`` when it exceeds ``max_request_bytes``.
+
+        Raises :class:`_IncompleteBody` when the body ends before its ``Content-Length``: the
+        client went away while sending it, and the server's input (gunicorn's) returns what
+        came, short and without an error. The application gets the body as read here, with a
+        ``Content-Length`` to match, so it could no longer tell (``amount=10`` of
+        ``amount=1000`` is a valid form); and a claim of the cut body would answer the retry of
+        the whole one 422.
+        """
         limit = self.rules.max_request_bytes
         stream = environ["wsgi.input"]
         declared = environ.get("CONTENT_LENGTH")
         if declared and declared.isascii() and declared.isdigit():
-            body: bytes = stream.read(int(declared))
-            return body if len(body) <= limit else None
+            # Not over max_request_bytes: _check() answered 413 to a declared size over it.
+            body: bytes = stream.read(size := int(declared))
+            if len(body) == size:
+                return body
+            raise _IncompleteBody(len(body), size)
         if not environ.get("wsgi.input_terminated"):
             return b""  # PEP 3333: without a Content-Length there is no body to read
         chunks: list[bytes] = []
@@ -521,6 +535,20 @@ class IdempotencyMiddleware:
             headers.append(self.rules.expires_text_header(claim.claimed_at))
         start_response(captured.status_line, headers)
         return response.body
+
+
+class _IncompleteBody(Exception):
+    """The request body ended before its ``Content-Length`` (see ``_read_body()``)."""
+
+    def __init__(self, received: int, declared: int) -> None:
+        super().__init__(received, declared)
+        self.answer = semantics.problem(
+            400,
+            "Request body incomplete",
+            f"the request body ended after {received} of the {declared} bytes its "
+            "Content-Length declares; nothing was done: send the whole request again with the "
+            "same Idempotency-Key",
+        )
 
 
 class _Captured:
