@@ -27,4 +27,8 @@ urlpatterns = [
     path("undo-a-part-then-write", views.undo_a_part_then_write),
     path("commit-the-request", views.commit_the_request),
     path("end-on-psycopg", views.end_on_psycopg),
+    path("hook-without-query", views.hook_without_query),
+    path("durable-block", views.durable_block),
+    path("broken-reference", views.broken_reference),
+    path("no-savepoint-caught", views.no_savepoint_caught),
 ]

@@ -198,3 +198,43 @@ def end_on_psycopg(request: HttpRequest) -> HttpResponse:
     payment = insert_payment()
     getattr(connection.connection, request.GET["action"])()
     return JsonResponse({"id": payment}, status=201)
+
+
+#: What the on_commit hooks of ``hook_without_query`` ran for, in order.
+HOOKED: list[str] = []
+
+
+def hook_without_query(request: HttpRequest) -> HttpResponse:
+    # Its one effect is an on_commit hook (an e-mail, a task): it runs no query.
+    nonce = uuid.uuid4().hex
+    transaction.on_commit(lambda: HOOKED.append(nonce))
+    return JsonResponse({"nonce": nonce}, status=201)
+
+
+def durable_block(request: HttpRequest) -> HttpResponse:
+    # A durable block must be the outermost: Django refuses it inside the middleware's.
+    with transaction.atomic(durable=True):
+        payment = insert_payment()
+    return JsonResponse({"id": payment}, status=201)
+
+
+def broken_reference(request: HttpRequest) -> HttpResponse:
+    # A refund of a payment that does not exist: Django's foreign keys are deferred, so the
+    # violation surfaces at COMMIT only.
+    from examples.django_payments.payments.models import Refund
+
+    insert_payment()
+    Refund.objects.create(event_id=uuid.uuid4().hex, payment_id=-1, amount=1)
+    return JsonResponse({"saved": True}, status=201)
+
+
+def no_savepoint_caught(request: HttpRequest) -> HttpResponse:
+    # atomic(savepoint=False) inside the request's transaction: an error in it marks the whole
+    # transaction for rollback, which the view catches and answers.
+    insert_payment()
+    try:
+        with transaction.atomic(savepoint=False), connection.cursor() as cur:
+            cur.execute("SELECT 1 / 0")
+    except DatabaseError:
+        return JsonResponse({"error": "caught"}, status=409)
+    return JsonResponse({"error": "unreachable"}, status=500)

@@ -20,8 +20,10 @@ The endpoint *began*, and its answer is stored, once the view ran a query on the
 called :func:`begin`, or took the psycopg connection with
 :func:`~pgonce.contrib.django.connection.psycopg_connection`, as ``enqueue()`` does); the
 savepoints of Django's own ``atomic()`` blocks (``ATOMIC_REQUESTS`` opens one around every view)
-are not queries of the view. A view that refuses a request before touching the database answers
-normally and its answer is not kept: the corrected retry runs. A streamed body is produced inside
+are not queries of the view. A ``transaction.on_commit()`` hook the view registered counts as one:
+it runs once, with the stored answer, never dropped with an answer that was not kept. A view that
+refuses a request before touching the database answers normally and its answer is not kept: the
+corrected retry runs. A streamed body is produced inside
 the transaction, so its queries count as the view's and its writes commit with the stored response.
 
 A view that raises is never stored, whatever answer Django makes of the exception (404 for
@@ -38,7 +40,8 @@ stays free. Its transaction is ``ATOMIC_REQUESTS``' block, the view's own outerm
 block, or, outside any, the middleware's; a part it undoes inside it (a nested block, a block an
 exception it caught rolled back) is not. A view that tries to end the request's transaction
 (``connection.commit()``, which Django refuses inside ``atomic()``) is answered an RFC 9457
-problem and logged; one that ends it on the psycopg connection and runs nothing after has its
+problem and logged, as is one that opens ``transaction.atomic(durable=True)``, which Django refuses
+inside another block; one that ends it on the psycopg connection and runs nothing after has its
 claim settled apart, never left in flight.
 
 Not supported: writes on any other connection, which commit on their own (and a retry after a
@@ -119,13 +122,33 @@ def _transaction_ended(refusal: TransactionManagementError) -> UsageError:
     )
 
 
-def _ends_transaction(error: TransactionManagementError) -> bool:
-    """Whether Django raised ``error`` refusing to end the transaction of an ``atomic()`` block
-    (its ``validate_no_atomic_block()``), not for another misuse of a transaction."""
+#: Where Django refuses a durable ``atomic()`` block nested in another block.
+_ATOMIC_ENTER = transaction.Atomic.__enter__.__code__
+
+
+def _durable_refused(refusal: RuntimeError) -> UsageError:
+    """What a view did wrong when it opened a durable block inside the request's transaction."""
+    return UsageError(
+        "the view runs in the idempotent request's transaction, which the Idempotency-Key "
+        "middleware commits once the response is stored, and opened "
+        f"transaction.atomic(durable=True) in it, which must be the outermost block (Django: "
+        f"{refusal}); nothing was committed. Drop durable=True from the view, or leave its "
+        "route out of PGONCE['ROUTES']"
+    )
+
+
+def _raised_in(error: BaseException, code: Any) -> bool:
+    """Whether ``error`` was raised by the function whose code is ``code`` itself."""
     frame = error.__traceback__
     while frame is not None and frame.tb_next is not None:
         frame = frame.tb_next
-    return frame is not None and frame.tb_frame.f_code is _NO_ATOMIC_BLOCK
+    return frame is not None and frame.tb_frame.f_code is code
+
+
+def _ends_transaction(error: TransactionManagementError) -> bool:
+    """Whether Django raised ``error`` refusing to end the transaction of an ``atomic()`` block
+    (its ``validate_no_atomic_block()``), not for another misuse of a transaction."""
+    return _raised_in(error, _NO_ATOMIC_BLOCK)
 
 
 class ClaimedRequest:
@@ -307,6 +330,11 @@ class IdempotencyMiddleware:
         if isinstance(exception, TransactionManagementError) and _ends_transaction(exception):
             semantics.log_transaction_ended(claimed.scope, _transaction_ended(exception))
             return to_django(semantics.TRANSACTION_ENDED)
+        if isinstance(exception, RuntimeError) and _raised_in(exception, _ATOMIC_ENTER):
+            # A durable block commits at its end: inside the request's transaction it would
+            # have to end it, which Django refuses before running anything of the block.
+            semantics.log_transaction_ended(claimed.scope, _durable_refused(exception))
+            return to_django(semantics.TRANSACTION_ENDED)
         return None
 
     def _check(self, request: HttpRequest) -> str | Answer | None:
@@ -404,6 +432,9 @@ class IdempotencyMiddleware:
             # What connection.execute_wrapper(claimed) does, without its two context managers.
             wrappers = wrapper.execute_wrappers
             wrappers.append(claimed)
+            # The view's transaction.on_commit() hooks (an e-mail, a task) are effects of the
+            # view too: they run only if the request's transaction commits.
+            hooks = len(wrapper.run_on_commit)
             try:
                 response: HttpResponseBase = view(request)
                 # A streamed body is produced here, still inside the transaction: the queries of
@@ -417,7 +448,7 @@ class IdempotencyMiddleware:
             # statement and answered (the transaction is aborted). Its answer goes out, not
             # stored, and the key stays free.
             began = (
-                claimed.began
+                (claimed.began or len(wrapper.run_on_commit) > hooks)
                 and not claimed.raised
                 and not claimed.undone
                 and not wrapper.get_rollback()
@@ -431,16 +462,21 @@ class IdempotencyMiddleware:
                 _settle(store, conn, claim, captured)
             elif not (kept and captured.commits(status)):
                 wrapper.set_rollback(True)
-            elif not (
+            else:
                 # The completion and COMMIT in one round trip; Django's own COMMIT at the end
-                # of the block then finds the transaction over and sends nothing.
-                store.commit(conn, claim, captured.response())
-                if owned
-                else store.complete(conn, claim, captured.response())
-            ):
-                # The view ended the transaction on the psycopg connection itself and wrote in
-                # a new one: no claim was left to complete.
-                captured.claim_lost(claim)
+                # of the block then finds the transaction over and sends nothing. What COMMIT
+                # finds wrong in the view's writes (a deferred foreign key) is raised as Django
+                # raises it from its own COMMIT: django.db.IntegrityError, not psycopg's.
+                with wrapper.wrap_database_errors:
+                    found = (
+                        store.commit(conn, claim, captured.response())
+                        if owned
+                        else store.complete(conn, claim, captured.response())
+                    )
+                if not found:
+                    # The view ended the transaction on the psycopg connection itself and
+                    # wrote in a new one: no claim was left to complete.
+                    captured.claim_lost(claim)
         # Committed (or rolled back): only now is the answer given out.
         if captured.too_large:
             return to_django(semantics.RESPONSE_TOO_LARGE)
