@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+from django.utils.connection import ConnectionDoesNotExist
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.contrib.django.schema import apply_schema
+from pgonce.errors import ConfigError, DatabaseError
 
 
 class Command(BaseCommand):
@@ -16,14 +20,29 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         pgonce = getattr(settings, "PGONCE", None) or {}
-        parser.add_argument("--database", default=pgonce.get("DATABASE", "default"))
+        # An alias settings.DATABASES does not define is refused by the parser, as Django's
+        # own migrate refuses it: a message, not a traceback.
+        parser.add_argument(
+            "--database", default=pgonce.get("DATABASE", "default"), choices=tuple(connections)
+        )
         parser.add_argument("--schema", default=pgonce.get("SCHEMA", DEFAULT_SCHEMA))
 
     def handle(self, *args: Any, **options: Any) -> None:
-        applied = apply_schema(
-            options["database"],
-            options["schema"],
-            on_applied=lambda version, name: self.stdout.write(f"applied {version:04d}_{name}"),
-        )
+        try:
+            applied = apply_schema(
+                options["database"],
+                options["schema"],
+                on_applied=lambda version, name: self.stdout.write(f"applied {version:04d}_{name}"),
+            )
+        except (
+            ConfigError,
+            ConnectionDoesNotExist,
+            DatabaseError,
+            psycopg.OperationalError,
+        ) as error:
+            # What is wrong with the settings, the schema's name or the database (it cannot be
+            # reached): said on one line, exit status 1, no traceback; nothing was applied
+            # past the last migration reported.
+            raise CommandError(f"pgonce_migrate: {error}") from error
         if not applied:
             self.stdout.write("pgonce's schema is up to date")
