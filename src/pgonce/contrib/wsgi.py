@@ -430,11 +430,14 @@ class IdempotencyMiddleware:
         after the view ended the request's transaction (see
         :meth:`~pgonce.http.semantics.CapturedResponse.ended_by_endpoint`)."""
         found: bool | None = None
-        if response.stored:
-            found = self.store.complete(conn, claim, response.response())
-        else:
-            self.store.release(conn, claim)
-        conn.commit()
+        # A transaction() block, not the connection's implicit transaction and commit(): on a
+        # pool of autocommit connections there is none, and the completion would be refused
+        # (NotInTransaction), the key left in flight after the view had committed its claim.
+        with conn.transaction():
+            if response.stored:
+                found = self.store.complete(conn, claim, response.response())
+            else:
+                self.store.release(conn, claim)
         response.ended_by_endpoint(claim, found=found)
 
     def _run(self, environ: Environ, conn: Connection[Any], claim: Won) -> _Captured:
