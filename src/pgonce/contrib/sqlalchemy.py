@@ -67,6 +67,7 @@ from pgonce.store.common import require_transaction
 from pgonce.webhooks.batch import DEFAULT_LIMIT, run_batch
 
 __all__ = [
+    "BlockCommitRefused",
     "EngineConnections",
     "NotPsycopgSession",
     "SessionCommitRefused",
@@ -127,6 +128,18 @@ class TransactionEndRefused(UsageError):
             f"process_batch()) commits once every handler returned: the connection's {action}() "
             "would end it for the other events too. Call session.flush() (or session.commit(), "
             "which releases the handler's savepoint), and raise to undo the handler's writes"
+        )
+
+
+class BlockCommitRefused(UsageError):
+    """A ``commit()`` of the session (or of its connection) inside a :func:`once` block."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "commit() inside once()'s block (or async_once()'s) would commit the claim before "
+            "its response is stored, and the block's later writes would run without it: write "
+            "with session.add() or session.flush() in the block (its end flushes), and commit "
+            "the session after the block"
         )
 
 
@@ -233,7 +246,9 @@ def once(
     earlier writes are flushed before it, the block's writes are flushed before the claim
     completes, and an exception in the block (or a 5xx that is not stored) rolls back the claim
     with the block's writes, in the database and in the session alike (what the block added is
-    expunged), and propagates; the session's transaction goes on.
+    expunged), and propagates; the session's transaction goes on. Inside the block,
+    ``session.commit()`` and ``session.connection().commit()`` raise :class:`BlockCommitRefused`
+    and commit nothing: they would commit the claim before its response is stored.
     """
     keys = _checked_store(store, KeyStore)
     if isinstance(session, scoped_session):
@@ -241,42 +256,76 @@ def once(
     conn = driver_connection(session)
     operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
     require_transaction(conn)  # before the savepoint, which autocommit would refuse untyped
-    nested = _savepoint(session)
+    nested, held = _savepoint(session)
     try:
-        op = operation.__enter__()
-    except BaseException:
-        _leave(nested)
-        raise
-    try:
-        yield op
-        if op.won:
-            session.flush()
-    except BaseException as error:
-        # A failed flush has rolled back the session's savepoint, pgonce's inside it: then
-        # pgonce's ROLLBACK TO would fail, and leave the caller's transaction aborted.
-        if nested.is_active:
-            operation.__exit__(type(error), error, error.__traceback__)
-        _leave(nested)
-        raise
-    try:
-        operation.__exit__(None, None, None)
-    except BaseException:
-        _leave(nested)
-        raise
-    _end(nested, op.won and not op.stored)
+        try:
+            op = operation.__enter__()
+        except BaseException:
+            _leave(nested)
+            raise
+        try:
+            yield op
+            if op.won:
+                session.flush()
+        except BaseException as error:
+            # A failed flush has rolled back the session's savepoint, pgonce's inside it: then
+            # pgonce's ROLLBACK TO would fail, and leave the caller's transaction aborted.
+            if nested.is_active:
+                operation.__exit__(type(error), error, error.__traceback__)
+            _leave(nested)
+            raise
+        try:
+            operation.__exit__(None, None, None)
+        except BaseException:
+            _leave(nested)
+            raise
+        _end(nested, op.won and not op.stored)
+    finally:
+        held.release()
 
 
-def _savepoint(session: Session) -> SessionTransaction:
+def _savepoint(session: Session) -> tuple[SessionTransaction, _HeldCommits]:
     """The block's savepoint, begun in the session: its earlier writes flushed, and its SAVEPOINT
     sent now, before pgonce's (SQLAlchemy sends it at the nested transaction's first use, which
-    inside the block would put it after pgonce's savepoint, and pgonce's rollback would end it)."""
+    inside the block would put it after pgonce's savepoint, and pgonce's rollback would end it).
+    The session's and its connection's ``commit()`` are refused until the block's end."""
     nested = session.begin_nested()
     try:
-        session.connection()
+        connection = session.connection()
     except BaseException:
         _leave(nested)
         raise
-    return nested
+    return nested, _HeldCommits(session, connection)
+
+
+def _refuse_block_commit() -> None:
+    raise BlockCommitRefused()
+
+
+_UNSET = object()
+
+
+class _HeldCommits:
+    """The refusal of ``commit()`` on a session and its connection while a block runs, and its
+    end. The session's transaction still ends through its ``SessionTransaction`` (the
+    ``session.begin()`` block, the block's own savepoint), never through these methods; a
+    refusal already there (a batch's, an outer block's) is put back at the end."""
+
+    __slots__ = ("_saved",)
+
+    def __init__(self, session: Session, connection: Connection) -> None:
+        self._saved = [
+            (target, vars(target).get("commit", _UNSET)) for target in (session, connection)
+        ]
+        session.commit = _refuse_block_commit  # type: ignore[method-assign]
+        connection.commit = _refuse_block_commit  # type: ignore[method-assign]
+
+    def release(self) -> None:
+        for target, previous in self._saved:
+            if previous is _UNSET:
+                vars(target).pop("commit", None)
+            else:
+                target.commit = previous  # type: ignore[method-assign]
 
 
 def _leave(nested: SessionTransaction) -> None:
@@ -320,27 +369,30 @@ async def async_once(
     conn = await async_driver_connection(session)
     operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
     require_transaction(conn)
-    nested = await session.run_sync(_savepoint)
+    nested, held = await session.run_sync(_savepoint)
     try:
-        op = await operation.__aenter__()
-    except BaseException:
-        await greenlet_spawn(_leave, nested)
-        raise
-    try:
-        yield op
-        if op.won:
-            await session.flush()
-    except BaseException as error:
-        if nested.is_active:  # see once()
-            await operation.__aexit__(type(error), error, error.__traceback__)
-        await greenlet_spawn(_leave, nested)
-        raise
-    try:
-        await operation.__aexit__(None, None, None)
-    except BaseException:
-        await greenlet_spawn(_leave, nested)
-        raise
-    await greenlet_spawn(_end, nested, op.won and not op.stored)
+        try:
+            op = await operation.__aenter__()
+        except BaseException:
+            await greenlet_spawn(_leave, nested)
+            raise
+        try:
+            yield op
+            if op.won:
+                await session.flush()
+        except BaseException as error:
+            if nested.is_active:  # see once()
+                await operation.__aexit__(type(error), error, error.__traceback__)
+            await greenlet_spawn(_leave, nested)
+            raise
+        try:
+            await operation.__aexit__(None, None, None)
+        except BaseException:
+            await greenlet_spawn(_leave, nested)
+            raise
+        await greenlet_spawn(_end, nested, op.won and not op.stored)
+    finally:
+        held.release()
 
 
 def enqueue(
