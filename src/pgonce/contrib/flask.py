@@ -230,10 +230,15 @@ def _close_session(error: BaseException | None) -> None:
             status = tx.connection.info.transaction_status
             if status == _INTRANS:
                 opened.flush()
-            elif status == _IDLE:
+            elif status == _IDLE and not opened.is_active:
                 # A flush failed and SQLAlchemy rolled the request's transaction back (the
                 # claim with it), and the view caught the error and answered (a 409 for a
                 # duplicate): that answer goes out, not stored, and the retry runs again.
+                # (A session still active did not: the view ended the transaction below it,
+                # a commit() or rollback() of connection() or a COMMIT in SQL, and the
+                # middleware settles the claim as on any pool: failed here, a claim the view
+                # had committed was left in flight, and one it had rolled back answered with
+                # the view's success.)
                 tx.fail()
     finally:
         opened.close()
