@@ -150,6 +150,7 @@ class JSONCodec:
         try:
             text = _RESULT(value)
         except (TypeError, ValueError, RecursionError) as error:
+            _refuse_unrun(value)
             raise UsageError(
                 f"the result cannot be stored as JSON ({error}); return JSON data, or give "
                 "@idempotent a codec= that encodes and decodes this type"
@@ -163,6 +164,20 @@ class JSONCodec:
 
 
 _JSON = JSONCodec()
+
+
+def _refuse_unrun(value: object) -> None:
+    """Refuse a result that is work not done yet: a coroutine or a generator, whose body would
+    run (if ever) after the call returned, outside the claim. Closed, so that it never runs."""
+    if inspect.iscoroutine(value) or inspect.isgenerator(value):
+        value.close()
+        kind = "a coroutine" if inspect.iscoroutine(value) else "a generator"
+        raise UsageError(
+            f"the decorated function returned {kind}, which has not run: nothing was done and "
+            "nothing was stored. A coroutine comes from an async function behind a plain "
+            "wrapper (put @idempotent right above the async def, where it awaits it); a "
+            "generator from a generator: return the values (a list) instead"
+        )
 
 
 def _plain(value: object) -> object:
