@@ -19,12 +19,16 @@ from pgonce.contrib.sqlalchemy import (
     BlockCommitRefused,
     TransactionEndRefused,
     async_once,
+    inbox_handler,
     once,
     process_batch,
 )
 from pgonce.core.inbox import InboxEvent
 from pgonce.errors import UsageError
+from pgonce.webhooks.worker import InboxWorker
+from tests.inbox.conftest import SCHEMA, source
 from tests.sqlalchemy_adapter.models import Order
+from tests.sqlalchemy_adapter.test_inbox import deliver as async_deliver
 from tests.sqlalchemy_adapter.test_inbox_sync import POLICY, T0, deliver, inbox
 
 FP = fingerprint("POST", "/orders", b"{}")
@@ -148,4 +152,30 @@ def test_a_block_in_a_batch_handler_puts_the_batchs_refusal_back(dsn: str, engin
     assert process_batch(engine, "shop", handle, retry=POLICY, now=T0) == 2
     assert refusals == [BlockCommitRefused] * 4
     assert inbox(dsn) == {"e1": ("done", 0), "e2": ("done", 0)}
+    assert stored(dsn) == (["e1", "e2"], [("e1", 201), ("e2", 201)])
+
+
+async def test_a_block_in_an_async_inbox_handler_puts_the_workers_refusal_back(
+    dsn: str, async_engine: AsyncEngine
+) -> None:
+    await async_deliver(dsn, "e1", "e2")
+    refusals: list[type[UsageError]] = []
+
+    async def handle(event: InboxEvent, session: AsyncSession) -> None:
+        async with async_once(session, "t", event.id, FP) as op:
+            session.add(Order(key=event.id))
+            with pytest.raises(UsageError) as refused:
+                await session.commit()
+            refusals.append(type(refused.value))
+            with pytest.raises(UsageError) as refused:
+                await (await session.connection()).commit()
+            refusals.append(type(refused.value))
+            op.respond(CREATED)
+        with pytest.raises(TransactionEndRefused):
+            await (await session.connection()).commit()
+
+    worker = InboxWorker([source(handler=inbox_handler(handle))], dsn=dsn, schema=SCHEMA)
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        assert (await worker.run_once(conn, now=T0)).done == 2
+    assert refusals == [BlockCommitRefused] * 4
     assert stored(dsn) == (["e1", "e2"], [("e1", 201), ("e2", 201)])
