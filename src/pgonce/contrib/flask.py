@@ -100,7 +100,12 @@ def transaction() -> IdempotentTransaction:
     for, and :class:`MissingKeyScope` (answered 401) when the key scope named no caller.
     """
     if not has_request_context():
-        raise UsageError("pgonce.contrib.flask.transaction() is for use inside a Flask request")
+        raise UsageError(
+            "pgonce.contrib.flask's transaction(), connection() and session() are for use "
+            "inside a Flask request: a streamed response's generator runs after the view "
+            "returned, outside the request; wrap it in flask.stream_with_context() to use them "
+            "there"
+        )
     return transaction_of(request.environ)
 
 
@@ -178,7 +183,11 @@ def session() -> Session:
     :data:`~pgonce.http.semantics.TRANSACTION_ENDED`, and nothing of the request commits. Asking
     for it marks the view as begun. Needs ``pool=EngineConnections(engine)``.
     """
-    existing = g.get(_SESSION)
+    try:
+        existing = g.get(_SESSION)
+    except RuntimeError:  # Flask's "Working outside of application context"
+        transaction()  # the UsageError that says where session() is for
+        raise
     if existing is not None:
         return existing  # type: ignore[no-any-return]
     if g.get(_CLOSED):
