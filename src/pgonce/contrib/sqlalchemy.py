@@ -248,7 +248,9 @@ def once(
     with the block's writes, in the database and in the session alike (what the block added is
     expunged), and propagates; the session's transaction goes on. Inside the block,
     ``session.commit()`` and ``session.connection().commit()`` raise :class:`BlockCommitRefused`
-    and commit nothing: they would commit the claim before its response is stored.
+    and commit nothing: they would commit the claim before its response is stored. A
+    ``session.begin_nested()`` begun in the block ends in it (one still open at the block's end is
+    refused with a :class:`~pgonce.errors.UsageError`, and the block rolled back).
     """
     keys = _checked_store(store, KeyStore)
     if isinstance(session, scoped_session):
@@ -265,8 +267,7 @@ def once(
             raise
         try:
             yield op
-            if op.won:
-                session.flush()
+            _finish(session, nested, op.won)
         except BaseException as error:
             # A failed flush has rolled back the session's savepoint, pgonce's inside it: then
             # pgonce's ROLLBACK TO would fail, and leave the caller's transaction aborted.
@@ -328,6 +329,33 @@ class _HeldCommits:
                 target.commit = previous  # type: ignore[method-assign]
 
 
+def _finish(session: Session, nested: SessionTransaction, won: bool) -> None:
+    """The block's end before its claim completes: a nested transaction the block began and left
+    open is refused (pgonce's savepoint, which it is inside, would end it behind SQLAlchemy's
+    back, and SQLAlchemy's own end of it then fails the session's transaction), and a won
+    block's writes are flushed into its savepoint."""
+    current = session.get_nested_transaction()
+    if current is not nested and current is not None and _inside(current, nested):
+        while current is not None and current is not nested:
+            current.rollback()  # its SAVEPOINT still exists: SQLAlchemy's ROLLBACK TO works
+            current = session.get_nested_transaction()
+        raise UsageError(
+            "a session.begin_nested() begun inside once()'s block (or async_once()'s) was still "
+            "open at the block's end: end it inside the block (commit() or rollback() it, or "
+            "use it as a context manager: with session.begin_nested(): ...). Nothing of the "
+            "block was stored and the key is free"
+        )
+    if won:
+        session.flush()
+
+
+def _inside(current: SessionTransaction, nested: SessionTransaction) -> bool:
+    parent = current.parent
+    while parent is not None and parent is not nested:
+        parent = parent.parent
+    return parent is nested
+
+
 def _leave(nested: SessionTransaction) -> None:
     """Roll back the block's savepoint after a failure; the failure is what the caller sees.
 
@@ -378,8 +406,7 @@ async def async_once(
             raise
         try:
             yield op
-            if op.won:
-                await session.flush()
+            await session.run_sync(_finish, nested, op.won)
         except BaseException as error:
             if nested.is_active:  # see once()
                 await operation.__aexit__(type(error), error, error.__traceback__)
