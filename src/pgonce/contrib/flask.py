@@ -290,6 +290,15 @@ class Idempotency:
     ) -> IdempotencyMiddleware:
         if not isinstance(app, Flask):
             raise UsageError(f"Idempotency needs a Flask app, not {type(app).__name__}")
+        if "pgonce" in app.extensions or isinstance(app.wsgi_app, IdempotencyMiddleware):
+            # A second middleware would claim each key again, on another connection, and wait
+            # for the first one's uncommitted claim, which waits for it: every covered request
+            # would be answered 409 "in progress", for ever.
+            raise UsageError(
+                "Idempotency is already initialized on this app (or its wsgi_app is already an "
+                "IdempotencyMiddleware): initialize it once per app, with Idempotency(app, ...) "
+                "or init_app(app, ...), not both"
+            )
         self.middleware = middleware = IdempotencyMiddleware(
             app.wsgi_app,
             pool=pool,
