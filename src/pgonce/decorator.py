@@ -63,6 +63,8 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
+import psycopg
+
 from pgonce.core.fingerprint import fingerprint_of
 from pgonce.core.outcomes import (
     Claim,
@@ -521,9 +523,10 @@ class _Call(Generic[P]):
                 result = self.function(*args, **kwargs)
                 body = self._body(result)
                 returned = self._returned(body)
-            except BaseException:
+            except BaseException as error:
                 hold(conn, -1)
                 rollback_quietly(conn)
+                _refuse_ended(error)
                 raise
             hold(conn, -1)
             store._complete_owned(conn, claimed, self.headers_json, body)
@@ -554,9 +557,10 @@ class _Call(Generic[P]):
                 result = await self.function(*args, **kwargs)
                 body = self._body(result)
                 returned = self._returned(body)
-            except BaseException:
+            except BaseException as error:
                 hold(conn, -1)
                 await async_rollback_quietly(conn)
+                _refuse_ended(error)
                 raise
             hold(conn, -1)
             await store._complete_owned(conn, claimed, self.headers_json, body)
@@ -569,6 +573,20 @@ class _Call(Generic[P]):
                 op.respond(stored)
                 return returned
         return self._replayed(op.claim, key)
+
+
+def _refuse_ended(error: BaseException) -> None:
+    """Say what psycopg's refusal of a ``commit()`` or ``rollback()`` inside a ``commit=True``
+    call means: the transaction is the call's (see hold()), not a block the function can see."""
+    if isinstance(error, psycopg.ProgrammingError) and "forbidden within a Transaction" in str(
+        error
+    ):
+        raise UsageError(
+            "the function decorated with @idempotent(commit=True) called conn.commit() or "
+            "conn.rollback(): the call owns the transaction and commits it with the stored "
+            "result when the function returns; nothing was done. Raise to undo it all, or "
+            "undo a part with a savepoint (with conn.transaction(): ...)"
+        ) from error
 
 
 def _is_coroutine_function(function: Callable[..., Any]) -> bool:
