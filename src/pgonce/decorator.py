@@ -27,13 +27,15 @@ the key store's semantics and nothing of its own:
   default the call joins the caller's transaction (a savepoint in it; the caller commits, e.g. the
   end of ``pool.connection()``); with ``commit=True`` the call owns a transaction of its own on an
   idle connection and has committed when it returns (what a message handler needs before it
-  acknowledges).
+  acknowledges); the function's own ``conn.commit()`` or ``conn.rollback()`` there raises
+  :class:`~pgonce.UsageError`, and nothing commits.
 - **the result** is stored with ``codec`` (JSON by default: tuples come back as lists, dict keys
   as str, an IntEnum as its int; a dataclass needs a codec of its own) and a replay returns the
   stored result, decoded, without calling the function. The first call returns that same
   decoded result, not the function's own object: what a caller gets never depends on whether the
   call ran or replayed. A result the codec cannot encode raises :class:`~pgonce.UsageError`, and
-  nothing commits.
+  nothing commits; so does a coroutine or a generator returned unrun (an async function behind
+  a plain wrapper: put ``@idempotent`` right above the ``async def``).
 - **mismatch**: the same key with other arguments (``payload``: by default every argument but the
   connection, as canonical JSON; or an argument's name, or a function of the arguments) raises
   :class:`~pgonce.KeyMismatch`; never a silent replay.
