@@ -157,15 +157,21 @@ def driver_connection(session: Session) -> psycopg.Connection[Any]:
         if not isinstance(session, scoped_session):
             raise _not_a(session, "a SQLAlchemy Session", "async_once() and async_enqueue()")
         session = session()  # the registry's session for this scope
-    driver, dialect = _driver(session)
+    driver, dialect = _driver(session, False)
     if not isinstance(driver, psycopg.Connection):
-        if isinstance(driver, psycopg.AsyncConnection):  # a sync Session of an AsyncSession
-            raise UsageError(
-                "this Session runs on an async engine (the sync side of an AsyncSession, as "
-                "in run_sync()): call async_once() or async_enqueue() with the AsyncSession"
-            )
+        if isinstance(driver, psycopg.AsyncConnection):  # a custom creator's
+            raise _async_engine()
         raise NotPsycopgSession(_dialect_name(dialect))
     return driver
+
+
+def _async_engine() -> UsageError:
+    return UsageError(
+        "this Session runs on an async engine (the sync side of an AsyncSession, as in "
+        "run_sync(), or create_engine() on postgresql+psycopg_async://): call async_once() or "
+        "async_enqueue() with the AsyncSession, or give the Session an engine of "
+        "create_engine('postgresql+psycopg://...')"
+    )
 
 
 async def async_driver_connection(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
@@ -180,7 +186,7 @@ async def async_driver_connection(session: AsyncSession) -> psycopg.AsyncConnect
         session = session()
     # One call in SQLAlchemy's greenlet (run_sync): session.connection() and
     # get_raw_connection() would start one each.
-    driver, dialect = await session.run_sync(_driver)
+    driver, dialect = await session.run_sync(_driver, True)
     if not isinstance(driver, psycopg.AsyncConnection):
         raise NotPsycopgSession(_dialect_name(dialect))
     return driver
@@ -196,8 +202,24 @@ def _not_a(value: object, expected: str, instead: str) -> UsageError:
     )
 
 
-def _driver(session: Session) -> tuple[Any, Any]:
-    """The driver's connection under ``session`` and the dialect it was reached through."""
+def _driver(session: Session, in_async: bool) -> tuple[Any, Any]:
+    """The driver's connection under ``session`` and the dialect it was reached through.
+
+    Another driver, or a sync Session on an engine of the async dialect, is refused
+    before connecting: connecting through asyncpg outside SQLAlchemy's greenlet raises
+    ``MissingGreenlet``, and asyncpg's own connection errors are bare OSErrors.
+    """
+    try:
+        dialect = session.get_bind().dialect
+    except sqlalchemy.exc.UnboundExecutionError as error:
+        raise UsageError(
+            "the session is bound to no engine: create it with one (Session(engine), "
+            "AsyncSession(engine), or a sessionmaker(engine)'s)"
+        ) from error
+    if dialect.driver != "psycopg":
+        raise NotPsycopgSession(_dialect_name(dialect))
+    if dialect.is_async and not in_async:
+        raise _async_engine()
     try:
         connection = session.connection()
     except _CONNECT_FAILED as error:
@@ -607,6 +629,12 @@ def process_batch(
         )
     if engine.dialect.driver != "psycopg":
         raise NotPsycopgSession(_dialect_name(engine.dialect))
+    if engine.dialect.is_async:
+        raise UsageError(
+            "process_batch() takes an engine of create_engine('postgresql+psycopg://...'), and "
+            "this one is on postgresql+psycopg_async://: its handlers run in the async inbox "
+            "worker, through inbox_handler()"
+        )
     store = InboxStore(schema=schema)
     try:
         connected = engine.connect()
