@@ -320,8 +320,17 @@ class Idempotency:
         app.extensions["pgonce"] = self
         _mark_raised_views(app)
         app.register_error_handler(MissingKeyScope, _missing_scope)
-        app.register_error_handler(psycopg.OperationalError, _unavailable(middleware))
-        app.register_error_handler(DatabaseUnavailable, _unavailable(middleware))
+        unavailable = _unavailable(middleware)
+        app.register_error_handler(psycopg.OperationalError, unavailable)
+        app.register_error_handler(DatabaseUnavailable, unavailable)
+        handled = app.error_handler_spec.get(None, {}).get(None, {})
+        for error in _sqlalchemy_unavailable():
+            # The same failures through SQLAlchemy (session(), or Flask-SQLAlchemy's db.session
+            # on another connection), which wraps psycopg's OperationalError in its own and has
+            # a pool timeout of its own: a 503 too, not Flask's 500 page. Not where the app
+            # handles them itself (this one's re-raise would skip its handler).
+            if not any(kind in handled for kind in error.__mro__):
+                app.register_error_handler(error, unavailable)
         # Requests can have a session() to close when they end only on EngineConnections
         # (session() refuses one on any other source): only then does the app run the teardown.
         self.closes_sessions = isinstance(pool, EngineConnections)
@@ -390,6 +399,15 @@ def _mark_raised_views(app: Flask) -> None:
 
     app.handle_user_exception = handle_user_exception  # type: ignore[method-assign,assignment]
     app.handle_exception = handle_exception  # type: ignore[method-assign,assignment]
+
+
+def _sqlalchemy_unavailable() -> tuple[type[Exception], ...]:
+    """SQLAlchemy's "the database went away" errors, where SQLAlchemy is installed."""
+    try:
+        from sqlalchemy import exc
+    except ImportError:
+        return ()
+    return (exc.OperationalError, exc.TimeoutError)
 
 
 def _unavailable(middleware: IdempotencyMiddleware) -> Any:
