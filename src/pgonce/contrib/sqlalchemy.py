@@ -23,6 +23,7 @@ Only the psycopg (v3) dialect is supported: a session on asyncpg, psycopg2 or pg
 from __future__ import annotations
 
 import contextvars
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
@@ -576,7 +577,16 @@ def inbox_handler(
                 session = session_factory(bind=bound, join_transaction_mode="create_savepoint")
                 async with session:
                     try:
-                        await handler(event, session)
+                        returned = handler(event, session)
+                        if not inspect.isawaitable(returned):
+                            # Its writes roll back below, and the worker records the failure.
+                            raise UsageError(
+                                "inbox_handler() runs its handler in the async inbox worker, "
+                                "and it must be an async def: this one returned "
+                                f"{type_name(returned)}, not an awaitable (a plain def handler "
+                                "runs with process_batch(), on a sync engine)"
+                            )
+                        await returned
                         await session.commit()  # releases the handler's savepoint
                     except BaseException:
                         await session.rollback()
