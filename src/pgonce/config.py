@@ -85,6 +85,14 @@ def validate_schema(name: str) -> str:
             f"schema name {name!r} is not allowed: use lower-case letters, digits and underscores, "
             "starting with a letter or underscore, at most 63 characters"
         )
+    if name.startswith("pg_") or name == "information_schema":
+        # PostgreSQL's own: it refuses to create a pg_ schema (and a pg_temp name would put the
+        # tables in each session's temporary schema), while information_schema takes the tables
+        # and pg_dump then leaves them out of every backup.
+        raise ConfigError(
+            f"schema name {name!r} is PostgreSQL's own (pg_ names and information_schema are "
+            "reserved for the system): choose another, such as pgonce"
+        )
     return name
 
 
