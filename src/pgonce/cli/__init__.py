@@ -4,7 +4,9 @@ Every command has ``--help``. Errors are one line on stderr and a non-zero exit 
 traceback: pgonce's own errors print their message and exit 1; anything else is a bug and says so
 in one line (exit 1), with its traceback under ``-v``. Output into a pipe whose reader is gone
 (``pgonce events | head -1``) stops quietly with exit 1. A usage error (an unknown option, a bad
-value for one) is argparse's and exits 2.
+value for one) is argparse's and exits 2. SIGINT or SIGTERM stops a command the way Ctrl-C does,
+closing what it opened (its connections, the embedded PostgreSQL it started): exit 130 or 143,
+except for the services (serve, worker, relay), which stop with exit 0 as their help says.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import logging
 import os
 import select
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -35,9 +38,11 @@ from pgonce.cli import (
 from pgonce.cli.common import (
     DATABASE_OPTIONS,
     Command,
+    Terminated,
     add_database_options,
     add_global_options,
     fill_defaults,
+    stop_on_sigterm,
 )
 from pgonce.errors import PgonceError
 from pgonce.store.errors import first_line
@@ -103,11 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    stop_on_sigterm()
     try:
         code: int = args.run(args)
     except PgonceError as error:
         print(f"pgonce: error: {error}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("pgonce: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("pgonce: interrupted", file=sys.stderr)
         return 130

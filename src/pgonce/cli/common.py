@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +40,54 @@ class Command(Protocol):
 
     def configure(self, parser: argparse.ArgumentParser) -> None: ...
     def run(self, args: argparse.Namespace) -> int: ...
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: it unwinds the command as Ctrl-C does (see :func:`stop_on_sigterm`)."""
+
+
+#: Set while SIGTERM must wait (see :func:`sigterm_deferred`); ``pending`` when one came.
+_deferring = {"now": False, "pending": False}
+
+
+def _terminated(signum: int, frame: object) -> None:
+    if _deferring["now"]:
+        _deferring["pending"] = True
+        return
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_deferred() -> Iterator[None]:
+    """Hold a SIGTERM back until the block is done, then raise :class:`Terminated`.
+
+    For the start of the embedded PostgreSQL: interrupted there, its ``initdb`` is killed and
+    leaves a data folder that every later start refuses ("database postgres does not exist").
+    """
+    _deferring["now"], _deferring["pending"] = True, False
+    try:
+        yield
+    finally:
+        _deferring["now"] = False
+    if _deferring["pending"]:
+        _deferring["pending"] = False
+        raise Terminated
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise :class:`Terminated` in the main thread instead of ending the process
+    on the spot.
+
+    Killed on the spot, a command leaves behind what it started: the embedded PostgreSQL (it
+    kept running, holding the data folder, after a ``docker stop`` during ``pgonce serve``'s
+    start), and a statement that the server only learns is abandoned later. Raised like
+    KeyboardInterrupt, it closes what the ``with`` blocks opened, and psycopg cancels the
+    statement under way as it does on Ctrl-C. A running service replaces this handler with its
+    own (stop accepting, finish in-flight work); the event loop puts the default back when it
+    closes, so the service calls this again then.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
 
 
 #: The options of add_database_options(), by their names in Settings.
@@ -172,7 +222,10 @@ def announced_database(
     if settings.dsn is None and not settings.require_dsn:
         load_embedded()  # without the extra, its one-line error comes instead of the notice
         say(f"pgonce: using an {embedded_notice(settings.data_dir)}")
-    with open_database(settings) as db:
+    with contextlib.ExitStack() as stack:
+        with sigterm_deferred():
+            # A SIGTERM here comes after the start, the server then in the stack to be stopped.
+            db = stack.enter_context(open_database(settings))
         if not db.embedded and not quiet:
             say(f"pgonce: using {db.description}")
         if then:

@@ -50,6 +50,7 @@ from pgonce.cli.common import (
     print_proof,
     require_migrated,
     say,
+    stop_on_sigterm,
 )
 from pgonce.core.retention import format_duration
 from pgonce.core.urls import public
@@ -132,22 +133,34 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
     if "http" in parts:
         refuse_unbindable(args, config)
     logs.configure(config.log_format, level=logging.DEBUG if args.verbose else logging.INFO)
-    with announced_database(config.settings, then=f"configuration from {config.origin}") as db:
-        if set(parts) != set(PARTS):
-            # worker and relay run beside a service that owns the schema: never create one.
-            require_migrated(db.dsn, config.settings.schema)
-        else:
-            # [database] connect_timeout, as every connection of the service: psycopg's own
-            # default kept a start on a stalled network waiting for over two minutes.
-            connect_timeout = int(config.pool.connect_timeout.total_seconds())
-            applied = migrate_at_start(db.dsn, config.settings.schema, connect_timeout)
-            if applied:
-                say(f"pgonce: applied migrations {', '.join(f'{v:04d}' for v in applied)}")
-        on_ready = None
-        if getattr(args, "demo", False):
-            on_ready = _demo(config, db.dsn, args.demo_orders, args.demo_copies)
-            asyncio.run(_setup_demo(db.dsn))
-        asyncio.run(runner.run(config, db.dsn, parts=parts, on_ready=on_ready))
+    try:
+        with announced_database(config.settings, then=f"configuration from {config.origin}") as db:
+            if set(parts) != set(PARTS):
+                # worker and relay run beside a service that owns the schema: never create one.
+                require_migrated(db.dsn, config.settings.schema)
+            else:
+                # [database] connect_timeout, as every connection of the service: psycopg's own
+                # default kept a start on a stalled network waiting for over two minutes.
+                connect_timeout = int(config.pool.connect_timeout.total_seconds())
+                applied = migrate_at_start(db.dsn, config.settings.schema, connect_timeout)
+                if applied:
+                    say(f"pgonce: applied migrations {', '.join(f'{v:04d}' for v in applied)}")
+            on_ready = None
+            if getattr(args, "demo", False):
+                on_ready = _demo(config, db.dsn, args.demo_orders, args.demo_copies)
+                asyncio.run(_setup_demo(db.dsn))
+            try:
+                asyncio.run(runner.run(config, db.dsn, parts=parts, on_ready=on_ready))
+            finally:
+                # The loop's handler is gone with it: a SIGTERM while the embedded server stops
+                # must still unwind, not leave it running.
+                stop_on_sigterm()
+    except KeyboardInterrupt:
+        # SIGTERM or SIGINT before the service was up (starting the embedded server, migrating):
+        # a stop asked for, as once it is up; what the start opened is closed by now, and a
+        # migration under way rolled back (each runs in its own transaction).
+        say("pgonce: stopped before the service was up")
+        return 0
     say("pgonce: stopped")
     return 0
 
