@@ -32,16 +32,18 @@ def waiting_for_locks(dsn: str) -> int:
     return int(row[0])
 
 
-def test_sigterm_while_the_start_waits_to_migrate_stops_the_service_with_exit_0(
-    direct_dsn: str,
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_while_the_start_waits_to_migrate_ends_the_service_with_exit_0(
+    direct_dsn: str, signum: signal.Signals
 ) -> None:
-    # Killed on the spot (exit -15) before; `pgonce serve --help` promises exit 0 on SIGTERM.
+    # Before, SIGTERM killed it on the spot (exit -15) and SIGINT ended it with 130; `pgonce
+    # serve --help` promises exit 0 on either.
     with psycopg.connect(direct_dsn) as holder:
         holder.execute(MIGRATION_LOCK)
         process = serve(direct_dsn)
         try:
             wait_for_lock_wait(direct_dsn, "advisory", process)
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(signum)
             out, err = process.communicate(timeout=60)
         finally:
             if process.poll() is None:
