@@ -6,7 +6,9 @@ runs are serialized: each migration is applied exactly once. When up to date it 
 With --status it only reports the schema's version and applies nothing.
 Exit status: 0 when the schema is up to date (or was brought up to date); with --status, 1 when
 migrations are pending (so that a deploy script can wait for them); 1 on an error, such as a
-schema that a newer pgonce migrated (nothing is applied or undone then).
+schema that a newer pgonce migrated (nothing is applied or undone then). Output whose reader is
+gone (``pgonce migrate | head -1``) does not stop the migrations: they are all applied, and the exit
+status is 1, as for every command whose output was lost.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    lines = _Lines()
     with (
         announced_database(settings) as db,
         translate_errors("connecting"),
@@ -51,9 +54,32 @@ def run(args: argparse.Namespace) -> int:
         applied = migrate(
             conn,
             settings.schema,
-            on_applied=lambda version, name: print(f"applied {version:04d}_{name}"),
+            on_applied=lines.applied,
         )
         state = status(conn, settings.schema)
+    if lines.lost:
+        return 1
     if not applied:
         print(f"schema {settings.schema} is up to date (version {state.current})")
     return 0
+
+
+class _Lines:
+    """One line per migration applied, on stdout. A reader that went away stops the lines, never
+    the migrations: raised from the migrations' callback, it ended the run halfway (version 2 of
+    20) and said nothing. ``lost`` tells that output was lost, so that the command still exits 1
+    as every command whose output was lost does (see pgonce.cli)."""
+
+    def __init__(self) -> None:
+        self.lost = False
+
+    def applied(self, version: int, name: str) -> None:
+        if self.lost:
+            return
+        try:
+            print(f"applied {version:04d}_{name}", flush=True)
+        except BrokenPipeError:
+            from pgonce.cli import reader_gone
+
+            self.lost = True
+            reader_gone()  # stdout now goes nowhere: nothing more to report at exit
