@@ -632,7 +632,8 @@ def _outbox(section: _Section) -> OutboxConfig | None:
     url_value = given or DEFAULT_PUBLISHER_URLS.get(publisher)
     url = ""
     if url_value is None:
-        problems.add(section.key("url"), "is required for the http publisher")
+        if publisher in PUBLISHERS:  # an unknown one is said above, not taken for http
+            problems.add(section.key("url"), "is required for the http publisher")
     elif url_value.startswith("env:"):
         url = _secret(url_value, section.key("url"), problems) or ""
     elif (
