@@ -16,8 +16,10 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import signal
 import socket
+import sys
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -340,7 +342,13 @@ async def _serve_http(
     port = listening.getsockname()[1]
     url = f"http://{config.host}:{port}"
     log.info("serving on %s", url)
-    print(f"pgonce: serving on {url}", flush=True)
+    try:
+        print(f"pgonce: serving on {url}", flush=True)
+    except BrokenPipeError:
+        # stdout's reader went away (`pgonce serve | head -1`): the line is a courtesy, and the
+        # service must not stop for it, as it did, in silence. stdout goes nowhere from now on.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if on_ready is not None:
         tasks.append(asyncio.create_task(on_ready(Running(url, app, stop)), name="on-ready"))
     waiting = asyncio.create_task(stop.wait())
