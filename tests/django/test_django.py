@@ -558,7 +558,7 @@ def test_a_schema_name_the_core_settings_refuse_is_refused_at_start() -> None:
     for schema in ("Pgonce", "pgonce; drop", "", "x" * 64, 5):
         with pytest.raises(ConfigError, match="SCHEMA"):
             conf.load({"SCOPE": scope, "SCHEMA": schema})
-    assert conf.load({"SCOPE": scope, "SCHEMA": "pg_once_2"}).schema == "pg_once_2"
+    assert conf.load({"SCOPE": scope, "SCHEMA": "once_2"}).schema == "once_2"
 
 
 def test_a_database_that_is_not_postgresql_is_refused_clearly() -> None:
