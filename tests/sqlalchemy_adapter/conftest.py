@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -26,3 +27,12 @@ async def async_engine(engine: Engine, dsn: str) -> AsyncIterator[AsyncEngine]:
     async_engine = create_async_engine(sqlalchemy_url(dsn))
     yield async_engine
     await async_engine.dispose()
+
+
+def stored(dsn: str) -> tuple[list[str], list[tuple[str, int | None]]]:
+    """(the orders' keys, each stored key with its response status), as another connection
+    sees them."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        orders = [r[0] for r in c.execute("SELECT key FROM orders ORDER BY key")]
+        keys = [(r[0], r[1]) for r in c.execute("SELECT key, response_status FROM pgonce.keys")]
+    return orders, keys

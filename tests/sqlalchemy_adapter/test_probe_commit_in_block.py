@@ -27,6 +27,7 @@ from pgonce.core.inbox import InboxEvent
 from pgonce.errors import UsageError
 from pgonce.webhooks.worker import InboxWorker
 from tests.inbox.conftest import SCHEMA, source
+from tests.sqlalchemy_adapter.conftest import stored
 from tests.sqlalchemy_adapter.models import Order
 from tests.sqlalchemy_adapter.test_inbox import deliver as async_deliver
 from tests.sqlalchemy_adapter.test_inbox_sync import POLICY, T0, deliver, inbox
@@ -34,15 +35,6 @@ from tests.sqlalchemy_adapter.test_inbox_sync import POLICY, T0, deliver, inbox
 FP = fingerprint("POST", "/orders", b"{}")
 CREATED = Response(201, body=b"created")
 REFUSED = "inside once"
-
-
-def stored(dsn: str) -> tuple[list[str], list[tuple[str, int | None]]]:
-    """(the orders' keys, each stored key with its response status), as another connection
-    sees them."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        orders = [r[0] for r in c.execute("SELECT key FROM orders ORDER BY key")]
-        keys = [(r[0], r[1]) for r in c.execute("SELECT key, response_status FROM pgonce.keys")]
-    return orders, keys
 
 
 def test_a_session_commit_inside_the_block_is_refused_and_commits_nothing(

@@ -9,7 +9,6 @@ the session's transaction was left failed. Real sessions on a real PostgreSQL.
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -18,20 +17,12 @@ from sqlalchemy.orm import Session
 from pgonce import Response, fingerprint
 from pgonce.contrib.sqlalchemy import async_once, once
 from pgonce.errors import UsageError
+from tests.sqlalchemy_adapter.conftest import stored
 from tests.sqlalchemy_adapter.models import Order
 
 FP = fingerprint("POST", "/orders", b"{}")
 CREATED = Response(201, body=b"created")
 OPEN = "begin_nested.. begun inside once..'s block .* was still open"
-
-
-def stored(dsn: str) -> tuple[list[str], list[tuple[str, int | None]]]:
-    """(the orders' keys, each stored key with its response status), as another connection
-    sees them."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        orders = [r[0] for r in c.execute("SELECT key FROM orders ORDER BY key")]
-        keys = [(r[0], r[1]) for r in c.execute("SELECT key, response_status FROM pgonce.keys")]
-    return orders, keys
 
 
 @pytest.mark.parametrize("depth", [1, 2])

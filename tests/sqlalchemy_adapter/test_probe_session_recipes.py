@@ -15,19 +15,11 @@ from pgonce import Response, fingerprint
 from pgonce.contrib.sqlalchemy import once
 from pgonce.errors import UsageError
 from tests.keys.helpers import sqlalchemy_url
+from tests.sqlalchemy_adapter.conftest import stored
 from tests.sqlalchemy_adapter.models import Order
 
 FP = fingerprint("POST", "/orders", b"{}")
 CREATED = Response(201, body=b"created")
-
-
-def stored(dsn: str) -> tuple[list[str], list[tuple[str, int | None]]]:
-    """(the orders' keys, each stored key with its response status), as another connection
-    sees them."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        orders = [r[0] for r in c.execute("SELECT key FROM orders ORDER BY key")]
-        keys = [(r[0], r[1]) for r in c.execute("SELECT key, response_status FROM pgonce.keys")]
-    return orders, keys
 
 
 def place(session: Session, key: str) -> bool:
