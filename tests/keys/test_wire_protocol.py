@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from pgonce import KeyStore, Replay, Response, Won, fingerprint
+from pgonce.errors import UsageError
 from pgonce.store import wire
 from tests.keys.helpers import wait_until_blocked
 
@@ -229,8 +230,9 @@ def test_a_decorated_call_that_owns_its_transaction_cannot_end_it(dsn: str) -> N
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE effects (n int)")
         for _ in range(2):
-            with pytest.raises(psycopg.ProgrammingError, match="Explicit commit"):
+            with pytest.raises(UsageError, match="owns the transaction") as refused:
                 pay(conn, "o-1")
+            assert isinstance(refused.value.__cause__, psycopg.ProgrammingError)
         assert conn.execute("SELECT count(*) FROM effects").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM pgonce.keys").fetchone() == (0,)
 
