@@ -41,8 +41,10 @@ block, or, outside any, the middleware's; a part it undoes inside it (a nested b
 exception it caught rolled back) is not. A view that tries to end the request's transaction
 (``connection.commit()``, which Django refuses inside ``atomic()``) is answered an RFC 9457
 problem and logged, as is one that opens ``transaction.atomic(durable=True)``, which Django refuses
-inside another block; one that ends it on the psycopg connection and runs nothing after has its
-claim settled apart, never left in flight.
+inside another block, and so is a streamed body whose generator does either (the body is read
+inside the transaction before anything of it goes out, so the client gets the problem alone);
+one that ends it on the psycopg connection and runs nothing after has its claim settled apart,
+never left in flight.
 
 Not supported: writes on any other connection, which commit on their own (and a retry after a
 failure makes them again): another thread's (``sync_to_async(..., thread_sensitive=False)`` in an
@@ -135,6 +137,22 @@ def _durable_refused(refusal: RuntimeError) -> UsageError:
         f"{refusal}); nothing was committed. Drop durable=True from the view, or leave its "
         "route out of PGONCE['ROUTES']"
     )
+
+
+def _refused_ending(scope: str, exception: BaseException) -> HttpResponse | None:
+    """The answer to a view that tried to end the request's transaction and was refused by
+    Django (``connection.commit()``, ``rollback()``, ``set_autocommit()`` or a durable
+    ``atomic()`` block), logged as a :class:`~pgonce.errors.UsageError`; ``None`` for any other
+    exception. Django refused before doing anything, so the request rolls back whole."""
+    if isinstance(exception, TransactionManagementError) and _ends_transaction(exception):
+        semantics.log_transaction_ended(scope, _transaction_ended(exception))
+        return to_django(semantics.TRANSACTION_ENDED)
+    if isinstance(exception, RuntimeError) and _raised_in(exception, _ATOMIC_ENTER):
+        # A durable block commits at its end: inside the request's transaction it would have
+        # to end it, which Django refuses before running anything of the block.
+        semantics.log_transaction_ended(scope, _durable_refused(exception))
+        return to_django(semantics.TRANSACTION_ENDED)
+    return None
 
 
 def _raised_in(error: BaseException, code: Any) -> bool:
@@ -327,15 +345,7 @@ class IdempotencyMiddleware:
         if isinstance(exception, _UNAVAILABLE):
             semantics.log_unavailable(claimed.scope, exception)
             return to_django(semantics.unavailable(self.store.retry_after))
-        if isinstance(exception, TransactionManagementError) and _ends_transaction(exception):
-            semantics.log_transaction_ended(claimed.scope, _transaction_ended(exception))
-            return to_django(semantics.TRANSACTION_ENDED)
-        if isinstance(exception, RuntimeError) and _raised_in(exception, _ATOMIC_ENTER):
-            # A durable block commits at its end: inside the request's transaction it would
-            # have to end it, which Django refuses before running anything of the block.
-            semantics.log_transaction_ended(claimed.scope, _durable_refused(exception))
-            return to_django(semantics.TRANSACTION_ENDED)
-        return None
+        return _refused_ending(claimed.scope, exception)
 
     def _check(self, request: HttpRequest) -> str | Answer | None:
         """The request's key; an answer to give at once; ``None``: pass the request through."""
@@ -439,7 +449,16 @@ class IdempotencyMiddleware:
                 response: HttpResponseBase = view(request)
                 # A streamed body is produced here, still inside the transaction: the queries of
                 # its generator are the view's, and its writes commit with the stored response.
-                captured = _capture(response, self.rules.capture())
+                try:
+                    captured = _capture(response, self.rules.capture())
+                except (TransactionManagementError, RuntimeError) as error:
+                    # Raised by the generator after the view returned, where Django's
+                    # process_exception() never sees it; nothing of the body has gone out.
+                    refusal = _refused_ending(caller, error)
+                    if refusal is None:
+                        raise
+                    wrapper.set_rollback(True)
+                    return refusal
             finally:
                 wrappers.pop()
             # A view that raised, or marked its transaction for rollback (set_rollback: on the
