@@ -25,7 +25,13 @@ from collections.abc import Iterator
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, database, require_migrated, say
+from pgonce.cli.common import (
+    add_database_options,
+    bounded_int,
+    database,
+    require_migrated,
+    say,
+)
 from pgonce.store._sync.inbox import InboxStore
 from pgonce.store._sync.outbox import OutboxStore
 from pgonce.store.errors import translate_errors
@@ -50,7 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--id",
         action="append",
         dest="ids",
-        type=int,
+        type=bounded_int(1, 2**63 - 1),
         metavar="N",
         help="with --outbox: only this row id (repeatable; default: every parked row)",
     )

@@ -38,6 +38,7 @@ import psycopg
 from pgonce.cli.common import (
     add_database_options,
     announced_database,
+    bounded_int,
     config_from,
     settings_from,
 )
@@ -82,6 +83,20 @@ def positive_duration_arg(text: str) -> timedelta:
     duration = duration_arg(text)
     if duration <= timedelta(0):
         raise argparse.ArgumentTypeError(f"{text!r} is not longer than 0s")
+    return duration
+
+
+#: PostgreSQL's largest statement_timeout, 2**31 - 1 milliseconds.
+_LONGEST_STATEMENT_TIMEOUT = timedelta(milliseconds=2**31 - 1)
+
+
+def _statement_timeout_arg(text: str) -> timedelta:
+    """A batch's statement timeout: PostgreSQL takes at most 2**31 - 1 ms (24 days)."""
+    duration = positive_duration_arg(text)
+    if duration > _LONGEST_STATEMENT_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than PostgreSQL's longest statement timeout, 24 days"
+        )
     return duration
 
 
@@ -183,13 +198,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("batches")
     group.add_argument(
         "--batch-size",
-        type=int,
+        type=bounded_int(1, 2**63 - 1),
         default=DEFAULT_BATCH_SIZE,
         help=f"rows per batch, each its own transaction (default {DEFAULT_BATCH_SIZE:,})",
     )
     group.add_argument(
         "--max-batches",
-        type=int,
+        type=bounded_int(1),
         default=DEFAULT_MAX_BATCHES,
         help=f"batches per table and run; the next run continues (default {DEFAULT_MAX_BATCHES:,})",
     )
@@ -202,7 +217,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--statement-timeout",
-        type=positive_duration_arg,
+        type=_statement_timeout_arg,
         default=format_duration(DEFAULT_STATEMENT_TIMEOUT),
         metavar="DURATION",
         help="statement timeout of one batch "
