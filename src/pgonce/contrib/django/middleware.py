@@ -43,8 +43,10 @@ exception it caught rolled back) is not. A view that tries to end the request's 
 problem and logged, as is one that opens ``transaction.atomic(durable=True)``, which Django refuses
 inside another block, and so is a streamed body whose generator does either (the body is read
 inside the transaction before anything of it goes out, so the client gets the problem alone);
-one that ends it on the psycopg connection and runs nothing after has its claim settled apart,
-never left in flight.
+one that closes the connection (``connection.close()``, which rolls the request back on the
+server) gets that problem too, never its own answer over writes that are gone; one that ends it
+on the psycopg connection and runs nothing after has its claim settled apart, never left in
+flight.
 
 Not supported: writes on any other connection, which commit on their own (and a retry after a
 failure makes them again): another thread's (``sync_to_async(..., thread_sensitive=False)`` in an
@@ -136,6 +138,17 @@ def _durable_refused(refusal: RuntimeError) -> UsageError:
         f"transaction.atomic(durable=True) in it, which must be the outermost block (Django: "
         f"{refusal}); nothing was committed. Drop durable=True from the view, or leave its "
         "route out of PGONCE['ROUTES']"
+    )
+
+
+def _closed(alias: str) -> UsageError:
+    """What a view did wrong when it closed the connection of the request's transaction."""
+    return UsageError(
+        "the view runs in the idempotent request's transaction, which the Idempotency-Key "
+        f"middleware commits once the response is stored, and closed its connection "
+        f"(connections[{alias!r}].close()), which rolled it back: nothing was committed and "
+        "the view's answer was not sent. Let the middleware end the transaction: undo a part "
+        "with transaction.atomic() and transaction.set_rollback(True), or raise to undo it all"
     )
 
 
@@ -481,6 +494,11 @@ class IdempotencyMiddleware:
                 _settle(store, conn, claim, captured)
             elif not (kept and captured.commits(status)):
                 wrapper.set_rollback(True)
+                if wrapper.closed_in_transaction:
+                    # The view closed the connection (connection.close()): the server rolled
+                    # the request back, its writes too, and its answer must not say otherwise.
+                    semantics.log_transaction_ended(caller, _closed(wrapper.alias))
+                    captured.ended = True
             else:
                 # The completion and COMMIT in one round trip; Django's own COMMIT at the end
                 # of the block then finds the transaction over and sends nothing. What COMMIT

@@ -1,0 +1,84 @@
+"""A view that closes the request's connection, and a persistent connection that died between
+two requests under CONN_HEALTH_CHECKS."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import Client
+from django.urls import path
+
+from examples.django_payments.payments.models import Payment
+from tests.django.test_django import stored_keys
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls(__name__)]
+
+ALICE = "Bearer alice-token"
+
+
+def close_after_write(request: HttpRequest) -> HttpResponse:
+    payment = Payment.objects.create(principal="t", amount=1, currency="EUR")
+    connection.close()
+    return JsonResponse({"id": payment.pk}, status=201)
+
+
+def close_then_query(request: HttpRequest) -> HttpResponse:
+    Payment.objects.create(principal="t", amount=1, currency="EUR")
+    connection.close()
+    return JsonResponse({"count": Payment.objects.count()}, status=201)
+
+
+def plain(request: HttpRequest) -> HttpResponse:
+    payment = Payment.objects.create(principal="t", amount=1, currency="EUR")
+    return JsonResponse({"id": payment.pk}, status=201)
+
+
+urlpatterns = [
+    path("close-after-write", close_after_write),
+    path("close-then-query", close_then_query),
+    path("plain", plain),
+]
+
+
+def post(client: Client, path: str, key: str) -> Any:
+    return client.post(
+        path,
+        b"{}",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=ALICE,
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
+
+
+@pytest.fixture(params=[False, True], ids=["autocommit-requests", "atomic-requests"])
+def atomic_requests(request: pytest.FixtureRequest) -> Iterator[bool]:
+    previous = connection.settings_dict["ATOMIC_REQUESTS"]
+    connection.settings_dict["ATOMIC_REQUESTS"] = request.param
+    yield request.param
+    connection.settings_dict["ATOMIC_REQUESTS"] = previous
+
+
+@pytest.mark.parametrize("route", ["/close-after-write", "/close-then-query"])
+def test_a_view_that_closes_the_connection_is_a_problem_answer_not_its_success(
+    route: str, atomic_requests: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Closing the connection rolls the request's transaction back on the server: the view's
+    # payment was gone while the client was told 201 (or Django's 500 page, for a query after).
+    client = Client(raise_request_exception=False)
+    key = uuid.uuid4().hex
+    with caplog.at_level(logging.ERROR, logger="pgonce"):
+        for _ in range(2):  # the key stays free: the retry runs the view again
+            refused = post(client, route, key)
+            assert refused.status_code == 500
+            assert refused.headers["Content-Type"] == "application/problem+json"
+            assert json.loads(refused.content)["title"] == "Transaction ended by the endpoint"
+    assert "closed its connection" in caplog.text
+    assert Payment.objects.count() == 0
+    assert stored_keys(key) == 0
