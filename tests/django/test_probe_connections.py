@@ -1,5 +1,4 @@
-"""A view that closes the request's connection, and a persistent connection that died between
-two requests under CONN_HEALTH_CHECKS."""
+"""A view that closes the request's connection, plain and under ATOMIC_REQUESTS."""
 
 from __future__ import annotations
 
