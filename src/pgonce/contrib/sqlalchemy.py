@@ -230,6 +230,9 @@ def _driver(session: Session, in_async: bool) -> tuple[Any, Any]:
 
 _Store = TypeVar("_Store", KeyStore, AsyncKeyStore)
 
+# A module constant: an enum class's attribute lookup at each use otherwise.
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
 # What SQLAlchemy raises when its pool cannot hand out a connection.
 _CONNECT_FAILED = (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError)
 
@@ -270,8 +273,11 @@ def once(
     completes, and an exception in the block (or a 5xx that is not stored) rolls back the claim
     with the block's writes, in the database and in the session alike (what the block added is
     expunged), and propagates; the session's transaction goes on. Inside the block,
-    ``session.commit()`` and ``session.connection().commit()`` raise :class:`BlockCommitRefused`
-    and commit nothing: they would commit the claim before its response is stored. A
+    ``session.commit()``, ``session.connection().commit()`` and the psycopg connection's
+    ``commit()`` raise :class:`BlockCommitRefused` and commit nothing: they would commit the claim
+    before its response is stored. A transaction ended in SQL inside the block is settled as
+    :meth:`KeyStore.once` settles it (with a :class:`~pgonce.errors.UsageError`), and the
+    session's transaction rolled back. A
     ``session.begin_nested()`` begun in the block ends in it (one still open at the block's end is
     refused with a :class:`~pgonce.errors.UsageError`, and the block rolled back).
     """
@@ -281,45 +287,49 @@ def once(
     conn = driver_connection(session)
     operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
     require_transaction(conn)  # before the savepoint, which autocommit would refuse untyped
-    nested, held = _savepoint(session)
+    nested, held = _savepoint(session, conn)
     try:
         try:
             op = operation.__enter__()
         except BaseException:
-            _leave(nested)
+            _leave(nested, conn)
             raise
         try:
             yield op
-            _finish(session, nested, op.won)
+            ended = _finish(session, nested, op.won, conn)
         except BaseException as error:
             # A failed flush has rolled back the session's savepoint, pgonce's inside it: then
             # pgonce's ROLLBACK TO would fail, and leave the caller's transaction aborted.
             if nested.is_active:
                 operation.__exit__(type(error), error, error.__traceback__)
-            _leave(nested)
+            _leave(nested, conn)
             raise
         try:
             operation.__exit__(None, None, None)
         except BaseException:
-            _leave(nested)
+            _leave(nested, conn)
             raise
+        if ended:  # a claim that did not win: pgonce had nothing to settle
+            _leave(nested, conn)
+            raise UsageError(_ENDED_IN_BLOCK)
         _end(nested, op.won and not op.stored)
     finally:
         held.release()
 
 
-def _savepoint(session: Session) -> tuple[SessionTransaction, _HeldCommits]:
+def _savepoint(session: Session, driver: Any) -> tuple[SessionTransaction, _HeldCommits]:
     """The block's savepoint, begun in the session: its earlier writes flushed, and its SAVEPOINT
     sent now, before pgonce's (SQLAlchemy sends it at the nested transaction's first use, which
     inside the block would put it after pgonce's savepoint, and pgonce's rollback would end it).
-    The session's and its connection's ``commit()`` are refused until the block's end."""
+    The ``commit()`` of the session, of its connection and of the psycopg connection under them
+    (``driver``) are refused until the block's end."""
     nested = session.begin_nested()
     try:
         connection = session.connection()
     except BaseException:
-        _leave(nested)
+        _leave(nested, driver)
         raise
-    return nested, _HeldCommits(session, connection)
+    return nested, _HeldCommits((session, connection, driver))
 
 
 def _refuse_block_commit() -> None:
@@ -330,33 +340,39 @@ _UNSET = object()
 
 
 class _HeldCommits:
-    """The refusal of ``commit()`` on a session and its connection while a block runs, and its
-    end. The session's transaction still ends through its ``SessionTransaction`` (the
-    ``session.begin()`` block, the block's own savepoint), never through these methods; a
-    refusal already there (a batch's, an outer block's) is put back at the end."""
+    """The refusal of ``commit()`` on a session, its connection and the psycopg connection under
+    it while a block runs, and its end. The session's transaction still ends through its
+    ``SessionTransaction`` (the ``session.begin()`` block, the block's own savepoint), never
+    through these methods; a refusal already there (a batch's, an outer block's) is put back at
+    the end."""
 
     __slots__ = ("_saved",)
 
-    def __init__(self, session: Session, connection: Connection) -> None:
-        self._saved = [
-            (target, vars(target).get("commit", _UNSET)) for target in (session, connection)
-        ]
-        session.commit = _refuse_block_commit  # type: ignore[method-assign]
-        connection.commit = _refuse_block_commit  # type: ignore[method-assign]
+    def __init__(self, targets: tuple[object, ...]) -> None:
+        self._saved = [(target, vars(target).get("commit", _UNSET)) for target in targets]
+        for target in targets:
+            vars(target)["commit"] = _refuse_block_commit
 
     def release(self) -> None:
         for target, previous in self._saved:
             if previous is _UNSET:
                 vars(target).pop("commit", None)
             else:
-                target.commit = previous  # type: ignore[method-assign]
+                vars(target)["commit"] = previous
 
 
-def _finish(session: Session, nested: SessionTransaction, won: bool) -> None:
+def _finish(session: Session, nested: SessionTransaction, won: bool, driver: Any) -> bool:
     """The block's end before its claim completes: a nested transaction the block began and left
     open is refused (pgonce's savepoint, which it is inside, would end it behind SQLAlchemy's
     back, and SQLAlchemy's own end of it then fails the session's transaction), and a won
-    block's writes are flushed into its savepoint."""
+    block's writes are flushed into its savepoint.
+
+    True, with nothing flushed, when the block ended the transaction under the session (a
+    ROLLBACK or COMMIT in SQL, a rollback() of the psycopg connection): a flush would open a new
+    one, without the claim. pgonce's exit then settles the claim and raises (see
+    ``KeyStore.once``)."""
+    if driver.pgconn.transaction_status == _IDLE:
+        return True
     current = session.get_nested_transaction()
     if current is not nested and current is not None and _inside(current, nested):
         while current is not None and current is not nested:
@@ -370,6 +386,7 @@ def _finish(session: Session, nested: SessionTransaction, won: bool) -> None:
         )
     if won:
         session.flush()
+    return False
 
 
 def _inside(current: SessionTransaction, nested: SessionTransaction) -> bool:
@@ -379,18 +396,39 @@ def _inside(current: SessionTransaction, nested: SessionTransaction) -> bool:
     return parent is nested
 
 
-def _leave(nested: SessionTransaction) -> None:
+def _leave(nested: SessionTransaction, driver: Any) -> None:
     """Roll back the block's savepoint after a failure; the failure is what the caller sees.
 
     Deactivated by a failed flush (SQLAlchemy has rolled it back), the rollback sends nothing and
     expunges the block's objects; ended by the caller (or with a savepoint around it), nothing
     of the block's is left to undo.
+
+    When the block ended the transaction under the session behind SQLAlchemy's back (the
+    connection ``driver`` is idle, the savepoint still active), no savepoint is left to roll back
+    to: SQLAlchemy's ROLLBACK TO would fail, in a new transaction psycopg opens for it. The
+    session's connection is invalidated instead (the pool replaces it), and the session's
+    transaction rolled back, with no SQL sent.
     """
+    if driver.pgconn.transaction_status == _IDLE:
+        session = nested.session
+        if nested.is_active:
+            session.connection().invalidate()
+        session.rollback()
+        return
     current = nested.session.get_nested_transaction()
     while current is not None and current is not nested:
         current = current.parent
     if current is not None:
         nested.rollback()
+
+
+# What a block that ended the session's transaction, and whose claim pgonce had nothing to
+# settle for (a replay), is told.
+_ENDED_IN_BLOCK = (
+    "the transaction that once() joined (or async_once()) ended inside its block (a ROLLBACK or "
+    "COMMIT in SQL, or a rollback() of the psycopg connection under the session): end the "
+    "session's transaction after the block. The session's transaction was rolled back"
+)
 
 
 def _end(nested: SessionTransaction, undone: bool) -> None:
@@ -420,26 +458,29 @@ async def async_once(
     conn = await async_driver_connection(session)
     operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
     require_transaction(conn)
-    nested, held = await session.run_sync(_savepoint)
+    nested, held = await session.run_sync(_savepoint, conn)
     try:
         try:
             op = await operation.__aenter__()
         except BaseException:
-            await greenlet_spawn(_leave, nested)
+            await greenlet_spawn(_leave, nested, conn)
             raise
         try:
             yield op
-            await session.run_sync(_finish, nested, op.won)
+            ended = await session.run_sync(_finish, nested, op.won, conn)
         except BaseException as error:
             if nested.is_active:  # see once()
                 await operation.__aexit__(type(error), error, error.__traceback__)
-            await greenlet_spawn(_leave, nested)
+            await greenlet_spawn(_leave, nested, conn)
             raise
         try:
             await operation.__aexit__(None, None, None)
         except BaseException:
-            await greenlet_spawn(_leave, nested)
+            await greenlet_spawn(_leave, nested, conn)
             raise
+        if ended:
+            await greenlet_spawn(_leave, nested, conn)
+            raise UsageError(_ENDED_IN_BLOCK)
         await greenlet_spawn(_end, nested, op.won and not op.stored)
     finally:
         held.release()
@@ -818,9 +859,6 @@ class _RequestSession(Session):
 
 
 event.listen(_RequestSession, "before_commit", _refuse_commit)
-
-# A module constant: an enum class's attribute lookup at each request otherwise.
-_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
