@@ -122,8 +122,9 @@ def _interrupt_deferred() -> Iterator[list[int]]:
 
     Raised inside the wheel, the KeyboardInterrupt made ``subprocess.run`` kill the ``initdb``
     (or the ``pg_ctl start``) under way, the same half-made data folder as a Ctrl-C reaching it.
-    Only in the main thread, the only one signal handlers run in, and only over Python's own
-    handler (a program's own is left to do what it does).
+    A second SIGINT is not held: someone who insists gets the stop, and the next start names the
+    folder (see :func:`half_made`). Only in the main thread, the only one signal handlers run in,
+    and only over Python's own handler (a program's own is left to do what it does).
     """
     came: list[int] = []
     if (
@@ -132,7 +133,13 @@ def _interrupt_deferred() -> Iterator[list[int]]:
     ):
         yield came
         return
-    signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+
+    def held(signum: int, frame: object) -> None:
+        if came:
+            raise KeyboardInterrupt  # the second: stop now, whatever is left half-made
+        came.append(signum)
+
+    signal.signal(signal.SIGINT, held)
     try:
         yield came
     finally:
