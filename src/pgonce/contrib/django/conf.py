@@ -107,40 +107,18 @@ def _duration(name: str, value: Any, problems: list[str]) -> timedelta | None:
 _METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
-def _methods(name: str, value: Any, problems: list[str]) -> frozenset[str]:
+def _methods(name: str, value: Any, problems: list[str], *, quoted: bool = False) -> frozenset[str]:
     if not isinstance(value, list | tuple | set | frozenset) or not all(
         isinstance(m, str) and _METHOD.fullmatch(m) for m in value
     ):
-        problems.append(f"PGONCE[{name!r}] must be a list of HTTP methods, e.g. ['POST']")
+        where = f"'{name}" if quoted else repr(name)  # quoted: ROUTES'][prefix, quoted itself
+        problems.append(f"PGONCE[{where}] must be a list of HTTP methods, e.g. ['POST']")
         return frozenset()
     return frozenset(m.upper() for m in value)
 
 
-def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
-    """``settings.PGONCE`` (or ``raw``), checked; every problem in one :class:`ConfigError`."""
-    if raw is None:
-        raw = getattr(settings, "PGONCE", None)
-    if not isinstance(raw, Mapping):
-        raise ConfigError(
-            "settings.PGONCE must be a dict with at least 'SCOPE', the dotted path of a "
-            "function of the request that names the caller (see pgonce.contrib.django.scopes)"
-        )
-    problems: list[str] = []
-    unknown = sorted(set(raw) - _KNOWN)
-    if unknown:
-        problems.append(f"unknown PGONCE settings: {', '.join(unknown)}")
-    scope: Any = raw.get("SCOPE")
-    if isinstance(scope, str):
-        try:
-            scope = import_string(scope)
-        except ImportError as error:
-            problems.append(f"PGONCE['SCOPE'] cannot be imported: {error}")
-    if not callable(scope):
-        problems.append(
-            "PGONCE['SCOPE'] must name a function of the request that returns the caller's "
-            "scope (e.g. 'pgonce.contrib.django.scopes.user_scope')"
-        )
-    values: dict[str, Any] = {}
+def _check_store(raw: Mapping[str, Any], values: dict[str, Any], problems: list[str]) -> None:
+    """Check ``DATABASE`` and ``SCHEMA``, the settings every part of the integration reads."""
     if "DATABASE" in raw:
         if not isinstance(raw["DATABASE"], str) or not raw["DATABASE"]:
             problems.append("PGONCE['DATABASE'] must be a non-empty string")
@@ -159,6 +137,61 @@ def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
                 values["schema"] = validate_schema(raw["SCHEMA"])
             except ConfigError as error:
                 problems.append(f"PGONCE['SCHEMA']: {error}")
+
+
+#: The last ``(DATABASE, SCHEMA)`` that :func:`store_settings` found valid.
+_valid_store: tuple[object, object] | None = None
+
+
+def store_settings() -> tuple[str, str]:
+    """``PGONCE["DATABASE"]`` and ``PGONCE["SCHEMA"]`` (defaults filled in), for the outbox and
+    the inbox, which need no ``SCOPE`` and are used without the middleware: checked as
+    :func:`load` checks them, once per pair of values, so that a wrong one is a
+    :class:`ConfigError` naming it, never a ``TypeError`` from deep inside a write."""
+    global _valid_store
+    raw = getattr(settings, "PGONCE", None) or {}
+    try:
+        found = (raw.get("DATABASE", "default"), raw.get("SCHEMA", DEFAULT_SCHEMA))
+    except AttributeError:
+        found = None
+    if found is not None and found == _valid_store:
+        return found  # type: ignore[return-value]  # checked: two strings
+    if not isinstance(raw, Mapping):
+        raise ConfigError("settings.PGONCE must be a dict, e.g. {'SCHEMA': 'pgonce'}")
+    problems: list[str] = []
+    _check_store(raw, {}, problems)
+    if problems:
+        raise ConfigError("settings.PGONCE is invalid:\n- " + "\n- ".join(problems))
+    _valid_store = found
+    return found  # type: ignore[return-value]
+
+
+def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
+    """``settings.PGONCE`` (or ``raw``), checked; every problem in one :class:`ConfigError`."""
+    if raw is None:
+        raw = getattr(settings, "PGONCE", None)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            "settings.PGONCE must be a dict with at least 'SCOPE', the dotted path of a "
+            "function of the request that names the caller (see pgonce.contrib.django.scopes)"
+        )
+    problems: list[str] = []
+    unknown = sorted(map(str, set(raw) - _KNOWN))  # a key may be any object
+    if unknown:
+        problems.append(f"unknown PGONCE settings: {', '.join(unknown)}")
+    scope: Any = raw.get("SCOPE")
+    if isinstance(scope, str):
+        try:
+            scope = import_string(scope)
+        except ImportError as error:
+            problems.append(f"PGONCE['SCOPE'] cannot be imported: {error}")
+    if not callable(scope):
+        problems.append(
+            "PGONCE['SCOPE'] must name a function of the request that returns the caller's "
+            "scope (e.g. 'pgonce.contrib.django.scopes.user_scope')"
+        )
+    values: dict[str, Any] = {}
+    _check_store(raw, values, problems)
     for name in ("REQUIRE_KEY", "CANONICALIZE_JSON", "STORE_SERVER_ERRORS"):
         if name in raw:
             if not isinstance(raw[name], bool):
@@ -178,7 +211,7 @@ def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
             problems.append("PGONCE['ROUTES'] must map path prefixes to lists of methods")
         else:
             values["routes"] = {
-                str(prefix): _methods(f"ROUTES'][{prefix!r}", methods, problems)
+                str(prefix): _methods(f"ROUTES'][{prefix!r}", methods, problems, quoted=True)
                 for prefix, methods in routes.items()
             }
             # Django's request.path_info starts with "/": any other prefix would never match.

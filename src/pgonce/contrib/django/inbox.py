@@ -31,10 +31,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import connections, transaction
 
-from pgonce.config import DEFAULT_SCHEMA
+from pgonce.contrib.django.conf import store_settings
 from pgonce.contrib.django.connection import psycopg_connection
 from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
 from pgonce.errors import InboxHandlerError
@@ -65,9 +64,9 @@ def process_batch(
     Returns how many events were claimed (0: nothing was due). ``now`` fixes the clock of the
     claim and of the backoff (tests).
     """
-    pgonce = getattr(settings, "PGONCE", None) or {}
-    alias = using or pgonce.get("DATABASE", "default")
-    store = InboxStore(schema=pgonce.get("SCHEMA", DEFAULT_SCHEMA))
+    database, schema = store_settings()
+    alias = using or database
+    store = InboxStore(schema=schema)
 
     check_sync(handler)
 

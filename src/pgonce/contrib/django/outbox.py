@@ -15,9 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.conf import settings
-
-from pgonce.config import DEFAULT_SCHEMA
+from pgonce.contrib.django.conf import store_settings
 from pgonce.contrib.django.connection import psycopg_connection
 from pgonce.store._sync.outbox import enqueue as enqueue_on
 
@@ -36,8 +34,8 @@ def enqueue(
     ``using`` defaults to ``PGONCE["DATABASE"]``. Outside ``atomic()`` this raises
     :class:`~pgonce.errors.NotInTransaction`: the event would commit apart from the ORM's writes.
     """
-    pgonce = getattr(settings, "PGONCE", None) or {}
-    alias = using or pgonce.get("DATABASE", "default")
+    database, schema = store_settings()
+    alias = using or database
     return enqueue_on(
         psycopg_connection(alias),
         aggregatetype,
@@ -45,5 +43,5 @@ def enqueue(
         type,
         payload,
         headers=headers,
-        schema=pgonce.get("SCHEMA", DEFAULT_SCHEMA),
+        schema=schema,
     )
