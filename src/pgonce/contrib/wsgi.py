@@ -121,6 +121,17 @@ class ConnectionSource(Protocol):
 _UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError)
 
 
+def sqlalchemy_unavailable() -> tuple[type[Exception], ...]:
+    """SQLAlchemy's "the database went away" errors, where SQLAlchemy is installed: its
+    OperationalError, which wraps psycopg's, and its pool's TimeoutError. A view that writes
+    through a SQLAlchemy session meets a lost database as these, not as psycopg's."""
+    try:
+        from sqlalchemy import exc
+    except ImportError:
+        return ()
+    return (exc.OperationalError, exc.TimeoutError)
+
+
 class IdempotentTransaction:
     """The claimed key's transaction, handed to one request's application."""
 
@@ -283,6 +294,12 @@ class IdempotencyMiddleware:
             retry_after=self.store.retry_after,
             store_server_errors=self.store.store_server_errors,
         )
+        # What the view's database going away looks like: answered 503 (with Retry-After), as
+        # Flask's Idempotency answers it, never the server's 500. Looked up here, once.
+        self._unavailable: tuple[type[Exception], ...] = (
+            *_UNAVAILABLE,
+            *sqlalchemy_unavailable(),
+        )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         checked = self._check(environ)
@@ -395,7 +412,7 @@ class IdempotencyMiddleware:
                             # The completion and COMMIT in one round trip (a failed completion
                             # raises, and the transaction is rolled back).
                             response.claim_lost(claim)
-                    except _UNAVAILABLE as error:
+                    except self._unavailable as error:
                         rollback_quietly(conn)
                         if captured is None:
                             raise
@@ -406,7 +423,7 @@ class IdempotencyMiddleware:
                         raise
         except KeyMismatch:
             return _answer(start_response, semantics.MISMATCH)
-        except _UNAVAILABLE:
+        except self._unavailable:
             # Before the endpoint began: the claim (or the pool) could not reach the database.
             return _answer(start_response, semantics.unavailable(self.store.retry_after))
         # After the commit (or the rollback): the client never sees an answer that did not
@@ -502,7 +519,7 @@ class IdempotencyMiddleware:
             # Taken over by a retry: the answer is the new holder's.
             leased = InFlight(self.phases.retry_after, "leased")
             return _answer(start_response, semantics.in_flight(leased))
-        except _UNAVAILABLE:
+        except self._unavailable:
             return _answer(start_response, semantics.unavailable(self.phases.retry_after))
         return self._reply(start_response, captured, op.claim)
 
