@@ -33,6 +33,10 @@ _MISSING_OBJECT = (
 _STATEMENT_POOLING = "transaction blocks not allowed in statement pooling mode"
 
 
+# What a standby answers a read of an unlogged table with.
+_IN_RECOVERY = "unlogged relations during recovery"
+
+
 def describe_dsn(dsn: str) -> str:
     """``host:port/dbname`` of a connection string, without user or password.
 
@@ -123,6 +127,12 @@ class translate_errors:  # named like the function it replaced: ``with translate
             ) from error
         if isinstance(error, psycopg.OperationalError):
             raise DatabaseUnavailable(f"{what} failed: {first_line(error)}") from error
+        if isinstance(error, pg_errors.FeatureNotSupported) and _IN_RECOVERY in str(error):
+            # A standby refuses to read an unlogged table (pgonce's outbox_aggregates) before it
+            # refuses a write: the same node that takes no writes, said in other words.
+            raise DatabaseUnavailable(
+                f"{what} failed: {first_line(error)}: {READ_ONLY_DETAIL}"
+            ) from error
         if isinstance(error, pg_errors.ReadOnlySqlTransaction):
             # A node that takes no writes: after a failover the old primary, now a standby, or a
             # DSN that reached a replica. Unavailable (a 503 with Retry-After from the
