@@ -28,9 +28,11 @@ def test_the_health_check_on_a_standby_says_it_takes_no_writes(
     # Before: DatabaseError "checking health failed: cannot access temporary or unlogged
     # relations during recovery", with nothing saying the node is a standby.
     _, standby = primary_and_standby
-    with psycopg.connect(standby, autocommit=True) as conn:
-        with pytest.raises(DatabaseUnavailable, match=FIX) as raised:
-            HealthCheck().check(conn)
+    with (
+        psycopg.connect(standby, autocommit=True) as conn,
+        pytest.raises(DatabaseUnavailable, match=FIX) as raised,
+    ):
+        HealthCheck().check(conn)
     assert isinstance(raised.value.__cause__, psycopg.errors.FeatureNotSupported)
 
 
@@ -58,4 +60,5 @@ def test_doctor_on_a_standby_names_the_fix_in_one_line(
     assert "Traceback" not in done.stderr
     last = done.stderr.splitlines()[-1]
     assert last.startswith("pgonce: error: checking health failed: "), done.stderr
-    assert "a standby" in last and FIX in last, done.stderr
+    assert "a standby" in last, done.stderr
+    assert FIX in last, done.stderr
