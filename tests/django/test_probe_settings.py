@@ -59,3 +59,24 @@ def test_a_routes_value_that_is_not_a_list_is_named_as_written() -> None:
     with pytest.raises(ConfigError) as raised:
         conf.load(raw)
     assert "PGONCE['ROUTES']['/webhooks'] must be a list of HTTP methods" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        pytest.param({"RETENTION": 10**12}, "at most 100 years", id="retention-past-year-9999"),
+        pytest.param({"WAIT": 0.01}, "at least 100 ms", id="wait-too-short"),
+        pytest.param({"WAIT": 10**8}, "at most 2147483647 ms", id="wait-too-long"),
+    ],
+)
+def test_a_duration_out_of_range_is_listed_with_the_other_problems(
+    setting: dict[str, Any], said: str
+) -> None:
+    # A RETENTION past year 9999 passed: every covered request committed, then was answered
+    # Django's 500 page (the Idempotency-Key-Expires date could not be written). A WAIT out of
+    # the key store's bounds was its UsageError, apart from the list of the other problems.
+    raw = {"SCOPE": "pgonce.contrib.django.scopes.user_scope", "COLOUR": 1, **setting}
+    with pytest.raises(ConfigError) as raised:
+        conf.load(raw)
+    assert said in str(raised.value)
+    assert "COLOUR" in str(raised.value)

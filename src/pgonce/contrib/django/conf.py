@@ -44,13 +44,14 @@ from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from pgonce.config import DEFAULT_POOLER, DEFAULT_SCHEMA, POOLERS, validate_schema
-from pgonce.errors import ConfigError
+from pgonce.errors import ConfigError, UsageError
 from pgonce.http.semantics import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_METHODS,
     DEFAULT_RETENTION,
 )
+from pgonce.store.common import check_wait
 
 #: Names a request's key scope (the caller), or ``None`` to leave the request unprotected.
 RequestScope = Callable[[HttpRequest], "str | None"]
@@ -102,6 +103,9 @@ def _duration(name: str, value: Any, problems: list[str]) -> timedelta | None:
     problems.append(f"PGONCE[{name!r}] must be seconds (a number >= 0) or a timedelta >= 0")
     return None
 
+
+#: The longest RETENTION: the Idempotency-Key-Expires date stays a date HTTP can carry.
+MAX_RETENTION = timedelta(days=36525)
 
 #: An HTTP method is a token (RFC 9110, section 9.1).
 _METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -225,9 +229,19 @@ def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
             problems.append(f"PGONCE['POOLER'] must be one of {', '.join(map(repr, POOLERS))}")
         values["pooler"] = raw["POOLER"]
     if raw.get("WAIT") is not None:
-        values["wait"] = _duration("WAIT", raw["WAIT"], problems)
+        values["wait"] = wait = _duration("WAIT", raw["WAIT"], problems)
+        if wait is not None:
+            # The key store's own bounds (PostgreSQL's lock_timeout), listed with the rest.
+            try:
+                check_wait(wait)
+            except UsageError as error:
+                problems.append(f"PGONCE['WAIT']: {error}")
     if "RETENTION" in raw:
-        values["retention"] = _duration("RETENTION", raw["RETENTION"], problems)
+        values["retention"] = retention = _duration("RETENTION", raw["RETENTION"], problems)
+        if retention is not None and retention > MAX_RETENTION:
+            # Idempotency-Key-Expires is an HTTP date: one past year 9999 cannot be written,
+            # which every answer would find after its transaction committed.
+            problems.append("PGONCE['RETENTION'] must be at most 100 years")
     if problems:
         raise ConfigError("settings.PGONCE is invalid:\n- " + "\n- ".join(problems))
     return PgonceSettings(scope=scope, **values)
