@@ -49,7 +49,11 @@ def test_process_batch_names_the_setting_that_is_wrong(pgonce: Any, said: str) -
 
 
 def test_an_unknown_key_that_is_not_a_string_is_listed_not_a_type_error() -> None:
-    raw = {"SCOPE": "pgonce.contrib.django.scopes.user_scope", 1: True, "TIMEOUT": 5}
+    raw: dict[Any, Any] = {
+        "SCOPE": "pgonce.contrib.django.scopes.user_scope",
+        1: True,
+        "TIMEOUT": 5,
+    }
     with pytest.raises(ConfigError, match="unknown PGONCE settings: 1, TIMEOUT"):
         conf.load(raw)
 
