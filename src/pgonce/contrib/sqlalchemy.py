@@ -317,7 +317,7 @@ def once(
         held.release()
 
 
-def _savepoint(session: Session, driver: Any) -> tuple[SessionTransaction, _HeldCommits]:
+def _savepoint(session: Session, driver: Any) -> tuple[SessionTransaction, _Refusals]:
     """The block's savepoint, begun in the session: its earlier writes flushed, and its SAVEPOINT
     sent now, before pgonce's (SQLAlchemy sends it at the nested transaction's first use, which
     inside the block would put it after pgonce's savepoint, and pgonce's rollback would end it).
@@ -329,7 +329,7 @@ def _savepoint(session: Session, driver: Any) -> tuple[SessionTransaction, _Held
     except BaseException:
         _leave(nested, driver)
         raise
-    return nested, _HeldCommits((session, connection, driver))
+    return nested, _Refusals((session, connection, driver), _BLOCK_OWNED)
 
 
 def _refuse_block_commit() -> None:
@@ -339,26 +339,39 @@ def _refuse_block_commit() -> None:
 _UNSET = object()
 
 
-class _HeldCommits:
-    """The refusal of ``commit()`` on a session, its connection and the psycopg connection under
-    it while a block runs, and its end. The session's transaction still ends through its
-    ``SessionTransaction`` (the ``session.begin()`` block, the block's own savepoint), never
-    through these methods; a refusal already there (a batch's, an outer block's) is put back at
-    the end."""
+class _Refusals:
+    """Methods of some objects (``commit``, ``rollback``) refused on the instances while the
+    transaction they would end is owned elsewhere, and the end of that refusal.
+
+    The one way the block, the batch and the request install theirs: the transaction still ends
+    through its ``Transaction`` or ``SessionTransaction`` (the ``session.begin()`` block, the
+    block's own savepoint, the batch's ``begin()``, the middleware's COMMIT), never through the
+    refused methods. :meth:`release` puts back what was there before, a refusal too (a batch's,
+    an outer block's), so that nested owners end in any order of their exits.
+    """
 
     __slots__ = ("_saved",)
 
-    def __init__(self, targets: tuple[object, ...]) -> None:
-        self._saved = [(target, vars(target).get("commit", _UNSET)) for target in targets]
+    def __init__(
+        self, targets: tuple[object, ...], refusals: Mapping[str, Callable[[], None]]
+    ) -> None:
+        saved = []
         for target in targets:
-            vars(target)["commit"] = _refuse_block_commit
+            own = vars(target)
+            for name, refusal in refusals.items():
+                saved.append((own, name, own.get(name, _UNSET)))
+                own[name] = refusal
+        self._saved = saved
 
     def release(self) -> None:
-        for target, previous in self._saved:
+        for own, name, previous in reversed(self._saved):
             if previous is _UNSET:
-                vars(target).pop("commit", None)
+                own.pop(name, None)
             else:
-                vars(target)["commit"] = previous
+                own[name] = previous
+
+
+_BLOCK_OWNED: Mapping[str, Callable[[], None]] = {"commit": _refuse_block_commit}
 
 
 def _finish(session: Session, nested: SessionTransaction, won: bool, driver: Any) -> bool:
@@ -614,24 +627,27 @@ def inbox_handler(
         try:
             async with engine.connect() as bound:
                 await bound.begin()  # SQLAlchemy's view of the worker's transaction; no SQL
-                _batch_owned(bound.sync_connection)
+                owned = _batch_owned(bound.sync_connection)
                 session = session_factory(bind=bound, join_transaction_mode="create_savepoint")
-                async with session:
-                    try:
-                        returned = handler(event, session)
-                        if not inspect.isawaitable(returned):
-                            # Its writes roll back below, and the worker records the failure.
-                            raise UsageError(
-                                "inbox_handler() runs its handler in the async inbox worker, "
-                                "and it must be an async def: this one returned "
-                                f"{type_name(returned)}, not an awaitable (a plain def handler "
-                                "runs with process_batch(), on a sync engine)"
-                            )
-                        await returned
-                        await session.commit()  # releases the handler's savepoint
-                    except BaseException:
-                        await session.rollback()
-                        raise
+                try:
+                    async with session:
+                        try:
+                            returned = handler(event, session)
+                            if not inspect.isawaitable(returned):
+                                # Its writes roll back below; the worker records the failure.
+                                raise UsageError(
+                                    "inbox_handler() runs its handler in the async inbox "
+                                    "worker, and it must be an async def: this one returned "
+                                    f"{type_name(returned)}, not an awaitable (a plain def "
+                                    "handler runs with process_batch(), on a sync engine)"
+                                )
+                            await returned
+                            await session.commit()  # releases the handler's savepoint
+                        except BaseException:
+                            await session.rollback()
+                            raise
+                finally:
+                    owned.release()
         finally:
             _borrowed.reset(token)
 
@@ -695,7 +711,7 @@ def process_batch(
         conn = bound.connection.driver_connection
         if not isinstance(conn, psycopg.Connection):  # a custom creator's
             raise NotPsycopgSession(_dialect_name(engine.dialect))
-        _batch_owned(bound)
+        owned = _batch_owned(bound)
 
         @contextmanager
         def savepoint() -> Iterator[Session]:
@@ -720,30 +736,32 @@ def process_batch(
                     session.rollback()
                     raise
 
-        return run_batch(
-            conn,
-            source,
-            handler,
-            savepoint,
-            store=store,
-            limit=limit,
-            retry=retry,
-            out_of_order=out_of_order,
-            now=now,
-        )
+        try:
+            return run_batch(
+                conn,
+                source,
+                handler,
+                savepoint,
+                store=store,
+                limit=limit,
+                retry=retry,
+                out_of_order=out_of_order,
+                now=now,
+            )
+        finally:
+            owned.release()
 
 
 _CHECK_DEFERRED = b"SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ALL DEFERRED"
 
 
-def _batch_owned(bound: Connection | None) -> None:
+def _batch_owned(bound: Connection | None) -> _Refusals:
     """Refuse a handler's ``commit()`` and ``rollback()`` of ``bound`` (its session's
     ``connection()``): the commit would commit the events claimed after the handler's as done
     before their handlers ran, the rollback the events before. The batch itself ends through
     its ``Transaction``, not these."""
     assert bound is not None
-    bound.commit = _refuse_batch_commit  # type: ignore[method-assign]
-    bound.rollback = _refuse_batch_rollback  # type: ignore[method-assign]
+    return _Refusals((bound,), _BATCH_OWNED)
 
 
 def _refuse_batch_commit() -> None:
@@ -752,6 +770,12 @@ def _refuse_batch_commit() -> None:
 
 def _refuse_batch_rollback() -> None:
     raise TransactionEndRefused("rollback")
+
+
+_BATCH_OWNED: Mapping[str, Callable[[], None]] = {
+    "commit": _refuse_batch_commit,
+    "rollback": _refuse_batch_rollback,
+}
 
 
 # -- the HTTP path ----------------------------------------------------------------------------
@@ -783,7 +807,7 @@ class EngineConnections:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         try:
-            sync, conn = await greenlet_spawn(_open, self.engine.sync_engine)
+            sync, conn, owned = await greenlet_spawn(_open, self.engine.sync_engine)
         except (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError) as error:
             raise DatabaseUnavailable(f"connecting through the engine failed: {error}") from error
         bound = SAAsyncConnection(self.engine, sync)
@@ -796,10 +820,11 @@ class EngineConnections:
             finally:
                 _checked_out.pop(conn, None)
         finally:
+            owned.release()
             await bound.close()
 
 
-def _open(engine: Engine) -> tuple[Connection, Any]:
+def _open(engine: Engine) -> tuple[Connection, Any, _Refusals]:
     """A connection from ``engine``'s pool, the driver's connection under it, and SQLAlchemy's
     view of the transaction the middleware opens begun on it.
 
@@ -816,18 +841,16 @@ def _open(engine: Engine) -> tuple[Connection, Any]:
     except BaseException:
         connection.close()
         raise
-    _request_owned(connection)
-    return connection, driver
+    return connection, driver, _request_owned(connection)
 
 
-def _request_owned(connection: Connection) -> None:
+def _request_owned(connection: Connection) -> _Refusals:
     """Refuse the endpoint's ``commit()`` and ``rollback()`` of ``connection`` (its session's
     ``connection()``): the first would commit the claim before its response is stored, the
     second roll it back, and the request's later writes would commit without it. The session's
     own rollback of a failed flush, and the connection's close, end the transaction through its
     ``Transaction``, not these."""
-    connection.commit = _refuse_request_commit  # type: ignore[method-assign]
-    connection.rollback = _refuse_request_rollback  # type: ignore[method-assign]
+    return _Refusals((connection,), _REQUEST_OWNED)
 
 
 def _refuse_request_commit() -> None:
@@ -836,6 +859,12 @@ def _refuse_request_commit() -> None:
 
 def _refuse_request_rollback() -> None:
     raise SessionRollbackRefused()
+
+
+_REQUEST_OWNED: Mapping[str, Callable[[], None]] = {
+    "commit": _refuse_request_commit,
+    "rollback": _refuse_request_rollback,
+}
 
 
 def _refuse_commit(session: Session) -> None:
