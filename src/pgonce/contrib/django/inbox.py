@@ -36,7 +36,7 @@ from django.db import connections, transaction
 from pgonce.contrib.django.conf import store_settings
 from pgonce.contrib.django.connection import psycopg_connection
 from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
-from pgonce.errors import InboxHandlerError
+from pgonce.errors import DatabaseUnavailable, InboxHandlerError, UsageError
 from pgonce.store._sync.inbox import InboxStore
 from pgonce.webhooks.batch import DEFAULT_LIMIT, check_sync, run_batch
 
@@ -87,14 +87,25 @@ def process_batch(
         return None
 
     with transaction.atomic(using=alias):
-        return run_batch(
-            psycopg_connection(alias),
-            source,
-            handle,
-            lambda: transaction.atomic(using=alias),
-            store=store,
-            limit=limit,
-            retry=retry,
-            out_of_order=out_of_order,
-            now=now,
-        )
+        try:
+            return run_batch(
+                psycopg_connection(alias),
+                source,
+                handle,
+                lambda: transaction.atomic(using=alias),
+                store=store,
+                limit=limit,
+                retry=retry,
+                out_of_order=out_of_order,
+                now=now,
+            )
+        except DatabaseUnavailable as error:
+            if connections[alias].closed_in_transaction:
+                # Not the database: a handler's connection.close(), met by the next statement.
+                raise UsageError(
+                    f"an inbox handler closed the connection of the batch's transaction "
+                    f"(connections[{alias!r}].close()), which rolled the whole batch back: no "
+                    "event of it was marked done or failed, and the next batch claims them "
+                    "again. Let process_batch() end the transaction"
+                ) from error
+            raise
