@@ -30,7 +30,9 @@ import json
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
+from urllib.parse import urlsplit
 
+from pgonce.core.checks import describe
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable, ConfigError
 from pgonce.extras import needs
@@ -42,6 +44,7 @@ from pgonce.publishers.base import (
     message_headers,
     route_or_refuse,
     short_error,
+    url_origin,
 )
 
 with needs("nats", "the NATS publisher"):
@@ -136,6 +139,38 @@ def _refusal(msg: Msg) -> str | None:
     return f"JetStream refused the message: {description}"
 
 
+#: The URL schemes nats-py connects with; a URL without one is taken as ``nats://``.
+_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def _check_servers(servers: object) -> None:
+    """Refuse, at the start, servers nats-py could never connect to.
+
+    nats-py reads them only when it connects, and takes a URL of another scheme
+    (``amqp://guest:guest@host:5672``) for a host named after the scheme: every batch would then
+    wait "unavailable", retried for ever, instead of the relay refusing its configuration.
+    """
+    urls = [servers] if isinstance(servers, str) else servers
+    if not isinstance(urls, list) or not urls:
+        raise ConfigError(
+            f"the NATS publisher's servers must be a URL or a list of URLs, not {describe(servers)}"
+        )
+    for url in urls:
+        try:
+            text = url if "://" in url else f"nats://{url}"
+            parts = urlsplit(text)
+            # .port raises ValueError for a port that is not a number or is above 65535.
+            valid = parts.scheme in _SCHEMES and bool(parts.hostname) and parts.port != 0
+        except (ValueError, TypeError, AttributeError):
+            valid = False
+        if not valid:
+            shown = url_origin(url) if isinstance(url, str) else describe(url)
+            raise ConfigError(
+                "the NATS publisher's url must be a nats://, tls://, ws:// or wss:// URL with a "
+                f"host and a valid port, not {shown}"
+            )
+
+
 class NatsPublisher:
     """Publishes to subject ``routing(message)`` (default ``outbox.<aggregatetype>``); a stream
     must cover the subjects (the publisher does not create streams: their limits are an operator's
@@ -153,6 +188,7 @@ class NatsPublisher:
         # A wait of nothing would leave every batch unsettled, retried for ever.
         if not ack_timeout > timedelta(0):
             raise ConfigError("the NATS publisher's ack_timeout must be above 0")
+        _check_servers(servers)
         self.servers = servers
         self.routing = routing or by_aggregatetype("outbox.")
         self.ack_timeout = ack_timeout
