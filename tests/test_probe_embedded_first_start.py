@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,10 +54,10 @@ def wait_for_initdb(data_dir: Path, process: subprocess.Popen[str]) -> None:
         time.sleep(0.002)
 
 
-def status(data_dir: Path) -> subprocess.CompletedProcess[str]:
+def status(data_dir: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pgonce", "migrate", "--status", "--data-dir", str(data_dir)],
-        cwd=data_dir.parent,
+        cwd=cwd or data_dir.parent,
         capture_output=True,
         text=True,
         timeout=120,
@@ -116,3 +117,41 @@ def test_a_folder_whose_initdb_was_killed_is_named_half_made(data_dir: Path) -> 
         "its creation (initdb) was stopped before the end; remove the folder, and the next start "
         "makes it again"
     )
+
+
+def refusal(data_dir: Path) -> str:
+    """The one error line of a start on ``data_dir``, which must start nothing."""
+    done = status(data_dir, cwd=Path(tempfile.gettempdir()))
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, done.stderr  # the embedded notice, then the error
+    return lines[-1]
+
+
+def test_a_data_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    # Before: initdb's command line, its output and a "---" dump of each, on stderr.
+    path = tmp_path / "data"
+    path.write_text("not a folder")
+    assert refusal(path) == (
+        f"pgonce: error: the embedded PostgreSQL's data folder {path} is a file, not a folder; "
+        "set PGONCE_DATA_DIR (or --data-dir) to a new or empty folder"
+    )
+    assert refusal(path / "data").startswith(
+        f"pgonce: error: the embedded PostgreSQL's data folder {path / 'data'} cannot be made: "
+    )  # before: "internal error: FileExistsError ...; please report it"
+
+
+def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    # Before: as root the wheel first gave the folder to its server's system user, then initdb
+    # refused it ("exists but is not empty") in pages of output.
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    owner = folder.stat().st_uid
+    assert refusal(folder) == (
+        f"pgonce: error: the embedded PostgreSQL's data folder {folder} holds files but no "
+        "PostgreSQL data (no PG_VERSION): the server makes its data in a folder of its own; set "
+        "PGONCE_DATA_DIR (or --data-dir) to a new or empty folder"
+    )
+    assert folder.stat().st_uid == owner
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]

@@ -91,7 +91,7 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
             "which its start command cannot carry; set PGONCE_DATA_DIR (or --data-dir) to a "
             "folder whose path has none"
         )
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    _check_data_dir(data_dir)
     if (data_dir / "PG_VERSION").exists() and not (data_dir / "global" / "pg_control").exists():
         # The wheel takes PG_VERSION, initdb's first file, for a made folder: pg_ctl then failed
         # with pages of its output and the server's log instead of one line.
@@ -144,6 +144,34 @@ def _interrupt_deferred() -> Iterator[list[int]]:
         yield came
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _check_data_dir(data_dir: Path) -> None:
+    """Make the data folder's parent; refuse a folder that initdb would refuse.
+
+    The wheel handed such a folder to initdb, which failed with pages of its command line and
+    output, and as root it first gave the folder to its server's system user: a project folder
+    named by mistake changed owner. A parent that cannot be made was an internal error.
+    """
+    fix = "set PGONCE_DATA_DIR (or --data-dir) to a new or empty folder"
+    try:
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(
+            f"the embedded PostgreSQL's data folder {data_dir} cannot be made: "
+            f"{error.strerror or error} ({error.filename}); {fix}"
+        ) from None
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ConfigError(
+            f"the embedded PostgreSQL's data folder {data_dir} is a file, not a folder; {fix}"
+        )
+    if data_dir.is_dir() and not (data_dir / "PG_VERSION").exists() and any(data_dir.iterdir()):
+        if (data_dir / "global").is_dir() or (data_dir / "pg_wal").exists():
+            raise DatabaseUnavailable(half_made(data_dir))  # initdb's first folders, no more
+        raise ConfigError(
+            f"the embedded PostgreSQL's data folder {data_dir} holds files but no PostgreSQL "
+            f"data (no PG_VERSION): the server makes its data in a folder of its own; {fix}"
+        )
 
 
 def half_made(data_dir: Path) -> str:
