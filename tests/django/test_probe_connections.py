@@ -34,6 +34,13 @@ def close_then_query(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"count": Payment.objects.count()}, status=201)
 
 
+def close_and_answer_503(request: HttpRequest) -> HttpResponse:
+    # A view that resets the connection after a failure of its own and says so.
+    Payment.objects.create(principal="t", amount=1, currency="EUR")
+    connection.close()
+    return JsonResponse({"error": "try again"}, status=503)
+
+
 def plain(request: HttpRequest) -> HttpResponse:
     payment = Payment.objects.create(principal="t", amount=1, currency="EUR")
     return JsonResponse({"id": payment.pk}, status=201)
@@ -42,6 +49,7 @@ def plain(request: HttpRequest) -> HttpResponse:
 urlpatterns = [
     path("close-after-write", close_after_write),
     path("close-then-query", close_then_query),
+    path("close-and-answer-503", close_and_answer_503),
     path("plain", plain),
 ]
 
@@ -79,5 +87,16 @@ def test_a_view_that_closes_the_connection_is_a_problem_answer_not_its_success(
             assert refused.headers["Content-Type"] == "application/problem+json"
             assert json.loads(refused.content)["title"] == "Transaction ended by the endpoint"
     assert "closed its connection" in caplog.text
+    assert Payment.objects.count() == 0
+    assert stored_keys(key) == 0
+
+
+def test_a_view_that_closes_the_connection_and_answers_a_5xx_keeps_its_answer() -> None:
+    client = Client(raise_request_exception=False)
+    key = uuid.uuid4().hex
+    for _ in range(2):
+        answered = post(client, "/close-and-answer-503", key)
+        assert answered.status_code == 503
+        assert json.loads(answered.content) == {"error": "try again"}
     assert Payment.objects.count() == 0
     assert stored_keys(key) == 0

@@ -494,9 +494,13 @@ class IdempotencyMiddleware:
                 _settle(store, conn, claim, captured)
             elif not (kept and captured.commits(status)):
                 wrapper.set_rollback(True)
-                if wrapper.closed_in_transaction:
+                if wrapper.closed_in_transaction and (
+                    claimed.raised or captured.status is None or captured.status < 500
+                ):
                     # The view closed the connection (connection.close()): the server rolled
-                    # the request back, its writes too, and its answer must not say otherwise.
+                    # the request back, its writes too, and its answer must not say otherwise
+                    # (nor Django's for what the view then raised, the 503 of a connection
+                    # "lost"). A 5xx the view returned itself says so already.
                     semantics.log_transaction_ended(caller, _closed(wrapper.alias))
                     captured.ended = True
             else:
