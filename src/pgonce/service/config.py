@@ -116,6 +116,13 @@ class OutboxConfig:
 
 
 PUBLISHERS = ("rabbitmq", "nats", "redis", "http")
+#: The [outbox] options that belong to one publisher, and which one.
+_PUBLISHER_OPTIONS = {
+    "exchange": "rabbitmq",
+    "declare": "rabbitmq",
+    "max_message_size": "rabbitmq",
+    "secret": "http",
+}
 #: The brokers' usual local addresses; the RabbitMQ one carries its well-known default login.
 DEFAULT_PUBLISHER_URLS = {
     "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/",
@@ -644,7 +651,18 @@ def _outbox(section: _Section) -> OutboxConfig | None:
         problems.add(section.key("url"), why)
     else:
         url = url_value
-    secret_ref = section.optional_text("secret")
+    if publisher in PUBLISHERS:
+        for name, owner in _PUBLISHER_OPTIONS.items():
+            # Taken silently, an option of another publisher let `exchange = "billing"` on
+            # redis or nats send every event where the file does not say.
+            if owner != publisher and section.data.get(name) is not None:
+                section.read.add(name)
+                problems.add(
+                    section.key(name),
+                    f"is an option of the {owner} publisher, not of {publisher}: remove it",
+                )
+    other = publisher in PUBLISHERS and publisher != "http"
+    secret_ref = None if other else section.optional_text("secret")
     secret = _secret(secret_ref, section.key("secret"), problems) if secret_ref else None
     if publisher == "http" and secret_ref is None:
         problems.add(section.key("secret"), 'is required for the http publisher ("env:NAME")')
