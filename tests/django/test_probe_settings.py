@@ -84,3 +84,14 @@ def test_a_duration_out_of_range_is_listed_with_the_other_problems(
         conf.load(raw)
     assert said in str(raised.value)
     assert "COLOUR" in str(raised.value)
+
+
+async def async_scope(request: Any) -> str:
+    return "principal:async"
+
+
+def test_an_async_scope_function_is_refused_at_start() -> None:
+    # It was accepted, then every covered request was Django's 500 page with pgonce's "the
+    # scope must be a str, not coroutine" and a coroutine never awaited.
+    with pytest.raises(ConfigError, match="not async def"):
+        conf.load({"SCOPE": f"{__name__}.async_scope"})

@@ -37,6 +37,7 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from inspect import iscoroutinefunction
 from typing import Any
 
 from django.conf import settings
@@ -193,6 +194,13 @@ def load(raw: Mapping[str, Any] | None = None) -> PgonceSettings:
         problems.append(
             "PGONCE['SCOPE'] must name a function of the request that returns the caller's "
             "scope (e.g. 'pgonce.contrib.django.scopes.user_scope')"
+        )
+    elif iscoroutinefunction(scope):
+        # Called in the request's transaction thread, never awaited: every covered request
+        # would have been a 500 ("the scope must be a str, not coroutine").
+        problems.append(
+            "PGONCE['SCOPE'] must be a plain function (def), not async def: the middleware "
+            "calls it in the request's transaction thread, also under ASGI"
         )
     values: dict[str, Any] = {}
     _check_store(raw, values, problems)
