@@ -155,3 +155,17 @@ def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path: Path) -
     )
     assert folder.stat().st_uid == owner
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
+def test_a_server_that_does_not_start_is_said_in_one_line(data_dir: Path) -> None:
+    # Before: the wheel's own error log came first, pages of it (pg_ctl's command line and
+    # output, the whole server log), above pgonce's one line that said the same.
+    made = status(data_dir)
+    assert made.stdout.startswith("schema pgonce: version 0 of "), made.stderr
+    with (data_dir / "postgresql.conf").open("a") as conf:
+        conf.write("\nshared_buffers = 'lots'\n")
+    assert refusal(data_dir) == (
+        f"pgonce: error: the embedded PostgreSQL in {data_dir.resolve()} did not start: "
+        f'configuration file "{data_dir.resolve() / "postgresql.conf"}" contains errors '
+        f"(its log: {data_dir.resolve() / 'log'})"
+    )

