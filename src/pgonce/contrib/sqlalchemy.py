@@ -627,7 +627,7 @@ def inbox_handler(
         try:
             async with engine.connect() as bound:
                 await bound.begin()  # SQLAlchemy's view of the worker's transaction; no SQL
-                owned = _batch_owned(bound.sync_connection)
+                owned = _batch_owned(bound.sync_connection, conn)
                 session = session_factory(bind=bound, join_transaction_mode="create_savepoint")
                 try:
                     async with session:
@@ -711,7 +711,7 @@ def process_batch(
         conn = bound.connection.driver_connection
         if not isinstance(conn, psycopg.Connection):  # a custom creator's
             raise NotPsycopgSession(_dialect_name(engine.dialect))
-        owned = _batch_owned(bound)
+        owned = _batch_owned(bound, conn)
 
         @contextmanager
         def savepoint() -> Iterator[Session]:
@@ -755,13 +755,14 @@ def process_batch(
 _CHECK_DEFERRED = b"SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ALL DEFERRED"
 
 
-def _batch_owned(bound: Connection | None) -> _Refusals:
+def _batch_owned(bound: Connection | None, driver: object) -> _Refusals:
     """Refuse a handler's ``commit()`` and ``rollback()`` of ``bound`` (its session's
-    ``connection()``): the commit would commit the events claimed after the handler's as done
-    before their handlers ran, the rollback the events before. The batch itself ends through
-    its ``Transaction``, not these."""
+    ``connection()``) and of the psycopg connection under it (``driver``): the commit would
+    commit the events claimed after the handler's as done before their handlers ran, the
+    rollback the events before. The batch itself ends through its ``Transaction`` (or the
+    worker's own commit), after the release, not through these."""
     assert bound is not None
-    return _Refusals((bound,), _BATCH_OWNED)
+    return _Refusals((bound, driver), _BATCH_OWNED)
 
 
 def _refuse_batch_commit() -> None:
