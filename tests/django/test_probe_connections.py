@@ -1,4 +1,5 @@
-"""A view that closes the request's connection, plain and under ATOMIC_REQUESTS."""
+"""A view that closes the request's connection: plain, under ATOMIC_REQUESTS, and async under
+Django's ASGI handler."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.test import Client
+from django.test import AsyncClient, Client
 from django.urls import path
 
 from examples.django_payments.payments.models import Payment
@@ -41,6 +43,16 @@ def close_and_answer_503(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"error": "try again"}, status=503)
 
 
+def _write_and_close() -> int:
+    payment = Payment.objects.create(principal="t", amount=1, currency="EUR")
+    connection.close()
+    return int(payment.pk)
+
+
+async def close_async(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"id": await sync_to_async(_write_and_close)()}, status=201)
+
+
 def plain(request: HttpRequest) -> HttpResponse:
     payment = Payment.objects.create(principal="t", amount=1, currency="EUR")
     return JsonResponse({"id": payment.pk}, status=201)
@@ -50,6 +62,7 @@ urlpatterns = [
     path("close-after-write", close_after_write),
     path("close-then-query", close_then_query),
     path("close-and-answer-503", close_and_answer_503),
+    path("close-async", close_async),
     path("plain", plain),
 ]
 
@@ -100,3 +113,16 @@ def test_a_view_that_closes_the_connection_and_answers_a_5xx_keeps_its_answer() 
         assert json.loads(answered.content) == {"error": "try again"}
     assert Payment.objects.count() == 0
     assert stored_keys(key) == 0
+
+
+def test_an_async_view_that_closes_the_connection_is_a_problem_answer() -> None:
+    client = AsyncClient(raise_request_exception=False)
+    headers = {"Authorization": ALICE, "Idempotency-Key": uuid.uuid4().hex}
+    for _ in range(2):
+        refused = async_to_sync(client.post)(
+            "/close-async", b"{}", content_type="application/json", headers=headers
+        )
+        assert refused.status_code == 500
+        assert json.loads(refused.content)["title"] == "Transaction ended by the endpoint"
+    assert Payment.objects.count() == 0
+    assert stored_keys(headers["Idempotency-Key"]) == 0
