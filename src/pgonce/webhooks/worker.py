@@ -458,7 +458,7 @@ class InboxWorker:
         if handler is None:
             return "done"  # an event type nobody handles: nothing to do, and nothing to retry
         try:
-            async with asyncio.timeout(source.handler_timeout.total_seconds()):
+            async with asyncio.timeout(source.handler_timeout.total_seconds()) as deadline:
                 running = handler(event, conn)
                 if not inspect.isawaitable(running):
                     raise HandlerNotAsync(source.name, running)
@@ -472,6 +472,10 @@ class InboxWorker:
             # A task the handler awaited was cancelled, or the handler raised it: its failure,
             # which must not end the worker (nor stall the event, which would end it again).
             raise HandlerCancelled() from error
+        if deadline.expired():
+            # The handler caught the deadline's cancellation and returned: whatever it was doing
+            # was cut at an arbitrary await, so its writes must not commit as a finished run.
+            raise HandlerTimeout(source.handler_timeout.total_seconds())
         if conn.info.transaction_status == _IDLE:
             raise HandlerEndedTransaction()
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
