@@ -476,6 +476,10 @@ class InboxWorker:
             # The handler caught the deadline's cancellation and returned: whatever it was doing
             # was cut at an arbitrary await, so its writes must not commit as a finished run.
             raise HandlerTimeout(source.handler_timeout.total_seconds())
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # The same for the stop after the shutdown timeout: the batch rolls back.
+            raise asyncio.CancelledError()
         if conn.info.transaction_status == _IDLE:
             raise HandlerEndedTransaction()
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
