@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -56,21 +57,28 @@ def view(engine: Engine, dsn: str) -> Any:
     return app
 
 
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """``app`` served by wsgiref's server in a thread: its base URL."""
+    server = make_server("127.0.0.1", 0, app, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 @pytest.fixture
 def base_url(engine: Engine, dsn: str) -> Iterator[str]:
     with ConnectionPool(dsn, min_size=1, max_size=2) as pool:
         app = IdempotencyMiddleware(
             view(engine, dsn), pool=pool, key_scope=header_scope("X-Api-Key")
         )
-        server = make_server("127.0.0.1", 0, app, handler_class=_Quiet)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"http://127.0.0.1:{server.server_port}"
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join()
+        with serve(app) as url:
+            yield url
 
 
 @pytest.mark.parametrize("path", ["/timeout", "/gone"])

@@ -378,10 +378,17 @@ class IdempotencyMiddleware:
         """Run the application without a claim: the key scope named no caller. An endpoint that
         asks for the claim's transaction gets the 401 of :data:`semantics.MISSING_SCOPE`."""
         environ[ENVIRON_KEY] = semantics.UNSCOPED
+        started: list[bool] = []
+
+        def start(status: str, headers: Headers, exc_info: ExcInfo | None = None) -> Write:
+            started.append(True)
+            return start_response(status, headers, exc_info)
+
         try:
-            return self.app(environ, start_response)
+            result = self.app(environ, start)
         except MissingKeyScope:
             return _answer(start_response, semantics.MISSING_SCOPE)
+        return _unscoped_body(result, start_response, started)
 
     def _handle(
         self,
@@ -599,6 +606,31 @@ class _Captured:
     def _write(self, data: bytes) -> None:
         # The legacy write() callable: its bytes come before the iterable's, as a server sends them.
         self.response.add(data, more=True)
+
+
+def _unscoped_body(
+    result: Iterable[bytes], start_response: StartResponse, started: list[bool]
+) -> Iterator[bytes]:
+    """The body of an unscoped request's application, answered 401 when it asks for the claim's
+    transaction lazily (a generator application runs at the server's first ``next()``), before
+    its ``start_response()``: as the application that asks at once is, not the server's 500."""
+    try:
+        iterator = iter(result)
+        try:
+            first = next(iterator)
+        except StopIteration:
+            return
+        except MissingKeyScope:
+            if started:
+                raise
+            yield from _answer(start_response, semantics.MISSING_SCOPE)
+            return
+        yield first
+        yield from iterator
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
 
 
 def _failed(environ: Environ) -> bool:
