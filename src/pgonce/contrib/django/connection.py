@@ -75,6 +75,6 @@ def psycopg_connection(using: str = "default") -> psycopg.Connection[Any]:
     from pgonce.contrib.django.middleware import ClaimedRequest
 
     for hook in wrapper.execute_wrappers:
-        if isinstance(hook, ClaimedRequest):
-            hook.began = True
+        if isinstance(hook, ClaimedRequest) and not hook.began:
+            hook.began_in(wrapper)
     return conn

@@ -38,15 +38,17 @@ A view whose transaction is marked for rollback (``transaction.set_rollback(True
 answers is not stored either: its writes never commit, so neither does its answer, and the key
 stays free. Its transaction is ``ATOMIC_REQUESTS``' block, the view's own outermost ``atomic()``
 block, or, outside any, the middleware's; a part it undoes inside it (a nested block, a block an
-exception it caught rolled back) is not. A view that tries to end the request's transaction
-(``connection.commit()``, which Django refuses inside ``atomic()``) is answered an RFC 9457
-problem and logged, as is one that opens ``transaction.atomic(durable=True)``, which Django refuses
-inside another block, and so is a streamed body whose generator does either (the body is read
-inside the transaction before anything of it goes out, so the client gets the problem alone);
-one that closes the connection (``connection.close()``, which rolls the request back on the
-server) gets that problem too, never its own answer over writes that are gone; one that ends it
-on the psycopg connection and runs nothing after has its claim settled apart, never left in
-flight.
+exception it caught rolled back) is not, nor is its outermost block when it also ran statements
+outside that block (before it, in an earlier block, or after it), which without the middleware
+would have committed on their own: they commit with the stored answer. A view that tries to end
+the request's transaction (``connection.commit()``, which Django refuses inside ``atomic()``) is
+answered an RFC 9457 problem and logged, as is one that opens ``transaction.atomic(durable=True)``,
+which Django refuses inside another block, and so is a streamed body whose generator does either
+(the body is read inside the transaction before anything of it goes out, so the client gets the
+problem alone); one that closes the connection (``connection.close()``, which rolls the request
+back on the server) gets that problem too, never its own answer over writes that are gone; one
+that ends it on the psycopg connection and runs nothing after has its claim settled apart, never
+left in flight.
 
 Not supported: writes on any other connection, which commit on their own (and a retry after a
 failure makes them again): another thread's (``sync_to_async(..., thread_sensitive=False)`` in an
@@ -191,7 +193,7 @@ class ClaimedRequest:
     query, installed on the connection while the view runs and while its streamed body is read.
     """
 
-    __slots__ = ("began", "depth", "key", "raised", "scope", "undone")
+    __slots__ = ("began", "depth", "first", "key", "raised", "scope", "undone")
 
     def __init__(self, scope: str, key: str, depth: int = 0) -> None:
         self.scope = scope
@@ -201,18 +203,32 @@ class ClaimedRequest:
         self.began = False
         self.raised = False
         self.undone = False
+        #: The savepoint of the view's outermost atomic() block open when the view began (its
+        #: name as Django's SQL quotes it), None when none was or it is not known.
+        self.first: str | None = None
 
     def __call__(
         self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
     ) -> Any:
         if self.began:
             if isinstance(sql, str) and sql.startswith(_ROLLBACK_SQL):
-                self._rolled_back(context["connection"])
-        else:
-            self.began = not (isinstance(sql, str) and sql.startswith(_SAVEPOINT_SQL))
+                self._rolled_back(context["connection"], sql)
+            elif self.undone and not (isinstance(sql, str) and sql.startswith(_SAVEPOINT_SQL)):
+                # The view went on after its block was rolled back: without the middleware
+                # this would commit on its own, so the block was a part the view undid.
+                self.undone = False
+        elif not (isinstance(sql, str) and sql.startswith(_SAVEPOINT_SQL)):
+            self.began_in(context["connection"])
         return execute(sql, params, many, context)
 
-    def _rolled_back(self, wrapper: BaseDatabaseWrapper) -> None:
+    def began_in(self, wrapper: BaseDatabaseWrapper) -> None:
+        """The view begins (its first statement) on ``wrapper``: note the block it is in."""
+        self.began = True
+        ids = wrapper.savepoint_ids
+        sid = ids[self.depth] if len(ids) > self.depth else None
+        self.first = None if sid is None else wrapper.ops.quote_name(sid)
+
+    def _rolled_back(self, wrapper: BaseDatabaseWrapper, sql: str) -> None:
         """A savepoint is rolled back: is it the view's transaction, marked for rollback?
 
         The view's transaction is the outermost ``atomic()`` block inside the middleware's
@@ -223,9 +239,14 @@ class ClaimedRequest:
         commit, the answer included. Not when an exception leaves it: the view either raised
         (``raised``) or caught the exception to go on, a partial undo (``get_or_create``'s way)
         whose answer is stored with the rest; nor for a block nested deeper, a partial undo too.
+        Nor when the view ran anything outside that block, which without the middleware would
+        have committed on its own: before it (the block is not the one the view began in) or
+        after it (``__call__``); then too the block is a part the view undid.
         """
         if len(wrapper.savepoint_ids) != self.depth:
             return  # a block nested deeper: a part the view undoes
+        if self.first is None or sql[len(_ROLLBACK_SQL) :] != self.first:
+            return  # the view began before this block: a part it undoes
         frame: FrameType | None = sys._getframe(2)
         for _ in range(_FRAMES):
             if frame is None:
