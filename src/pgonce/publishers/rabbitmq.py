@@ -56,6 +56,16 @@ with needs("rabbitmq", "the RabbitMQ publisher"):
 
 log = logging.getLogger("pgonce.relay")
 
+
+def _not_a_failed_connect(record: logging.LogRecord) -> bool:
+    """aiormq logs, as an error of its own, every connection it cannot make, then raises it. The
+    publisher raises it on as BrokerUnavailable, which the relay reports once a minute with what
+    happens next; aiormq's line repeated that at every retry of every batch loop."""
+    return record.msg != "error when creating transport: %r"
+
+
+logging.getLogger("aiormq.connection").addFilter(_not_a_failed_connect)
+
 #: The machine's RabbitMQ in development; in production this comes from configuration.
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 #: How long a batch waits for its confirms. Confirms arrive within milliseconds unless the broker
