@@ -18,7 +18,7 @@ back in its framework's response type. So the answers are the same whichever ada
 500    the response exceeded ``max_response_bytes``: it cannot be stored, so it is not given out
        and the endpoint's work is rolled back; or the endpoint tried to commit or roll back the
        request's transaction itself (:data:`TRANSACTION_ENDED`): nothing of it committed
-503    the database could not be reached; nothing committed; ``Retry-After``
+503    the database unreachable, timed out or in conflict; nothing committed; ``Retry-After``
 =====  ==========================================================================================
 
 A replay answers the stored status, the byte-identical body and the stored headers (never
@@ -230,8 +230,8 @@ def unavailable(retry_after: int) -> Answer:
         "Service temporarily unavailable",
         # Not "nothing was committed": a connection lost during COMMIT leaves that unknown. The
         # retry with the same key settles it: it runs the request once, or replays what committed.
-        "the database could not be reached, and nothing half-done was kept; retry with the same "
-        "Idempotency-Key",
+        "the database could not be reached, timed out or refused a conflicting transaction, and "
+        "nothing half-done was kept; retry with the same Idempotency-Key",
         headers=[("retry-after", str(retry_after))],
     )
 
