@@ -76,6 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "URL's server (and --count-url); the run takes under --budget seconds.",
     )
     add_global_options(http)  # -v after the kind too, as after every command
+    http.set_defaults(kind_parser=http)  # its usage errors show its own usage
     http.add_argument(
         "url", metavar="URL", nargs="?", help="the endpoint, such as http://host/payments"
     )
@@ -142,6 +143,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "unknown-source check) and --count-url; the run takes under --budget seconds.",
     )
     add_global_options(hooks)
+    hooks.set_defaults(kind_parser=hooks)
     hooks.add_argument(
         "url",
         metavar="URL",
@@ -251,10 +253,11 @@ def run(args: argparse.Namespace) -> int:
         for check in suite.catalogue():
             print(f"{check.name:<28} {check.why}\n{'':<28} source: {check.source}")
         return 0
+    # Usage errors (exit 2, with the usage), as argparse's own: nothing was checked.
     if not args.url:
-        raise UsageError(f"pgonce conformance {args.suite} needs the URL to check")
+        args.kind_parser.error("the URL to check is required (or --list)")
     if args.suite == "webhooks" and not (args.scheme and args.secret):
-        raise UsageError("pgonce conformance webhooks needs --scheme and --secret env:NAME")
+        args.kind_parser.error("--scheme and --secret env:NAME are required")
     report = asyncio.run(_run(args))
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
