@@ -324,7 +324,7 @@ class Idempotency:
         app.register_error_handler(psycopg.OperationalError, unavailable)
         app.register_error_handler(DatabaseUnavailable, unavailable)
         handled = app.error_handler_spec.get(None, {}).get(None, {})
-        for error in _sqlalchemy_unavailable():
+        for error in semantics.sqlalchemy_unavailable():
             # The same failures through SQLAlchemy (session(), or Flask-SQLAlchemy's db.session
             # on another connection), which wraps psycopg's OperationalError in its own and has
             # a pool timeout of its own: a 503 too, not Flask's 500 page. Not where the app
@@ -399,15 +399,6 @@ def _mark_raised_views(app: Flask) -> None:
 
     app.handle_user_exception = handle_user_exception  # type: ignore[method-assign,assignment]
     app.handle_exception = handle_exception  # type: ignore[method-assign,assignment]
-
-
-def _sqlalchemy_unavailable() -> tuple[type[Exception], ...]:
-    """SQLAlchemy's "the database went away" errors, where SQLAlchemy is installed."""
-    try:
-        from sqlalchemy import exc
-    except ImportError:
-        return ()
-    return (exc.OperationalError, exc.TimeoutError)
 
 
 def _unavailable(middleware: IdempotencyMiddleware) -> Any:

@@ -121,17 +121,6 @@ class ConnectionSource(Protocol):
 _UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError)
 
 
-def sqlalchemy_unavailable() -> tuple[type[Exception], ...]:
-    """SQLAlchemy's "the database went away" errors, where SQLAlchemy is installed: its
-    OperationalError, which wraps psycopg's, and its pool's TimeoutError. A view that writes
-    through a SQLAlchemy session meets a lost database as these, not as psycopg's."""
-    try:
-        from sqlalchemy import exc
-    except ImportError:
-        return ()
-    return (exc.OperationalError, exc.TimeoutError)
-
-
 class IdempotentTransaction:
     """The claimed key's transaction, handed to one request's application."""
 
@@ -298,7 +287,7 @@ class IdempotencyMiddleware:
         # Flask's Idempotency answers it, never the server's 500. Looked up here, once.
         self._unavailable: tuple[type[Exception], ...] = (
             *_UNAVAILABLE,
-            *sqlalchemy_unavailable(),
+            *semantics.sqlalchemy_unavailable(),
         )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:

@@ -398,6 +398,11 @@ class IdempotencyMiddleware:
         except _UNAVAILABLE:
             await _send(send, semantics.unavailable(self.phases.retry_after))
             return
+        except Exception as error:
+            if not semantics.went_away_in_sqlalchemy(error):
+                raise
+            await _send(send, semantics.unavailable(self.phases.retry_after))
+            return
         await self._reply(send, captured, op.claim)
 
     async def _run_phased(
@@ -473,8 +478,11 @@ class IdempotencyMiddleware:
         captured = await self._call_app(_app_scope(scope, STATE_KEY, tx), receive, send, body)
         error = captured.failed
         if error is not None:
-            if isinstance(error, _UNAVAILABLE) and not captured.answered:
-                # The endpoint's own statements lost the database: its transaction is gone.
+            if not captured.answered and (
+                isinstance(error, _UNAVAILABLE) or semantics.went_away_in_sqlalchemy(error)
+            ):
+                # The endpoint's own statements lost the database (through psycopg, or a
+                # SQLAlchemy session on it or on another engine): its transaction is gone.
                 captured.unavailable = True
                 semantics.log_unavailable(claim.scope, error)
                 return captured

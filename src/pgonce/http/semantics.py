@@ -224,6 +224,26 @@ def log_unavailable(scope: str, error: BaseException) -> None:
 _log = logging.getLogger("pgonce.http")
 
 
+def sqlalchemy_unavailable() -> tuple[type[Exception], ...]:
+    """SQLAlchemy's "the database went away" errors, where SQLAlchemy is installed: its
+    OperationalError, which wraps psycopg's, and its pool's TimeoutError. An endpoint that writes
+    through a SQLAlchemy session meets a lost database as these, not as psycopg's: every adapter
+    answers them as it answers psycopg's (503 with ``Retry-After``)."""
+    try:
+        from sqlalchemy import exc
+    except ImportError:
+        return ()
+    return (exc.OperationalError, exc.TimeoutError)
+
+
+def went_away_in_sqlalchemy(error: BaseException) -> bool:
+    """Whether ``error`` is one of :func:`sqlalchemy_unavailable`'s, looked at only when it is
+    SQLAlchemy's (then SQLAlchemy is loaded): an application without it never imports it."""
+    return type(error).__module__.startswith("sqlalchemy.") and isinstance(
+        error, sqlalchemy_unavailable()
+    )
+
+
 def unavailable(retry_after: int) -> Answer:
     return problem(
         503,
