@@ -93,6 +93,11 @@ def test_the_core_works_with_every_extra_missing() -> None:
         ("pgonce.publishers.http", "http"),
         ("pgonce.webhooks.forward", "http"),
         ("pgonce.contrib.flask", "flask"),
+        ("pgonce.contrib.sqlalchemy", "sqlalchemy"),
+        ("pgonce.contrib.django", "django"),
+        ("pgonce.contrib.django.middleware", "django"),
+        ("pgonce.contrib.django.outbox", "django"),
+        ("pgonce.contrib.django.scopes", "django"),
     ],
 )
 def test_a_part_without_its_extra_names_the_install_command(module: str, extra: str) -> None:

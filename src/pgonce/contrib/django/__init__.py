@@ -9,3 +9,9 @@ stored response and outbox rows commit in one transaction, or not at all.
 
 Nothing here is imported by ``import pgonce``; the module names below are the public API.
 """
+
+from pgonce.extras import require
+
+# Every part of the app imports Django: one check at its door names the extra to install, rather
+# than a bare "No module named 'django'" from whichever part was imported first.
+require("django", "pgonce.contrib.django")
