@@ -379,12 +379,17 @@ def _settle(
 
 
 def _headers(scope: Scope) -> dict[str, str]:
-    """Lower-case names; repeated headers joined with ", " (RFC 9110), as schemes expect."""
+    """Lower-case names; repeated headers joined with ", " (RFC 9110), as schemes expect, and a
+    value repeated as it is taken once: a proxy that doubles a provider's id header would
+    otherwise make ``gh_1, gh_1`` a new event id, and the delivery a second event."""
     found: dict[str, str] = {}
     for raw_name, raw_value in scope.get("headers", ()):
         name = bytes(raw_name).decode("latin-1").lower()
         value = bytes(raw_value).decode("latin-1")
-        found[name] = f"{found[name]}, {value}" if name in found else value
+        if name not in found:
+            found[name] = value
+        elif value not in found[name].split(", "):
+            found[name] = f"{found[name]}, {value}"
     return found
 
 
