@@ -157,6 +157,8 @@ def test_a_v1a_key_without_cryptography_names_the_ed25519_extra() -> None:
     [
         (["serve", "--dsn", "postgresql://127.0.0.1:1/x"], "server"),
         (["send", "--source", "shop"], "server"),
+        # Said before the database is reached (and migrated), not after.
+        (["demo", "--dsn", "postgresql://127.0.0.1:1/x"], "server"),
         (["migrate"], "embedded"),  # no DSN: the embedded PostgreSQL is what is missing
     ],
 )

@@ -36,7 +36,7 @@ from pgonce.cli.common import (
 from pgonce.cli.serve import fire_storm, service_config
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Response
-from pgonce.extras import needs
+from pgonce.extras import needs, require
 from pgonce.store._async.keys import AsyncKeyStore
 
 if TYPE_CHECKING:
@@ -101,6 +101,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Before the database: an install without the extra is told what to add before anything is
+    # started or migrated.
+    require("server", "the demo")
     if args.url:
         config = service_config(args)
         with announced_database(config.settings, then="counting effects there") as db:
