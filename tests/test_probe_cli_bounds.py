@@ -1,7 +1,7 @@
-"""Numbers the database cannot take are usage errors of the command line (exit 2, with the
-usage), before anything runs: sweep's batch size, batch cap and statement timeout, and replay's
-outbox row ids. They were refused after the start, as exit 1, or by PostgreSQL ("bigint out of
-range") once connected."""
+"""Numbers and words the database or the sweep cannot take are usage errors of the command line
+(exit 2, with the usage), before anything runs: sweep's batch size, batch cap and statement
+timeout, replay's outbox row ids, and a --scope-retention that does not read. They were refused
+after the start, as exit 1, or by PostgreSQL ("bigint out of range") once connected."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from tests.test_cli import pgonce
         (("sweep", "--statement-timeout", "25d"), "longest statement timeout, 24 days"),
         (("replay", "--outbox", "--id", "0"), "argument --id: 0 is not between 1 and"),
         (("replay", "--outbox", "--id", str(10**23)), "argument --id:"),
+        (("sweep", "--scope-retention", "stripe=abc"), "argument --scope-retention: 'abc'"),
+        (("doctor", "--scope-retention", "stripe"), "write SCOPE=RETENTION"),
     ],
 )
 def test_a_number_out_of_range_is_a_usage_error(dsn: str, args: tuple[str, ...], said: str) -> None:

@@ -123,6 +123,16 @@ def _moment(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def _scope_retention(text: str) -> str:
+    """A ``SCOPE=RETENTION[/HORIZON]`` word, checked as :func:`policy_from_text` reads it: a
+    usage error at the call, not a failure after the start."""
+    try:
+        policy_from_text("keys", overrides=[text])
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def add_retention_options(parser: argparse.ArgumentParser) -> None:
     """The retention options ``pgonce sweep`` and ``pgonce doctor`` share."""
     group = parser.add_argument_group("retention")
@@ -147,6 +157,7 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
         "--scope-retention",
         action="append",
         default=[],
+        type=_scope_retention,
         metavar="SCOPE=RETENTION[/HORIZON]",
         help="a scope (or webhook source) with its own retention and optionally its own retry "
         "horizon, e.g. stripe=30d/3d; repeat for more",
