@@ -14,7 +14,8 @@ for the ``_sync`` file generated from it, which names :class:`Heartbeat` where t
 - Any other failure of a renewal (the database away for a moment) is counted in :attr:`failures`
   and the next beat tries again: the lease lasts several beats, and a holder that cannot renew for
   a whole lease is fenced by its token anyway. The first failure of a run of them is logged as a
-  warning that says so, the others at debug level, and the renewal that ends the run once more.
+  warning that says so, the others at debug level, and the renewal that ends the run once more
+  (or, when the call ends first, the heartbeat's stop).
 - A renewal that raises :class:`~pgonce.errors.UsageError` (a ``clock`` that gives a naive
   datetime) is a broken contract, not an outage: it ends the heartbeat and is kept in
   :attr:`error`, for the call to raise once its work returns.
@@ -97,6 +98,17 @@ class _Beats:
             )
         return False
 
+    def _stopped(self) -> None:
+        """The heartbeat ended: a run of failures still under way ends here, and says so (its
+        first warning promised further tries)."""
+        if self._failed_in_a_row:
+            log.warning(
+                "a lease's heartbeat stopped after %d failed renewals in a row: the call's "
+                "record tells whether the key is still this holder's",
+                self._failed_in_a_row,
+            )
+            self._failed_in_a_row = 0
+
 
 class AsyncHeartbeat(_Beats):
     """Runs ``renew()`` every ``every`` in an asyncio task while the ``async with`` block runs."""
@@ -137,6 +149,7 @@ class AsyncHeartbeat(_Beats):
         # A renewal under way ends first (one short statement at most), so that the connection
         # is idle when it is used next; a caller cancelled meanwhile cancels the task with it.
         await self._task
+        self._stopped()
 
 
 class Heartbeat(_Beats):
@@ -170,6 +183,7 @@ class Heartbeat(_Beats):
     ) -> None:
         self._stop.set()
         self._thread.join()
+        self._stopped()
 
 
 class AsyncCallback:
