@@ -35,10 +35,12 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from pgonce.cli.common import add_global_options, bounded_int
-from pgonce.errors import UsageError
+from pgonce.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
+    from pgonce.conformance.http import HttpTarget
     from pgonce.conformance.report import Report
+    from pgonce.conformance.webhooks import WebhookTarget
 
 NAME = "conformance"
 HELP = "check that a running endpoint or webhook receiver is really idempotent"
@@ -258,7 +260,14 @@ def run(args: argparse.Namespace) -> int:
         args.kind_parser.error("the URL to check is required (or --list)")
     if args.suite == "webhooks" and not (args.scheme and args.secret):
         args.kind_parser.error("--scheme and --secret env:NAME are required")
-    report = asyncio.run(_run(args))
+    try:
+        # Everything the checks need is read before anything is sent.
+        suite.selected(args.only)
+        target = _target(args)
+        count_dsn = _count_dsn(args)
+    except (UsageError, ConfigError) as error:
+        args.kind_parser.error(str(error))
+    report = asyncio.run(_run(args, target, count_dsn))
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
     else:
@@ -266,17 +275,16 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-async def _run(args: argparse.Namespace) -> Report:
-    from pgonce.conformance import runner
-    from pgonce.conformance.effects import Effects, SqlEffects, UrlEffects
-    from pgonce.conformance.http import HttpTarget, check_http
+def _target(args: argparse.Namespace) -> HttpTarget | WebhookTarget:
+    """The target the options describe; a bad option is a :class:`UsageError` here."""
+    from pgonce.conformance.http import HttpTarget
     from pgonce.conformance.http_run import same_origin
-    from pgonce.conformance.webhooks import WebhookTarget, check_webhooks
+    from pgonce.conformance.webhooks import WebhookTarget, scheme_of
 
     if args.count_url and args.count_sql:
         raise UsageError("give --count-url or --count-sql, not both")
-    only = tuple(args.only)
-    # Everything the checks need is read before anything is sent.
+    if args.count_url:
+        _url(args.count_url)
     if args.suite == "http":
         try:
             body = args.body_file.read_bytes() if args.body_file else args.body.encode()
@@ -307,37 +315,58 @@ async def _run(args: argparse.Namespace) -> Report:
         for path in (args.fail_path, args.cookie_path, args.safe_path, args.slow_path):
             if path is not None:
                 same_origin(http_target.url, path)  # a bad path is refused before any request
-    else:
-        hook_target = WebhookTarget(
-            url=_url(args.url),
-            scheme=args.scheme,
-            secret=from_env(args.secret, "--secret"),
-            tolerance=timedelta(seconds=args.tolerance),
-            options=options_of(args.option),
-            max_body_bytes=args.max_body_bytes,
-            copies=max(2, args.copies),
-            ack_seconds=args.ack_seconds,
-        )
+        return http_target
+    hook_target = WebhookTarget(
+        url=_url(args.url),
+        scheme=args.scheme,
+        secret=from_env(args.secret, "--secret"),
+        tolerance=timedelta(seconds=args.tolerance),
+        options=options_of(args.option),
+        max_body_bytes=args.max_body_bytes,
+        copies=max(2, args.copies),
+        ack_seconds=args.ack_seconds,
+    )
+    scheme_of(hook_target)  # the scheme's options are checked before anything is sent
+    return hook_target
+
+
+def _count_dsn(args: argparse.Namespace) -> str | None:
+    """The database --count-sql reads (None without --count-sql)."""
+    if not args.count_sql:
+        return None
+    dsn: str | None = args.count_dsn or os.environ.get("PGONCE_DSN")
+    if not dsn:
+        raise UsageError("--count-sql needs --dsn (or PGONCE_DSN)")
+    if dsn.startswith("env:"):
+        dsn = from_env(dsn, "--dsn")
+    return dsn
+
+
+async def _run(
+    args: argparse.Namespace, target: HttpTarget | WebhookTarget, count_dsn: str | None
+) -> Report:
+    from pgonce.conformance import runner
+    from pgonce.conformance.effects import Effects, SqlEffects, UrlEffects
+    from pgonce.conformance.http import HttpTarget, check_http
+    from pgonce.conformance.webhooks import check_webhooks
+
+    only = tuple(args.only)
     async with contextlib.AsyncExitStack() as stack:
         session = await stack.enter_async_context(runner.client())
         effects: Effects | None = None
         if args.count_url:
-            effects = UrlEffects(session, _url(args.count_url))
+            effects = UrlEffects(session, args.count_url)
         elif args.count_sql:
-            dsn = args.count_dsn or os.environ.get("PGONCE_DSN")
-            if not dsn:
-                raise UsageError("--count-sql needs --dsn (or PGONCE_DSN)")
-            if dsn.startswith("env:"):
-                dsn = from_env(dsn, "--dsn")
-            sql_effects = await SqlEffects.connect(dsn, args.count_sql)
+            assert count_dsn is not None
+            sql_effects = await SqlEffects.connect(count_dsn, args.count_sql)
             stack.push_async_callback(sql_effects.close)
             effects = sql_effects
-        if args.suite == "http":
+        if isinstance(target, HttpTarget):
             return await check_http(
-                http_target, effects=effects, budget=args.budget, only=only, http=session
+                target, effects=effects, budget=args.budget, only=only, http=session
             )
         return await check_webhooks(
-            hook_target, effects=effects, budget=args.budget, only=only, http=session
+            target, effects=effects, budget=args.budget, only=only, http=session
         )
 
 
