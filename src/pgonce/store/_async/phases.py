@@ -536,6 +536,7 @@ class AsyncPhasedOperation(Generic[Row]):
         with self._exclusive():
             async with self._transaction("a phase"):
                 value = await AsyncCallback.result(work(conn), f"phase {name!r}'s work")
+                _check_not_ended(conn, f"phase {name!r}'s work", "the phase's transaction")
                 state = await self._record(name, value, now)
         self._passed(name, state)
         return value
@@ -674,6 +675,7 @@ class AsyncPhasedOperation(Generic[Row]):
             async with self._transaction("storing a two-phase answer"):
                 if writes is not None:
                     await AsyncCallback.result(writes(conn), "the answer's writes")
+                    _check_not_ended(conn, "the answer's writes", "the answer's transaction")
                 await self._store_answer(self._store._sql.finish, response, now)
         self._answered(response)
         return True
@@ -865,6 +867,18 @@ class AsyncPhasedOperation(Generic[Row]):
             "now": now,
             "lease": store.lease,
         }
+
+
+def _check_not_ended(conn: AsyncConnection[Any], work: str, transaction: str) -> None:
+    """Refuse to record anything in a transaction that the caller's work ended itself (a COMMIT
+    or ROLLBACK sent as SQL): the record would commit on its own, after writes that were undone
+    (a retry would skip them) or that committed unfenced (a holder taken over wrote anyway)."""
+    if conn.info.transaction_status == TransactionStatus.IDLE:
+        raise UsageError(
+            f"{work} ended {transaction} (a COMMIT or ROLLBACK sent as SQL): its writes were "
+            "committed or undone apart from its record, and nothing was recorded; pgonce "
+            "commits each phase with its writes: let the work return, or raise to undo them"
+        )
 
 
 def _in_transaction(conn: AsyncConnection[Any]) -> bool:
