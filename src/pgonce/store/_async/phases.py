@@ -872,12 +872,22 @@ class AsyncPhasedOperation(Generic[Row]):
 def _check_not_ended(conn: AsyncConnection[Any], work: str, transaction: str) -> None:
     """Refuse to record anything in a transaction that the caller's work ended itself (a COMMIT
     or ROLLBACK sent as SQL): the record would commit on its own, after writes that were undone
-    (a retry would skip them) or that committed unfenced (a holder taken over wrote anyway)."""
-    if conn.info.transaction_status == TransactionStatus.IDLE:
+    (a retry would skip them) or that committed unfenced (a holder taken over wrote anyway); or
+    in one that a statement of the work aborted."""
+    status = conn.info.transaction_status
+    if status == TransactionStatus.IDLE:
         raise UsageError(
             f"{work} ended {transaction} (a COMMIT or ROLLBACK sent as SQL): its writes were "
             "committed or undone apart from its record, and nothing was recorded; pgonce "
             "commits each phase with its writes: let the work return, or raise to undo them"
+        )
+    if status == TransactionStatus.INERROR:
+        # A statement of the work failed and the work went on: the record cannot run in an
+        # aborted transaction, and what failed is the work's, not pgonce's.
+        raise UsageError(
+            f"{work} returned in {transaction} aborted by one of its statements (an error it "
+            "caught): nothing was recorded and its writes are undone; let the error propagate, "
+            "or wrap the statement that may fail in conn.transaction() (a savepoint)"
         )
 
 

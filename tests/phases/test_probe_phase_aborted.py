@@ -1,0 +1,66 @@
+"""A phase's work that catches the failure of one of its statements and returns: the phase's
+transaction is aborted, and the record was refused as "current transaction is aborted", a
+DatabaseError that blamed pgonce's own write. It is a UsageError naming the work now."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgonce import Response, UsageError
+from pgonce import fingerprint as make_fingerprint
+from pgonce.phases import AsyncPhaseStore, PhaseStore
+
+FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
+T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+def swallow(conn: psycopg.Connection[Any]) -> int:
+    with contextlib.suppress(psycopg.errors.DivisionByZero):
+        conn.execute("SELECT 1 / 0")
+    return 1
+
+
+def test_a_phase_whose_work_swallows_a_failed_statement_is_a_usage_error(
+    db: psycopg.Connection[Any],
+) -> None:
+    op = PhaseStore().start(db, "s", "k", FP, now=T0)
+    with pytest.raises(UsageError, match="phase 'divide''s work returned in the phase's"):
+        op.phase("divide", swallow)
+    assert op.point is None
+    # The holder goes on: its transaction was rolled back.
+    assert op.phase("divide", lambda c: 2) == 2
+
+
+def test_an_answer_whose_writes_swallow_a_failed_statement_is_not_stored(
+    db: psycopg.Connection[Any],
+) -> None:
+    op = PhaseStore().start(db, "s", "answer", FP, now=T0)
+    with pytest.raises(UsageError, match="the answer's writes returned"):
+        op.finish(Response(201, body=b"done"), writes=swallow)
+    assert not op.stored
+    assert op.finish(Response(201, body=b"done"))
+
+
+async def test_an_async_phase_whose_work_swallows_a_failed_statement(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        op = await AsyncPhaseStore().start(conn, "s", "async", FP, now=T0)
+
+        async def divide(c: psycopg.AsyncConnection[Any]) -> int:
+            with contextlib.suppress(psycopg.errors.DivisionByZero):
+                await c.execute("SELECT 1 / 0")
+            return 1
+
+        with pytest.raises(UsageError, match="aborted by one of its statements"):
+            await op.phase("divide", divide)
