@@ -32,6 +32,10 @@ def swallow(conn: psycopg.Connection[Any]) -> int:
     return 1
 
 
+def swallow_writes(conn: psycopg.Connection[Any]) -> None:
+    swallow(conn)
+
+
 def test_a_phase_whose_work_swallows_a_failed_statement_is_a_usage_error(
     db: psycopg.Connection[Any],
 ) -> None:
@@ -48,7 +52,7 @@ def test_an_answer_whose_writes_swallow_a_failed_statement_is_not_stored(
 ) -> None:
     op = PhaseStore().start(db, "s", "answer", FP, now=T0)
     with pytest.raises(UsageError, match="the answer's writes returned"):
-        op.finish(Response(201, body=b"done"), writes=swallow)
+        op.finish(Response(201, body=b"done"), writes=swallow_writes)
     assert not op.stored
     assert op.finish(Response(201, body=b"done"))
 
