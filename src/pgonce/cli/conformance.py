@@ -56,6 +56,10 @@ def seconds(value: str) -> float:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
     if not (math.isfinite(number) and number > 0):
         raise argparse.ArgumentTypeError(f"{value} is not a positive number of seconds")
+    try:
+        timedelta(seconds=number)  # every duration of the kit is a timedelta somewhere
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{value} seconds is out of range") from None
     return number
 
 
@@ -371,7 +375,17 @@ async def _run(
 
 
 def _url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"{value!r} is not an http(s) URL")
+    from pgonce.core.urls import public
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 -- raises ValueError when out of 0-65535 or not a number
+    except ValueError:
+        parts = None
+    if parts is None:  # not even split: its user part, which may hold a password, is hidden
+        user, at, rest = value.rpartition("@")
+        shown = f"{user.partition('//')[0]}//***@{rest}" if at else value
+        raise UsageError(f"{shown!r} is not an http(s) URL")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{public(value)!r} is not an http(s) URL")
     return value
