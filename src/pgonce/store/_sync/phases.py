@@ -34,6 +34,7 @@ from pgonce.core.checks import (
     check_optional_time,
     check_str,
     check_strs,
+    describe,
 )
 from pgonce.core.leases import (
     DEFAULT_LEASE,
@@ -525,6 +526,7 @@ class PhasedOperation(Generic[Row]):
         once its COMMIT succeeded: a phase whose commit failed runs again when retried.
         """
         self._check_holding(name, now, idle=True)
+        _check_work(work, f"phase {name!r}'s work", "the connection")
         self._visit(name)
         if name in self.state:
             self._visited.add(name)
@@ -564,6 +566,7 @@ class PhasedOperation(Generic[Row]):
         :class:`~pgonce.errors.LeaseLost` without recording it.
         """
         self._check_holding(name, now, idle=True)
+        _check_work(work, f"call {name!r}'s work", "the idempotency key")
         self._visit(name)
         started = now
         if clock is not None:
@@ -660,6 +663,8 @@ class PhasedOperation(Generic[Row]):
         """
         self._check_holding(None, now, idle=True)
         validate_response(response)
+        if writes is not None:
+            _check_work(writes, "the answer's writes", "the connection")
         conn = self._conn
         with self._exclusive():
             if not force and not self._store.stores(response):
@@ -762,6 +767,7 @@ class PhasedOperation(Generic[Row]):
         """
         if not self.won:
             return self.response  # type: ignore[return-value]
+        _check_work(work, "the request's work", "the operation")
         try:
             response = Callback.result(work(self), "the request's work")
             self.finish(response, now=now)
@@ -855,6 +861,13 @@ class PhasedOperation(Generic[Row]):
             "now": now,
             "lease": store.lease,
         }
+
+
+def _check_work(work: object, what: str, argument: str) -> None:
+    """Refuse work that cannot be called, before anything is written or renewed: a call's
+    would otherwise count as called (its key then never released) and fail as a TypeError."""
+    if not callable(work):
+        raise UsageError(f"{what} must be a function that takes {argument}, not {describe(work)}")
 
 
 def _check_not_ended(conn: Connection[Any], work: str, transaction: str) -> None:
