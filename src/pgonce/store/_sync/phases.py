@@ -319,6 +319,10 @@ class PhaseStore:
                 "operations maps each operation's name to its registered work, not "
                 f"{type(operations).__name__}"
             )
+        for name, work in operations.items():
+            # Before any takeover: a registered work that cannot run would fail every
+            # request of its operation until the completer retired them all.
+            _check_work(work, f"the registered work of {name!r}", "the operation")
         done = CompleterPass()
         found = self.abandoned(
             conn, limit=limit, operations=list(operations), max_age=max_age, now=now
