@@ -57,7 +57,15 @@ class UrlEffects:
         self.description = f"GET {public(url)}"
 
     async def count(self) -> int:
-        response = await self.client.get(self.url)
+        import httpx
+
+        try:
+            response = await self.client.get(self.url)
+        except httpx.HTTPError as error:
+            # The count endpoint down or not HTTP: the contract is not met, said as such.
+            raise CountUnreadable(
+                f"cannot read the count at {public(self.url)}: {type(error).__name__}: {error}"
+            ) from None
         if response.status_code != 200:
             raise CountUnreadable(
                 f"the count endpoint {public(self.url)} answered {response.status_code}, not 200"
