@@ -97,6 +97,13 @@ _USED = (
     "in which the call's record would not commit; nothing was recorded"
 )
 
+#: The longest ``max_age``: no request waits a millennium for its completer, and far longer
+#: ones reach back before PostgreSQL's first timestamp (4713 BC).
+_MAX_AGE_LIMIT = timedelta(days=365_000)
+
+#: The largest page of abandoned requests PostgreSQL's LIMIT takes.
+_MAX_LIMIT = 2**63 - 1
+
 Row = TypeVar("Row")
 #: What a phase returns: recorded as JSON, and read back from it when a retry skips the phase.
 Value = TypeVar("Value")
@@ -237,7 +244,7 @@ class AsyncPhaseStore:
         validate_key(scope, key)
         check_optional_time(now)
         if max_age is not None:
-            check_duration(max_age, "max_age")
+            _check_max_age(max_age)
         params = {
             "scope": scope,
             "key": key,
@@ -280,9 +287,11 @@ class AsyncPhaseStore:
         (None: whenever): what the completer would leave alone must not take its page.
         """
         check_int(limit, "limit")
+        if limit > _MAX_LIMIT:
+            raise UsageError(f"limit must be at most {_MAX_LIMIT} (a bigint), not {limit}")
         check_optional_time(now)
         if max_age is not None:
-            check_duration(max_age, "max_age")
+            _check_max_age(max_age)
         names = None if operations is None else check_strs(operations, "operations")
         self._check_idle(conn)
         params = {"now": now, "limit": limit, "operations": names, "max_age": max_age}
@@ -318,10 +327,10 @@ class AsyncPhaseStore:
                 "operations maps each operation's name to its registered work, not "
                 f"{type(operations).__name__}"
             )
-        for name, work in operations.items():
+        for name, registered in operations.items():
             # Before any takeover: a registered work that cannot run would fail every
             # request of its operation until the completer retired them all.
-            _check_work(work, f"the registered work of {name!r}", "the operation")
+            _check_work(registered, f"the registered work of {name!r}", "the operation")
         done = CompleterPass()
         found = await self.abandoned(
             conn, limit=limit, operations=list(operations), max_age=max_age, now=now
@@ -398,6 +407,8 @@ async def complete_every(
     """
     if every <= timedelta(0):
         raise UsageError("the completer's interval must be positive")
+    if max_age is not None:
+        _check_max_age(max_age)
     failed_in_a_row = 0
     while not stop.is_set():
         try:
@@ -877,6 +888,18 @@ class AsyncPhasedOperation(Generic[Row]):
             "now": now,
             "lease": store.lease,
         }
+
+
+def _check_max_age(max_age: object) -> None:
+    """Refuse a ``max_age`` that is not a positive timedelta PostgreSQL can subtract from now:
+    zero or less leaves every request alone, in silence; a huge one failed every pass as
+    "timestamp out of range". None (not checked here) is any age."""
+    value = check_duration(max_age, "max_age")
+    if not timedelta(0) < value <= _MAX_AGE_LIMIT:
+        raise UsageError(
+            f"max_age must be positive and at most {_MAX_AGE_LIMIT.days} days (None: any "
+            f"age), not {value}: the completer would take no request, or fail every pass"
+        )
 
 
 def _check_work(work: object, what: str, argument: str) -> None:
