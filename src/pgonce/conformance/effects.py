@@ -59,12 +59,14 @@ class UrlEffects:
     async def count(self) -> int:
         import httpx
 
+        from pgonce.conformance.runner import failure
+
         try:
             response = await self.client.get(self.url)
         except httpx.HTTPError as error:
             # The count endpoint down or not HTTP: the contract is not met, said as such.
             raise CountUnreadable(
-                f"cannot read the count at {public(self.url)}: {type(error).__name__}: {error}"
+                f"cannot read the count at {public(self.url)}: {failure(error)}"
             ) from None
         if response.status_code != 200:
             raise CountUnreadable(

@@ -22,7 +22,7 @@ from pgonce.conformance import http_keys, http_replays
 from pgonce.conformance.effects import Effects
 from pgonce.conformance.http_run import HttpRun, HttpTarget, new_key, suite
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client
+from pgonce.conformance.runner import DEFAULT_BUDGET, client, failure
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
@@ -55,7 +55,7 @@ async def check_http(
         try:
             first = await run.send(new_key())
         except httpx.HTTPError as error:
-            raise UsageError(f"cannot reach {public(target.url)}: {error}") from None
+            raise UsageError(f"cannot reach {public(target.url)}: {failure(error)}") from None
         if not first.is_success:
             raise UsageError(
                 f"{target.method} {public(target.url)} with a new key answered "

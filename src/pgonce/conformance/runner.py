@@ -84,7 +84,7 @@ class Suite(Generic[Context]):
                 finding.expect(False, f"no verdict within the time budget ({budget:.0f} s)")
             except httpx.HTTPError as error:
                 finding = Finding()
-                finding.expect(False, f"no answer: {type(error).__name__}: {error}")
+                finding.expect(False, f"no answer: {failure(error)}")
             results.append(finding.result(check))
         return Report(self.kind, public(target), tuple(results), time.monotonic() - started)
 
@@ -114,6 +114,14 @@ async def request(
         return await session.request(method, url, **options)
     except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
         return await session.request(method, url, **options)
+
+
+def failure(error: httpx.HTTPError) -> str:
+    """Why a request got no answer, in words: httpx's timeouts have no message of their own."""
+    said = str(error)
+    if not said and isinstance(error, httpx.TimeoutException):
+        said = f"no answer within {REQUEST_TIMEOUT:.0f} s"
+    return f"{type(error).__name__}: {said}" if said else type(error).__name__
 
 
 def shown(response: httpx.Response) -> str:

@@ -22,7 +22,7 @@ import contextlib
 from pgonce.conformance import webhook_deliveries, webhook_signatures
 from pgonce.conformance.effects import Effects, settled_count
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client
+from pgonce.conformance.runner import DEFAULT_BUDGET, client, failure
 from pgonce.conformance.webhook_run import WebhookRun, WebhookTarget, suite
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
@@ -68,7 +68,7 @@ async def check_webhooks(
         try:
             await session.request("OPTIONS", target.url)
         except httpx.HTTPError as error:
-            raise UsageError(f"cannot reach {public(target.url)}: {error}") from None
+            raise UsageError(f"cannot reach {public(target.url)}: {failure(error)}") from None
         if effects is not None:
             run.start_count = await settled_count(effects, reach=0, within=0, settle=target.settle)
         return await suite.run(run, target.url, budget=budget, only=only)
