@@ -1031,17 +1031,27 @@ def _stored(response: Response | None) -> tuple[int | None, list[list[str]], byt
 def _waited_out(error: BaseException) -> str | None:
     """``InFlight``'s reason when a claim's INSERT failed on the concurrent claim it waited for.
 
-    ``locked``: the wait ran out (lock_timeout); ``invisible``: the concurrent claim committed
-    after this transaction's snapshot was taken (REPEATABLE READ or SERIALIZABLE). None for any
-    other failure.
+    ``locked``: the wait ran out (lock_timeout), or the connection's statement_timeout (shorter
+    than the wait) or a cancel request cut it while the INSERT waited for the concurrent claim's
+    transaction (PostgreSQL's context for that wait names the index tuple); ``invisible``: the
+    concurrent claim committed after this transaction's snapshot was taken (REPEATABLE READ or
+    SERIALIZABLE). None for any other failure.
     """
     cause = _psycopg_error(error)
     if isinstance(cause, psycopg.errors.LockNotAvailable):
+        return "locked"
+    if isinstance(cause, psycopg.errors.QueryCanceled) and _WAITED_FOR_CLAIM in (
+        cause.diag.context or ""
+    ):
         return "locked"
     if isinstance(cause, psycopg.errors.SerializationFailure):
         return "invisible"
     return None
 
+
+#: The context of a claim's INSERT cut while it waited for a concurrent claim's transaction
+#: (XactLockTableWait()'s, in an English-speaking server).
+_WAITED_FOR_CLAIM = "while inserting index tuple"
 
 #: Runs of begin()'s batch: the first may meet a deallocated statement, the second a pooler's
 #: shared session (which switches to unnamed statements), the third runs unnamed.
