@@ -17,12 +17,13 @@ Sources cited by the checks:
 from __future__ import annotations
 
 import contextlib
+import time
 
 from pgonce.conformance import http_keys, http_replays
 from pgonce.conformance.effects import Effects
 from pgonce.conformance.http_run import HttpRun, HttpTarget, new_key, suite
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client, failure
+from pgonce.conformance.runner import DEFAULT_BUDGET, REQUEST_TIMEOUT, client, failure, within
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
@@ -52,8 +53,13 @@ async def check_http(
     async with contextlib.AsyncExitStack() as stack:
         session = http if http is not None else await stack.enter_async_context(client())
         run = HttpRun(target, session, effects)
+        started = time.monotonic()
         try:
-            first = await run.send(new_key())
+            first = await within(
+                run.send(new_key()),
+                min(budget, REQUEST_TIMEOUT),
+                f"cannot reach {public(target.url)}",
+            )
         except httpx.HTTPError as error:
             raise UsageError(f"cannot reach {public(target.url)}: {failure(error)}") from None
         if not first.is_success:
@@ -62,5 +68,8 @@ async def check_http(
                 f"{first.status_code}, not 2xx: give the --body and --header that the endpoint "
                 "accepts"
             )
-        await run.count()  # the count contract holds before anything is judged
-        return await suite.run(run, target.url, budget=budget, only=only)
+        # The count contract holds before anything is judged.
+        left = budget - (time.monotonic() - started)
+        await within(run.count(), min(left, REQUEST_TIMEOUT), "cannot read the effect count")
+        left = budget - (time.monotonic() - started)
+        return await suite.run(run, target.url, budget=left, only=only)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
 from pgonce.conformance.report import Check, Finding, Report, Result
 from pgonce.core.urls import public
+from pgonce.errors import UsageError
 from pgonce.extras import needs
 
 with needs("http", "pgonce conformance"):
@@ -28,6 +29,7 @@ DEFAULT_BUDGET = 55.0
 REQUEST_TIMEOUT = 10.0
 
 Context = TypeVar("Context")
+T = TypeVar("T")
 CheckBody = Callable[[Context], Awaitable[Finding]]
 
 
@@ -58,8 +60,6 @@ class Suite(Generic[Context]):
         known = {check.name for check, _ in self.checks}
         unknown = sorted(set(only) - known)
         if unknown:
-            from pgonce.errors import UsageError
-
             raise UsageError(
                 f"no {self.kind} check named {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(known))}"
@@ -87,6 +87,16 @@ class Suite(Generic[Context]):
                 finding.expect(False, f"no answer: {failure(error)}")
             results.append(finding.result(check))
         return Report(self.kind, public(target), tuple(results), time.monotonic() - started)
+
+
+async def within(step: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
+    """A step before the checks (the first request, the first count read) within ``seconds``: a
+    server that trickles its answer resets httpx's timeouts at every byte and would hold the run
+    past its budget. ``what`` names the step in the usage error."""
+    try:
+        return await asyncio.wait_for(step, timeout=max(seconds, 0.0))
+    except TimeoutError:
+        raise UsageError(f"{what}: no complete answer within {seconds:.1f} s") from None
 
 
 def client(**options: Any) -> httpx.AsyncClient:

@@ -18,11 +18,12 @@ RFC 9457 for statuses and problem documents.
 from __future__ import annotations
 
 import contextlib
+import time
 
 from pgonce.conformance import webhook_deliveries, webhook_signatures
 from pgonce.conformance.effects import Effects, settled_count
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client, failure
+from pgonce.conformance.runner import DEFAULT_BUDGET, REQUEST_TIMEOUT, client, failure, within
 from pgonce.conformance.webhook_run import WebhookRun, WebhookTarget, suite
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
@@ -65,10 +66,20 @@ async def check_webhooks(
     async with contextlib.AsyncExitStack() as stack:
         session = http if http is not None else await stack.enter_async_context(client())
         run = WebhookRun(target, session, effects, scheme)
+        started = time.monotonic()
         try:
-            await session.request("OPTIONS", target.url)
+            await within(
+                session.request("OPTIONS", target.url),
+                min(budget, REQUEST_TIMEOUT),
+                f"cannot reach {public(target.url)}",
+            )
         except httpx.HTTPError as error:
             raise UsageError(f"cannot reach {public(target.url)}: {failure(error)}") from None
         if effects is not None:
-            run.start_count = await settled_count(effects, reach=0, within=0, settle=target.settle)
-        return await suite.run(run, target.url, budget=budget, only=only)
+            run.start_count = await within(
+                settled_count(effects, reach=0, within=0, settle=target.settle),
+                budget - (time.monotonic() - started),
+                "cannot read the effect count",
+            )
+        left = budget - (time.monotonic() - started)
+        return await suite.run(run, target.url, budget=left, only=only)
