@@ -91,3 +91,36 @@ async def test_the_decorator_raises_key_in_flight(dsn: str, commit: bool) -> Non
             return order_id
 
         assert await hold(holder, "o-1") == "o-1"
+
+
+async def test_once_in_psycopgs_pipeline_answers_in_flight(dsn: str, astore: AsyncKeyStore) -> None:
+    # In psycopg's pipeline the claim is the claim() function under psycopg's savepoint: its
+    # rollback leaves the caller's transaction as it was, and the block sees the key in flight.
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        first = await astore.begin(holder, "s", "k", FP)
+        assert isinstance(first, Won)
+        async with await psycopg.AsyncConnection.connect(**_timed(dsn)) as conn:
+            await conn.execute("CREATE TEMP TABLE mine (id int)")
+            async with conn.pipeline():
+                async with astore.once(conn, "s", "k", FP, wait=WAIT) as op:
+                    assert op.in_flight
+                await conn.execute("INSERT INTO mine VALUES (1)")
+            await conn.commit()
+            cur = await conn.execute("SELECT count(*) FROM mine")
+            assert await cur.fetchone() == (1,)
+        assert await astore.commit(holder, first, Response(201))
+
+
+def test_once_in_psycopgs_pipeline_answers_in_flight_sync(dsn: str, store: KeyStore) -> None:
+    with psycopg.connect(dsn) as holder:
+        first = store.begin(holder, "s", "k", FP)
+        assert isinstance(first, Won)
+        with psycopg.connect(**_timed(dsn)) as conn:
+            conn.execute("CREATE TEMP TABLE mine (id int)")
+            with conn.pipeline():
+                with store.once(conn, "s", "k", FP, wait=WAIT) as op:
+                    assert op.in_flight
+                conn.execute("INSERT INTO mine VALUES (1)")
+            conn.commit()
+            assert conn.execute("SELECT count(*) FROM mine").fetchone() == (1,)
+        assert store.commit(holder, first, Response(201))

@@ -796,7 +796,13 @@ class Operation(Generic[Row]):
                 )
             except BaseException as error:
                 savepoint.__exit__(type(error), error, error.__traceback__)
-                raise
+                if (reason := _waited_out(error)) is None:
+                    raise
+                # Cut while it waited for a concurrent claim (a statement_timeout shorter than
+                # the wait): in flight, as begin() answers. The savepoint ended with the claim,
+                # so the block's end has nothing to end, as for a joined claim that did not win.
+                self._claim = InFlight(retry_after=self._store.retry_after, reason=reason)
+                self._joined = True
         if isinstance(self._claim, Replay):
             self.response = self._claim.response
         self._entered = True
