@@ -8,6 +8,7 @@ checks judge. The checks register on :data:`suite` in :mod:`.http_keys` and
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,10 @@ with needs("http", "pgonce conformance"):
 
 DRAFT = "draft-ietf-httpapi-idempotency-key-header"
 STRIPE = "Stripe API docs, Idempotent requests"
+
+#: RFC 9110's token (a method, a field name) and a field value the kit can send as is.
+TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+FIELD_VALUE = re.compile(r"[\x20-\x7e\t]*")
 
 #: The request header the checks exercise.
 KEY_HEADER = "Idempotency-Key"
@@ -69,6 +74,21 @@ class HttpTarget:
             if any(name.lower() == KEY_HEADER.lower() for name in given):
                 # Every check chooses its own key (or none): a fixed one would be sent as well.
                 raise UsageError(f"the kit sets {KEY_HEADER} itself: remove it from the headers")
+        # What the wire cannot carry is refused here, not by the HTTP client mid-run.
+        if not TOKEN.fullmatch(self.method):
+            raise UsageError(f"{self.method!r} is not an HTTP method")
+        names = {self.expires_header: "", self.replay_header: ""}
+        for name, value in [
+            ("Content-Type", self.content_type),
+            *names.items(),
+            *self.headers.items(),
+            *(self.other_headers or {}).items(),
+        ]:
+            if not TOKEN.fullmatch(name):
+                raise UsageError(f"{name!r} is not an HTTP header name")
+            if not FIELD_VALUE.fullmatch(value):
+                # The value may be a credential read from the environment: never shown.
+                raise UsageError(f"the value of the {name} header is not printable ASCII")
 
 
 def new_key() -> str:
