@@ -23,7 +23,7 @@ from pgonce.conformance import http_keys, http_replays
 from pgonce.conformance.effects import Effects
 from pgonce.conformance.http_run import HttpRun, HttpTarget, new_key, suite
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, REQUEST_TIMEOUT, client, failure, within
+from pgonce.conformance.runner import DEFAULT_BUDGET, client, failure, within
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
@@ -57,7 +57,7 @@ async def check_http(
         try:
             first = await within(
                 run.send(new_key()),
-                min(budget, REQUEST_TIMEOUT),
+                budget,
                 f"cannot reach {public(target.url)}",
             )
         except httpx.HTTPError as error:
@@ -70,6 +70,6 @@ async def check_http(
             )
         # The count contract holds before anything is judged.
         left = budget - (time.monotonic() - started)
-        await within(run.count(), min(left, REQUEST_TIMEOUT), "cannot read the effect count")
+        await within(run.count(), left, "cannot read the effect count")
         left = budget - (time.monotonic() - started)
         return await suite.run(run, target.url, budget=left, only=only)

@@ -92,9 +92,11 @@ class Suite(Generic[Context]):
 async def within(step: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
     """A step before the checks (the first request, the first count read) within ``seconds``: a
     server that trickles its answer resets httpx's timeouts at every byte and would hold the run
-    past its budget. ``what`` names the step in the usage error."""
+    past its budget. The bound is never below the client's and the count's own timeouts, which
+    say better what went wrong. ``what`` names the step in the usage error."""
+    seconds = max(seconds, REQUEST_TIMEOUT + 1)
     try:
-        return await asyncio.wait_for(step, timeout=max(seconds, 0.0))
+        return await asyncio.wait_for(step, timeout=seconds)
     except TimeoutError:
         raise UsageError(f"{what}: no complete answer within {seconds:.1f} s") from None
 

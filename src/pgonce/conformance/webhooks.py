@@ -23,7 +23,7 @@ import time
 from pgonce.conformance import webhook_deliveries, webhook_signatures
 from pgonce.conformance.effects import Effects, settled_count
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, REQUEST_TIMEOUT, client, failure, within
+from pgonce.conformance.runner import DEFAULT_BUDGET, client, failure, within
 from pgonce.conformance.webhook_run import WebhookRun, WebhookTarget, suite
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
@@ -70,7 +70,7 @@ async def check_webhooks(
         try:
             await within(
                 session.request("OPTIONS", target.url),
-                min(budget, REQUEST_TIMEOUT),
+                budget,
                 f"cannot reach {public(target.url)}",
             )
         except httpx.HTTPError as error:
