@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -63,16 +62,6 @@ def scalar(query: str, *params: Any) -> Any:
 
 def stored_keys(key: str) -> int:
     return int(scalar("SELECT count(*) FROM pgonce.keys WHERE key = %s", key))
-
-
-@pytest.fixture(params=[False, True], ids=["autocommit-requests", "atomic-requests"])
-def atomic_requests(request: pytest.FixtureRequest) -> Iterator[bool]:
-    """Both ways Django runs views: plain, and inside ATOMIC_REQUESTS' atomic() (a savepoint
-    within the middleware's transaction then)."""
-    previous = connection.settings_dict["ATOMIC_REQUESTS"]
-    connection.settings_dict["ATOMIC_REQUESTS"] = request.param
-    yield request.param
-    connection.settings_dict["ATOMIC_REQUESTS"] = previous
 
 
 @pytest.mark.parametrize("path", ["/payments", "/drf/payments", "/async/payments"])

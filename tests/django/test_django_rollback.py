@@ -14,9 +14,7 @@ from django.db import connection
 from django.test import Client
 
 from examples.django_payments.payments.models import Payment
-from tests.django.test_django import atomic_requests, new_key, post, stored_keys
-
-__all__ = ["atomic_requests"]  # the fixture, for the tests below
+from tests.django.test_django import new_key, post, stored_keys
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

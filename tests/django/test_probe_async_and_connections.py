@@ -18,7 +18,7 @@ from django.urls import path
 
 from examples.django_payments.payments.models import Payment
 from pgonce.contrib.django.outbox import enqueue
-from tests.django.test_django import scalar, stored_keys
+from tests.django.test_django import post, scalar, stored_keys
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls(__name__)]
 
@@ -67,16 +67,6 @@ def apost(path: str, key: str) -> Any:
     client = AsyncClient(raise_request_exception=False)
     headers = {"Authorization": ALICE, "Idempotency-Key": key}
     return async_to_sync(client.post)(path, b"{}", content_type="application/json", headers=headers)
-
-
-def post(client: Client, path: str, key: str) -> Any:
-    return client.post(
-        path,
-        b"{}",
-        content_type="application/json",
-        HTTP_AUTHORIZATION=ALICE,
-        HTTP_IDEMPOTENCY_KEY=key,
-    )
 
 
 def test_an_async_views_on_commit_hook_runs_once_with_the_stored_answer() -> None:

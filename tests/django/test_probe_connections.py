@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -17,7 +15,7 @@ from django.test import AsyncClient, Client
 from django.urls import path
 
 from examples.django_payments.payments.models import Payment
-from tests.django.test_django import stored_keys
+from tests.django.test_django import post, stored_keys
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls(__name__)]
 
@@ -65,24 +63,6 @@ urlpatterns = [
     path("close-async", close_async),
     path("plain", plain),
 ]
-
-
-def post(client: Client, path: str, key: str) -> Any:
-    return client.post(
-        path,
-        b"{}",
-        content_type="application/json",
-        HTTP_AUTHORIZATION=ALICE,
-        HTTP_IDEMPOTENCY_KEY=key,
-    )
-
-
-@pytest.fixture(params=[False, True], ids=["autocommit-requests", "atomic-requests"])
-def atomic_requests(request: pytest.FixtureRequest) -> Iterator[bool]:
-    previous = connection.settings_dict["ATOMIC_REQUESTS"]
-    connection.settings_dict["ATOMIC_REQUESTS"] = request.param
-    yield request.param
-    connection.settings_dict["ATOMIC_REQUESTS"] = previous
 
 
 @pytest.mark.parametrize("route", ["/close-after-write", "/close-then-query"])

@@ -20,7 +20,7 @@ from django.urls import path
 
 from examples.django_payments.payments.models import Payment
 from pgonce.contrib.django.outbox import enqueue
-from tests.django.test_django import scalar, stored_keys
+from tests.django.test_django import post, scalar, stored_keys
 
 _default = connections.settings["default"]
 connections.settings.setdefault(
@@ -52,16 +52,6 @@ def on_other(settings: Any) -> Iterator[None]:
     hooked.clear()
     yield
     connections["other"].close()
-
-
-def post(client: Client, path: str, key: str) -> Any:
-    return client.post(
-        path,
-        b"{}",
-        content_type="application/json",
-        HTTP_AUTHORIZATION="Bearer alice-token",
-        HTTP_IDEMPOTENCY_KEY=key,
-    )
 
 
 @pytest.mark.usefixtures("on_other")

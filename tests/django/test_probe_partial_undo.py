@@ -5,17 +5,15 @@ own (autocommit) and only the block is undone; they must commit with the stored 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import path
 
 from examples.django_payments.payments.models import Payment
-from tests.django.test_django import stored_keys
+from tests.django.test_django import post, stored_keys
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls(__name__)]
 
@@ -61,25 +59,6 @@ urlpatterns = [
     path("write-after", transaction.non_atomic_requests(write_after)),
     path("only-the-block", transaction.non_atomic_requests(only_the_block)),
 ]
-
-
-def post(client: Client, path: str, key: str) -> Any:
-    return client.post(
-        path,
-        b"{}",
-        content_type="application/json",
-        HTTP_AUTHORIZATION=ALICE,
-        HTTP_IDEMPOTENCY_KEY=key,
-    )
-
-
-@pytest.fixture(params=[False, True], ids=["autocommit-requests", "atomic-requests"])
-def atomic_requests(request: pytest.FixtureRequest) -> Iterator[bool]:
-    # The views are non_atomic_requests: they run as under autocommit either way.
-    previous = connection.settings_dict["ATOMIC_REQUESTS"]
-    connection.settings_dict["ATOMIC_REQUESTS"] = request.param
-    yield request.param
-    connection.settings_dict["ATOMIC_REQUESTS"] = previous
 
 
 @pytest.mark.parametrize("route", ["/write-before", "/block-before", "/write-after"])

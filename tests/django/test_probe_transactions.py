@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection
 from django.test import Client
 
 from examples.django_payments.payments.models import Payment, Refund
+from tests.django.test_django import post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,26 +24,12 @@ def new_key() -> str:
     return str(uuid.uuid4())
 
 
-def post(client: Client, path: str, key: str) -> Any:
-    return client.post(
-        path, json.dumps({}), content_type="application/json", HTTP_IDEMPOTENCY_KEY=key, **ALICE
-    )
-
-
 def stored_keys(key: str) -> int:
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM pgonce.keys WHERE key = %s", (key,))
         row = cur.fetchone()
     assert row is not None
     return int(row[0])
-
-
-@pytest.fixture(params=[False, True], ids=["autocommit-requests", "atomic-requests"])
-def atomic_requests(request: pytest.FixtureRequest) -> Iterator[bool]:
-    previous = connection.settings_dict["ATOMIC_REQUESTS"]
-    connection.settings_dict["ATOMIC_REQUESTS"] = request.param
-    yield request.param
-    connection.settings_dict["ATOMIC_REQUESTS"] = previous
 
 
 def test_an_on_commit_hook_of_a_view_without_a_query_runs_once_with_the_stored_answer(
