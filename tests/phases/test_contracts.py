@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -22,28 +22,20 @@ from starlette.responses import JSONResponse
 from starlette.responses import Response as StarletteResponse
 
 from pgonce import DatabaseError, DatabaseUnavailable, LeaseLost, Response, UsageError
-from pgonce import fingerprint as make_fingerprint
 from pgonce.contrib import wsgi
 from pgonce.core.leases import check_state
 from pgonce.http import phased
 from pgonce.phases import AsyncPhasedOperation, AsyncPhaseStore, PhasedOperation, PhaseStore
 from pgonce.store._async.phases import complete_every
 from pgonce.store.heartbeat import AsyncHeartbeat
+from tests.phases.racer import FP, T0
 from tests.phases.test_http import two_phase_client
 
-FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
-T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
 PAID = Response(201, (), b"paid")
 
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c
 
 
 def one(conn: psycopg.Connection[Any], query: str, *params: Any) -> Any:

@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,8 @@ import pytest
 from pgonce import DatabaseUnavailable, KeyMismatch, LeaseLost, Response, UsageError
 from pgonce import fingerprint as make_fingerprint
 from pgonce.phases import AsyncPhaseStore, PhaseStore
+from tests.phases.racer import FP, T0
 
-FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
-T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
 
 

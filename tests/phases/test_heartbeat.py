@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
 from pgonce import LeaseLost, Response, UsageError
-from pgonce import fingerprint as make_fingerprint
 from pgonce.phases import AsyncPhaseStore, PhaseStore
 from pgonce.store.heartbeat import NAME
+from tests.phases.racer import FP, T0
 
-FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
-T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
 BEAT = timedelta(milliseconds=10)
 ANSWER = Response(201, (), b"charged")
@@ -49,12 +46,6 @@ class Clock:
             self.at = at
             after = self.reads + 2
             assert self._read.wait_for(lambda: self.reads >= after, timeout=10)
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c
 
 
 def heartbeats() -> list[threading.Thread]:

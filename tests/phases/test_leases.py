@@ -6,7 +6,7 @@ The clock is a parameter: every lease decision here is made at a time the test c
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -16,9 +16,8 @@ from pgonce import InFlight, KeyMismatch, KeyStore, LeaseLost, Replay, Response,
 from pgonce import fingerprint as make_fingerprint
 from pgonce.core.leases import provider_key
 from pgonce.phases import AsyncPhaseStore, PhasedOperation, PhaseStore
+from tests.phases.racer import FP, T0
 
-FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
-T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
 ANSWER = Response(201, (("content-type", "application/json"),), b'{"charge": "ch_1"}')
 

@@ -8,7 +8,6 @@ DatabaseErrors for a wrong argument, retried for ever by the loop. Each is a Usa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,12 +17,6 @@ import pytest
 from pgonce import Response, UsageError
 from pgonce.phases import PhaseStore
 from pgonce.store._async.phases import AsyncPhaseStore, complete_every
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c
 
 
 def finish(op: Any) -> Response:

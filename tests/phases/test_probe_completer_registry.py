@@ -7,25 +7,15 @@ ended real requests for good. It is a UsageError at the pass now, before any tak
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
 from pgonce import UsageError
-from pgonce import fingerprint as make_fingerprint
 from pgonce.phases import PhaseStore
-
-FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
-T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c
+from tests.phases.racer import FP, T0
 
 
 def test_a_registry_whose_work_cannot_run_retires_nothing(db: psycopg.Connection[Any]) -> None:

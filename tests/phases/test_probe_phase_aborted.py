@@ -5,25 +5,14 @@ DatabaseError that blamed pgonce's own write. It is a UsageError naming the work
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 
 from pgonce import Response, UsageError
-from pgonce import fingerprint as make_fingerprint
 from pgonce.phases import AsyncPhaseStore, PhaseStore
-
-FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
-T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c
+from tests.phases.racer import FP, T0
 
 
 def swallow(conn: psycopg.Connection[Any]) -> int:

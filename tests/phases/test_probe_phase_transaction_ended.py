@@ -9,18 +9,15 @@ taken over wrote anyway). Both are refused now, before anything is recorded.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
 from pgonce import Response, UsageError
-from pgonce import fingerprint as make_fingerprint
 from pgonce.phases import AsyncPhaseStore, PhaseStore
-
-FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
-T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
+from tests.phases.racer import FP, T0
 
 
 def at(seconds: float) -> datetime:

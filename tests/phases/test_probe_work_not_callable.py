@@ -7,25 +7,14 @@ anyone, could then not be released. Each is a UsageError before anything is writ
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 import pytest
 
 from pgonce import Response, UsageError
-from pgonce import fingerprint as make_fingerprint
 from pgonce.phases import AsyncPhaseStore, PhaseStore
-
-FP = make_fingerprint("POST", "/payments", b'{"amount": 42}')
-T0 = datetime(2031, 1, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c
+from tests.phases.racer import FP, T0
 
 
 def test_a_call_whose_work_is_not_a_function_leaves_the_key_releasable(
