@@ -141,8 +141,9 @@ def test_a_count_sql_without_a_dsn_is_refused(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PGONCE_DSN", raising=False)
-    code = main(["conformance", "http", "http://127.0.0.1:9/x", "--count-sql", "SELECT 1"])
-    assert code == 1
+    with pytest.raises(SystemExit) as exited:
+        main(["conformance", "http", "http://127.0.0.1:9/x", "--count-sql", "SELECT 1"])
+    assert exited.value.code == 2  # a usage error, not a failed check
     assert "--count-sql needs --dsn" in capsys.readouterr().err
 
 

@@ -96,13 +96,17 @@ def test_a_bad_file_or_path_is_one_line_and_sends_nothing(
     variants: Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = variants.url + "/plain/payments"
-    code = main(["conformance", "http", url, "--body-file", "/nonexistent/body.json"])
+    with pytest.raises(SystemExit) as exited:
+        main(["conformance", "http", url, "--body-file", "/nonexistent/body.json"])
     err = capsys.readouterr().err
-    assert code == 1
-    assert err.startswith("pgonce: error: --body-file: No such file or directory")
-    code = main(["conformance", "http", url, "--body", PAYMENT.decode(), "--fail-path", "fail"])
+    assert exited.value.code == 2  # usage errors, before anything is sent
+    assert err.splitlines()[-1].startswith(
+        "pgonce conformance http: error: --body-file: No such file or directory"
+    )
+    with pytest.raises(SystemExit) as exited:
+        main(["conformance", "http", url, "--body", PAYMENT.decode(), "--fail-path", "fail"])
     err = capsys.readouterr().err
-    assert code == 1
+    assert exited.value.code == 2
     assert "must be a path on the endpoint's server" in err
     assert httpx.get(variants.url + "/count").json() == {"count": 0}
 
@@ -156,9 +160,10 @@ async def test_a_long_key_may_be_kept_whole_but_never_truncated(
 
 def test_a_fixed_key_in_the_headers_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     for option in ("--header", "--other-header"):
-        code = main(["conformance", "http", "http://127.0.0.1:9/payments",
-                     option, 'idempotency-key: "fixed"'])  # fmt: skip
-        assert code == 1
+        with pytest.raises(SystemExit) as exited:
+            main(["conformance", "http", "http://127.0.0.1:9/payments",
+                  option, 'idempotency-key: "fixed"'])  # fmt: skip
+        assert exited.value.code == 2
         assert "sets Idempotency-Key itself" in capsys.readouterr().err
 
 

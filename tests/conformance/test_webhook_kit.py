@@ -176,13 +176,14 @@ async def test_a_receiver_without_dedupe_or_tolerance_fails(broken: Server) -> N
 
 
 def test_a_secret_is_read_from_the_environment_only(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        [
-            "conformance", "webhooks", "http://127.0.0.1:9/webhooks/shop",
-            "--scheme", "stripe", "--secret", "whsec_literal_value",
-        ]
-    )  # fmt: skip
+    with pytest.raises(SystemExit) as exited:
+        main(
+            [
+                "conformance", "webhooks", "http://127.0.0.1:9/webhooks/shop",
+                "--scheme", "stripe", "--secret", "whsec_literal_value",
+            ]
+        )  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 1
+    assert exited.value.code == 2
     assert "read from the environment only" in err
     assert "whsec_literal_value" not in err
