@@ -34,6 +34,15 @@ def test_a_number_out_of_range_is_a_usage_error(dsn: str, args: tuple[str, ...],
     assert result.stdout == ""
 
 
+def test_a_scope_retention_is_judged_against_the_retry_horizon_given_with_it(dsn: str) -> None:
+    # 2d is shorter than the default horizon (3d), not than the one given here: it runs.
+    result = pgonce(
+        "sweep", "--retry-horizon", "1d", "--scope-retention", "stripe=2d", "--dry-run",
+        "--dsn", dsn,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_longest_statement_timeout_still_runs(dsn: str) -> None:
     result = pgonce("sweep", "--statement-timeout", "24d", "--dry-run", "--dsn", dsn)
     assert result.returncode == 0, result.stderr

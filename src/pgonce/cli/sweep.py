@@ -55,6 +55,7 @@ from pgonce.core.retention import (
     format_duration,
     parse_duration,
     policy_from_text,
+    scope_retention,
 )
 from pgonce.errors import ConfigError, DatabaseError, UsageError
 from pgonce.sql import Queries
@@ -124,10 +125,11 @@ def _moment(text: str) -> datetime:
 
 
 def _scope_retention(text: str) -> str:
-    """A ``SCOPE=RETENTION[/HORIZON]`` word, checked as :func:`policy_from_text` reads it: a
-    usage error at the call, not a failure after the start."""
+    """A ``SCOPE=RETENTION[/HORIZON]`` word, read as :func:`policy_from_text` reads it: one that
+    does not read is a usage error at the call. Whether it covers its retry horizon is judged
+    with the other options, by the policy."""
     try:
-        policy_from_text("keys", overrides=[text])
+        scope_retention(text, DEFAULT_RETRY_HORIZON)
     except ConfigError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text

@@ -329,17 +329,21 @@ def policy_from_text(
 
     A scope without its own horizon inherits ``retry_horizon``.
     """
-    scopes: dict[str, Retention] = {}
-    for item in overrides:
-        name, sep, spec = item.partition("=")
-        if not sep or not name:
-            raise ConfigError(f"{item!r}: write SCOPE=RETENTION or SCOPE=RETENTION/RETRY_HORIZON")
-        keep_text, _, horizon_text = spec.partition("/")
-        scopes[name] = Retention(
-            keep=parse_duration(keep_text),
-            retry_horizon=parse_duration(horizon_text) if horizon_text else retry_horizon,
-        )
+    scopes = dict(scope_retention(item, retry_horizon) for item in overrides)
     return RetentionPolicy(target_name, Retention(keep, retry_horizon), scopes)
+
+
+def scope_retention(item: str, retry_horizon: timedelta) -> tuple[str, Retention]:
+    """One ``SCOPE=KEEP`` or ``SCOPE=KEEP/HORIZON`` word read (the horizon guard is the
+    policy's); :class:`ConfigError` for a word that does not read."""
+    name, sep, spec = item.partition("=")
+    if not sep or not name:
+        raise ConfigError(f"{item!r}: write SCOPE=RETENTION or SCOPE=RETENTION/RETRY_HORIZON")
+    keep_text, _, horizon_text = spec.partition("/")
+    return name, Retention(
+        keep=parse_duration(keep_text),
+        retry_horizon=parse_duration(horizon_text) if horizon_text else retry_horizon,
+    )
 
 
 # --------------------------------------------------------------------------------------------
