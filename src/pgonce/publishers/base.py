@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Protocol
 from urllib.parse import urlsplit
 
 from pgonce.core.outbox import OutboxMessage
+from pgonce.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,21 @@ def route_or_refuse(
     refused[message.id] = routing_refusal(outcome)
     kinds[message.id] = ROUTING_FAILED
     return None
+
+
+def check_timeout(what: str, timeout: object) -> None:
+    """Refuse a publisher's wait that is not a positive timedelta (``what`` names the setting).
+
+    A number of seconds would otherwise escape as a bare TypeError from the comparison, and a wait
+    of nothing would leave every batch unsettled, retried for ever.
+    """
+    if not isinstance(timeout, timedelta):
+        raise ConfigError(
+            f"{what} must be a timedelta (such as timedelta(seconds=10)), "
+            f"not {type(timeout).__name__}"
+        )
+    if not timeout > timedelta(0):
+        raise ConfigError(f"{what} must be above 0")
 
 
 def short_error(error: BaseException) -> str:

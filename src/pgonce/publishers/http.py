@@ -29,6 +29,7 @@ from pgonce.extras import needs
 from pgonce.publishers.base import (
     PublishResult,
     Routing,
+    check_timeout,
     route_or_refuse,
     short_error,
     url_origin,
@@ -93,8 +94,7 @@ class HttpPublisher:
                     "the webhook publisher's url must be an http:// or https:// URL with a "
                     f"host, not {origin}"
                 )
-        if not timeout > timedelta(0):
-            raise ConfigError("the webhook publisher's timeout must be above 0")
+        check_timeout("the webhook publisher's timeout", timeout)
         # Semaphore(0) would make every batch wait for ever.
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError("the webhook publisher's concurrency must be at least 1")

@@ -41,6 +41,7 @@ from pgonce.publishers.base import (
     Routing,
     body,
     by_aggregatetype,
+    check_timeout,
     message_headers,
     route_or_refuse,
     short_error,
@@ -185,9 +186,7 @@ class NatsPublisher:
         routing: Routing | None = None,
         ack_timeout: timedelta = DEFAULT_ACK_TIMEOUT,
     ) -> None:
-        # A wait of nothing would leave every batch unsettled, retried for ever.
-        if not ack_timeout > timedelta(0):
-            raise ConfigError("the NATS publisher's ack_timeout must be above 0")
+        check_timeout("the NATS publisher's ack_timeout", ack_timeout)
         _check_servers(servers)
         self.servers = servers
         self.routing = routing or by_aggregatetype("outbox.")

@@ -40,6 +40,7 @@ from pgonce.publishers.base import (
     Routing,
     body,
     by_aggregatetype,
+    check_timeout,
     message_headers,
     route_or_refuse,
     short_error,
@@ -124,9 +125,7 @@ class RabbitMQPublisher:
             raise ConfigError(
                 f"the RabbitMQ exchange_type must be one of {kinds}, not {exchange_type!r}"
             ) from None
-        # A wait of nothing would leave every batch unsettled, retried for ever.
-        if not confirm_timeout > timedelta(0):
-            raise ConfigError("the RabbitMQ publisher's confirm_timeout must be above 0")
+        check_timeout("the RabbitMQ publisher's confirm_timeout", confirm_timeout)
         if type(max_message_size) is not int or max_message_size < 1:
             raise ConfigError(
                 "the RabbitMQ publisher's max_message_size must be a whole number of bytes of at "

@@ -27,6 +27,7 @@ from pgonce.publishers.base import (
     Routing,
     body,
     by_aggregatetype,
+    check_timeout,
     route_or_refuse,
     short_error,
 )
@@ -92,8 +93,7 @@ class RedisStreamsPublisher:
         # MAXLEN ~ 0 keeps (about) nothing: every event acknowledged, then trimmed unread.
         if maxlen is not None and (not isinstance(maxlen, int) or maxlen < 1):
             raise ConfigError("the Redis publisher's maxlen must be at least 1, or None")
-        if not timeout > timedelta(0):
-            raise ConfigError("the Redis publisher's timeout must be above 0")
+        check_timeout("the Redis publisher's timeout", timeout)
         self.url = url
         self.routing = routing or by_aggregatetype("outbox.")
         self.maxlen = maxlen
