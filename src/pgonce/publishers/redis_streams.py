@@ -35,6 +35,7 @@ from pgonce.publishers.base import (
 with needs("redis", "the Redis Streams publisher"):
     from redis import exceptions as redis_errors
     from redis.asyncio import Redis
+    from redis.asyncio.connection import parse_url
 
 #: The machine's Redis in development; in production this comes from configuration.
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -90,8 +91,18 @@ class RedisStreamsPublisher:
                 "the Redis publisher's url must start with redis://, rediss:// or unix://, "
                 f"not {scheme + '://' if scheme else 'no scheme'}"
             )
-        # MAXLEN ~ 0 keeps (about) nothing: every event acknowledged, then trimmed unread.
-        if maxlen is not None and (not isinstance(maxlen, int) or maxlen < 1):
+        try:
+            parse_url(url)
+        except ValueError:
+            # redis-py reads the port and the query only when the client is made, at the first
+            # batch. Its message is not repeated: it may quote the URL, password and all.
+            raise ConfigError(
+                "the Redis publisher's url is not one redis-py can read: a port that is not a "
+                "number from 1 to 65535, or a query option of the wrong form"
+            ) from None
+        # MAXLEN ~ 0 keeps (about) nothing: every event acknowledged, then trimmed unread; and
+        # True would be MAXLEN ~ 1.
+        if maxlen is not None and (type(maxlen) is not int or maxlen < 1):
             raise ConfigError("the Redis publisher's maxlen must be at least 1, or None")
         check_timeout("the Redis publisher's timeout", timeout)
         self.url = url
