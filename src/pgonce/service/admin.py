@@ -16,9 +16,13 @@ Content-Security-Policy (no inline script or style) and every value is escaped.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
+
+from pgonce.errors import DatabaseError
 from pgonce.extras import needs
 from pgonce.service.console.base import AdminAuth, respond
 from pgonce.service.console.inbox import InboxPages
@@ -28,6 +32,7 @@ from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.store._async.inspect import AsyncInspector
 from pgonce.store._async.outbox import AsyncOutboxStore
+from pgonce.store.errors import first_line
 
 with needs("server", "the pgonce service"):
     from psycopg_pool import AsyncConnectionPool
@@ -40,6 +45,11 @@ from pgonce.service.console.keys import KeyPages
 from pgonce.service.console.overview import OverviewPages
 
 __all__ = ["Admin", "AdminAuth"]
+
+log = logging.getLogger("pgonce.service")
+
+#: When a console page that found the database away says to look again, in seconds.
+RETRY_AFTER_SECONDS = 5
 
 
 class Admin(OverviewPages, KeyPages, InboxPages, OutboxPages, HealthPages):
@@ -117,6 +127,24 @@ class Admin(OverviewPages, KeyPages, InboxPages, OutboxPages, HealthPages):
             if any("\x00" in k or "\x00" in v for k, v in request.query_params.multi_items()):
                 # PostgreSQL's text holds no NUL: refused here, not turned into a database error.
                 return respond("Bad request", "<p>A parameter holds a NUL character.</p>", code=400)
-            return await view(request)
+            try:
+                return await view(request)
+            except (DatabaseError, psycopg.OperationalError) as error:
+                # The database away, the pool busy for its whole wait, a statement cut by its
+                # timeout: the page is unavailable for now, not broken (a bare 500 and a stack).
+                log.warning(
+                    "admin page %s could not reach the database: %s: %s",
+                    request.url.path,
+                    type(error).__name__,
+                    first_line(error),
+                )
+                answer = respond(
+                    "Database unavailable",
+                    "<p>The database could not be reached or did not answer in time; nothing "
+                    "was changed. Try again in a few seconds.</p>",
+                    code=503,
+                )
+                answer.headers["retry-after"] = str(RETRY_AFTER_SECONDS)
+                return answer
 
         return guarded
