@@ -144,7 +144,10 @@ class RedisStreamsPublisher:
             return PublishResult(refused=refused, kinds=kinds)
         try:
             replies = await pipe.execute(raise_on_error=False)
-        except (OSError, redis_errors.ConnectionError, redis_errors.TimeoutError) as error:
+        except (OSError, redis_errors.RedisError) as error:
+            # With raise_on_error=False an entry's own error is a reply; what is raised is about
+            # the connection: lost, timed out, or refused at its set-up (a wrong password, a
+            # database number the server lacks). The rows wait for it to be fixed.
             await self.close()
             raise BrokerUnavailable(f"Redis: {short_error(error)}") from error
         acked: set[int] = set()
