@@ -17,9 +17,9 @@ from tests.outbox.conftest import REDIS
 async def test_a_database_number_the_server_lacks_leaves_the_batch_waiting(
     dsn: str, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with psycopg.connect(dsn) as conn:
-        enqueue(conn, "order", "1", "created", {"n": 1})
-        conn.commit()
+    with psycopg.connect(dsn) as producer:
+        enqueue(producer, "order", "1", "created", {"n": 1})
+        producer.commit()
     publisher = RedisStreamsPublisher(f"redis://{REDIS[0]}:{REDIS[1]}/9999")
     relay = Relay(dsn, publisher, listen=False)
     conn = await relay.connect(dsn)
