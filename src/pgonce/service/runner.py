@@ -5,9 +5,11 @@ sweeper run one part alone, so that a deployment scales each separately (several
 may run against one database: the inbox workers and relays share rows with ``FOR UPDATE SKIP
 LOCKED``, the sweepers skip each other's locked rows, the completers each other's leases).
 
-Stopping (SIGTERM or SIGINT): uvicorn stops accepting and finishes the requests it has; the
-workers finish or roll back their in-flight handlers; the relays finish their batch; then the
-process exits 0. Nothing acknowledged is lost: a delivery is answered only after its commit.
+SIGHUP changes nothing (the configuration is read once, at start): it is logged, and the
+service keeps running. Stopping (SIGTERM or SIGINT): uvicorn stops accepting and finishes the
+requests it has; the workers finish or roll back their in-flight handlers; the relays finish
+their batch; then the process exits 0. Nothing acknowledged is lost: a delivery is answered
+only after its commit.
 """
 
 from __future__ import annotations
@@ -172,6 +174,10 @@ async def run(
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
+    # SIGHUP's default ends the process at once: a reload asked the way other servers take it
+    # cut the in-flight requests and left the embedded server running, with no line said.
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGHUP, _hangup)
     schema = config.settings.schema
     found = await topology(config, dsn)
     connect = found.connect_kwargs
@@ -267,6 +273,13 @@ async def run(
             task = failed[0]
             error = task.exception()
             raise ServiceFailed(f"the {task.get_name()} stopped the service: {_reason(error)}")
+
+
+def _hangup() -> None:
+    log.warning(
+        "SIGHUP: pgonce does not reload its configuration; it keeps running with the one it "
+        "started with (stop it with SIGTERM and start it again to apply a change)"
+    )
 
 
 def _reason(error: BaseException | None) -> str:
