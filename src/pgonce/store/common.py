@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from psycopg.pq import TransactionStatus
@@ -95,6 +95,15 @@ def check_now(now: object) -> Any:
             "now must be a timezone-aware datetime (datetime.now(UTC)): a naive one would be read "
             "in the server's TimeZone"
         )
+    try:
+        now.astimezone(UTC)
+    except OverflowError:
+        # Year 1 at +14:00, year 9999 at -14:00: PostgreSQL stores the instant, and the claim's
+        # time read back could not be a datetime; the claim stayed in the transaction, with
+        # nothing but an OverflowError to say so.
+        raise UsageError(
+            f"now must be an instant that datetime can hold in UTC, not {now.isoformat()}"
+        ) from None
     return now
 
 
