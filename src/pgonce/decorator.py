@@ -69,6 +69,7 @@ import psycopg
 
 from pgonce.core.fingerprint import fingerprint_of
 from pgonce.core.outcomes import (
+    MAX_KEY_BYTES,
     Claim,
     InFlight,
     Replay,
@@ -231,7 +232,13 @@ def _key_text(value: object) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, int | uuid.UUID) and not isinstance(value, bool):
-        return str(value)
+        try:
+            return str(value)
+        except ValueError:  # more digits than Python writes out (sys.get_int_max_str_digits())
+            raise UsageError(
+                "the key's value is an int too long to be a key: a key is at most "
+                f"{MAX_KEY_BYTES} bytes"
+            ) from None
     return "sha256:" + hashlib.sha256(_canonical_bytes(value, "the key's value")).hexdigest()
 
 
