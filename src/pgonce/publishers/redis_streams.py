@@ -4,8 +4,9 @@ The entry id is Redis's own (``*``): outbox ids of different aggregates reach a 
 order when several relays run, and Redis refuses an explicit entry id lower than the stream's last.
 Consumers dedupe on the ``message-id`` field. A batch goes in one pipeline (in order, one round
 trip); each ``XADD`` that returned an entry id is acknowledged, an error reply is a refusal (and so
-is a row the routing function raised for, refused before it is sent while the rows of its
-aggregate behind it in the batch wait for it), a lost connection leaves the batch unsettled, and
+is a row the routing function raised for, or one with a field above the server's
+``proto-max-bulk-len``, refused before it is sent while the rows of its aggregate behind it in the
+batch wait for it), a lost connection leaves the batch unsettled, and
 so does an error reply about the server's state rather than the entry (``READONLY`` after a
 failover, ``OOM``, ``LOADING``, ``MISCONF``, ...). Redis acknowledges from memory: how durable an
 acknowledged entry is depends on the server's ``appendonly``/``appendfsync`` settings.
@@ -14,7 +15,7 @@ acknowledged entry is depends on the server's ``appendonly``/``appendfsync`` set
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,6 +44,11 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 #: stopped answering would otherwise hold the batch (and its rows' locks) for ever. After it the
 #: batch is unsettled and published again (consumers dedupe on ``message-id``).
 DEFAULT_TIMEOUT = timedelta(seconds=10)
+
+
+#: Redis's default ``proto-max-bulk-len``: the largest field of a command it reads. Used where the
+#: server does not let the client read its own (``CONFIG`` disabled, as on managed services).
+DEFAULT_MAX_BULK = 512 * 1024 * 1024
 
 
 #: Error replies that describe the server's state, not the entry: the write may succeed later.
@@ -110,6 +116,8 @@ class RedisStreamsPublisher:
         self.maxlen = maxlen
         self.timeout = timeout
         self._client: Redis | None = None
+        #: The server's proto-max-bulk-len, read once per client.
+        self._max_bulk: int | None = None
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
         if self._client is None:
@@ -117,6 +125,11 @@ class RedisStreamsPublisher:
             self._client = Redis.from_url(
                 self.url, socket_connect_timeout=seconds, socket_timeout=seconds
             )
+        try:
+            max_bulk = await self._read_max_bulk(self._client)
+        except (OSError, redis_errors.RedisError) as error:
+            await self.close()
+            raise BrokerUnavailable(f"Redis: {short_error(error)}") from error
         pipe = self._client.pipeline(transaction=False)
         refused: dict[int, str] = {}
         kinds: dict[int, str] = {}
@@ -130,7 +143,6 @@ class RedisStreamsPublisher:
             if key is None:
                 held.add((message.aggregatetype, message.aggregateid))
                 continue
-            sent.append(message)
             fields: dict[bytes | bytearray | memoryview[int] | str | int | float, Any] = {
                 "message-id": message.message_id,
                 "type": message.type,
@@ -139,6 +151,19 @@ class RedisStreamsPublisher:
                 "payload": body(message),
                 "headers": json.dumps(dict(message.headers), separators=(",", ":")),
             }
+            # The server closes the connection for a field above its limit: taken for an
+            # outage, the row would fail every batch that holds it, never parked, and the rows
+            # before it in the pipeline would be appended again at every retry.
+            largest = _above(max_bulk, key, fields.values())
+            if largest is not None:
+                refused[message.id] = (
+                    f"Redis cannot take the entry: its largest field of {largest} bytes is "
+                    f"above the server's proto-max-bulk-len of {max_bulk} bytes"
+                )
+                kinds[message.id] = "too_large"
+                held.add((message.aggregatetype, message.aggregateid))
+                continue
+            sent.append(message)
             pipe.xadd(key, fields, maxlen=self.maxlen, approximate=True)
         if not sent:
             return PublishResult(refused=refused, kinds=kinds)
@@ -168,7 +193,36 @@ class RedisStreamsPublisher:
             await self.close()
         return PublishResult(frozenset(acked), refused, kinds, lost)
 
+    async def _read_max_bulk(self, client: Redis) -> int:
+        """The server's proto-max-bulk-len, or Redis's default where it may not be read."""
+        if self._max_bulk is None:
+            try:
+                reply = await client.config_get("proto-max-bulk-len")
+                value = reply.get("proto-max-bulk-len")
+                self._max_bulk = int(value) if isinstance(value, str | bytes) else DEFAULT_MAX_BULK
+            except (redis_errors.ResponseError, ValueError):
+                # CONFIG refused (disabled, or not in the user's ACL): the default holds, and
+                # a lower limit shows as a closed connection.
+                self._max_bulk = DEFAULT_MAX_BULK
+        return self._max_bulk
+
     async def close(self) -> None:
-        client, self._client = self._client, None
+        client, self._client, self._max_bulk = self._client, None, None
         if client is not None:
             await client.aclose()
+
+
+def _above(limit: int, key: str, values: Iterable[object]) -> int | None:
+    """The bytes of the largest argument of an ``XADD`` to ``key`` with these field values, if
+    it is above ``limit``; None otherwise."""
+    largest = 0
+    for value in (key, *values):
+        if isinstance(value, bytes):
+            size = len(value)
+        elif len(text := str(value)) * 4 <= limit:
+            # UTF-8 takes at most 4 bytes a character: no need to encode it to know.
+            continue
+        else:
+            size = len(text.encode())
+        largest = max(largest, size)
+    return largest if largest > limit else None
