@@ -131,9 +131,17 @@ class ConsoleBase:
         site = request.headers.get("sec-fetch-site")
         if site is not None and site not in ("same-origin", "none"):
             return Response("cross-site form refused", status_code=403, media_type="text/plain")
-        raw = await request.body()
-        if len(raw) > MAX_FORM:
-            return Response("form too large", status_code=413, media_type="text/plain")
+        # Refused before it is read, and while it is read: awaiting the whole body first held
+        # a request that declared a gigabyte open for it, and any body sent in memory.
+        declared = request.headers.get("content-length", "")
+        too_large = Response("form too large", status_code=413, media_type="text/plain")
+        if declared.isdigit() and int(declared) > MAX_FORM:
+            return too_large
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_FORM:
+                return too_large
         form = Form(parse_qs(raw.decode("utf-8", "replace")))
         if any("\x00" in v for values in form.fields.values() for v in values):
             return respond("Bad request", "<p>A field holds a NUL character.</p>", code=400)
