@@ -178,8 +178,29 @@ class Relay:
             or not (timedelta(0) < low <= high)
         ):
             raise ConfigError("outage_backoff must be two timedeltas with 0 < first <= second")
+        if not isinstance(dsn, str):
+            raise ConfigError(f"the relay's dsn must be a str, not {type(dsn).__name__}")
         for what, conninfo in (("dsn", dsn), ("listen_dsn", listen_dsn)):
             _check_conninfo(what, conninfo)
+        # A class, or an object without publish() and close(), would fail every batch; a
+        # policy of the wrong type only the first refusal, after the batch was published, so
+        # that the same rows would go to the broker again at every retry.
+        if isinstance(publisher, type) or not all(
+            callable(getattr(publisher, method, None)) for method in ("publish", "close")
+        ):
+            shown = (
+                f"the class {publisher.__name__}"
+                if isinstance(publisher, type)
+                else type(publisher).__name__
+            )
+            raise ConfigError(
+                "the relay's publisher must be a publisher instance (with publish() and "
+                f"close()), not {shown}"
+            )
+        if policy is not None and not isinstance(policy, RetryPolicy):
+            raise ConfigError(
+                f"the relay's policy must be a RetryPolicy or None, not {type(policy).__name__}"
+            )
         self.dsn = dsn
         self.publisher = publisher
         self.store = AsyncOutboxStore(schema=schema)
@@ -531,6 +552,8 @@ def _check_conninfo(what: str, conninfo: str | None) -> None:
     relay would log, password and all, at every reconnect."""
     if conninfo is None:
         return
+    if not isinstance(conninfo, str):
+        raise ConfigError(f"the relay's {what} must be a str, not {type(conninfo).__name__}")
     try:
         conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
