@@ -637,8 +637,9 @@ def _default_scope(function: Callable[..., Any]) -> str:
 
 #: What a connection inside a transaction is told by a function decorated with ``commit=True``.
 _OWNED_REFUSAL = (
-    "@idempotent(commit=True) commits a transaction of its own and needs an idle connection; "
-    "inside the caller's transaction, decorate the function without commit=True"
+    "@idempotent(commit=True) commits a transaction of its own and needs an idle connection, "
+    "outside a transaction and outside conn.pipeline(); inside the caller's transaction, "
+    "decorate the function without commit=True"
 )
 
 

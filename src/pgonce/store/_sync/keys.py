@@ -82,8 +82,9 @@ _BEGIN_REFUSAL = (
     "and outside conn.pipeline(); inside one, use claim()"
 )
 _OWNED_REFUSAL = (
-    "once(commit=True) commits a transaction of its own and needs an idle connection; inside "
-    "the caller's transaction, call once() without commit=True"
+    "once(commit=True) commits a transaction of its own and needs an idle connection, outside a "
+    "transaction and outside conn.pipeline(); inside the caller's transaction, call once() "
+    "without commit=True"
 )
 
 
@@ -752,6 +753,8 @@ class Operation(Generic[Row]):
             else:
                 self._claim = claimed
         elif (status := conn.pgconn.transaction_status) == _IDLE and conn.autocommit:
+            if conn.pgconn.pipeline_status != _PIPELINE_OFF:
+                raise NotInTransaction(_PIPELINE_OUTSIDE)
             raise NotInTransaction(
                 "once() joins the caller's transaction, and an autocommit connection "
                 "has none: open one (conn.transaction()), or pass commit=True"
@@ -780,10 +783,7 @@ class Operation(Generic[Row]):
             if conn.autocommit and status == _ACTIVE and outside_blocks(conn):
                 # An autocommit pipeline outside conn.transaction(): psycopg's savepoint would
                 # be a transaction of its own, committing the claim apart from the caller.
-                raise NotInTransaction(
-                    "once() joins the caller's transaction, and this autocommit connection's "
-                    "pipeline runs outside one: open it (conn.transaction()), or pass commit=True"
-                )
+                raise NotInTransaction(_PIPELINE_OUTSIDE)
             if status == _IDLE:
                 _open_transaction(conn)
             self._savepoint = savepoint = conn.transaction()
@@ -941,6 +941,13 @@ _ENDED_BEFORE_COMMIT = (
     "in flight until its key expires"
 )
 _CLAIM_TYPES = (Won, Replay, InFlight)
+# What a joined once() on an autocommit connection in psycopg's pipeline, outside
+# conn.transaction(), is told: not to pass commit=True, which that pipeline refuses too.
+_PIPELINE_OUTSIDE = (
+    "once() joins the caller's transaction, and this autocommit connection's pipeline runs "
+    "outside one: open it (with conn.transaction(): ...) in the pipeline; commit=True needs a "
+    "connection outside conn.pipeline()"
+)
 # What commit() answers for a claim of begin() on another connection.
 _OTHER_CONNECTION = (
     "commit() was given a claim that begin() made on another connection: the claim is in that "
@@ -998,6 +1005,7 @@ _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
 _INERROR = TransactionStatus.INERROR
 _ACTIVE = TransactionStatus.ACTIVE
+_PIPELINE_OFF = psycopg.pq.PipelineStatus.OFF
 
 
 def _won(owned: Owned, fingerprint: bytes, conn: Connection[Row]) -> Won:
