@@ -569,6 +569,13 @@ def _source(name: str, section: _Section) -> tuple[SourceConfig | None, Retentio
     key_pointer = section.optional_text("ordering_key")
     version_pointer = section.optional_text("ordering_version")
     ordering = None
+    if version_pointer and not key_pointer:
+        # Versions are compared within an ordering key: without one, nothing would be ordered.
+        problems.add(
+            section.key("ordering_version"),
+            "needs ordering_key (the versions are compared within an ordering key): add "
+            "ordering_key, or remove ordering_version",
+        )
     if key_pointer:
         ordering = problems.check(
             section.key("ordering_key"),
