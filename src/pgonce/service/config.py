@@ -604,6 +604,11 @@ def _source(name: str, section: _Section) -> tuple[SourceConfig | None, Retentio
     json_required = section.boolean("json_required", True)
     out_of_order = section.text("out_of_order", "process")
     head_failure = section.text("head_failure", "block")
+    # Judged here, each under its key: the source's own check named only the first of them.
+    if out_of_order not in ("process", "drop"):
+        problems.add(section.key("out_of_order"), "is process or drop")
+    if head_failure not in ("block", "park"):
+        problems.add(section.key("head_failure"), "is block or park")
     handler_timeout = section.duration("handler_timeout", timedelta(seconds=30))
     section.unknown(_SOURCE_KEYS)
     if len(problems.items) != before or retry is None:
