@@ -46,6 +46,10 @@ DEFAULT_TIMEOUT = timedelta(seconds=15)
 DEFAULT_CONCURRENCY = 16
 
 
+#: Headers that frame or address a request, which httpx sets from the body and the URL.
+_REQUEST_HEADERS = frozenset({"content-length", "transfer-encoding", "host"})
+
+
 #: Most bytes of an answer's body read (and dropped). Only the status decides; reading a short
 #: body to its end lets the connection be reused, and a longer one is cut there.
 MAX_DISCARDED_BODY = 64 * 1024
@@ -116,9 +120,17 @@ class HttpPublisher:
         content = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
         headers = self._signer.sign(content, event_id=message.message_id, timestamp=now)
         headers["content-type"] = "application/json"
-        # The caller's outbox headers travel too, but never over the signature's own headers.
+        # The caller's outbox headers travel too, but never over the signature's own headers,
+        # nor over those that frame or address the request: the receiver would read another
+        # body than the one signed, or be another host (a ValueError: the row is refused).
         for name, value in message.headers.items():
-            headers.setdefault(name.lower(), value)
+            lowered = name.lower()
+            if lowered in _REQUEST_HEADERS:
+                raise ValueError(
+                    f"the outbox header {name!r} is one HTTP sets itself for the request; a "
+                    "webhook cannot carry it"
+                )
+            headers.setdefault(lowered, value)
         return content, headers
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
