@@ -30,20 +30,22 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import closing
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any, NamedTuple
 
 import aio_pika
 import nats
 import psycopg
+import uvloop
 from nats.js.api import StorageType, StreamConfig
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
 
-from bench.clients import Measurement, Transaction, run_clients, wal_position
+from bench.clients import Measurement, Transaction
 from bench.context import BenchContext
 from bench.database_cost import postmaster, server_cpu
-from bench.report import Table, Targets, ratio
+from bench.report import Table, Targets, percentile, ratio
 from pgonce.core.outbox import OutboxEvent, OutboxMessage
 from pgonce.publishers.base import Publisher, body, message_headers
 from pgonce.publishers.nats import MSG_ID_HEADER, NatsPublisher
@@ -485,16 +487,115 @@ class _Figures(NamedTuple):
     server_cpu_us: float
 
 
-def _measured(dsn: str, clients: int, seconds: float, transaction: Transaction) -> _Figures:
-    """run_clients, with the WAL the server wrote and the CPU all its processes spent per
-    transaction (the bench's own server: nothing else runs on it)."""
+#: The enqueue table's turns: each variant runs this long on every client, then the next one, so
+#: that what else the machine does (a checkpoint, autovacuum on the tables, a slow flush of the
+#: shared disk, which decides a lone client's commit) lands on every variant of a round alike.
+#: With one contiguous run per variant and round, the runs of a pair were seconds apart, and one
+#: round put insert + enqueue at 128 % of insert alone, the next at 55 %.
+TURN = 0.25
+
+
+@dataclass
+class _Tally:
+    """One variant's turns of one round, added up."""
+
+    tx: int = 0
+    seconds: float = 0.0
+    client_cpu: float = 0.0
+    wal: int = 0
+    server_cpu: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+
+    def figures(self) -> _Figures:
+        tx = max(self.tx, 1)
+        run = Measurement(
+            tx=self.tx,
+            seconds=self.seconds,
+            p50_ms=percentile(self.latencies, 50),
+            p99_ms=percentile(self.latencies, 99),
+            cpu_us_per_tx=self.client_cpu / tx * 1e6,
+        )
+        return _Figures(run, self.wal / tx, self.server_cpu / tx * 1e6)
+
+
+def interleaved(
+    dsn: str, clients: int, rounds: int, each: float, transactions: list[Transaction]
+) -> list[dict[int, _Figures]]:
+    """Every round's figures by variant index: each variant runs ``each`` seconds a round, in
+    turns of :data:`TURN` interleaved across the variants (the order reversed every other
+    turn), on the same ``clients`` connections, open throughout. A sequence number runs through
+    the whole measurement: every transaction has an aggregate of its own."""
+    return uvloop.run(_interleaved(dsn, clients, rounds, each, transactions))
+
+
+async def _interleaved(
+    dsn: str, clients: int, rounds: int, each: float, transactions: list[Transaction]
+) -> list[dict[int, _Figures]]:
     pm = postmaster(dsn)  # the bench's own server runs here
     assert pm is not None
-    wal_before, cpu_before = wal_position(dsn), server_cpu(pm)
-    run = run_clients(dsn, clients, seconds, transaction)
-    wal, cpu = wal_position(dsn) - wal_before, server_cpu(pm) - cpu_before
-    tx = max(run.tx, 1)
-    return _Figures(run, wal / tx, cpu / tx * 1e6)
+    turns = max(1, round(each / TURN))
+    sequence = 0
+
+    def next_seq() -> int:
+        nonlocal sequence
+        sequence += 1
+        return sequence
+
+    async def turn(
+        conns: list[psycopg.AsyncConnection[Any]], run: Transaction, tally: _Tally
+    ) -> None:
+        stop = asyncio.Event()
+
+        async def client(number: int, conn: psycopg.AsyncConnection[Any]) -> None:
+            while not stop.is_set():
+                started = time.perf_counter()
+                await run(conn, number, next_seq())
+                tally.latencies.append((time.perf_counter() - started) * 1000)
+
+        done = len(tally.latencies)
+        cpu, started = time.process_time(), time.perf_counter()
+        tasks = [asyncio.create_task(client(n, c)) for n, c in enumerate(conns)]
+        await asyncio.sleep(each / turns)
+        stop.set()
+        await asyncio.gather(*tasks)
+        tally.seconds += time.perf_counter() - started
+        tally.client_cpu += time.process_time() - cpu
+        tally.tx += len(tally.latencies) - done
+
+    async with (
+        AsyncConnectionPool(dsn, min_size=clients, max_size=clients, open=False) as pool,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as probe,
+    ):
+        await pool.wait()
+        conns = [await pool.getconn() for _ in range(clients)]
+
+        async def wal() -> int:
+            cursor = await probe.execute(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')"
+            )
+            row = await cursor.fetchone()
+            assert row is not None
+            return int(row[0])
+
+        # Warm up: every variant's statements prepared on every connection before any clock.
+        for run in transactions:
+            for number, conn in enumerate(conns):
+                for _ in range(6):
+                    await run(conn, number, next_seq())
+        runs: list[dict[int, _Figures]] = []
+        order = list(range(len(transactions)))
+        for number in range(rounds):
+            tallies = [_Tally() for _ in transactions]
+            for step in range(turns):
+                for i in order if (number * turns + step) % 2 == 0 else order[::-1]:
+                    wal_before, server_before = await wal(), server_cpu(pm)
+                    await turn(conns, transactions[i], tallies[i])
+                    tallies[i].wal += await wal() - wal_before
+                    tallies[i].server_cpu += server_cpu(pm) - server_before
+            runs.append({i: tally.figures() for i, tally in enumerate(tallies)})
+        for conn in conns:
+            await pool.putconn(conn)
+    return runs
 
 
 FLOOR = "insert + plain outbox INSERT (the floor)"
@@ -547,9 +648,11 @@ def _enqueue_table(ctx: BenchContext) -> tuple[Table, dict[int, dict[str, float]
         ],
         notes=[
             "Each transaction: BEGIN; INSERT the business row; [the outbox write]; COMMIT. "
-            f"{rounds} alternating rounds of {each:.1f} s of every variant, each one's best "
-            "round reported. Every transaction has its own aggregate (one order each), so no "
-            "enqueue waits for another.",
+            f"{rounds} rounds of {each:.1f} s of every variant, each one's best round "
+            f"reported; within a round the variants take turns of {TURN:g} s on the same "
+            "connections (the order reversed every other turn), so that what else the machine "
+            "does lands on all of them alike. Every transaction has its own aggregate (one "
+            "order each, never used before), so no enqueue waits for another.",
             "The floor: one plain INSERT into a table shaped like the outbox (the same columns) "
             "with its primary key only, as Debezium's outbox pattern writes it; enqueue adds the "
             "aggregate's lock row (unlogged, for the order of commit), the outbox's pending "
@@ -568,21 +671,16 @@ def _enqueue_table(ctx: BenchContext) -> tuple[Table, dict[int, dict[str, float]
             "as enqueue() writes them: the least a polled outbox writes that keeps an "
             "aggregate's events in the order of commit, with no column checks, NOTIFY check or "
             "index by age on the lock rows.",
-            "WAL bytes/tx: pg_current_wal_insert_lsn() before and after the round (warm-up "
-            "included); PostgreSQL CPU: all its processes' CPU over the round (from /proc, "
-            "warm-up and connection set-up included); both per measured transaction.",
+            "WAL bytes/tx: pg_current_wal_insert_lsn() before and after each of the "
+            "variant's turns; PostgreSQL CPU: all its processes' CPU over each turn (from "
+            "/proc); both summed over the round's turns, per measured transaction.",
         ],
     )
     _reset(ctx.dsn)
     figures: dict[int, dict[str, float]] = {}
     for clients in (1, 8):
-        best, runs = best_figures(
-            [
-                partial(_measured, ctx.dsn, clients, each, transaction)
-                for _, transaction in VARIANTS
-            ],
-            rounds,
-        )
+        runs = interleaved(ctx.dsn, clients, rounds, each, [t for _, t in VARIANTS])
+        best = [max((r[i] for r in runs), key=lambda f: f.run.tps) for i in range(len(VARIANTS))]
         by_name = {name: f for (name, _), f in zip(VARIANTS, best, strict=True)}
         alone = by_name["insert alone"].run.tps
         for name, f in by_name.items():
@@ -639,19 +737,6 @@ def _rounds(runs: list[dict[int, _Figures]], name: str, reference: str) -> list[
     """``name``'s throughput over ``reference``'s, round by round."""
     i, j = (next(n for n, (v, _) in enumerate(VARIANTS) if v == x) for x in (name, reference))
     return [r[i].run.tps / r[j].run.tps for r in runs if r[j].run.tps]
-
-
-def best_figures(
-    variants: list[Callable[[], _Figures]], rounds: int
-) -> tuple[list[_Figures], list[dict[int, _Figures]]]:
-    """Every variant in turn, ``rounds`` times over, every other round in the opposite order;
-    each variant's best round (by throughput), and every round's figures by variant index."""
-    runs: list[dict[int, _Figures]] = []
-    for number in range(rounds):
-        order = list(range(len(variants)))
-        runs.append({i: variants[i]() for i in (order if number % 2 == 0 else order[::-1])})
-    best = [max((r[i] for r in runs), key=lambda f: f.run.tps) for i in range(len(variants))]
-    return best, runs
 
 
 def _targets(relay: dict[str, float], enqueue: dict[int, dict[str, float]]) -> Table:
