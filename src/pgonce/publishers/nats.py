@@ -194,6 +194,11 @@ class NatsPublisher:
         self._connection: _Connection | None = None
         self._connecting = asyncio.Lock()
 
+    async def prepare(self) -> None:
+        """Connect now, so that a server that is down or a wrong address is said at the relay's
+        start, not with the first row."""
+        await self._connect()
+
     async def _connect(self) -> _Connection:
         # The relay's concurrent batch loops share this publisher: one of them connects.
         async with self._connecting:

@@ -119,18 +119,27 @@ class RedisStreamsPublisher:
         #: The server's proto-max-bulk-len, read once per client.
         self._max_bulk: int | None = None
 
-    async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
+    async def prepare(self) -> None:
+        """Connect now, so that a server that is down or a wrong URL is said at the relay's
+        start, not with the first row."""
+        await self._connect()
+
+    async def _connect(self) -> tuple[Redis, int]:
+        """The client, and the server's proto-max-bulk-len (which takes a connection)."""
         if self._client is None:
             seconds = self.timeout.total_seconds()
             self._client = Redis.from_url(
                 self.url, socket_connect_timeout=seconds, socket_timeout=seconds
             )
         try:
-            max_bulk = await self._read_max_bulk(self._client)
+            return self._client, await self._read_max_bulk(self._client)
         except (OSError, redis_errors.RedisError) as error:
             await self.close()
             raise BrokerUnavailable(f"Redis: {short_error(error)}") from error
-        pipe = self._client.pipeline(transaction=False)
+
+    async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
+        client, max_bulk = await self._connect()
+        pipe = client.pipeline(transaction=False)
         refused: dict[int, str] = {}
         kinds: dict[int, str] = {}
         sent: list[OutboxMessage] = []
@@ -196,6 +205,9 @@ class RedisStreamsPublisher:
     async def _read_max_bulk(self, client: Redis) -> int:
         """The server's proto-max-bulk-len, or Redis's default where it may not be read."""
         if self._max_bulk is None:
+            # A refusal of the connection's set-up (a wrong password, a database number the
+            # server lacks) is raised here, not taken for a refusal of CONFIG below.
+            await client.ping()
             try:
                 reply = await client.config_get("proto-max-bulk-len")
                 value = reply.get("proto-max-bulk-len")
