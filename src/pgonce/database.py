@@ -492,6 +492,16 @@ def check_parsable(dsn: str) -> None:
     option); only what names the mistake is kept.
     """
     try:
+        dsn.encode()
+    except UnicodeEncodeError as error:
+        # A byte that is not UTF-8 (a Latin-1 password in PGONCE_DSN) reaches Python's
+        # environment as a lone surrogate, which libpq cannot be given: it was an internal error.
+        raise ConfigError(
+            f"the connection string holds a byte that is not UTF-8 text (at character "
+            f"{error.start}; it was not shown, as it may hold a password): percent-encode it "
+            "(%E9 for a Latin-1 é), or write the text in UTF-8"
+        ) from None
+    try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as error:
         options = {str(option.keyword.decode()) for option in pq.Conninfo.get_defaults()}

@@ -50,7 +50,7 @@ def describe_dsn(dsn: str) -> str:
         dsn = f"{scheme}://{head.rpartition('@')[2]}{question}{query}"
     try:
         params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, UnicodeEncodeError):  # the latter: a byte not UTF-8
         return "an unparsable connection string"
     host = str(params.get("host") or params.get("hostaddr") or "localhost")
     port = str(params.get("port") or "5432")
