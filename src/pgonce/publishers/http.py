@@ -188,9 +188,22 @@ class HttpPublisher:
             # without an attempt counted; refused, it is parked in the end like any refusal.
             return f"webhook to {url_origin(url)} could not be sent: {short_error(error)}"
         await _discard(response, seconds)
-        if 200 <= response.status_code < 300:
+        status = response.status_code
+        if 200 <= status < 300:
             return None
-        return f"webhook to {url_origin(url)} answered {response.status_code}"
+        location = response.headers.get("location")
+        if 300 <= status < 400 and location:
+            # Not followed: the delivery is signed for the receiver at this address, and a
+            # redirect may lead anywhere. Only the origin is shown: the rest may hold a token.
+            try:
+                target = url_origin(str(response.url.join(location)))
+            except (httpx.InvalidURL, ValueError):
+                target = "an invalid URL"
+            return (
+                f"webhook to {url_origin(url)} answered {status}, a redirect to {target}; the "
+                "publisher does not follow redirects: set its url to the address that answers"
+            )
+        return f"webhook to {url_origin(url)} answered {status}"
 
     async def close(self) -> None:
         client, self._client = self._client, None
