@@ -15,6 +15,7 @@ pgonce owns these transactions: the connection must be idle (outside a transacti
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -545,7 +546,7 @@ class PhasedOperation(Generic[Row]):
         self._visit(name)
         if name in self.state:
             self._visited.add(name)
-            return self.state[name]  # type: ignore[no-any-return]
+            return _as_read(self.state[name])  # type: ignore[no-any-return]
         conn = self._conn
         with self._exclusive(), self._transaction("a phase"):
             value = Callback.result(work(conn), f"phase {name!r}'s work")
@@ -591,7 +592,7 @@ class PhasedOperation(Generic[Row]):
             check_optional_time(started, "the clock's time")
         if name in self.state:
             self._visited.add(name)
-            return self.state[name]  # type: ignore[no-any-return]
+            return _as_read(self.state[name])  # type: ignore[no-any-return]
 
         def beat() -> None:
             self._renew(now if clock is None else clock())
@@ -619,7 +620,9 @@ class PhasedOperation(Generic[Row]):
         """The phase's record, in the caller's transaction; the state it recorded, which
         counts only once that transaction committed."""
         check_state(value, name)
-        state = {**self.state, name: value}
+        # A copy, as a resume reads it: the caller keeps the value it got, and a change it makes
+        # to it later must not be recorded with the next phase (nor fail that phase's record).
+        state = {**self.state, name: _as_read(value)}
         with translate_errors("recording a phase"):
             cur = cursor(self._conn).execute(
                 self._store._sql.record,
@@ -917,6 +920,12 @@ def _check_not_ended(conn: Connection[Any], work: str, transaction: str) -> None
             "caught): nothing was recorded and its writes are undone; let the error propagate, "
             "or wrap the statement that may fail in conn.transaction() (a savepoint)"
         )
+
+
+def _as_read(value: object) -> Any:
+    """A recorded value (checked by ``check_state``) as a resume reads it back: a copy of its own,
+    so that what the caller does with the one it holds changes nothing recorded."""
+    return json.loads(json.dumps(value))
 
 
 def _in_transaction(conn: Connection[Any]) -> bool:
