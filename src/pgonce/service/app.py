@@ -8,6 +8,7 @@ state on an instance.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
@@ -20,13 +21,14 @@ from pgonce import sql as pgsql
 from pgonce.core.durability import READ_ONLY_DETAIL, Durability
 from pgonce.errors import DatabaseUnavailable
 from pgonce.extras import needs
+from pgonce.http.problem import send_problem
 from pgonce.service.admin import Admin
 from pgonce.service.metrics import CONTENT_TYPE, ServiceMetrics
 from pgonce.store._async.health import AsyncHealthCheck, answered_within, stalled
 from pgonce.store._async.inspect import AsyncInspector
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store.cursors import cursor
-from pgonce.webhooks.receiver import InboxReceiver
+from pgonce.webhooks.receiver import RETRY_AFTER_SECONDS, InboxReceiver
 
 with needs("server", "the pgonce service"):
     from psycopg_pool import AsyncConnectionPool
@@ -51,6 +53,7 @@ _OUTCOME_BY_STATUS = {
     503: "unavailable",
 }
 WEBHOOK_PREFIX = "/webhooks/"
+log = logging.getLogger("pgonce.service")
 T = TypeVar("T")
 
 #: The server's bound on each of /readyz's and /metrics' own statements (SET LOCAL
@@ -169,7 +172,24 @@ class ServiceApp:
             await send(message)
 
         try:
-            await self.receiver(scope, receive, watch)
+            try:
+                await self.receiver(scope, receive, watch)
+            except asyncio.CancelledError:
+                if "status" in answer:
+                    raise
+                # The stop's bound ran out while this delivery waited (SIGTERM). Whether or not its
+                # row commits behind the cut, a retry is safe (a stored one is answered as a
+                # duplicate): the sender is told to retry, not handed uvicorn's bare 500.
+                log.warning(
+                    "a delivery to %s was cut by the stop before it was answered; answered 503",
+                    source,
+                )
+                await send_problem(
+                    watch,
+                    503,
+                    detail="the service stopped before the delivery was answered; retry later",
+                    headers=[("retry-after", str(RETRY_AFTER_SECONDS))],
+                )
         finally:
             status = answer.get("status", 500)
             outcome = answer.get("outcome") or _OUTCOME_BY_STATUS.get(status, f"http_{status}")
