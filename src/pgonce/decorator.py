@@ -486,9 +486,10 @@ class _Call(Generic[P]):
 
     def _stored(self, result: object) -> Response:
         body = self.options.codec.encode(result)
-        if type(body) is bytes:  # the headers were checked once: only the body is new
-            return _checked_response(None, self.headers, body)
-        return Response(headers=self.headers, body=body)
+        if type(body) is not bytes:
+            body = _codec_bytes(body)
+        # The headers were checked once: only the body is new.
+        return _checked_response(None, self.headers, body)
 
     def _returned(self, body: bytes) -> Any:
         """What the first call returns: the stored result as every replay will decode it.
@@ -503,7 +504,7 @@ class _Call(Generic[P]):
     def _body(self, result: object) -> bytes:
         """The stored body of ``result``: what :meth:`_stored` would hold, without the Response."""
         body = self.options.codec.encode(result)
-        return body if type(body) is bytes else Response(body=body).body
+        return body if type(body) is bytes else _codec_bytes(body)
 
     def _replayed(self, claim: Claim, key: str) -> Any:
         if isinstance(claim, InFlight):
@@ -582,6 +583,18 @@ class _Call(Generic[P]):
                 op.respond(stored)
                 return returned
         return self._replayed(op.claim, key)
+
+
+def _codec_bytes(body: object) -> bytes:
+    """What the codec's ``encode()`` returned, as the stored body: bytes-like as bytes, anything
+    else refused in the codec's words (a Response's own refusal spoke of a Response the caller
+    never built, and told it to set a Content-Type header)."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    raise UsageError(
+        f"the codec's encode() returned {type(body).__name__}, not bytes: nothing was stored; "
+        "a codec's encode() returns the bytes to store (text.encode('utf-8'), say)"
+    )
 
 
 def _refuse_ended(error: BaseException) -> None:
