@@ -75,6 +75,11 @@ DEFAULT_POOL_MIN_SIZE = 2
 #: server's 100 max_connections.
 DEFAULT_POOL_MAX_SIZE = 10
 
+#: The shortest interval of the sweeper and of the completer. Their work is measured in minutes
+#: and seconds; below a second is a slip ("1ms" for "1m") that ran a sweep, each batch a
+#: transaction and a log line, dozens of times a second.
+MIN_INTERVAL = timedelta(seconds=1)
+
 ENV_PREFIX = "PGONCE__"
 _ENV_SECRET = re.compile(r"^env:([A-Za-z_][A-Za-z0-9_]*)$")
 T = TypeVar("T")
@@ -452,9 +457,22 @@ def _import_handler(spec: str, key: str, problems: _Problems) -> Handler | None:
     return handler  # type: ignore[no-any-return]
 
 
+def _interval(section: _Section, default: timedelta) -> timedelta:
+    """A section's ``every``: a duration of at least :data:`MIN_INTERVAL`."""
+    every = section.duration("every", default)
+    if every < MIN_INTERVAL:
+        section.problems.add(
+            section.key("every"),
+            f"must be at least {format_duration(MIN_INTERVAL)} (is {format_duration(every)} "
+            "a slip for minutes, m?)",
+        )
+        return default
+    return every
+
+
 def _completer(section: _Section) -> CompleterConfig | None:
     """``[completer]``; None when it registers no operation (there is nothing to complete)."""
-    every = section.duration("every", DEFAULT_COMPLETE_EVERY)
+    every = _interval(section, DEFAULT_COMPLETE_EVERY)
     max_age = section.duration("max_age", DEFAULT_COMPLETE_MAX_AGE)
     retire_after = section.integer("retire_after", DEFAULT_RETIRE_AFTER, high=1000)
     lease = section.duration("lease", DEFAULT_LEASE)
@@ -805,7 +823,7 @@ def load(
     keys.unknown()
 
     sweeper = _Section(root.raw("sweeper"), "sweeper", problems)
-    sweep_every = sweeper.duration("every", DEFAULT_SWEEP_EVERY)
+    sweep_every = _interval(sweeper, DEFAULT_SWEEP_EVERY)
     sweeper.unknown()
 
     completer = _completer(_Section(root.raw("completer"), "completer", problems))
