@@ -353,7 +353,9 @@ async def _serve_http(
             raise ConfigError(f"the HTTP server on {config.host}:{config.port} did not start")
         await asyncio.sleep(0.01)
     port = listening.getsockname()[1]
-    url = f"http://{config.host}:{port}"
+    # An IPv6 address goes in brackets: "http://::1:8000" is no URL a client can open.
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{port}"
     log.info("serving on %s", url)
     try:
         print(f"pgonce: serving on {url}", flush=True)
