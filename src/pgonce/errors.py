@@ -48,6 +48,17 @@ class PgonceError(Exception):
         super().__init__(message or _default_message(type(self)))
 
 
+def _rebuilt(error: BaseException, *arguments: object) -> tuple[object, ...]:
+    """``__reduce__`` of an exception whose ``__init__`` takes other arguments than its message.
+
+    Python's own rebuilds an exception from its ``args`` (the message alone), which such an
+    ``__init__`` refuses: unpickling failed with a TypeError, and one raised in a worker of a
+    ``ProcessPoolExecutor`` broke the whole pool; ``copy.copy()`` failed alike. Rebuilt from
+    the arguments it was made with, and its attributes (notes included) after.
+    """
+    return (type(error), arguments, error.__dict__)
+
+
 def _default_message(kind: type[BaseException]) -> str:
     """The first paragraph of the class docstring, on one line and without markup."""
     first = (kind.__doc__ or kind.__name__).strip().split("\n\n")[0]
@@ -87,6 +98,9 @@ class MissingExtra(UsageError, ImportError):
         self.feature = feature
         self.module = module
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuilt(self, self.extra, self.feature, self.module)
+
 
 class KeyMismatch(PgonceError):
     """The key was already used for a different request."""
@@ -100,6 +114,9 @@ class KeyMismatch(PgonceError):
         )
         self.scope = scope
         self.key = key
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuilt(self, self.scope, self.key)
 
 
 class KeyInFlight(PgonceError):
@@ -120,6 +137,9 @@ class KeyInFlight(PgonceError):
         self.retry_after = retry_after
         self.reason = reason
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuilt(self, self.scope, self.key, self.retry_after, self.reason)
+
 
 class LeaseLost(PgonceError):
     """The key's lease was taken over by a holder with a larger fencing token; this holder's
@@ -139,6 +159,9 @@ class LeaseLost(PgonceError):
         self.scope = scope
         self.key = key
         self.token = token
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuilt(self, self.scope, self.key, self.token)
 
 
 class InvalidIdempotencyKey(PgonceError):
@@ -255,6 +278,9 @@ class HandlerTimeout(InboxHandlerError):
     def __init__(self, seconds: float) -> None:
         super().__init__(f"the handler did not finish within {seconds:g} s")
         self.seconds = seconds
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuilt(self, self.seconds)
 
 
 class HandlerSwallowedError(InboxHandlerError):
