@@ -324,15 +324,7 @@ class PhaseStore:
         request claimed more than ``max_age`` ago is left to the health check's stuck phases.
         """
         check_retire_after(retire_after)
-        if not isinstance(operations, Mapping):
-            raise UsageError(
-                "operations maps each operation's name to its registered work, not "
-                f"{type(operations).__name__}"
-            )
-        for name, registered in operations.items():
-            # Before any takeover: a registered work that cannot run would fail every
-            # request of its operation until the completer retired them all.
-            _check_work(registered, f"the registered work of {name!r}", "the operation")
+        _check_operations(operations)
         done = CompleterPass()
         found = self.abandoned(
             conn, limit=limit, operations=list(operations), max_age=max_age, now=now
@@ -407,10 +399,18 @@ def complete_every(
     the pass that succeeds again once more. A request whose work fails is logged once per
     failure, and its lease ended so that the next pass resumes it.
     """
-    if every <= timedelta(0):
+    # All before the first pass: with the database away at the start, a pass fails as an outage
+    # and is retried, and a wrong argument would surface only once the database came back.
+    if check_duration(every, "the completer's interval") <= timedelta(0):
         raise UsageError("the completer's interval must be positive")
     if max_age is not None:
         _check_max_age(max_age)
+    check_retire_after(retire_after)
+    _check_operations(operations)
+    if on_run is not None and not callable(on_run):
+        raise UsageError(
+            f"on_run must be a function that takes the pass's result, not {describe(on_run)}"
+        )
     failed_in_a_row = 0
     while not stop.is_set():
         try:
@@ -891,6 +891,19 @@ def _check_max_age(max_age: object) -> None:
             f"max_age must be positive and at most {_MAX_AGE_LIMIT.days} days (None: any "
             f"age), not {value}: the completer would take no request, or fail every pass"
         )
+
+
+def _check_operations(operations: object) -> None:
+    """Refuse a completer's registry that is not a mapping of names to functions: before any
+    takeover, as a registered work that cannot run would fail every request of its operation
+    until the completer retired them all."""
+    if not isinstance(operations, Mapping):
+        raise UsageError(
+            "operations maps each operation's name to its registered work, not "
+            f"{type(operations).__name__}"
+        )
+    for name, registered in operations.items():
+        _check_work(registered, f"the registered work of {name!r}", "the operation")
 
 
 def _check_work(work: object, what: str, argument: str) -> None:
