@@ -47,16 +47,20 @@ class PgonceError(Exception):
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or _default_message(type(self)))
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Python's own rebuilds an exception by calling the class with its args (the message),
+        # which an __init__ of other arguments refuses (KeyInFlight's, KeyMismatch's): unpickling
+        # failed with a TypeError, and one raised in a ProcessPoolExecutor's worker broke the
+        # whole pool; copy.copy() failed alike. Rebuilt without __init__: the message, then
+        # the attributes (the notes too).
+        return (_restored, (type(self), self.args), self.__dict__)
 
-def _rebuilt(error: BaseException, *arguments: object) -> tuple[object, ...]:
-    """``__reduce__`` of an exception whose ``__init__`` takes other arguments than its message.
 
-    Python's own rebuilds an exception from its ``args`` (the message alone), which such an
-    ``__init__`` refuses: unpickling failed with a TypeError, and one raised in a worker of a
-    ``ProcessPoolExecutor`` broke the whole pool; ``copy.copy()`` failed alike. Rebuilt from
-    the arguments it was made with, and its attributes (notes included) after.
-    """
-    return (type(error), arguments, error.__dict__)
+def _restored(kind: type[PgonceError], args: tuple[object, ...]) -> PgonceError:
+    """An exception of pgonce rebuilt by pickle or copy: see :meth:`PgonceError.__reduce__`."""
+    error = kind.__new__(kind, *args)
+    error.args = args
+    return error
 
 
 def _default_message(kind: type[BaseException]) -> str:
@@ -98,9 +102,6 @@ class MissingExtra(UsageError, ImportError):
         self.feature = feature
         self.module = module
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return _rebuilt(self, self.extra, self.feature, self.module)
-
 
 class KeyMismatch(PgonceError):
     """The key was already used for a different request."""
@@ -114,9 +115,6 @@ class KeyMismatch(PgonceError):
         )
         self.scope = scope
         self.key = key
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return _rebuilt(self, self.scope, self.key)
 
 
 class KeyInFlight(PgonceError):
@@ -137,9 +135,6 @@ class KeyInFlight(PgonceError):
         self.retry_after = retry_after
         self.reason = reason
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return _rebuilt(self, self.scope, self.key, self.retry_after, self.reason)
-
 
 class LeaseLost(PgonceError):
     """The key's lease was taken over by a holder with a larger fencing token; this holder's
@@ -159,9 +154,6 @@ class LeaseLost(PgonceError):
         self.scope = scope
         self.key = key
         self.token = token
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return _rebuilt(self, self.scope, self.key, self.token)
 
 
 class InvalidIdempotencyKey(PgonceError):
@@ -278,9 +270,6 @@ class HandlerTimeout(InboxHandlerError):
     def __init__(self, seconds: float) -> None:
         super().__init__(f"the handler did not finish within {seconds:g} s")
         self.seconds = seconds
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return _rebuilt(self, self.seconds)
 
 
 class HandlerSwallowedError(InboxHandlerError):

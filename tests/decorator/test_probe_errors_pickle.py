@@ -4,7 +4,8 @@
 other arguments than a message, and Python rebuilt an exception from its message alone: unpickling
 one failed with a TypeError. A decorated message handler run in a ``ProcessPoolExecutor`` whose
 key was in flight broke the whole pool (``BrokenProcessPool``) instead of raising
-``KeyInFlight`` in the parent for the message to be requeued; ``copy.copy()`` failed alike.
+``KeyInFlight`` in the parent for the message to be requeued; ``copy.copy()`` failed alike. So
+did every error of pgonce whose ``__init__`` takes other arguments, an adapter's too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import psycopg
 import pytest
 
 from pgonce import idempotent
+from pgonce.contrib.sqlalchemy import BlockCommitRefused, TransactionEndRefused
 from pgonce.errors import (
+    ConfigError,
     HandlerTimeout,
     KeyInFlight,
     KeyMismatch,
@@ -28,6 +31,7 @@ from pgonce.errors import (
     MissingExtra,
     PgonceError,
 )
+from pgonce.webhooks.worker import HandlerNotAsync
 
 SCOPE = "held-across-processes"
 
@@ -66,6 +70,10 @@ ERRORS: list[PgonceError] = [
     LeaseLost("s", "k", 7),
     MissingExtra("server", "the service", "uvicorn"),
     HandlerTimeout(2.5),
+    BlockCommitRefused(),
+    TransactionEndRefused("commit"),
+    HandlerNotAsync("stripe", 1),
+    ConfigError("a message"),
 ]
 
 
