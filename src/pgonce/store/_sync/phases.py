@@ -90,7 +90,7 @@ DEFAULT_RETIRE_AFTER = 5
 #: Why a second write of one holder is refused while one runs.
 _BUSY = (
     "a two-phase operation runs one phase, call or write at a time: a phase inside a phase, or "
-    "two at once (time.gather, threads), would share one connection and record stale "
+    "two at once (tasks gathered, threads), would share one connection and record stale "
     "state; run them one after the other"
 )
 
