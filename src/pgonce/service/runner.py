@@ -8,8 +8,9 @@ LOCKED``, the sweepers skip each other's locked rows, the completers each other'
 SIGHUP changes nothing (the configuration is read once, at start): it is logged, and the
 service keeps running. Stopping (SIGTERM or SIGINT): uvicorn stops accepting and finishes the
 requests it has; the workers finish or roll back their in-flight handlers; the relays finish
-their batch; then the process exits 0. Nothing acknowledged is lost: a delivery is answered
-only after its commit.
+their batch; then the process exits 0. A second signal cuts the requests still in flight (a
+delivery is answered 503). Nothing acknowledged is lost: a delivery is answered only after its
+commit.
 """
 
 from __future__ import annotations
@@ -170,10 +171,16 @@ async def run(
     """Run the chosen ``parts`` until ``stop`` is set or SIGTERM/SIGINT arrives."""
     chosen = set(parts)
     stop = stop or asyncio.Event()
+    #: Set by a second SIGTERM or SIGINT: the stop no longer waits for the requests in flight.
+    hurry = asyncio.Event()
+
+    def stop_signal() -> None:
+        (hurry if stop.is_set() else stop).set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, stop_signal)
     # SIGHUP's default ends the process at once: a reload asked the way other servers take it
     # cut the in-flight requests and left the embedded server running, with no line said.
     with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
@@ -253,7 +260,7 @@ async def run(
         try:
             if listening is not None:
                 await _serve_http(
-                    config, listening, pool, sources, metrics, health, stop, tasks, on_ready
+                    config, listening, pool, sources, metrics, health, stop, hurry, tasks, on_ready
                 )
             else:
                 log.info("running %s", ", ".join(sorted(chosen)))
@@ -273,6 +280,17 @@ async def run(
             task = failed[0]
             error = task.exception()
             raise ServiceFailed(f"the {task.get_name()} stopped the service: {_reason(error)}")
+
+
+def _cut_requests(server: uvicorn.Server) -> None:
+    if server.server_state.tasks:
+        log.warning(
+            "a second stop signal: cutting %d request(s) still in flight",
+            len(server.server_state.tasks),
+        )
+    server.force_exit = True
+    for task in list(server.server_state.tasks):
+        task.cancel(msg="a second stop signal")
 
 
 def _hangup() -> None:
@@ -318,6 +336,7 @@ async def _serve_http(
     metrics: ServiceMetrics,
     health: AsyncHealthCheck,
     stop: asyncio.Event,
+    hurry: asyncio.Event,
     tasks: list[asyncio.Task[Any]],
     on_ready: Callable[[Running], Coroutine[Any, Any, None]] | None,
 ) -> None:
@@ -369,7 +388,13 @@ async def _serve_http(
     waiting = asyncio.create_task(stop.wait())
     await asyncio.wait([serving, waiting], return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
+    # uvicorn's stop says "CTRL+C to force quit" while it waits for the requests in flight; its
+    # own signal handling is off, so a second signal is passed on here: the requests are cut as
+    # at the end of the stop's bound (a delivery is answered 503, its transaction rolled back).
+    hurrying = asyncio.create_task(hurry.wait())
+    hurrying.add_done_callback(lambda done: None if done.cancelled() else _cut_requests(server))
     await serving
+    hurrying.cancel()
     waiting.cancel()
     if receiver is not None:
         await receiver.close()
