@@ -389,7 +389,9 @@ class Relay:
             while not stop.is_set():
                 try:
                     if conn is None or conn.closed:
-                        conn = await self.connect(self.dsn)
+                        conn = await self._connect_unless_stopped(stop)
+                        if conn is None:
+                            return
                     # Cleared before the claim: a notification arriving during the batch is
                     # kept for the next wait.
                     self._wake.clear()
@@ -429,6 +431,29 @@ class Relay:
         finally:
             if conn is not None:
                 await conn.close()
+
+    async def _connect_unless_stopped(self, stop: asyncio.Event) -> AsyncConnection[Any] | None:
+        """A connection to the relay's database, or None once ``stop`` is set.
+
+        A server that accepts and does not answer (stalled, or a pooler with a full pool) holds
+        a connect for libpq's whole timeout; no batch is in progress, so a stop need not wait.
+        """
+        connecting = asyncio.ensure_future(self.connect(self.dsn))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not connecting.done():
+            connecting.cancel()
+            # Not awaited directly: a cancellation of this task must still propagate.
+            await asyncio.wait({connecting})
+            if connecting.cancelled() or connecting.exception() is not None:
+                return None
+            # Connected just as it was given up.
+            await connecting.result().close()
+            return None
+        return connecting.result()
 
     async def _wait_for_rows(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, name: str
