@@ -140,8 +140,10 @@ class Admin(OverviewPages, KeyPages, InboxPages, OutboxPages, HealthPages):
                 )
                 answer = respond(
                     "Database unavailable",
-                    "<p>The database could not be reached or did not answer in time; nothing "
-                    "was changed. Try again in a few seconds.</p>",
+                    # Not "nothing was changed": a connection lost during a replay's COMMIT
+                    # leaves that unknown, and the page that lists the rows says what happened.
+                    "<p>The database could not be reached or did not answer in time. Try again "
+                    "in a few seconds.</p>",
                     code=503,
                 )
                 answer.headers["retry-after"] = str(RETRY_AFTER_SECONDS)
