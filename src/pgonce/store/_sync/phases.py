@@ -574,9 +574,9 @@ class PhasedOperation(Generic[Row]):
         this connection (``work`` must not use it), so a call longer than the lease keeps the
         key. ``now`` is the time of the record; ``clock`` gives the time of each renewal
         (default: ``now``, or the database's clock when ``now`` is None); it is read once before
-        the call, so that a clock that gives no aware datetime fails here, not in the heartbeat,
-        and the lease is renewed at that time before ``work`` runs: a holder whose key was
-        taken over gets :class:`~pgonce.errors.LeaseLost` without calling the third party.
+        the call, so that a clock that raises or gives no aware datetime fails here, not in the
+        heartbeat, and the lease is renewed at that time before ``work`` runs: a holder whose key
+        was taken over gets :class:`~pgonce.errors.LeaseLost` without calling the third party.
         A renewal that finds the key taken over means the call's value must not count: the
         heartbeat stops, and once ``work`` returns this raises
         :class:`~pgonce.errors.LeaseLost` without recording it.
@@ -588,14 +588,14 @@ class PhasedOperation(Generic[Row]):
         if clock is not None:
             if not callable(clock):
                 raise UsageError("clock must be a function that returns a datetime, or None")
-            started = clock()
+            started = _read(clock)
             check_optional_time(started, "the clock's time")
         if name in self.state:
             self._visited.add(name)
             return _as_read(self.state[name])  # type: ignore[no-any-return]
 
         def beat() -> None:
-            self._renew(now if clock is None else clock())
+            self._renew(now if clock is None else _read(clock))
 
         with self._exclusive():
             # A whole lease from the start of the call: one begun late in its lease would be
@@ -891,6 +891,19 @@ def _check_max_age(max_age: object) -> None:
             f"max_age must be positive and at most {_MAX_AGE_LIMIT.days} days (None: any "
             f"age), not {value}: the completer would take no request, or fail every pass"
         )
+
+
+def _read(clock: Callable[[], datetime]) -> datetime:
+    """The time a call's ``clock`` gives. One that raises is a broken contract, as one that gives
+    a naive datetime (a UsageError that ends the heartbeat), not a renewal that failed: the
+    heartbeat would log it as the database away and retry it while the lease ran out."""
+    try:
+        return clock()
+    except Exception as error:
+        raise UsageError(
+            f"the clock raised {type(error).__name__} ({error}): it must give the time of "
+            "each renewal, an aware datetime, or None for the database's clock"
+        ) from error
 
 
 def _check_operations(operations: object) -> None:
