@@ -46,6 +46,11 @@ DEFAULT_TIMEOUT = timedelta(seconds=15)
 DEFAULT_CONCURRENCY = 16
 
 
+#: The kinds of refusal, as the relay counts and logs them: no answer in time, no connection (or
+#: it broke), a row HTTP cannot carry, a redirect (not followed), any other answer by its class.
+KINDS = ("timeout", "unreachable", "unsendable", "redirected", "http_3xx", "http_4xx", "http_5xx")
+
+
 #: Headers that frame or address a request, which httpx sets from the body and the URL.
 _REQUEST_HEADERS = frozenset({"content-length", "transfer-encoding", "host"})
 
@@ -157,7 +162,7 @@ class HttpPublisher:
                         return
                     failure = await self._send(client, message, url)
                     if failure is not None:
-                        refused[message.id] = failure
+                        refused[message.id], kinds[message.id] = failure
                         return
                     acked.add(message.id)
 
@@ -166,7 +171,10 @@ class HttpPublisher:
 
     async def _send(
         self, client: httpx.AsyncClient, message: OutboxMessage, url: str
-    ) -> str | None:
+    ) -> tuple[str, str] | None:
+        """None when the endpoint acknowledged ``message``; else the reason and its kind (one
+        of :data:`KINDS`): the relay logs each kind of an aggregate type on its own line, and
+        counts it under its name."""
         seconds = self.timeout.total_seconds()
         try:
             content, headers = self.request(message)
@@ -176,17 +184,29 @@ class HttpPublisher:
                 request = client.build_request("POST", url, content=content, headers=headers)
                 response = await client.send(request, stream=True)
         except TimeoutError:
-            return f"webhook to {url_origin(url)} gave no answer within {seconds:g} s"
+            return f"webhook to {url_origin(url)} gave no answer within {seconds:g} s", "timeout"
         except httpx.HTTPError as error:
-            return f"webhook to {url_origin(url)} failed: {short_error(error)}"
+            kind = (
+                "timeout"
+                if isinstance(error, httpx.TimeoutException)
+                else "unsendable"
+                if isinstance(error, httpx.LocalProtocolError | httpx.UnsupportedProtocol)
+                else "unreachable"
+            )
+            return f"webhook to {url_origin(url)} failed: {short_error(error)}", kind
         except httpx.InvalidURL:
             # Its message may quote the URL, credentials and all.
-            return f"webhook to {url_origin(url)} could not be sent: the URL is invalid"
+            return (
+                f"webhook to {url_origin(url)} could not be sent: the URL is invalid",
+                "unsendable",
+            )
         except ValueError as error:
             # A header that HTTP cannot carry (a value outside ASCII: UnicodeEncodeError): this
             # row can never be sent. Raised, it would fail every batch that holds the row,
             # without an attempt counted; refused, it is parked in the end like any refusal.
-            return f"webhook to {url_origin(url)} could not be sent: {short_error(error)}"
+            return f"webhook to {url_origin(url)} could not be sent: {short_error(error)}", (
+                "unsendable"
+            )
         await _discard(response, seconds)
         status = response.status_code
         if 200 <= status < 300:
@@ -202,8 +222,8 @@ class HttpPublisher:
             return (
                 f"webhook to {url_origin(url)} answered {status}, a redirect to {target}; the "
                 "publisher does not follow redirects: set its url to the address that answers"
-            )
-        return f"webhook to {url_origin(url)} answered {status}"
+            ), "redirected"
+        return f"webhook to {url_origin(url)} answered {status}", f"http_{status // 100}xx"
 
     async def close(self) -> None:
         client, self._client = self._client, None
