@@ -28,7 +28,7 @@ from pgonce.config import (
     TRANSACTION_POOLER,
     validate_pooler,
 )
-from pgonce.core.checks import check_connection
+from pgonce.core.checks import check_bool, check_connection
 from pgonce.core.fingerprint import FINGERPRINT_SIZE
 from pgonce.core.outcomes import (
     Claim,
@@ -643,6 +643,10 @@ class AsyncKeyStore:
         without the claim), and a ``conn.transaction()`` in the block is a savepoint.
         """
         wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        if commit is not False and commit is not True:
+            # A truthy "false" (a setting read as text) owned and committed the transaction the
+            # caller meant to join; a falsy one joined where it was meant to commit.
+            check_bool(commit, "once()'s commit")
         return AsyncOperation(
             self, conn, scope, key, fingerprint, commit=commit, wait_ms=wait_ms, now=now
         )
