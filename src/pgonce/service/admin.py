@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 
+from pgonce import sql as pgsql
 from pgonce.errors import DatabaseError
 from pgonce.extras import needs
 from pgonce.service.console.base import AdminAuth, respond
@@ -73,6 +74,7 @@ class Admin(OverviewPages, KeyPages, InboxPages, OutboxPages, HealthPages):
         self.inbox = AsyncInboxStore(schema=schema)
         self.outbox = AsyncOutboxStore(schema=schema)
         self.health = health
+        self.statement_timeout = pgsql.Queries("sweep", schema).statement_timeout
         self.stuck_after = stuck_after
         self.sources = sorted(sources or [])
         self.answered = answered

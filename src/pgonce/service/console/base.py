@@ -20,8 +20,10 @@ from pgonce.store._async.health import AsyncHealthCheck
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.store._async.inspect import AsyncInspector
 from pgonce.store._async.outbox import AsyncOutboxStore
+from pgonce.store.cursors import cursor
 
 with needs("server", "the pgonce service"):
+    from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, Response
@@ -34,6 +36,11 @@ MAX_SELECTED = 500
 #: A form is a few fields; anything longer is not one of ours.
 MAX_FORM = 64 * 1024
 STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
+#: The server's bound on each transaction's statements of a console page (SET LOCAL
+#: statement_timeout, which counts lock waits too), as for /readyz: a table locked by a migration
+#: answers 503 within it. Unbounded, each page held its pooled connection for as long as the lock
+#: lasted, and an open console polling /admin/live took the pool from the webhook deliveries.
+CONSOLE_STATEMENT_MS = 5000
 
 
 class AdminAuth:
@@ -124,6 +131,16 @@ class ConsoleBase:
     #: Webhook deliveries this process answered, as (source, outcome, count): duplicates are
     #: answers, not rows, so only the process counts them.
     answered: Callable[[], list[tuple[str, str, int]]]
+    #: The statement that sets statement_timeout for the rest of the transaction.
+    statement_timeout: bytes
+
+    async def _bounded(self, conn: AsyncConnection[Any]) -> None:
+        """Bound the statements of ``conn``'s transaction by :data:`CONSOLE_STATEMENT_MS`: the
+        first statement of each transaction a page runs (inside ``conn.transaction()`` where a
+        page writes, so that the block is the transaction and commits)."""
+        await cursor(conn).execute(
+            self.statement_timeout, {"timeout_ms": str(CONSOLE_STATEMENT_MS)}
+        )
 
     async def _form(self, request: Request) -> Form | Response:
         assert self.auth is not None

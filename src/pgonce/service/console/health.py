@@ -58,6 +58,7 @@ class HealthPages(ConsoleBase):
 
     async def health_page(self, request: Request) -> Response:
         async with self.pool.connection() as conn:
+            await self._bounded(conn)
             report = await self.health.check(conn)
             marks = await self.reader.sweep_marks(conn)
             await conn.rollback()

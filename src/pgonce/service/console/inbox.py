@@ -51,6 +51,7 @@ class InboxPages(ConsoleBase):
             except ValueError:
                 after = None
         async with self.pool.connection() as conn:
+            await self._bounded(conn)
             if event_id:
                 names = [source] if source else self.sources
                 found = await self.reader.event_by_id(conn, names, event_id)
@@ -153,6 +154,7 @@ class InboxPages(ConsoleBase):
         source = request.query_params.get("source", "")
         event_id = request.query_params.get("id", "")
         async with self.pool.connection() as conn:
+            await self._bounded(conn)
             found = await self.inspector.event(conn, source, event_id)
             await conn.rollback()
         if found is None:
@@ -231,6 +233,7 @@ class InboxPages(ConsoleBase):
             )
         replayed: list[str] = []
         async with self.pool.connection() as conn, conn.transaction():
+            await self._bounded(conn)
             if all_of:
                 replayed += await self.inbox.replay(conn, all_of)
             for source, ids in picked.items():

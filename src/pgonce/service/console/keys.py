@@ -37,6 +37,7 @@ class KeyPages(ConsoleBase):
             )
             return respond("Keys", form + note, here="/admin/keys")
         async with self.pool.connection() as conn:
+            await self._bounded(conn)
             found = await self.reader.keys(conn, scope, prefix, after=after, limit=PAGE + 1)
             exact = await self.reader.key(conn, scope, prefix) if prefix and not after else None
             await conn.rollback()
@@ -69,6 +70,7 @@ class KeyPages(ConsoleBase):
         scope = request.query_params.get("scope", "")
         key = request.query_params.get("key", "")
         async with self.pool.connection() as conn:
+            await self._bounded(conn)
             found = await self.reader.key(conn, scope, key)
             await conn.rollback()
         if found is None:

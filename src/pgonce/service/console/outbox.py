@@ -35,6 +35,7 @@ class OutboxPages(ConsoleBase):
         aggregateid = q.get("aggregateid") or None
         after = as_row_id(q.get("after"))
         async with self.pool.connection() as conn:
+            await self._bounded(conn)
             found = await self.reader.outbox(
                 conn,
                 state,
@@ -140,6 +141,7 @@ class OutboxPages(ConsoleBase):
         found: OutboxDetail | None = None
         if row_id is not None:
             async with self.pool.connection() as conn:
+                await self._bounded(conn)
                 found = await self.reader.outbox_row(conn, row_id)
                 await conn.rollback()
         if found is None:
@@ -199,6 +201,7 @@ class OutboxPages(ConsoleBase):
                 form,
             )
         async with self.pool.connection() as conn, conn.transaction():
+            await self._bounded(conn)
             if aggregatetype:
                 replayed = await self.outbox.replay(conn, aggregatetype=aggregatetype)
             else:

@@ -29,6 +29,7 @@ class OverviewPages(ConsoleBase):
 
     async def _counts(self) -> tuple[dict[str, int], list[SourceStatus]]:
         async with self.pool.connection() as conn:
+            await self._bounded(conn)
             backlog = await self.inspector.inbox_backlog(conn)
             outbox = await self.outbox.backlog(conn)
             await conn.rollback()
@@ -64,6 +65,7 @@ class OverviewPages(ConsoleBase):
         since = now - window.span
         rows: dict[str, list[tuple[Any, ...]]] = {}
         async with self.pool.connection() as conn:
+            await self._bounded(conn)
             for name in ("keys", "inbox", "inbox_backlog", "outbox", "outbox_backlog"):
                 rows[name] = await self.reader.series(conn, name, since, window.step, window.span)
             stuck = await self.inspector.stuck_claims(conn, self.stuck_after())
