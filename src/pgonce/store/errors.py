@@ -102,6 +102,15 @@ class translate_errors:  # named like the function it replaced: ``with translate
                 # psycopg dumping a str parameter (a scope, a key, an aggregate's id) that the
                 # connection's client_encoding cannot carry, or a lone surrogate.
                 raise UsageError(unencodable(self.what, error)) from error
+            if isinstance(error, UnicodeDecodeError):
+                # psycopg's json loaders read json and jsonb as UTF-8 whatever the connection's
+                # client_encoding, in which the server sends them: a stored response's headers
+                # with a character beyond ASCII, replayed on a LATIN1 connection.
+                raise UsageError(
+                    f"{self.what} failed: PostgreSQL sent JSON in the connection's "
+                    f"client_encoding, which is not UTF-8, and psycopg reads JSON as UTF-8 "
+                    f"({error.reason} at byte {error.start}): connect with client_encoding UTF8"
+                ) from error
             return
         what = self.what
         if isinstance(error, _MISSING_OBJECT):
