@@ -804,6 +804,10 @@ class AsyncPhasedOperation(Generic[Row]):
         except LeaseLost:
             raise
         except Exception as error:
+            if self.released or self.stored:
+                # The work freed its key or stored its answer itself: no lease is left to end,
+                # and its error is the one to see.
+                raise
             if _in_transaction(self._conn):
                 # The work used the connection outside its phases and left a transaction of
                 # its own open: an end of lease there would commit with it or not at all.
