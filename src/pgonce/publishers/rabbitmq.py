@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable, ConfigError
@@ -181,6 +181,17 @@ class RabbitMQPublisher:
             raise BrokerUnavailable(
                 f"RabbitMQ has no exchange named {self.exchange_name!r}: declare it, or set "
                 "[outbox] declare = true to let pgonce declare it"
+            ) from error
+        except aiormq.exceptions.InvalidFrameError as error:
+            await self.close()
+            if "Connection.OpenOk" not in str(error) or "Connection.Close" not in str(error):
+                raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
+            # The broker's answer to opening the virtual host was to close the connection;
+            # aiormq keeps only the frame's repr, not the broker's reason.
+            vhost = unquote(urlsplit(self.url).path[1:]) or "/"
+            raise BrokerUnavailable(
+                f"RabbitMQ refused to open the virtual host {vhost!r}: it does not exist, or the "
+                "user may not use it; check the URL's path and the user's permissions"
             ) from error
         except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
             await self.close()
