@@ -211,10 +211,16 @@ class NatsPublisher:
 
     async def _open(self) -> _Connection:
         connection: _Connection | None = None
+        #: What nats-py last reported: its NoServersError, raised in the end, says no more.
+        reported: list[Exception] = []
 
         async def closed() -> None:
             if connection is not None:
                 connection.abandon()
+
+        async def on_error(error: Exception) -> None:
+            reported[:] = [error]
+            await _log_error(error)
 
         try:
             # No background reconnect: a lost connection must surface as unsettled messages now,
@@ -226,11 +232,15 @@ class NatsPublisher:
                 max_reconnect_attempts=1,
                 reconnect_time_wait=0,
                 connect_timeout=5,
-                error_cb=_log_error,
+                error_cb=on_error,
                 disconnected_cb=closed,
                 closed_cb=closed,
             )
         except (OSError, TimeoutError, nats.errors.Error) as error:
+            if isinstance(error, nats.errors.NoServersError) and reported:
+                raise BrokerUnavailable(
+                    f"NATS: no server could be reached ({short_error(reported[0])})"
+                ) from error
             raise BrokerUnavailable(f"NATS: {short_error(error)}") from error
         connection = _Connection(client, client.new_inbox())
         try:
