@@ -190,6 +190,11 @@ class AsyncCallback:
     """The result of a caller's work for the async store: it must be awaitable."""
 
     @staticmethod
+    def check(work: object, what: str) -> None:
+        """Nothing to refuse before the call: a plain function that returns an awaitable (a
+        lambda, a wrapper) is as good as a coroutine function, so only its result tells."""
+
+    @staticmethod
     async def result(value: Awaitable[Value], what: str) -> Value:
         if not inspect.isawaitable(value):
             raise UsageError(
@@ -201,6 +206,17 @@ class AsyncCallback:
 
 class Callback:
     """The result of a caller's work for the sync store: it must not be awaitable."""
+
+    @staticmethod
+    def check(work: object, what: str) -> None:
+        """Refuse a coroutine function before anything is taken over, written or called: its
+        result (never awaited) would fail only once the work was due, a call then counting as
+        made and a completer's request as failed, until the completer retired it."""
+        if inspect.iscoroutinefunction(work):
+            raise UsageError(
+                f"{what} is a coroutine function (async def), which would have returned an "
+                "awaitable: the sync store takes a plain function; use AsyncPhaseStore for it"
+            )
 
     @staticmethod
     def result(value: Value, what: str) -> Value:

@@ -940,6 +940,7 @@ def _check_work(work: object, what: str, argument: str) -> None:
     would otherwise count as called (its key then never released) and fail as a TypeError."""
     if not callable(work):
         raise UsageError(f"{what} must be a function that takes {argument}, not {describe(work)}")
+    AsyncCallback.check(work, what)
 
 
 def _check_not_ended(conn: AsyncConnection[Any], work: str, transaction: str) -> None:

@@ -928,6 +928,7 @@ def _check_work(work: object, what: str, argument: str) -> None:
     would otherwise count as called (its key then never released) and fail as a TypeError."""
     if not callable(work):
         raise UsageError(f"{what} must be a function that takes {argument}, not {describe(work)}")
+    Callback.check(work, what)
 
 
 def _check_not_ended(conn: Connection[Any], work: str, transaction: str) -> None:
