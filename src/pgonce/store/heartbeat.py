@@ -15,7 +15,7 @@ for the ``_sync`` file generated from it, which names :class:`Heartbeat` where t
   and the next beat tries again: the lease lasts several beats, and a holder that cannot renew for
   a whole lease is fenced by its token anyway. The first failure of a run of them is logged as a
   warning that says so, the others at debug level, and the renewal that ends the run once more
-  (or, when the call ends first, the heartbeat's stop).
+  (or the takeover a renewal found, or, when the call ends first, the heartbeat's stop).
 - A renewal that raises :class:`~pgonce.errors.UsageError` (a ``clock`` that gives a naive
   datetime) is a broken contract, not an outage: it ends the heartbeat and is kept in
   :attr:`error`, for the call to raise once its work returns.
@@ -67,6 +67,14 @@ class _Beats:
         renewal was misused and would fail the same way every time)."""
         if isinstance(error, LeaseLost):
             self.lost = True
+            if self._failed_in_a_row:
+                # The run's first warning said the key stays this holder's: it did not.
+                log.warning(
+                    "a lease's heartbeat found the key taken over after %d failed renewals in a "
+                    "row: the call's value is not recorded",
+                    self._failed_in_a_row,
+                )
+                self._failed_in_a_row = 0
             return True
         if isinstance(error, UsageError):
             log.error(
