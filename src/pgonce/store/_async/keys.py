@@ -786,6 +786,10 @@ class AsyncOperation(Generic[Row]):
                     "before it raised): roll it back (conn.rollback(), or leave its "
                     "conn.transaction() block) and claim in a new one"
                 )
+            if status == _ACTIVE and conn.pgconn.pipeline_status == _PIPELINE_OFF:
+                # A statement under way outside the pipeline: a COPY block in progress, whose
+                # lock on the connection psycopg's savepoint would wait for, for ever.
+                raise UsageError(_BUSY)
             if conn.autocommit and status == _ACTIVE and outside_blocks(conn):
                 # An autocommit pipeline outside conn.transaction(): psycopg's savepoint would
                 # be a transaction of its own, committing the claim apart from the caller.
@@ -949,6 +953,12 @@ _ENDED_BEFORE_COMMIT = (
     "in flight until its key expires"
 )
 _CLAIM_TYPES = (Won, Replay, InFlight)
+# What once() on a connection busy with a statement outside psycopg's pipeline is told.
+_BUSY = (
+    "once() was given a connection that is running a statement: a COPY block (cur.copy()) in "
+    "progress, or another thread's statement; inside a COPY block the claim would wait for the "
+    "connection for ever. Claim before or after the COPY block, on a connection of this thread"
+)
 # What a joined once() on an autocommit connection in psycopg's pipeline, outside
 # conn.transaction(), is told: not to pass commit=True, which that pipeline refuses too.
 _PIPELINE_OUTSIDE = (
