@@ -12,6 +12,9 @@
 -- reads it as in flight) and its lease, in one statement. No row back: the key exists, and
 -- take_over decides. The wait for a concurrent claim's open transaction is bounded as in
 -- keys.claim_insert; the transaction is pgonce's own, so the setting is not restored.
+-- A lease row already there when the keys row was just made is the past of a key that is gone
+-- (released by the key store, deleted by hand): it is replaced, with a token above its holder's,
+-- whose writes then find no row of theirs.
 WITH claimed AS (
     INSERT INTO {schema}.keys (scope, key, fingerprint, claimed_at)
     SELECT %(scope)s, %(key)s, %(fingerprint)s, wait.at
@@ -25,6 +28,10 @@ INSERT INTO {schema}.key_leases (scope, key, token, locked_until, operation, arg
 SELECT c.scope, c.key, nextval('{schema}.key_lease_tokens'),
        c.claimed_at + %(lease)s::interval, %(operation)s, %(args)s, NULL, %(state)s, 1
   FROM claimed AS c
+ON CONFLICT (scope, key) DO UPDATE
+   SET token = excluded.token, locked_until = excluded.locked_until,
+       operation = excluded.operation, args = excluded.args, point = NULL,
+       state = excluded.state, attempts = 1, last_error = NULL
 RETURNING token, (SELECT claimed_at FROM claimed)
 
 -- name: take_over
