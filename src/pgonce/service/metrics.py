@@ -171,6 +171,13 @@ class ServiceMetrics:
             ["outcome"],
             registry=r,
         )
+        self.completer_failures = Counter(
+            "pgonce_completer_failures",
+            "Completer passes that failed (each tried again at the next tick), by reason (the "
+            "exception's class: DatabaseUnavailable, PoolTimeout, ...)",
+            ["reason"],
+            registry=r,
+        )
         self.stuck_phases = Gauge(
             "pgonce_health_stuck_phases",
             "Two-phase requests whose lease ran out longer than the stuck threshold ago, by the "
@@ -331,6 +338,9 @@ class ServiceMetrics:
     def record_completer(self, done: CompleterPass) -> None:
         for outcome in ("finished", "failed", "retired"):
             self.completer.labels(outcome).inc(getattr(done, outcome))
+
+    def record_completer_failure(self, error: Exception) -> None:
+        self.completer_failures.labels(type(error).__name__).inc()
 
     def answered(self) -> list[tuple[str, str, int]]:
         """Webhook deliveries answered since the process started: (source, outcome, count)."""

@@ -252,6 +252,7 @@ async def run(
                         max_age=completer.max_age,
                         retire_after=completer.retire_after,
                         on_run=metrics.record_completer,
+                        on_failure=metrics.record_completer_failure,
                     ),
                     name="completer",
                 )

@@ -390,14 +390,16 @@ def complete_every(
     max_age: timedelta | None = DEFAULT_COMPLETE_MAX_AGE,
     retire_after: int = DEFAULT_RETIRE_AFTER,
     on_run: Callable[[CompleterPass], None] | None = None,
+    on_failure: Callable[[Exception], None] | None = None,
 ) -> None:
     """The in-process completer: a pass now, then one every ``every``, until ``stop`` is set.
 
     A pass takes a connection from ``pool`` and gives it back when done. A pass that fails on
     the database (or finds the pool busy for its whole timeout) is tried again at the next tick:
     the first failure of a run of them is logged as a warning, the others at debug level, and
-    the pass that succeeds again once more. A request whose work fails is logged once per
-    failure, and its lease ended so that the next pass resumes it.
+    the pass that succeeds again once more; ``on_failure`` is called with each failed pass's
+    error (metrics). A request whose work fails is logged once per failure, and its lease ended
+    so that the next pass resumes it.
     """
     # All before the first pass: with the database away at the start, a pass fails as an outage
     # and is retried, and a wrong argument would surface only once the database came back.
@@ -410,6 +412,10 @@ def complete_every(
     if on_run is not None and not callable(on_run):
         raise UsageError(
             f"on_run must be a function that takes the pass's result, not {describe(on_run)}"
+        )
+    if on_failure is not None and not callable(on_failure):
+        raise UsageError(
+            f"on_failure must be a function that takes the pass's error, not {describe(on_failure)}"
         )
     failed_in_a_row = 0
     while not stop.is_set():
@@ -429,6 +435,8 @@ def complete_every(
                 )
             else:
                 log.debug("completer pass failed again (%d in a row): %s", failed_in_a_row, error)
+            if on_failure is not None:
+                on_failure(error)
         else:
             if failed_in_a_row:
                 log.info("completer pass succeeded again after %d failures", failed_in_a_row)
