@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
@@ -127,6 +128,7 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
     from pgonce.service import logs, runner
     from pgonce.service.runner import PARTS
 
+    keep_running_on_sighup()
     parts = tuple(parts)
     config = service_config(args)
     refuse_idle(config, parts)
@@ -152,9 +154,10 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
             try:
                 asyncio.run(runner.run(config, db.dsn, parts=parts, on_ready=on_ready))
             finally:
-                # The loop's handler is gone with it: a SIGTERM while the embedded server stops
-                # must still unwind, not leave it running.
+                # The loop's handlers are gone with it (SIGHUP's back to its default): a signal
+                # while the embedded server stops must still unwind, or change nothing.
                 stop_on_sigterm()
+                keep_running_on_sighup()
     except KeyboardInterrupt:
         # SIGTERM or SIGINT before the service was up (starting the embedded server, migrating):
         # a stop asked for, as once it is up; what the start opened is closed by now, and a
@@ -163,6 +166,23 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
         return 0
     say("pgonce: stopped")
     return 0
+
+
+def keep_running_on_sighup() -> None:
+    """Log SIGHUP and go on, from the start: as the running service does (the configuration is
+    read once, at start), while the embedded server starts and the start migrates too.
+
+    Its default ends the process on the spot: a reload asked the way other servers take it,
+    before the service was up, killed the start and left the embedded PostgreSQL running.
+    """
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, _hangup)
+
+
+def _hangup(signum: int, frame: object) -> None:
+    from pgonce.service.runner import _hangup as said
+
+    said()
 
 
 #: How long the start waits for the migration lock that another runner (``pgonce migrate``, a
