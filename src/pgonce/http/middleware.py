@@ -454,7 +454,10 @@ class IdempotencyMiddleware:
         try:
             await self.app(app_scope, replay_body, capture)
         except BaseException as error:
-            if captured.answered:  # Starlette's error handler answers, then raises
+            # Starlette's error handler answers, then raises: its error answer goes out. A
+            # success answered before the raise (a background task that failed after the
+            # response) does not: nothing of the request commits, so the server's 500 does.
+            if captured.answered and captured.error_status:
                 await _forward(send, captured, [])
             captured.failed = error
         return captured
@@ -523,6 +526,11 @@ class _Captured(CapturedResponse):
     """A captured response, and the exception the application raised instead, if it did."""
 
     failed: BaseException | None = None
+
+    @property
+    def error_status(self) -> bool:
+        """Whether the status says the request failed (4xx or 5xx)."""
+        return self.status is not None and self.status >= 400
 
 
 def _request_headers(
