@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, MutableMapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 
@@ -76,6 +76,18 @@ DEFAULT_FLUSHERS = 2
 
 #: What a delivery that could not be stored (database down) is told: retry after this many seconds.
 RETRY_AFTER_SECONDS = 5
+
+#: The longest a batch's statement waits for a lock (PostgreSQL's lock_timeout, local to its
+#: transaction). A delivery waits for nothing but another transaction inserting the same event, a
+#: batch that commits in milliseconds; a wait of seconds is a table lock held by someone else (a
+#: LOCK TABLE, an ALTER TABLE, a VACUUM FULL). Without a bound, each delivery waited as long as
+#: that lock lasted, holding a pool connection, until the pool was exhausted and every source
+#: waited; bounded, it is answered 503 with Retry-After well within a provider's own timeout
+#: (GitHub's is 10 s), and the provider's retry is stored once the lock is gone.
+STORE_LOCK_TIMEOUT = timedelta(seconds=5)
+
+#: Sent in the same pipeline as the transaction's BEGIN and the store: no round trip of its own.
+_BOUND_LOCK_WAIT = "SELECT set_config('lock_timeout', %s, true)"
 
 
 def _utcnow() -> datetime:
@@ -342,7 +354,9 @@ class InboxReceiver:
         self, batch: list[tuple[Delivery, asyncio.Future[StoreOutcome]]]
     ) -> None:
         try:
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
+                bound = f"{int(STORE_LOCK_TIMEOUT.total_seconds() * 1000)}ms"
+                await conn.execute(_BOUND_LOCK_WAIT, (bound,))
                 outcomes = await self.store.store(conn, [d for d, _ in batch])
         except DatabaseUnavailable as error:
             _settle(batch, error=error)
