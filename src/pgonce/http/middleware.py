@@ -450,9 +450,15 @@ class IdempotencyMiddleware:
                 captured.headers = list(message.get("headers", ()))
             elif message["type"] == "http.response.body":
                 captured.add(message.get("body", b""), message.get("more_body", False))
+                if captured.too_large:
+                    # Its answer is decided (the 500 problem): stop the application, whose
+                    # stream may never end, rather than read the rest of it.
+                    raise _ResponseTooLarge
 
         try:
             await self.app(app_scope, replay_body, capture)
+        except _ResponseTooLarge:
+            pass
         except BaseException as error:
             # Starlette's error handler answers, then raises: its error answer goes out. A
             # success answered before the raise (a background task that failed after the
@@ -519,6 +525,11 @@ def _app_scope(scope: Scope, name: str, value: object) -> Scope:
             k: v for k, v in extensions.items() if k not in _BYPASSING_EXTENSIONS
         }
     return app_scope
+
+
+class _ResponseTooLarge(Exception):
+    """Raised to the application from ``send`` once its response exceeds
+    ``max_response_bytes``."""
 
 
 @dataclass(slots=True)
