@@ -130,12 +130,13 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
 
     keep_running_on_sighup()
     parts = tuple(parts)
-    config = service_config(args)
-    refuse_idle(config, parts)
-    if "http" in parts:
-        refuse_unbindable(args, config)
-    logs.configure(config.log_format, level=logging.DEBUG if args.verbose else logging.INFO)
     try:
+        # Loading imports the sources' handlers, which for a large application takes seconds.
+        config = service_config(args)
+        refuse_idle(config, parts)
+        if "http" in parts:
+            refuse_unbindable(args, config)
+        logs.configure(config.log_format, level=logging.DEBUG if args.verbose else logging.INFO)
         with announced_database(config.settings, then=f"configuration from {config.origin}") as db:
             if set(parts) != set(PARTS):
                 # worker and relay run beside a service that owns the schema: never create one.
@@ -159,9 +160,9 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
                 stop_on_sigterm()
                 keep_running_on_sighup()
     except KeyboardInterrupt:
-        # SIGTERM or SIGINT before the service was up (starting the embedded server, migrating):
-        # a stop asked for, as once it is up; what the start opened is closed by now, and a
-        # migration under way rolled back (each runs in its own transaction).
+        # SIGTERM or SIGINT before the service was up (loading the configuration, starting the
+        # embedded server, migrating): a stop asked for, as once it is up; what the start opened
+        # is closed by now, and a migration under way rolled back (each in its own transaction).
         say("pgonce: stopped before the service was up")
         return 0
     say("pgonce: stopped")
