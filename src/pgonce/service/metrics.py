@@ -109,6 +109,14 @@ class ServiceMetrics:
             ["source", "reason"],
             registry=r,
         )
+        self.worker_failures = Counter(
+            "pgonce_inbox_worker_failures",
+            "Failures of the inbox workers' loops (each tried again on a new connection after a "
+            "pause), by connection (worker: a claim loop's; listen: LISTEN's, polling meanwhile) "
+            "and reason (the exception's class: DatabaseUnavailable, OperationalError, ...)",
+            ["connection", "reason"],
+            registry=r,
+        )
         self.batch_seconds = Histogram(
             "pgonce_inbox_batch_seconds",
             "Inbox worker batches: claim, handlers and the commit that marks the events done",
@@ -321,6 +329,9 @@ class ServiceMetrics:
 
     def record_handler_failure(self, source: str, reason: str) -> None:
         self.handler_failures.labels(source, reason).inc()
+
+    def record_worker_failure(self, connection: str, error: Exception) -> None:
+        self.worker_failures.labels(connection, type(error).__name__).inc()
 
     def record_sweep(self, result: SweepResult) -> None:
         for swept in result.targets:

@@ -220,6 +220,7 @@ async def run(
                 connect_kwargs=connect,
                 on_batch=metrics.record_batch,
                 on_failure=metrics.record_handler_failure,
+                on_connection_failure=metrics.record_worker_failure,
             )
             tasks.append(asyncio.create_task(worker.run(stop), name="inbox-workers"))
         for relay in relays:

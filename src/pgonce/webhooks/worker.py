@@ -131,6 +131,45 @@ class HandlerNotAsync(UsageError):
         )
 
 
+class _Outage:
+    """A run of failures of one of the worker's connections: its first failure is logged with
+    what happens next, the others at debug level, its end once; each is counted (metrics).
+    The claim loops share one, so an outage is one line however many loops run."""
+
+    def __init__(
+        self,
+        connection: str,
+        what: str,
+        next_step: str,
+        back: str,
+        on_failure: Callable[[str, Exception], None] | None,
+    ) -> None:
+        self.connection = connection
+        self.what = what
+        self.next_step = next_step
+        self.back = back
+        self.on_failure = on_failure
+        self.failures = 0
+
+    def failed(
+        self, error: Exception, what: str | None = None, level: int = logging.WARNING
+    ) -> None:
+        """``what`` failed (default: the connection's own words), logged at ``level``."""
+        what = what or self.what
+        self.failures += 1
+        if self.failures == 1:
+            log.log(level, "%s (%s: %s); %s", what, type(error).__name__, error, self.next_step)
+        else:
+            log.debug("%s (%d failures in a row): %s", what, self.failures, error)
+        if self.on_failure is not None:
+            self.on_failure(self.connection, error)
+
+    def ended(self) -> None:
+        if self.failures:
+            log.info("%s after %d failures", self.back, self.failures)
+            self.failures = 0
+
+
 class _HandlerFailed(Exception):
     """Carries a handler's failure out of a batch transaction, rolling the batch back."""
 
@@ -188,6 +227,7 @@ class InboxWorker:
         clock: Callable[[], datetime] = _utcnow,
         on_batch: Callable[[BatchResult, float], None] | None = None,
         on_failure: Callable[[str, str], None] | None = None,
+        on_connection_failure: Callable[[str, Exception], None] | None = None,
     ) -> None:
         check_int(batch_size, "batch_size")
         check_int(concurrency, "concurrency")
@@ -216,6 +256,9 @@ class InboxWorker:
         #: Called for every failed handler run with its source and reason (the exception's
         #: class name), for metrics.
         self.on_failure = on_failure
+        #: Called for every failure of a connection of the worker, with the connection
+        #: ("worker": the claim loops', "listen": LISTEN's) and the error, for metrics.
+        self.on_connection_failure = on_connection_failure
         #: Holds back repeated reports of one failure: per (source, reason).
         self.throttle = Throttle()
         self._names = sorted(self.sources)
@@ -493,6 +536,22 @@ class InboxWorker:
         """Process events until ``stop`` is set; then let in-flight batches finish (or roll back
         after ``shutdown_timeout``) and return."""
         wakes = [asyncio.Event() for _ in range(self.concurrency)]
+        delay = f"{RECONNECT_DELAY.total_seconds():g} s"
+        self._loop_outage = _Outage(
+            "worker",
+            "inbox worker lost the database",
+            f"it reconnects every {delay}, and says so when a batch runs again",
+            "inbox worker runs batches again",
+            self.on_connection_failure,
+        )
+        self._listen_outage = _Outage(
+            "listen",
+            "inbox LISTEN connection failed",
+            f"the workers poll every {self.poll_interval.total_seconds():g} s meanwhile, and it "
+            f"reconnects every {delay}",
+            "inbox LISTEN connection is back",
+            self.on_connection_failure,
+        )
         tasks = [asyncio.create_task(self._loop(stop, wake)) for wake in wakes]
         if self.listen:
             tasks.append(asyncio.create_task(self._listen(stop, wakes)))
@@ -526,22 +585,23 @@ class InboxWorker:
                     if self.on_batch is not None and result.claimed:
                         self.on_batch(result, time.perf_counter() - started)
                 except (DatabaseUnavailable, psycopg.OperationalError) as error:
-                    log.warning("inbox worker lost the database: %s; reconnecting", error)
+                    self._loop_outage.failed(error)
                     await _close(conn)
                     conn = None
                     await _wait(stop, None, RECONNECT_DELAY)
                     continue
                 except PgonceError as error:
-                    log.error("inbox worker batch failed: %s", error)
+                    self._loop_outage.failed(error, "inbox worker batch failed", logging.ERROR)
                     await _close(conn)
                     conn = None
                     await _wait(stop, None, RECONNECT_DELAY)
                     continue
+                self._loop_outage.ended()
                 if result.claimed < self.batch_size:
                     try:
                         await self._wait_for_events(conn, stop, wake, name)
                     except (PgonceError, psycopg.OperationalError) as error:
-                        log.warning("inbox worker: waiting failed: %s; reconnecting", error)
+                        self._loop_outage.failed(error)
                         await _close(conn)
                         conn = None
                         await _wait(stop, None, RECONNECT_DELAY)
@@ -590,6 +650,7 @@ class InboxWorker:
                 conn = await self._connect(self.listen_dsn, autocommit=True)
                 async with conn:
                     await self.store.listen(conn)
+                    self._listen_outage.ended()
                     for wake in wakes:  # whatever was stored while nobody listened
                         wake.set()
                     while not stop.is_set():
@@ -597,7 +658,7 @@ class InboxWorker:
                             for wake in wakes:
                                 wake.set()
             except (PgonceError, psycopg.Error, OSError) as error:
-                log.warning("inbox LISTEN connection failed: %s; polling until it is back", error)
+                self._listen_outage.failed(error)
                 await _wait(stop, None, RECONNECT_DELAY)
 
     async def _connect(self, dsn: str, *, autocommit: bool) -> AsyncConnection[Any]:
