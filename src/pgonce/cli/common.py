@@ -75,8 +75,8 @@ def sigterm_deferred() -> Iterator[None]:
 
 
 def stop_on_sigterm() -> None:
-    """Make SIGTERM raise :class:`Terminated` in the main thread instead of ending the process
-    on the spot.
+    """Make SIGTERM (and SIGHUP) raise :class:`Terminated` in the main thread instead of ending
+    the process on the spot.
 
     Killed on the spot, a command leaves behind what it started: the embedded PostgreSQL (it
     kept running, holding the data folder, after a ``docker stop`` during ``pgonce serve``'s
@@ -88,6 +88,11 @@ def stop_on_sigterm() -> None:
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)
+        if hasattr(signal, "SIGHUP"):
+            # A hang-up (the terminal or SSH session closed) asks for the same: its default
+            # ended the command on the spot, the embedded server it had started left running.
+            # The services log it instead (see pgonce.cli.serve.keep_running_on_sighup).
+            signal.signal(signal.SIGHUP, _terminated)
 
 
 #: The options of add_database_options(), by their names in Settings.
