@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
 from contextlib import AbstractAsyncContextManager
@@ -83,7 +84,7 @@ from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
 from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
 
 with needs("asgi", "the Idempotency-Key middleware"):
-    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+    from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 
 Scope = MutableMapping[str, Any]
@@ -330,8 +331,9 @@ class IdempotencyMiddleware:
         except KeyMismatch:
             await _send(send, semantics.MISMATCH)
             return
-        except _UNAVAILABLE:
+        except _UNAVAILABLE as error:
             # Before the endpoint began: the claim (or the pool) could not reach the database.
+            _log_pool_closed(error)
             await _send(send, semantics.unavailable(self.store.retry_after))
             return
         # After the commit (or the rollback): the client never sees an answer that did not
@@ -395,7 +397,8 @@ class IdempotencyMiddleware:
             # new holder's, which this client gets by retrying.
             await _send(send, semantics.in_flight(InFlight(self.phases.retry_after, "leased")))
             return
-        except _UNAVAILABLE:
+        except _UNAVAILABLE as error:
+            _log_pool_closed(error)
             await _send(send, semantics.unavailable(self.phases.retry_after))
             return
         except Exception as error:
@@ -525,6 +528,22 @@ def _app_scope(scope: Scope, name: str, value: object) -> Scope:
             k: v for k, v in extensions.items() if k not in _BYPASSING_EXTENSIONS
         }
     return app_scope
+
+
+_log = logging.getLogger("pgonce.http")
+
+
+def _log_pool_closed(error: BaseException) -> None:
+    """Name a pool that is not open (never opened, or closed while the server still serves):
+    not an outage that ends by itself, so the 503 it answers must not be the only trace."""
+    if isinstance(error, PoolClosed):
+        _log.error(
+            "idempotent request answered 503: the middleware's connection pool is not open "
+            "(%s). Open it before the server serves requests, e.g. in the application's "
+            "lifespan (the lifespan of an application mounted in another does not run), and "
+            "close it only after",
+            error,
+        )
 
 
 class _ResponseTooLarge(Exception):
