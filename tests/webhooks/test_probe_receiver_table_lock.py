@@ -55,3 +55,24 @@ async def test_a_locked_inbox_is_answered_503_within_the_bound(
     assert [(r.status_code, r.json()["outcome"]) for r in retries] == [(200, "stored")] * 6
     with psycopg.connect(dsn) as conn:
         assert conn.execute(f"SELECT count(*) FROM {SCHEMA}.inbox").fetchone() == (6,)
+
+
+def without_pipeline(self: object, check: bool = False) -> bool:
+    """psycopg's answer on a libpq before 14, which has no pipeline mode."""
+    if check:
+        raise psycopg.NotSupportedError("Connection.pipeline() requires libpq 14.0 or greater")
+    return False
+
+
+async def test_a_libpq_without_pipeline_mode_stores_deliveries(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(type(psycopg.capabilities), "has_pipeline", without_pipeline)
+    receiver = InboxReceiver([source()], dsn=dsn, schema=SCHEMA)
+    with serve(receiver) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            body, headers = delivery(1)
+            first = await client.post("/webhooks/shop", content=body, headers=headers)
+            again = await client.post("/webhooks/shop", content=body, headers=headers)
+    assert (first.status_code, first.json()["outcome"]) == (200, "stored"), first.text
+    assert (again.status_code, again.json()["outcome"]) == (200, "duplicate"), again.text

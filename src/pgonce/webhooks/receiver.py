@@ -26,6 +26,8 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 
+from psycopg import AsyncPipeline
+
 from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
 from pgonce.core.checks import check_int, check_str, describe
 from pgonce.core.inbox import (
@@ -354,10 +356,17 @@ class InboxReceiver:
         self, batch: list[tuple[Delivery, asyncio.Future[StoreOutcome]]]
     ) -> None:
         try:
-            async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
-                bound = f"{int(STORE_LOCK_TIMEOUT.total_seconds() * 1000)}ms"
-                await conn.execute(_BOUND_LOCK_WAIT, (bound,))
-                outcomes = await self.store.store(conn, [d for d, _ in batch])
+            async with self.pool.connection() as conn:
+                if not AsyncPipeline.is_supported():
+                    # A libpq before 14 has no pipeline (conn.pipeline() raises): the bound
+                    # would cost a round trip of its own, so it goes without.
+                    async with conn.transaction():
+                        outcomes = await self.store.store(conn, [d for d, _ in batch])
+                else:
+                    async with conn.pipeline(), conn.transaction():
+                        bound = f"{int(STORE_LOCK_TIMEOUT.total_seconds() * 1000)}ms"
+                        await conn.execute(_BOUND_LOCK_WAIT, (bound,))
+                        outcomes = await self.store.store(conn, [d for d, _ in batch])
         except DatabaseUnavailable as error:
             _settle(batch, error=error)
         except PgonceError as error:
