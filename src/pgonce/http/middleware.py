@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
@@ -232,7 +233,7 @@ class IdempotencyMiddleware:
             return
         caller = self.key_scope(scope)
         if caller is not None and not isinstance(caller, str):
-            caller = await caller  # an async key scope
+            caller = await _awaited_scope(caller)  # an async key scope
         if caller is None:
             await self._unscoped(scope, receive, send)
             return
@@ -531,6 +532,19 @@ def _app_scope(scope: Scope, name: str, value: object) -> Scope:
 
 
 _log = logging.getLogger("pgonce.http")
+
+
+async def _awaited_scope(value: object) -> str | None:
+    """What an async key scope named; a :class:`UsageError` for anything but text or None
+    (a tenant's number, say), rather than a TypeError from ``await`` or the key store."""
+    if inspect.isawaitable(value):
+        value = await value
+        if value is None or isinstance(value, str):
+            return value
+    raise UsageError(
+        f"key_scope returned {type(value).__name__}: it must return the caller's scope as a "
+        "str, or None to leave the request alone (or an awaitable of either)"
+    )
 
 
 def _log_pool_closed(error: BaseException) -> None:
