@@ -88,10 +88,11 @@ def stop_on_sigterm() -> None:
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)
-        if hasattr(signal, "SIGHUP"):
+        if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
             # A hang-up (the terminal or SSH session closed) asks for the same: its default
             # ended the command on the spot, the embedded server it had started left running.
-            # The services log it instead (see pgonce.cli.serve.keep_running_on_sighup).
+            # Ignored (nohup), it stays ignored. The services log it instead (see
+            # pgonce.cli.serve.keep_running_on_sighup).
             signal.signal(signal.SIGHUP, _terminated)
 
 
