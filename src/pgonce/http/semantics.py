@@ -462,6 +462,18 @@ class IdempotencyRules:
         retention: timedelta = DEFAULT_RETENTION,
         two_phase: Collection[str] = (),
     ) -> None:
+        # One name where a collection of them is meant would be split into its letters, and
+        # leave every route unprotected (or make every path two-phase) without a word.
+        for what, value in (
+            ("methods", methods),
+            ("two_phase", two_phase),
+            *((f"routes[{prefix!r}]", ms) for prefix, ms in (routes or {}).items()),
+        ):
+            if isinstance(value, str | bytes):
+                raise UsageError(
+                    f"{what} must be a collection of names, not the str {value!r}: "
+                    f"write [{value!r}]"
+                )
         self.methods = frozenset(m.upper() for m in methods)
         #: Path prefixes served in two-phase mode (the endpoint calls a third party and answers
         #: with its result: pgonce.phases), longest first; every other path: one transaction.
