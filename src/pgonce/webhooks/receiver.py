@@ -79,6 +79,12 @@ DEFAULT_FLUSHERS = 2
 #: What a delivery that could not be stored (database down) is told: retry after this many seconds.
 RETRY_AFTER_SECONDS = 5
 
+#: How long a delivery waits for a connection of the receiver's own pool (``dsn=``): well within
+#: a provider's own timeout (GitHub's is 10 s), so that a database that is down is answered 503
+#: with Retry-After rather than cut by the provider after psycopg_pool's default 30 s. A pool the
+#: caller hands in keeps its own timeout (the service's comes from ``[pool]``).
+OWN_POOL_TIMEOUT = timedelta(seconds=5)
+
 #: The longest a batch's statement waits for a lock (PostgreSQL's lock_timeout, local to its
 #: transaction). A delivery waits for nothing but another transaction inserting the same event, a
 #: batch that commits in milliseconds; a wait of seconds is a table lock held by someone else (a
@@ -146,6 +152,7 @@ class InboxReceiver:
             kwargs=own_connect_kwargs(),
             open=False,
             name="pgonce-inbox-receiver",
+            timeout=OWN_POOL_TIMEOUT.total_seconds(),
         )
         self._max_batch = max_batch
         self._max_flushers = flushers
