@@ -41,7 +41,7 @@ def _cut(server_dsn: str, name: str) -> None:
 @pytest.fixture
 def down(direct_dsn: str, server_dsn: str, tmp_path: Path) -> Iterator[Service]:
     running = start(direct_dsn, tmp_path, DOWN_CONFIG)
-    name = psycopg.conninfo.conninfo_to_dict(direct_dsn)["dbname"]
+    name = str(psycopg.conninfo.conninfo_to_dict(direct_dsn)["dbname"])
     try:
         _cut(server_dsn, name)
         yield running
