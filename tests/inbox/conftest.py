@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import pytest
@@ -79,11 +79,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(app: Any) -> Iterator[str]:
-    """Run ``app`` in a real uvicorn server (its own thread and event loop, lifespan on) on a free
-    loopback port; yield its base URL."""
+def serve(app: Any, lifespan: Literal["on", "off"] = "on") -> Iterator[str]:
+    """Run ``app`` in a real uvicorn server (its own thread and event loop, lifespan on unless
+    ``lifespan="off"``) on a free loopback port; yield its base URL."""
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="on", loop="asyncio"
+        app,
+        host="127.0.0.1",
+        port=free_port(),
+        log_level="warning",
+        lifespan=lifespan,
+        loop="asyncio",
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import httpx
-import uvicorn
 
 from pgonce.webhooks.receiver import OWN_POOL_TIMEOUT, InboxReceiver
-from tests.inbox.conftest import SCHEMA, free_port, hmac_scheme, source
+from tests.inbox.conftest import SCHEMA, hmac_scheme, serve, source
 
 
 def closed_port() -> int:
@@ -27,30 +22,12 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextmanager
-def serve_without_lifespan(app: Any) -> Iterator[str]:
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive(), "the uvicorn server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
-
-
 async def test_a_database_that_is_down_is_answered_503_within_a_providers_timeout() -> None:
     dsn = f"postgresql://postgres@127.0.0.1:{closed_port()}/nowhere?connect_timeout=2"
     receiver = InboxReceiver([source()], dsn=dsn, schema=SCHEMA)
     body = json.dumps({"type": "order.paid"}).encode()
     headers = hmac_scheme().sign(body, event_id="evt_down")
-    with serve_without_lifespan(receiver) as url:
+    with serve(receiver, lifespan="off") as url:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             started = time.monotonic()
             answer = await client.post("/webhooks/shop", content=body, headers=headers)
