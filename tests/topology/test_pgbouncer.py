@@ -18,6 +18,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -56,18 +57,29 @@ def test_the_pooler_is_recognised_and_a_direct_connection_is_not(
             assert reaches_server_directly(conn) is direct
 
 
+@pytest.fixture
+def one_session_dsn(direct_dsn: str, server_dsn: str) -> Iterator[str]:
+    """The test's database through a PgBouncer of one server session, which every client
+    shares."""
+    name = psycopg.conninfo.conninfo_to_dict(direct_dsn)["dbname"]
+    with running_pgbouncer(server_dsn, pool_size=1) as bouncer:
+        yield psycopg.conninfo.make_conninfo(bouncer, dbname=name)
+
+
 async def test_with_default_settings_claims_switch_to_unnamed_and_none_is_lost(
-    pooled_dsn: str, direct_dsn: str
+    one_session_dsn: str, direct_dsn: str
 ) -> None:
     # 8 clients, psycopg's defaults, the key store's defaults: pgonce's prepared statements meet
-    # each other on PgBouncer's shared sessions within the first transactions. From then on
+    # each other on PgBouncer's one shared session within the first transactions (with several,
+    # a loaded machine could hand each client a session of its own until every session held
+    # every statement under the same name, and no name ever crossed). From then on
     # pgonce's own statements go unnamed, and a connection that still lets psycopg prepare its
     # own is refused: its queries would run other clients' statements under their names.
     store = AsyncKeyStore()
     won: list[str] = []
     failed: list[str] = []
     refused: list[UsageError] = []
-    conns = [await psycopg.AsyncConnection.connect(pooled_dsn) for _ in range(8)]
+    conns = [await psycopg.AsyncConnection.connect(one_session_dsn) for _ in range(8)]
 
     async def client(conn: psycopg.AsyncConnection[Any], number: int) -> None:
         for n in range(40):
@@ -99,7 +111,9 @@ async def test_with_default_settings_claims_switch_to_unnamed_and_none_is_lost(
         stored = {row[0] for row in check.execute("SELECT key FROM pgonce.keys").fetchall()}
     assert stored == set(won)  # every success committed, every failure left nothing behind
     # A connection without psycopg's prepared statements goes on as before.
-    async with await psycopg.AsyncConnection.connect(pooled_dsn, prepare_threshold=None) as conn:
+    async with await psycopg.AsyncConnection.connect(
+        one_session_dsn, prepare_threshold=None
+    ) as conn:
         claim = await store.begin(conn, "s", "after", FP)
         assert isinstance(claim, Won)
         assert await store.commit(conn, claim, Response(201))
