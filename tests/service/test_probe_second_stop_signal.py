@@ -13,7 +13,10 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from tests.service.test_probe_stop_cuts_delivery import _waits_on_lock, service  # noqa: F401
+from tests.service.test_probe_stop_cuts_delivery import (  # noqa: F401
+    delivery_at_the_lock,
+    service,
+)
 from tests.service.test_serve import SCHEME, Service
 
 #: Well under the stop's own 30-second bound, which the first test of the cut waits out.
@@ -34,15 +37,9 @@ def test_a_second_signal_cuts_the_wait(direct_dsn: str, service: Service) -> Non
 
         async def deliver_then_stop_twice() -> tuple[httpx.Response, float]:
             async with httpx.AsyncClient(timeout=90) as client:
-                answer = asyncio.create_task(
-                    client.post(service.url + "/webhooks/shop", content=body, headers=headers)
-                )
-                deadline = time.monotonic() + 30
-                while not _waits_on_lock(look):
-                    assert time.monotonic() < deadline, "the delivery never reached the lock"
-                    await asyncio.sleep(0.05)
+                answer = await delivery_at_the_lock(client, service, look, body, headers)
                 service.process.send_signal(signal.SIGTERM)
-                await asyncio.to_thread(_said, service.log, "Waiting for", deadline)
+                await asyncio.to_thread(_said, service.log, "Waiting for", time.monotonic() + 30)
                 second = time.monotonic()
                 service.process.send_signal(signal.SIGINT)
                 return await answer, time.monotonic() - second

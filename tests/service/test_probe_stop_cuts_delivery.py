@@ -44,6 +44,24 @@ def _waits_on_lock(conn: psycopg.Connection[tuple[int]]) -> bool:
     return row is not None and row[0] > 0
 
 
+async def delivery_at_the_lock(
+    client: httpx.AsyncClient,
+    service: Service,
+    look: psycopg.Connection[tuple[int]],
+    body: bytes,
+    headers: dict[str, str],
+) -> asyncio.Task[httpx.Response]:
+    """The delivery, sent and waiting on the inbox's lock (held by the caller)."""
+    answer = asyncio.create_task(
+        client.post(service.url + "/webhooks/shop", content=body, headers=headers)
+    )
+    deadline = time.monotonic() + 30
+    while not _waits_on_lock(look):
+        assert time.monotonic() < deadline, "the delivery never reached the lock"
+        await asyncio.sleep(0.05)
+    return answer
+
+
 def test_a_delivery_cut_by_the_stop_is_answered_503(direct_dsn: str, service: Service) -> None:
     body = json.dumps({"type": "order.paid", "data": {"order": "o1"}}).encode()
     headers = SCHEME.sign(body, event_id="evt_stop_cut")
@@ -52,13 +70,7 @@ def test_a_delivery_cut_by_the_stop_is_answered_503(direct_dsn: str, service: Se
 
         async def deliver_then_stop() -> httpx.Response:
             async with httpx.AsyncClient(timeout=90) as client:
-                answer = asyncio.create_task(
-                    client.post(service.url + "/webhooks/shop", content=body, headers=headers)
-                )
-                deadline = time.monotonic() + 30
-                while not _waits_on_lock(look):
-                    assert time.monotonic() < deadline, "the delivery never reached the lock"
-                    await asyncio.sleep(0.05)
+                answer = await delivery_at_the_lock(client, service, look, body, headers)
                 service.process.send_signal(signal.SIGTERM)
                 return await answer
 
