@@ -23,15 +23,18 @@ not here: a sync handler cannot be interrupted, and the caller's loop decides wh
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from psycopg import Connection
+from psycopg.pq import TransactionStatus
 
 from pgonce.core.inbox import (
+    DeadLetter,
     InboxEvent,
     OutOfOrderPolicy,
     RetryPolicy,
@@ -41,9 +44,13 @@ from pgonce.core.inbox import (
     parse_json,
 )
 from pgonce.core.throttle import Throttle
-from pgonce.errors import BadPayload, UsageError
+from pgonce.errors import BadPayload, HandlerEndedTransaction, UsageError
 from pgonce.store._sync.inbox import InboxStore
 from pgonce.webhooks.failures import report_failure
+
+log = logging.getLogger("pgonce.inbox")
+
+_IDLE = TransactionStatus.IDLE
 
 __all__ = ["DEFAULT_LIMIT", "run_batch"]
 
@@ -112,7 +119,7 @@ def run_batch(
     check_sync(handle)
     policy = retry or RetryPolicy()
     events = store.claim(conn, source, limit=limit, now=now)
-    for event in events:
+    for number, event in enumerate(events, 1):
         try:
             with savepoint() as opened:
                 if needs_watermark(out_of_order, event) and not store.advance_watermark(
@@ -126,7 +133,14 @@ def run_batch(
                     if inspect.iscoroutine(returned):
                         returned.close()  # no "never awaited" warning: this error says it
                     raise UsageError(_NOT_SYNC)
+                if conn.pgconn.transaction_status == _IDLE:
+                    raise HandlerEndedTransaction()
         except Exception as error:
+            if conn.pgconn.transaction_status == _IDLE:
+                # The handler ran COMMIT or ROLLBACK (the savepoint's own end then failed): the
+                # batch is no longer one transaction, and what its end left must be found out.
+                ended(conn, store, event, error, events[number:], policy, now)
+                return len(events)
             # The savepoint was rolled back: the handler's writes and the watermark's move with
             # it. A cancellation (KeyboardInterrupt, SystemExit) is no Exception: it reaches the
             # caller, whose transaction then rolls the whole batch back.
@@ -135,3 +149,50 @@ def run_batch(
             store.fail(conn, event, decision, describe_error(error), now=now)
             report_failure(_throttle, event, error, decision, clock)
     return len(events)
+
+
+def ended(
+    conn: Connection[Any],
+    store: InboxStore,
+    event: InboxEvent,
+    error: BaseException,
+    unrun: Sequence[InboxEvent],
+    policy: RetryPolicy,
+    now: datetime | None,
+) -> None:
+    """``event``'s handler ended the batch's transaction; the batch stops there, and what it left
+    is set right in a transaction committed here (the caller's may be marked for rollback).
+
+    Committed: the events before it are done with their handlers' writes; its own is
+    dead-lettered (what its handler wrote before the COMMIT stays, and a rerun could repeat it);
+    ``unrun``, marked done by the claim without running, are set back to pending. Rolled back:
+    the batch is undone, and the event is retried like any failure."""
+    if not isinstance(error, HandlerEndedTransaction):
+        error = HandlerEndedTransaction(
+            f"{HandlerEndedTransaction()} (and then {describe_error(error)})"
+        )
+    clock = now or datetime.now(UTC)
+    # Not in a transaction: the statements below open one, which this function commits.
+    committed = store.claim_committed(conn, event)
+    if committed:
+        store.fail(conn, event, DeadLetter(), describe_error(error), now=now)
+        reopened = store.reopen(conn, unrun)
+    else:
+        decision = after_failure(policy, event.attempts, now=clock)
+        store.fail(conn, event, decision, describe_error(error), claimed=False, now=now)
+    conn.execute("COMMIT")
+    if committed:
+        log.error(
+            "inbox: the handler of %s event %s ran COMMIT on its batch's transaction: the events "
+            "before it are done, it is dead-lettered (what it wrote before the COMMIT stays; "
+            "check it, then replay it with `pgonce replay --source %s --event-id %s`), and the "
+            "%d after it are pending again; a handler writes in the batch's transaction and "
+            "leaves its end to the batch",
+            event.source,
+            event.id,
+            event.source,
+            event.id,
+            reopened,
+        )
+    else:
+        report_failure(_throttle, event, error, decision, clock)
