@@ -129,11 +129,28 @@ async def request(
 
 
 def failure(error: httpx.HTTPError) -> str:
-    """Why a request got no answer, in words: httpx's timeouts have no message of their own."""
+    """Why a request got no answer, in words: httpx's timeouts have no message of their own, nor
+    has a connection the server closed unanswered (the end of stream of the TLS handshake, on a
+    port that does not serve TLS)."""
     said = str(error)
     if not said and isinstance(error, httpx.TimeoutException):
         said = f"no answer within {REQUEST_TIMEOUT:.0f} s"
+    elif not said and isinstance(error, httpx.ConnectError) and _scheme(error) == "https":
+        said = (
+            "the server closed the connection during the TLS handshake: does it serve TLS on "
+            "that port? (http:// if not)"
+        )
+    elif not said and isinstance(error, httpx.NetworkError):
+        said = "the server closed the connection without answering"
     return f"{type(error).__name__}: {said}" if said else type(error).__name__
+
+
+def _scheme(error: httpx.HTTPError) -> str:
+    """The scheme of the URL the failed request was for ("" when the error has no request)."""
+    try:
+        return str(error.request.url.scheme)
+    except RuntimeError:
+        return ""
 
 
 def shown(response: httpx.Response) -> str:
