@@ -33,7 +33,6 @@ Django's start), never at the first request.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,6 +50,8 @@ from pgonce.http.semantics import (
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_METHODS,
     DEFAULT_RETENTION,
+    MAX_RETENTION,
+    METHOD,
 )
 from pgonce.store.common import check_wait
 
@@ -105,16 +106,9 @@ def _duration(name: str, value: Any, problems: list[str]) -> timedelta | None:
     return None
 
 
-#: The longest RETENTION: the Idempotency-Key-Expires date stays a date HTTP can carry.
-MAX_RETENTION = timedelta(days=36525)
-
-#: An HTTP method is a token (RFC 9110, section 9.1).
-_METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
 def _methods(name: str, value: Any, problems: list[str], *, quoted: bool = False) -> frozenset[str]:
     if not isinstance(value, list | tuple | set | frozenset) or not all(
-        isinstance(m, str) and _METHOD.fullmatch(m) for m in value
+        isinstance(m, str) and METHOD.fullmatch(m) for m in value
     ):
         where = f"'{name}" if quoted else repr(name)  # quoted: ROUTES'][prefix, quoted itself
         problems.append(f"PGONCE[{where}] must be a list of HTTP methods, e.g. ['POST']")
