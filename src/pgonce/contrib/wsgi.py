@@ -70,6 +70,7 @@ from pgonce.http.semantics import (
     PhasedRequest,
 )
 from pgonce.http.semantics import IDLE as _IDLE
+from pgonce.http.setup import check_middleware
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
 from pgonce.store._sync.phases import PhasedOperation, PhaseStore
 
@@ -248,16 +249,18 @@ class IdempotencyMiddleware:
         two_phase: Collection[str] = (),
         phases: PhaseStore | None = None,
     ) -> None:
-        if not callable(app):
-            raise UsageError("IdempotencyMiddleware wraps a WSGI application (a callable)")
-        if not callable(key_scope):
-            raise UsageError("key_scope must be a function of the WSGI environ")
-        if not callable(getattr(pool, "connection", None)):
-            raise UsageError("pool must be a psycopg_pool.ConnectionPool (or have connection())")
-        if store is not None and not isinstance(store, KeyStore):
-            raise UsageError(
-                f"store must be a pgonce KeyStore (the sync one), not {type(store).__name__}"
-            )
+        schema = check_middleware(
+            asynchronous=False,
+            app=app,
+            key_scope=key_scope,
+            pool=pool,
+            store=store,
+            phases=phases,
+            key_store=KeyStore,
+            phase_store=PhaseStore,
+            wait=wait,
+            schema=schema,
+        )
         self.app = app
         self.pool = pool
         self.key_scope = key_scope

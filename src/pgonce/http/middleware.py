@@ -80,12 +80,13 @@ from pgonce.http.semantics import (
     IdempotencyRules,
     PhasedRequest,
 )
+from pgonce.http.setup import check_middleware
 from pgonce.http.transaction import PHASED_KEY, STATE_KEY, IdempotentTransaction
 from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
 from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
 
 with needs("asgi", "the Idempotency-Key middleware"):
-    from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
+    from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 
 Scope = MutableMapping[str, Any]
@@ -185,19 +186,18 @@ class IdempotencyMiddleware:
         two_phase: Collection[str] = (),
         phases: AsyncPhaseStore | None = None,
     ) -> None:
-        if not callable(key_scope):
-            raise UsageError("key_scope must be a function of the ASGI scope")
-        if isinstance(pool, ConnectionPool) or not callable(getattr(pool, "connection", None)):
-            raise UsageError(
-                "pool must be a psycopg_pool.AsyncConnectionPool (or have an async "
-                f"connection()), not {type(pool).__name__}"
-            )
-        if store is not None and not isinstance(store, AsyncKeyStore):
-            raise UsageError(f"store must be a pgonce AsyncKeyStore, not {type(store).__name__}")
-        if phases is not None and not isinstance(phases, AsyncPhaseStore):
-            raise UsageError(
-                f"phases must be a pgonce AsyncPhaseStore, not {type(phases).__name__}"
-            )
+        schema = check_middleware(
+            asynchronous=True,
+            app=app,
+            key_scope=key_scope,
+            pool=pool,
+            store=store,
+            phases=phases,
+            key_store=AsyncKeyStore,
+            phase_store=AsyncPhaseStore,
+            wait=wait,
+            schema=schema,
+        )
         self.app = app
         self.pool = pool
         self.key_scope = key_scope
