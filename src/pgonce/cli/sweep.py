@@ -21,7 +21,8 @@ On a terminal a progress line runs on stderr and the final count ends it; otherw
 final line is printed, on stdout, and --quiet prints nothing at all unless something fails.
 Exit status: 0 when the run finished (also when the batch cap ended it: the next run continues),
 1 on an error. A run that fails midway says how many rows it had already deleted (its batches
-committed before the failure stay deleted; the next run continues from there).
+committed before the failure stay deleted; the next run continues from there). A schema that
+`pgonce migrate` has not created (a mistyped --schema) is refused before any batch runs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pgonce.cli.common import (
     announced_database,
     bounded_int,
     config_from,
+    require_migrated,
     settings_from,
 )
 from pgonce.core.retention import (
@@ -135,6 +137,23 @@ def _scope_retention(text: str) -> str:
     return text
 
 
+class _AppendOnce(argparse.Action):
+    """``append`` that keeps each value once: ``--target keys --target keys`` sweeps (and
+    checks) the table once, not twice."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given = list(getattr(namespace, self.dest, None) or [])
+        if values not in given:
+            given.append(values)
+        setattr(namespace, self.dest, given)
+
+
 def add_retention_options(parser: argparse.ArgumentParser) -> None:
     """The retention options ``pgonce sweep`` and ``pgonce doctor`` share."""
     group = parser.add_argument_group("retention")
@@ -166,7 +185,7 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--target",
-        action="append",
+        action=_AppendOnce,
         choices=sorted(TARGETS),
         help="sweep only this table; repeat for more (default: all of them)",
     )
@@ -288,6 +307,7 @@ def run(args: argparse.Namespace) -> int:
         translate_errors("connecting"),
         psycopg.connect(db.dsn, autocommit=True) as conn,
     ):
+        require_migrated(db.dsn, settings.schema)
         if args.dry_run:
             report = HealthCheck(policies, schema=settings.schema, targets=args.target).check(
                 conn, now=args.now
