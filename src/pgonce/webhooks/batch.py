@@ -51,6 +51,9 @@ from pgonce.webhooks.failures import report_failure
 log = logging.getLogger("pgonce.inbox")
 
 _IDLE = TransactionStatus.IDLE
+#: A connection's states after an event's savepoint failed to end (its transaction, or the
+#: savepoint, ended by the handler).
+_GONE = (TransactionStatus.IDLE, TransactionStatus.INERROR)
 
 __all__ = ["DEFAULT_LIMIT", "run_batch"]
 
@@ -120,6 +123,9 @@ def run_batch(
     policy = retry or RetryPolicy()
     events = store.claim(conn, source, limit=limit, now=now)
     for number, event in enumerate(events, 1):
+        # Set when the handler ended the batch's transaction: the savepoint's end then fails,
+        # and its error would hide this one.
+        ended_by: HandlerEndedTransaction | None = None
         try:
             with savepoint() as opened:
                 if needs_watermark(out_of_order, event) and not store.advance_watermark(
@@ -127,19 +133,36 @@ def run_batch(
                 ):
                     store.skip(conn, event)
                     continue
-                returned = handle(with_payload(event), opened)
+                try:
+                    returned = handle(with_payload(event), opened)
+                except Exception as raised:
+                    if conn.pgconn.transaction_status == _IDLE:
+                        ended_by = HandlerEndedTransaction(
+                            f"{HandlerEndedTransaction()} (and then raised "
+                            f"{describe_error(raised)})"
+                        )
+                        raise ended_by from raised
+                    raise
+                if conn.pgconn.transaction_status == _IDLE:
+                    ended_by = HandlerEndedTransaction()
+                    raise ended_by
                 if inspect.isawaitable(returned):
                     # Never awaited, it did nothing: the event must not be marked done.
                     if inspect.iscoroutine(returned):
                         returned.close()  # no "never awaited" warning: this error says it
                     raise UsageError(_NOT_SYNC)
-                if conn.pgconn.transaction_status == _IDLE:
-                    raise HandlerEndedTransaction()
         except Exception as error:
-            if conn.pgconn.transaction_status == _IDLE:
-                # The handler ran COMMIT or ROLLBACK (the savepoint's own end then failed): the
-                # batch is no longer one transaction, and what its end left must be found out.
-                ended(conn, store, event, error, events[number:], policy, now)
+            if ended_by is None and conn.pgconn.transaction_status in _GONE:
+                # The savepoint's end failed, so the batch's transaction is gone: the handler
+                # ended it or the savepoint (and then ran a statement, which opened another).
+                # A closed connection is not this: the caller says what it is.
+                ended_by = HandlerEndedTransaction(
+                    f"{HandlerEndedTransaction()} (its savepoint could not end: "
+                    f"{describe_error(error)})"
+                )
+            if ended_by is not None:
+                # The batch is no longer one transaction: what its end left must be found out.
+                ended(conn, store, event, ended_by, events[number:], policy, now)
                 return len(events)
             # The savepoint was rolled back: the handler's writes and the watermark's move with
             # it. A cancellation (KeyboardInterrupt, SystemExit) is no Exception: it reaches the
@@ -155,7 +178,7 @@ def ended(
     conn: Connection[Any],
     store: InboxStore,
     event: InboxEvent,
-    error: BaseException,
+    error: HandlerEndedTransaction,
     unrun: Sequence[InboxEvent],
     policy: RetryPolicy,
     now: datetime | None,
@@ -167,11 +190,10 @@ def ended(
     dead-lettered (what its handler wrote before the COMMIT stays, and a rerun could repeat it);
     ``unrun``, marked done by the claim without running, are set back to pending. Rolled back:
     the batch is undone, and the event is retried like any failure."""
-    if not isinstance(error, HandlerEndedTransaction):
-        error = HandlerEndedTransaction(
-            f"{HandlerEndedTransaction()} (and then {describe_error(error)})"
-        )
     clock = now or datetime.now(UTC)
+    if conn.pgconn.transaction_status != _IDLE:
+        # The savepoint's end ran in a transaction of its own and failed (no savepoint left).
+        conn.execute("ROLLBACK")
     # Not in a transaction: the statements below open one, which this function commits.
     committed = store.claim_committed(conn, event)
     if committed:
