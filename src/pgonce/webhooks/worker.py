@@ -41,7 +41,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -315,7 +315,7 @@ class InboxWorker:
                             raise _TransactionEnded(event, ended, events[number:]) from error
                         if not careful:
                             raise _HandlerFailed(event, error) from error  # rolls back the batch
-                        await store.rollback_savepoint(conn)
+                        await _end_savepoint(store.rollback_savepoint(conn), event)
                         failed.append(
                             await self._record_failure(conn, source, event, error, now, jitter)
                         )
@@ -326,9 +326,9 @@ class InboxWorker:
                     if careful:
                         # One round trip per event: release its savepoint, open the next one's.
                         if number < len(events):
-                            await store.next_savepoint(conn)
+                            await _end_savepoint(store.next_savepoint(conn), event)
                         else:
-                            await store.release_savepoint(conn)
+                            await _end_savepoint(store.release_savepoint(conn), event)
         except _TransactionEnded as ended:
             self._careful = CAREFUL_BATCHES
             return await self._after_transaction_ended(conn, ended, events, now, jitter)
@@ -696,6 +696,23 @@ class InboxWorker:
         ids = None if event_ids is None else check_strs(event_ids, "event_ids")
         async with conn.transaction():
             return await self.store.replay(conn, source, ids, now=now)
+
+
+async def _end_savepoint(step: Awaitable[None], event: InboxEvent) -> None:
+    """Run ``step``, which ends ``event``'s savepoint; a savepoint that is gone was ended by the
+    handler (a RELEASE or ROLLBACK TO of it in SQL): its failure, which rolls the batch back,
+    rather than one of every batch that claims it."""
+    try:
+        await step
+    except UsageError as error:  # the store's word for a savepoint that no longer exists
+        if not isinstance(error.__cause__, psycopg.errors.InvalidSavepointSpecification):
+            raise
+        ended = HandlerEndedTransaction(
+            f"{HandlerEndedTransaction()} (it ended the worker's savepoint: "
+            f"{describe_error(error.__cause__)}); a handler opens savepoints of its own "
+            "(conn.transaction()) and ends only those"
+        )
+        raise _HandlerFailed(event, ended) from error
 
 
 async def _close(conn: AsyncConnection[Any] | None) -> None:
