@@ -69,6 +69,12 @@ class Tally:
     responses: dict[str, set[bytes]] = field(default_factory=dict)
 
 
+#: The largest storm (orders times copies): each delivery is a task held in memory until the end.
+MAX_DELIVERIES = 100_000
+#: The largest pool: each connection takes one of the server's connection slots from its clients.
+MAX_CONNECTIONS = 1_000
+
+
 def crash_rate(value: str) -> float:
     """An argparse type: a share of first attempts, at least 0 and below 1 (all would never end)."""
     try:
@@ -87,9 +93,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--orders", type=positive, default=100, help="distinct orders (default 100)"
     )
     parser.add_argument(
-        "--copies", type=positive, default=10, help="deliveries of each order (default 10)"
+        "--copies",
+        type=positive,
+        default=10,
+        help=f"deliveries of each order (default 10; orders times copies at most "
+        f"{MAX_DELIVERIES:,})",
     )
-    parser.add_argument("--connections", type=positive, default=16, help="pool size (default 16)")
+    parser.add_argument(
+        "--connections",
+        type=positive,
+        default=16,
+        help=f"pool size (default 16, at most {MAX_CONNECTIONS:,})",
+    )
     parser.add_argument(
         "--crash-rate",
         type=crash_rate,
@@ -104,6 +119,16 @@ def run(args: argparse.Namespace) -> int:
     # Before the database: an install without the extra is told what to add before anything is
     # started or migrated.
     require("server", "the demo")
+    if args.orders * args.copies > MAX_DELIVERIES:
+        args.parser.error(
+            f"--orders times --copies is {args.orders * args.copies:,} deliveries, more than "
+            f"{MAX_DELIVERIES:,}: a demo storm is held in memory"
+        )
+    if args.connections > MAX_CONNECTIONS:
+        args.parser.error(
+            f"--connections {args.connections:,} is more than {MAX_CONNECTIONS:,}: each takes "
+            "one of the server's connection slots"
+        )
     if args.url:
         config = service_config(args)
         with announced_database(config.settings, then="counting effects there") as db:
