@@ -12,11 +12,17 @@ global ``set_json_loads()`` or ``set_json_dumps()`` does not reach it either).
 The cost is nothing per statement beyond a plain cursor's: the cursor still copies the
 connection's map when it is made (psycopg does that for every cursor), and its transformer reads
 pgonce's map instead.
+
+JSON is read in the connection's client_encoding, in which PostgreSQL sends json and jsonb (text
+and binary alike: binary jsonb is a version byte, then the text), where psycopg's loaders assume
+UTF-8. Each loader picks its decoding when the cursor makes it, once per cursor: a UTF-8
+connection's loader is psycopg's own, unchanged.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, overload
 
 from psycopg import (
@@ -29,10 +35,18 @@ from psycopg import (
     dbapi20,
     postgres,
 )
+from psycopg._encodings import conn_encoding
+from psycopg.abc import AdaptContext
 from psycopg.adapt import AdaptersMap
 from psycopg.rows import TupleRow, tuple_row
 from psycopg.types import array
-from psycopg.types.json import set_json_dumps, set_json_loads
+from psycopg.types.json import (
+    JsonbBinaryLoader,
+    JsonBinaryLoader,
+    JsonbLoader,
+    JsonLoader,
+    set_json_dumps,
+)
 
 
 def _pinned_adapters() -> AdaptersMap:
@@ -47,8 +61,58 @@ def _pinned_adapters() -> AdaptersMap:
     dbapi20.register_dbapi20_adapters(adapters)
     array.register_all_arrays(adapters)
     set_json_dumps(json.dumps, adapters)
-    set_json_loads(json.loads, adapters)
+    for name, loader in _JSON_LOADERS:
+        adapters.register_loader(name, loader)
     return adapters
+
+
+def _decoding(context: AdaptContext | None) -> Callable[[str | bytes], Any]:
+    """``json.loads`` for JSON text in the client_encoding of ``context``'s connection.
+
+    ``json.loads`` reads bytes as UTF-8 (or UTF-16/32); so does ``SQL_ASCII``, on which the
+    server sends the text as the database holds it (see ``wire.encoding``).
+    """
+    conn = context.connection if context is not None else None
+    encoding = conn_encoding(conn) if conn is not None else "utf-8"
+    if encoding in ("utf-8", "ascii"):
+        return json.loads
+
+    def loads(data: str | bytes) -> Any:
+        return json.loads(data.decode(encoding) if type(data) is bytes else data)
+
+    return loads
+
+
+class _JsonLoader(JsonLoader):
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self.loads = _decoding(context)
+
+
+class _JsonBinaryLoader(JsonBinaryLoader):
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self.loads = _decoding(context)
+
+
+class _JsonbLoader(JsonbLoader):
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self.loads = _decoding(context)
+
+
+class _JsonbBinaryLoader(JsonbBinaryLoader):
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self.loads = _decoding(context)
+
+
+_JSON_LOADERS = (
+    ("json", _JsonLoader),
+    ("json", _JsonBinaryLoader),
+    ("jsonb", _JsonbLoader),
+    ("jsonb", _JsonbBinaryLoader),
+)
 
 
 #: The adapters of every statement the store runs.

@@ -1,0 +1,83 @@
+"""Stored responses whose headers go beyond ASCII, on connections whose client_encoding is not
+UTF-8: every way of claiming (once(), begin()/commit(), claim(), in and out of psycopg's pipeline,
+sync and async) stores and replays the same headers as on a UTF-8 connection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgonce import AsyncKeyStore, KeyStore, Replay, Response, fingerprint
+
+FP = fingerprint("encoded")
+HEADERS = (
+    ("content-disposition", 'attachment; filename="café.txt"'),
+    ("x-note", "Größe ½"),
+)
+STORED = Response(200, headers=HEADERS, body=b"caf\xc3\xa9")
+ENCODINGS = ["UTF8", "LATIN1", "WIN1252"]
+
+
+def _connect(dsn: str, encoding: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn, options=f"-c client_encoding={encoding}")
+
+
+async def _aconnect(dsn: str, encoding: str) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(dsn, options=f"-c client_encoding={encoding}")
+
+
+@pytest.mark.parametrize("writer", ENCODINGS)
+@pytest.mark.parametrize("reader", ENCODINGS)
+def test_every_claim_replays_the_stored_headers(
+    dsn: str, store: KeyStore, writer: str, reader: str
+) -> None:
+    with _connect(dsn, writer) as conn:
+        with store.once(conn, "s", "once", FP) as op:
+            op.respond(STORED)
+        conn.commit()
+        claim = store.begin(conn, "s", "begun", FP)
+        assert not isinstance(claim, Replay)
+        store.commit(conn, claim, STORED)
+    with _connect(dsn, reader) as conn:
+        for key in ("once", "begun"):
+            with store.once(conn, "s", key, FP) as op:
+                assert op.replayed
+                assert op.response == STORED
+            replay = store.claim(conn, "s", key, FP)
+            assert isinstance(replay, Replay)
+            assert replay.response == STORED
+            assert tuple(replay.response.headers) == HEADERS
+            conn.rollback()
+            with conn.pipeline(), conn.transaction():
+                with store.once(conn, "s", key, FP) as op:
+                    assert op.replayed
+                    assert op.response == STORED
+                replay = store.claim(conn, "s", key, FP)
+                assert isinstance(replay, Replay)
+                assert replay.response == STORED
+            again = store.begin(conn, "s", key, FP)
+            assert isinstance(again, Replay)
+            assert again.response == STORED
+
+
+@pytest.mark.parametrize("reader", ["LATIN1", "WIN1252"])
+async def test_async_claims_replay_the_stored_headers(
+    dsn: str, astore: AsyncKeyStore, reader: str
+) -> None:
+    async with await _aconnect(dsn, "UTF8") as conn:
+        async with astore.once(conn, "s", "k", FP) as op:
+            op.respond(STORED)
+        await conn.commit()
+    async with await _aconnect(dsn, reader) as conn:
+        replay = await astore.claim(conn, "s", "k", FP)
+        assert isinstance(replay, Replay)
+        assert replay.response == STORED
+        await conn.rollback()
+        async with conn.pipeline(), conn.transaction(), astore.once(conn, "s", "k", FP) as op:
+            assert op.replayed
+            assert op.response == STORED
+        again = await astore.begin(conn, "s", "k", FP)
+        assert isinstance(again, Replay)
+        assert again.response == STORED
