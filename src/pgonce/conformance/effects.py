@@ -23,7 +23,8 @@ import psycopg
 from psycopg import sql
 
 from pgonce.core.urls import public
-from pgonce.errors import UsageError
+from pgonce.database import check_parsable
+from pgonce.errors import ConfigError, UsageError
 
 #: The longest one read of the count may take, in seconds (the kit's per-request bound).
 COUNT_TIMEOUT = 10.0
@@ -105,6 +106,11 @@ class SqlEffects:
 
     @classmethod
     async def connect(cls, dsn: str, query: str) -> SqlEffects:
+        try:
+            # libpq's parse error quotes the connection string, password and all.
+            check_parsable(dsn)
+        except ConfigError as error:
+            raise CountUnreadable(f"cannot connect to --dsn for --count-sql: {error}") from None
         try:
             conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=5)
             await conn.set_read_only(True)
