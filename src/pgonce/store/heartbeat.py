@@ -38,6 +38,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TypeVar
 
+from pgonce.core.outage import FailureRun
 from pgonce.errors import LeaseLost, UsageError
 
 Value = TypeVar("Value")
@@ -54,7 +55,9 @@ class _Beats:
 
     def __init__(self, every: timedelta) -> None:
         self._every = every
-        self._failed_in_a_row = 0
+        self._failed = FailureRun(
+            log, "a lease's heartbeat renewed the lease again after %(count)d failures"
+        )
         #: Renewals that failed (the database away) since the heartbeat started.
         self.failures = 0
         #: True once a renewal found the key taken over by another holder.
@@ -67,14 +70,13 @@ class _Beats:
         renewal was misused and would fail the same way every time)."""
         if isinstance(error, LeaseLost):
             self.lost = True
-            if self._failed_in_a_row:
+            if in_a_row := self._failed.ended():
                 # The run's first warning said the key stays this holder's: it did not.
                 log.warning(
                     "a lease's heartbeat found the key taken over after %d failed renewals in a "
                     "row: the call's value is not recorded",
-                    self._failed_in_a_row,
+                    in_a_row,
                 )
-                self._failed_in_a_row = 0
             return True
         if isinstance(error, UsageError):
             log.error(
@@ -83,39 +85,27 @@ class _Beats:
             self.error = error
             return True
         if error is None:
-            if self._failed_in_a_row:
-                log.info(
-                    "a lease's heartbeat renewed the lease again after %d failures",
-                    self._failed_in_a_row,
-                )
-                self._failed_in_a_row = 0
+            self._failed.succeeded()
             return False
         self.failures += 1
-        self._failed_in_a_row += 1
-        if self._failed_in_a_row == 1:
-            log.warning(
-                "a lease's heartbeat failed (%s: %s); it tries again every %s, and the key stays "
-                "this holder's until its lease runs out",
-                type(error).__name__,
-                error,
-                self._every,
-            )
-        else:
-            log.debug(
-                "a lease's heartbeat failed again (%d in a row): %s", self._failed_in_a_row, error
-            )
+        self._failed.failed(
+            error,
+            "a lease's heartbeat failed (%(type)s: %(error)s); it tries again every %(every)s, "
+            "and the key stays this holder's until its lease runs out",
+            "a lease's heartbeat failed again (%(count)d in a row): %(error)s",
+            {"every": self._every},
+        )
         return False
 
     def _stopped(self) -> None:
         """The heartbeat ended: a run of failures still under way ends here, and says so (its
         first warning promised further tries)."""
-        if self._failed_in_a_row:
+        if in_a_row := self._failed.ended():
             log.warning(
                 "a lease's heartbeat stopped after %d failed renewals in a row: the call's "
                 "record tells whether the key is still this holder's",
-                self._failed_in_a_row,
+                in_a_row,
             )
-            self._failed_in_a_row = 0
 
 
 class AsyncHeartbeat(_Beats):

@@ -61,6 +61,7 @@ from pgonce.core.inbox import (
     needs_watermark,
     parse_json,
 )
+from pgonce.core.outage import FailureRun
 from pgonce.core.throttle import Throttle
 from pgonce.database import own_prepare_threshold
 from pgonce.errors import (
@@ -131,10 +132,12 @@ class HandlerNotAsync(UsageError):
         )
 
 
-class _Outage:
+class _Outage(FailureRun):
     """A run of failures of one of the worker's connections: its first failure is logged with
     what happens next, the others at debug level, its end once; each is counted (metrics).
     The claim loops share one, so an outage is one line however many loops run."""
+
+    __slots__ = ("next_step", "what")
 
     def __init__(
         self,
@@ -144,30 +147,23 @@ class _Outage:
         back: str,
         on_failure: Callable[[str, Exception], None] | None,
     ) -> None:
-        self.connection = connection
+        super().__init__(
+            log,
+            f"{back} after %(count)d failures",
+            None if on_failure is None else lambda error: on_failure(connection, error),
+        )
         self.what = what
         self.next_step = next_step
-        self.back = back
-        self.on_failure = on_failure
-        self.failures = 0
 
-    def failed(
-        self, error: Exception, what: str | None = None, level: int = logging.WARNING
-    ) -> None:
+    def lost(self, error: Exception, what: str | None = None, level: int = logging.WARNING) -> None:
         """``what`` failed (default: the connection's own words), logged at ``level``."""
-        what = what or self.what
-        self.failures += 1
-        if self.failures == 1:
-            log.log(level, "%s (%s: %s); %s", what, type(error).__name__, error, self.next_step)
-        else:
-            log.debug("%s (%d failures in a row): %s", what, self.failures, error)
-        if self.on_failure is not None:
-            self.on_failure(self.connection, error)
-
-    def ended(self) -> None:
-        if self.failures:
-            log.info("%s after %d failures", self.back, self.failures)
-            self.failures = 0
+        self.failed(
+            error,
+            "%(what)s (%(type)s: %(error)s); %(next)s",
+            "%(what)s (%(count)d failures in a row): %(error)s",
+            {"what": what or self.what, "next": self.next_step},
+            level=level,
+        )
 
 
 class _HandlerFailed(Exception):
@@ -585,23 +581,23 @@ class InboxWorker:
                     if self.on_batch is not None and result.claimed:
                         self.on_batch(result, time.perf_counter() - started)
                 except (DatabaseUnavailable, psycopg.OperationalError) as error:
-                    self._loop_outage.failed(error)
+                    self._loop_outage.lost(error)
                     await _close(conn)
                     conn = None
                     await _wait(stop, None, RECONNECT_DELAY)
                     continue
                 except PgonceError as error:
-                    self._loop_outage.failed(error, "inbox worker batch failed", logging.ERROR)
+                    self._loop_outage.lost(error, "inbox worker batch failed", logging.ERROR)
                     await _close(conn)
                     conn = None
                     await _wait(stop, None, RECONNECT_DELAY)
                     continue
-                self._loop_outage.ended()
+                self._loop_outage.succeeded()
                 if result.claimed < self.batch_size:
                     try:
                         await self._wait_for_events(conn, stop, wake, name)
                     except (PgonceError, psycopg.OperationalError) as error:
-                        self._loop_outage.failed(error)
+                        self._loop_outage.lost(error)
                         await _close(conn)
                         conn = None
                         await _wait(stop, None, RECONNECT_DELAY)
@@ -650,7 +646,7 @@ class InboxWorker:
                 conn = await self._connect(self.listen_dsn, autocommit=True)
                 async with conn:
                     await self.store.listen(conn)
-                    self._listen_outage.ended()
+                    self._listen_outage.succeeded()
                     for wake in wakes:  # whatever was stored while nobody listened
                         wake.set()
                     while not stop.is_set():
@@ -658,7 +654,7 @@ class InboxWorker:
                             for wake in wakes:
                                 wake.set()
             except (PgonceError, psycopg.Error, OSError) as error:
-                self._listen_outage.failed(error)
+                self._listen_outage.lost(error)
                 await _wait(stop, None, RECONNECT_DELAY)
 
     async def _connect(self, dsn: str, *, autocommit: bool) -> AsyncConnection[Any]:

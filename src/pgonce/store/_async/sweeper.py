@@ -38,6 +38,7 @@ from psycopg.pq import TransactionStatus
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.checks import check_connection, check_duration, check_optional_time
+from pgonce.core.outage import FailureRun
 from pgonce.core.retention import (
     DEFAULT_SWEEP_EVERY,
     TARGETS,
@@ -259,7 +260,7 @@ async def sweep_every(
     """
     if check_duration(every, "the sweep interval") <= timedelta(0):
         raise UsageError("the sweep interval must be positive")
-    failed_in_a_row = 0
+    failures = FailureRun(log, "sweep succeeded again after %(count)d failures", on_failure)
     while not stop.is_set():
         try:
             async with pool.connection() as conn:
@@ -267,22 +268,14 @@ async def sweep_every(
         # psycopg's own errors too: the pool's timeout (PoolTimeout) and a connection that
         # breaks while the pool hands it over are raised by the pool, untranslated.
         except (DatabaseError, psycopg.Error) as error:
-            failed_in_a_row += 1
-            if failed_in_a_row == 1:
-                log.warning(
-                    "%s (%s); it tries again every %s",
-                    failure_summary(error),
-                    type(error).__name__,
-                    every,
-                )
-            else:
-                log.debug("%s (%d failures in a row)", failure_summary(error), failed_in_a_row)
-            if on_failure is not None:
-                on_failure(error)
+            failures.failed(
+                error,
+                "%(summary)s (%(type)s); it tries again every %(every)s",
+                "%(summary)s (%(count)d failures in a row)",
+                {"summary": failure_summary(error), "every": every},
+            )
         else:
-            if failed_in_a_row:
-                log.info("sweep succeeded again after %d failures", failed_in_a_row)
-                failed_in_a_row = 0
+            failures.succeeded()
             log.info("%s", result.summary())
             if on_run is not None:
                 on_run(result)

@@ -51,6 +51,7 @@ from pgonce.core.leases import (
     provider_key,
     retired_response,
 )
+from pgonce.core.outage import FailureRun
 from pgonce.core.outcomes import (
     Claim,
     ClaimRow,
@@ -417,7 +418,9 @@ def complete_every(
         raise UsageError(
             f"on_failure must be a function that takes the pass's error, not {describe(on_failure)}"
         )
-    failed_in_a_row = 0
+    failures = FailureRun(
+        log, "completer pass succeeded again after %(count)d failures", on_failure
+    )
     while not stop.is_set():
         try:
             with pool.connection() as conn:
@@ -425,22 +428,14 @@ def complete_every(
         # psycopg's own errors too: the pool's timeout (PoolTimeout) and a connection that
         # breaks while the pool hands it over are raised by the pool, untranslated.
         except (DatabaseError, psycopg.Error) as error:
-            failed_in_a_row += 1
-            if failed_in_a_row == 1:
-                log.warning(
-                    "completer pass failed (%s: %s); it tries again every %s",
-                    type(error).__name__,
-                    error,
-                    every,
-                )
-            else:
-                log.debug("completer pass failed again (%d in a row): %s", failed_in_a_row, error)
-            if on_failure is not None:
-                on_failure(error)
+            failures.failed(
+                error,
+                "completer pass failed (%(type)s: %(error)s); it tries again every %(every)s",
+                "completer pass failed again (%(count)d in a row): %(error)s",
+                {"every": every},
+            )
         else:
-            if failed_in_a_row:
-                log.info("completer pass succeeded again after %d failures", failed_in_a_row)
-                failed_in_a_row = 0
+            failures.succeeded()
             for line in done.errors:
                 log.warning("abandoned request failed again, retried in %s: %s", every, line)
             if done.finished or done.retired:
