@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 
 from pgonce.config import MIN_CLAIM_WAIT
 from pgonce.core.checks import check_bool, check_duration, check_int, check_str
@@ -33,6 +33,36 @@ def require_transaction(conn: _HasTransactionState) -> None:
         or (status == TransactionStatus.ACTIVE and outside_blocks(conn))
     ):
         raise NotInTransaction()
+
+
+def require_free_transaction(conn: Any, call: str) -> None:
+    """:func:`require_transaction` for the key store's calls through psycopg's cursors, which
+    also refuses a connection running a statement outside psycopg's pipeline: a COPY block
+    (``cur.copy()``), whose lock on the connection the call would wait for, for ever from
+    inside the block. The common case (in a transaction, autocommit off) reads two attributes."""
+    pgconn = conn.pgconn
+    if (status := pgconn.transaction_status) == _ACTIVE:
+        if pgconn.pipeline_status == _PIPELINE_OFF:
+            raise UsageError(busy(call))
+        if conn.autocommit and outside_blocks(conn):
+            raise NotInTransaction()
+    elif status == _IDLE and conn.autocommit:
+        raise NotInTransaction()
+
+
+def busy(call: str) -> str:
+    """What ``call`` on a connection busy with a statement outside psycopg's pipeline is told."""
+    return (
+        f"{call} was given a connection that is running a statement: a COPY block (cur.copy()) "
+        f"in progress, or another thread's statement; inside a COPY block {call} would wait for "
+        "the connection for ever. Call it before or after the COPY block, on a connection of "
+        "this thread"
+    )
+
+
+_IDLE = TransactionStatus.IDLE
+_ACTIVE = TransactionStatus.ACTIVE
+_PIPELINE_OFF = PipelineStatus.OFF
 
 
 def outside_blocks(conn: object) -> bool:

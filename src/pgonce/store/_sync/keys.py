@@ -51,6 +51,7 @@ from pgonce.sql import Queries, positional
 from pgonce.store import wire
 from pgonce.store._sync.counts import changed
 from pgonce.store.common import (
+    busy,
     check_key_settings,
     check_now,
     check_wait,
@@ -59,7 +60,7 @@ from pgonce.store.common import (
     complete_claimed,
     hold,
     outside_blocks,
-    require_transaction,
+    require_free_transaction,
 )
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors, unencodable
@@ -192,7 +193,7 @@ class KeyStore:
         # claim_completed (a row born completed: once()'s savepoint ends with the completion or
         # rolls the claim back). The arguments were checked by the caller (_checked_wait_ms);
         # the connection's state is checked here, where it counts.
-        require_transaction(conn)
+        require_free_transaction(conn, "claim()")
         self._check_pooled(conn)
         params = {
             "scope": scope,
@@ -307,6 +308,8 @@ class KeyStore:
         elif conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
             if conn.closed:
                 raise DatabaseUnavailable("claiming a key failed: the connection is closed")
+            if _running(conn):
+                raise UsageError(busy("begin()" if refusal is _BEGIN_REFUSAL else "once()"))
             raise UsageError(refusal)
         else:
             end = (_COMMIT,)
@@ -421,14 +424,20 @@ class KeyStore:
         if not isinstance(claim, Won):
             if joined or conn.pgconn.transaction_status == _IDLE:
                 return False  # _begin() already ended it
+            if _running(conn):
+                raise UsageError(busy("commit()"))
             commands.append(_COMMIT)
         elif (owner := claim.conn) is not conn and owner is not None:
             # A claim of begin() on another connection: its row is in that connection's
             # transaction, which this completion cannot reach; this COMMIT would commit this
             # connection's transaction without its own claim's response.
             raise UsageError(_OTHER_CONNECTION)
-        elif not joined and conn.pgconn.transaction_status == _IDLE:
-            raise UsageError(_ENDED_BEFORE_COMMIT)
+        elif (
+            not joined
+            and (txn := conn.pgconn.transaction_status) != _INTRANS
+            and (txn == _IDLE or _running(conn))
+        ):
+            raise UsageError(_ENDED_BEFORE_COMMIT if txn == _IDLE else busy("commit()"))
         elif (
             response is not None
             and (status := response.status) is not None
@@ -536,7 +545,7 @@ class KeyStore:
         key is free once this transaction commits.
         """
         self._check_completion(conn, claim, response, won=True)
-        require_transaction(conn)
+        require_free_transaction(conn, "complete()")
         if not self.stores(response):
             self.release(conn, claim)
             return False
@@ -566,7 +575,7 @@ class KeyStore:
     def release(self, conn: Connection[Row], claim: Won) -> None:
         """Give up ``claim`` in the current transaction, so that a retry runs the work anew."""
         self._check_completion(conn, claim, None, won=True)
-        require_transaction(conn)
+        require_free_transaction(conn, "release()")
         with translate_errors("releasing a key"):
             cursor(conn).execute(self._sql.release, {"scope": claim.scope, "key": claim.key})
 
@@ -1014,6 +1023,15 @@ _SAVEPOINT: Command = (wire.SAVEPOINT, wire.NO_PARAMS)
 _LEAVE: tuple[Command, ...] = ((wire.ROLLBACK_TO, wire.NO_PARAMS), (wire.RELEASE, wire.NO_PARAMS))
 # What ends begin()'s transaction when its response is not stored.
 _UNDO: tuple[Command, ...] = ((wire.ROLLBACK, wire.NO_PARAMS),)
+
+
+def _running(conn: Connection[Any]) -> bool:
+    """Whether ``conn`` runs a statement outside psycopg's pipeline (a COPY block), whose lock a
+    round trip would wait for, for ever from inside the block."""
+    pgconn = conn.pgconn
+    return pgconn.transaction_status == _ACTIVE and pgconn.pipeline_status == _PIPELINE_OFF
+
+
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
 _IDLE = TransactionStatus.IDLE
 _INTRANS = TransactionStatus.INTRANS
