@@ -70,7 +70,7 @@ from pgonce.http.semantics import (
     PhasedRequest,
 )
 from pgonce.http.semantics import IDLE as _IDLE
-from pgonce.http.setup import check_middleware
+from pgonce.http.setup import middleware_stores
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
 from pgonce.store._sync.phases import PhasedOperation, PhaseStore
 
@@ -249,7 +249,7 @@ class IdempotencyMiddleware:
         two_phase: Collection[str] = (),
         phases: PhaseStore | None = None,
     ) -> None:
-        schema = check_middleware(
+        self.store, self.phases = middleware_stores(
             asynchronous=False,
             app=app,
             key_scope=key_scope,
@@ -277,15 +277,8 @@ class IdempotencyMiddleware:
         #: How long a duplicate on a two-phase route waits for the holder's answer (None: not).
         self.holder_wait = wait
         self.wait = wait if wait is not None else NO_WAIT
-        self.store = store or KeyStore(schema=schema, wait=self.wait)
         # None: the store's own wait, which it checked once, not at every claim.
         self._claim_wait = None if self.wait == self.store.wait else self.wait
-        self.phases = phases or PhaseStore(
-            schema=schema,
-            wait=self.wait,
-            retry_after=self.store.retry_after,
-            store_server_errors=self.store.store_server_errors,
-        )
         # What the view's database going away looks like: answered 503 (with Retry-After), as
         # Flask's Idempotency answers it, never the server's 500. Looked up here, once.
         self._unavailable: tuple[type[Exception], ...] = (

@@ -80,7 +80,7 @@ from pgonce.http.semantics import (
     IdempotencyRules,
     PhasedRequest,
 )
-from pgonce.http.setup import check_middleware
+from pgonce.http.setup import middleware_stores
 from pgonce.http.transaction import PHASED_KEY, STATE_KEY, IdempotentTransaction
 from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
 from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
@@ -186,7 +186,7 @@ class IdempotencyMiddleware:
         two_phase: Collection[str] = (),
         phases: AsyncPhaseStore | None = None,
     ) -> None:
-        schema = check_middleware(
+        self.store, self.phases = middleware_stores(
             asynchronous=True,
             app=app,
             key_scope=key_scope,
@@ -215,15 +215,8 @@ class IdempotencyMiddleware:
         #: How long a duplicate on a two-phase route waits for the holder's answer (None: not).
         self.holder_wait = wait
         self.wait = wait if wait is not None else NO_WAIT
-        self.store = store or AsyncKeyStore(schema=schema, wait=self.wait)
         # None: the store's own wait, which it checked once, not at every claim.
         self._claim_wait = None if self.wait == self.store.wait else self.wait
-        self.phases = phases or AsyncPhaseStore(
-            schema=schema,
-            wait=self.wait,
-            retry_after=self.store.retry_after,
-            store_server_errors=self.store.store_server_errors,
-        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rules = self.rules

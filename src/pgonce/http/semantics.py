@@ -437,68 +437,6 @@ MAX_RETENTION = timedelta(days=36525)
 METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
-def _check_options(
-    *,
-    methods: object,
-    routes: object,
-    require_key: object,
-    canonicalize_json: object,
-    max_request_bytes: object,
-    max_response_bytes: object,
-    retention: object,
-    two_phase: object,
-) -> None:
-    """Refuse an :class:`IdempotencyRules` option that every request would trip over (a 500, or
-    a route silently unprotected), at set-up, with a :class:`~pgonce.errors.UsageError` naming
-    it: the same for every adapter."""
-    if routes is not None and not isinstance(routes, Mapping):
-        raise UsageError(
-            f"routes must map path prefixes to collections of methods, not {describe(routes)}"
-        )
-    # One name where a collection of them is meant would be split into its letters, and
-    # leave every route unprotected (or make every path two-phase) without a word.
-    for what, value in (
-        ("methods", methods),
-        ("two_phase", two_phase),
-        *((f"routes[{prefix!r}]", ms) for prefix, ms in (routes or {}).items()),
-    ):
-        if isinstance(value, str | bytes):
-            raise UsageError(
-                f"{what} must be a collection of names, not the str {value!r}: write [{value!r}]"
-            )
-        if not isinstance(value, Collection):
-            raise UsageError(f"{what} must be a collection of names, not {describe(value)}")
-        if what != "two_phase":
-            for method in value:
-                if not isinstance(method, str) or not METHOD.fullmatch(method):
-                    raise UsageError(
-                        f"{what} must hold HTTP method names such as 'POST', not {method!r}"
-                    )
-    # A request's path starts with "/": any other prefix would never match ("" matches all).
-    for what, prefixes in (("routes", routes or ()), ("two_phase", two_phase)):
-        for prefix in prefixes:  # type: ignore[attr-defined]
-            if not isinstance(prefix, str) or (prefix and not prefix.startswith("/")):
-                raise UsageError(
-                    f"{what} prefix {prefix!r} must be a path starting with '/', which no "
-                    "request's path would otherwise match"
-                )
-    for what, flag in (("require_key", require_key), ("canonicalize_json", canonicalize_json)):
-        if not isinstance(flag, bool):
-            raise UsageError(f"{what} must be True or False, not {describe(flag)}")
-    for what, size in (
-        ("max_request_bytes", max_request_bytes),
-        ("max_response_bytes", max_response_bytes),
-    ):
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise UsageError(f"{what} must be a positive number of bytes, not {size!r}")
-    if not isinstance(retention, timedelta):
-        raise UsageError(f"retention must be a datetime.timedelta, not {describe(retention)}")
-    if not timedelta(0) <= retention <= MAX_RETENTION:
-        # Idempotency-Key-Expires is an HTTP date: one past year 9999 cannot be written, which
-        # every answer would find after its transaction committed.
-        raise UsageError(f"retention must be between 0 and 100 years, not {retention}")
-
-
 class IdempotencyRules:
     """Which requests need a key, what makes two requests the same, and every answer.
 
@@ -533,16 +471,55 @@ class IdempotencyRules:
         retention: timedelta = DEFAULT_RETENTION,
         two_phase: Collection[str] = (),
     ) -> None:
-        _check_options(
-            methods=methods,
-            routes=routes,
-            require_key=require_key,
-            canonicalize_json=canonicalize_json,
-            max_request_bytes=max_request_bytes,
-            max_response_bytes=max_response_bytes,
-            retention=retention,
-            two_phase=two_phase,
-        )
+        # Refused here, naming the option, as every request would trip over it (a 500, or a
+        # route silently unprotected): the same under every adapter.
+        if routes is not None and not isinstance(routes, Mapping):
+            raise UsageError(
+                f"routes must map path prefixes to collections of methods, not {describe(routes)}"
+            )
+        # One name where a collection of them is meant would be split into its letters, and
+        # leave every route unprotected (or make every path two-phase) without a word.
+        for what, value in (
+            ("methods", methods),
+            ("two_phase", two_phase),
+            *((f"routes[{prefix!r}]", ms) for prefix, ms in (routes or {}).items()),
+        ):
+            if isinstance(value, str | bytes):
+                raise UsageError(
+                    f"{what} must be a collection of names, not the str {value!r}: "
+                    f"write [{value!r}]"
+                )
+            if not isinstance(value, Collection):
+                raise UsageError(f"{what} must be a collection of names, not {describe(value)}")
+            if what != "two_phase":
+                for method in value:
+                    if not isinstance(method, str) or not METHOD.fullmatch(method):
+                        raise UsageError(
+                            f"{what} must hold HTTP method names such as 'POST', not {method!r}"
+                        )
+        # A request's path starts with "/": any other prefix would never match ("" matches all).
+        for what, prefixes in (("routes", routes or ()), ("two_phase", two_phase)):
+            for prefix in prefixes:
+                if not isinstance(prefix, str) or (prefix and not prefix.startswith("/")):
+                    raise UsageError(
+                        f"{what} prefix {prefix!r} must be a path starting with '/', which no "
+                        "request's path would otherwise match"
+                    )
+        for what, flag in (("require_key", require_key), ("canonicalize_json", canonicalize_json)):
+            if not isinstance(flag, bool):
+                raise UsageError(f"{what} must be True or False, not {describe(flag)}")
+        for what, size in (
+            ("max_request_bytes", max_request_bytes),
+            ("max_response_bytes", max_response_bytes),
+        ):
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise UsageError(f"{what} must be a positive number of bytes, not {size!r}")
+        if not isinstance(retention, timedelta):
+            raise UsageError(f"retention must be a datetime.timedelta, not {describe(retention)}")
+        if not timedelta(0) <= retention <= MAX_RETENTION:
+            # Idempotency-Key-Expires is an HTTP date: one past year 9999 cannot be written, which
+            # every answer would find after its transaction committed.
+            raise UsageError(f"retention must be between 0 and 100 years, not {retention}")
         self.methods = frozenset(m.upper() for m in methods)
         #: Path prefixes served in two-phase mode (the endpoint calls a third party and answers
         #: with its result: pgonce.phases), longest first; every other path: one transaction.

@@ -11,31 +11,41 @@ first request as a 500 or a late ``TypeError``. What differs between the two is 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from datetime import timedelta
+from typing import Any, TypeVar
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.errors import UsageError
+from pgonce.http.semantics import NO_WAIT
+from pgonce.store._async.keys import AsyncKeyStore
+from pgonce.store._async.phases import AsyncPhaseStore
+from pgonce.store._sync.keys import KeyStore
+from pgonce.store._sync.phases import PhaseStore
 from pgonce.store.common import check_wait
 
-__all__ = ["check_middleware"]
+__all__ = ["middleware_stores"]
+
+K = TypeVar("K", AsyncKeyStore, KeyStore)
+P = TypeVar("P", AsyncPhaseStore, PhaseStore)
 
 
-def check_middleware(
+def middleware_stores(
     *,
     asynchronous: bool,
     app: object,
     key_scope: object,
     pool: object,
-    store: object,
-    phases: object,
-    key_store: type,
-    phase_store: type,
-    wait: object,
+    store: K | None,
+    phases: P | None,
+    key_store: type[K],
+    phase_store: type[P],
+    wait: timedelta | None,
     schema: str,
-) -> str:
+) -> tuple[K, P]:
     """Refuse what a middleware (the ASGI one when ``asynchronous``, else the WSGI one) cannot
-    use; the schema of the stores it builds: the one its given ``store`` or ``phases`` is on,
-    else ``schema``.
+    use; its key store and two-phase store: those given, else built on the schema of the one
+    given (or ``schema``) with ``wait`` (:data:`~pgonce.http.semantics.NO_WAIT` for ``None``),
+    the two-phase one with the key store's settings.
 
     ``key_store`` and ``phase_store`` are the store classes of the middleware's kind.
     """
@@ -65,7 +75,16 @@ def check_middleware(
         # Checked by the stores the middleware builds, but not when both are given, while the
         # claim and a two-phase duplicate's wait still use it.
         check_wait(wait)
-    return _schema_of(store, phases, schema)
+    schema = _schema_of(store, phases, schema)
+    claim_wait = wait if wait is not None else NO_WAIT
+    key = store or key_store(schema=schema, wait=claim_wait)
+    two_phase = phases or phase_store(
+        schema=schema,
+        wait=claim_wait,
+        retry_after=key.retry_after,
+        store_server_errors=key.store_server_errors,
+    )
+    return key, two_phase
 
 
 def _check_pool(pool: object, *, asynchronous: bool) -> None:
