@@ -85,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(status == 200 for status, _ in statuses) else 1
 
 
+#: How long one delivery may take, in seconds.
+SEND_TIMEOUT = 30
+
+
 def service_url(host: str, port: int) -> str:
     """The URL the configured service answers on; a wildcard address is reached on loopback."""
     if host in ("", "0.0.0.0"):  # noqa: S104 (a wildcard to connect to, not to bind)
@@ -100,11 +104,38 @@ async def _send(
     with needs("http", "pgonce send"):
         import httpx
 
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=SEND_TIMEOUT) as client:
         try:
             answers = await asyncio.gather(
                 *(client.post(url, content=body, headers=headers) for _ in range(copies))
             )
         except httpx.HTTPError as error:
-            raise UsageError(f"cannot reach {public(url)}: {error}") from None
+            raise UsageError(f"cannot reach {public(url)}: {_reason(error)}") from None
     return Counter((r.status_code, r.text.strip()[:200]) for r in answers)
+
+
+def _reason(error: Exception) -> str:
+    """Why a delivery got no answer: the HTTP client's timeouts carry no message, nor does a
+    connection the server closed unanswered (a TLS handshake on a port that does not serve TLS)."""
+    import httpx
+
+    if said := str(error):
+        return said
+    if isinstance(error, httpx.TimeoutException):
+        said = f"no answer within {SEND_TIMEOUT} s"
+    elif isinstance(error, httpx.ConnectError) and url_scheme(error) == "https":
+        said = (
+            "the server closed the connection during the TLS handshake: does it serve TLS on "
+            "that port? (http:// if not)"
+        )
+    else:
+        said = "the server closed the connection without answering"
+    return f"{type(error).__name__}: {said}"
+
+
+def url_scheme(error: Exception) -> str:
+    """The scheme of the URL the failed request was for ("" when the error has no request)."""
+    try:
+        return str(error.request.url.scheme)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        return ""

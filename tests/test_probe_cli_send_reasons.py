@@ -1,0 +1,63 @@
+"""``pgonce send`` says why a delivery got no answer: "cannot reach URL: " ended there when the
+server closed the connection unanswered (a TLS handshake on a plain port) or never answered, as
+those errors of the HTTP client carry no message."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pgonce.cli import main
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+@pytest.fixture
+def closing() -> Iterator[str]:
+    """A loopback server that reads what comes first and closes the connection unanswered."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() under way
+        listener.close()
+        thread.join(timeout=5)
+
+
+def test_a_tls_handshake_the_server_closes_is_named_with_the_reason(
+    closing: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SEND_SECRET", SECRET)
+    config = tmp_path / "pgonce.toml"
+    config.write_text(
+        '[sources.shop]\nscheme = "standard-webhooks"\nsecrets = ["env:SEND_SECRET"]\n'
+    )
+    code = main(
+        ["send", "--config", str(config), "--source", "shop", "--url", f"https://{closing}"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err == (
+        f"pgonce: error: cannot reach https://{closing}/webhooks/shop: ConnectError: the server "
+        "closed the connection during the TLS handshake: does it serve TLS on that port? "
+        "(http:// if not)\n"
+    )
