@@ -29,6 +29,7 @@ from psycopg import (
     AsyncConnection,
     AsyncCursor,
     AsyncRawCursor,
+    BaseConnection,
     Connection,
     Cursor,
     RawCursor,
@@ -66,14 +67,13 @@ def _pinned_adapters() -> AdaptersMap:
     return adapters
 
 
-def _decoding(context: AdaptContext | None) -> Callable[[str | bytes], Any]:
-    """``json.loads`` for JSON text in the client_encoding of ``context``'s connection.
+def _decoding(conn: BaseConnection[Any] | None) -> Callable[[str | bytes], Any]:
+    """``json.loads`` for JSON text in the client_encoding of ``conn``.
 
     ``json.loads`` reads bytes as UTF-8 (or UTF-16/32); so does ``SQL_ASCII``, on which the
     server sends the text as the database holds it (see ``wire.encoding``).
     """
-    conn = context.connection if context is not None else None
-    encoding = conn_encoding(conn) if conn is not None else "utf-8"
+    encoding = conn_encoding(conn)
     if encoding in ("utf-8", "ascii"):
         return json.loads
 
@@ -83,28 +83,35 @@ def _decoding(context: AdaptContext | None) -> Callable[[str | bytes], Any]:
     return loads
 
 
+def _init(self: Any, oid: int, context: AdaptContext | None = None) -> None:
+    # psycopg's Loader.__init__ and _JsonLoader.__init__ in one, with the decoding decided
+    # here: the setting's name first, so that a UTF-8 connection (nearly every one) pays no
+    # codec lookup.
+    self.oid = oid
+    self.connection = conn = context.connection if context is not None else None
+    if conn is None or conn.pgconn.parameter_status(b"client_encoding") in _AS_UTF8:
+        self.loads = json.loads
+    else:
+        self.loads = _decoding(conn)
+
+
+_AS_UTF8 = frozenset((b"UTF8", b"SQL_ASCII", None))
+
+
 class _JsonLoader(JsonLoader):
-    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
-        super().__init__(oid, context)
-        self.loads = _decoding(context)
+    __init__ = _init
 
 
 class _JsonBinaryLoader(JsonBinaryLoader):
-    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
-        super().__init__(oid, context)
-        self.loads = _decoding(context)
+    __init__ = _init
 
 
 class _JsonbLoader(JsonbLoader):
-    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
-        super().__init__(oid, context)
-        self.loads = _decoding(context)
+    __init__ = _init
 
 
 class _JsonbBinaryLoader(JsonbBinaryLoader):
-    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
-        super().__init__(oid, context)
-        self.loads = _decoding(context)
+    __init__ = _init
 
 
 _JSON_LOADERS = (
