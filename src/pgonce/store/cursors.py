@@ -15,8 +15,8 @@ pgonce's map instead.
 
 JSON is read in the connection's client_encoding, in which PostgreSQL sends json and jsonb (text
 and binary alike: binary jsonb is a version byte, then the text), where psycopg's loaders assume
-UTF-8. Each loader picks its decoding when the cursor makes it, once per cursor: a UTF-8
-connection's loader is psycopg's own, unchanged.
+UTF-8. Each loader picks its decoding when the cursor makes it, once per cursor: on a UTF-8
+connection it is ``json.loads`` on the bytes, as psycopg's, at the same set-up cost.
 """
 
 from __future__ import annotations
