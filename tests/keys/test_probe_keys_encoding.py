@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgonce import AsyncKeyStore, KeyStore, Replay, Response, fingerprint
+from pgonce import AsyncKeyStore, KeyStore, Replay, Response, UsageError, fingerprint
 
 FP = fingerprint("encoded")
 HEADERS = (
@@ -81,3 +81,21 @@ async def test_async_claims_replay_the_stored_headers(
         again = await astore.begin(conn, "s", "k", FP)
         assert isinstance(again, Replay)
         assert again.response == STORED
+
+
+def test_headers_the_reader_cannot_carry_are_a_usage_error(dsn: str, store: KeyStore) -> None:
+    beyond = Response(200, headers=(("x-price", "5 €"),), body=b"{}")
+    with _connect(dsn, "UTF8") as conn:
+        with store.once(conn, "s", "euro", FP) as op:
+            op.respond(beyond)
+        conn.commit()
+    with _connect(dsn, "LATIN1") as conn:
+        carry = "client_encoding cannot carry; connect with client_encoding UTF8"
+        with pytest.raises(UsageError, match=carry), store.once(conn, "s", "euro", FP):
+            pass
+        conn.rollback()
+        with pytest.raises(UsageError, match=carry):
+            store.claim(conn, "s", "euro", FP)
+        conn.rollback()
+        with pytest.raises(UsageError, match=carry):
+            store.begin(conn, "s", "euro", FP)

@@ -117,6 +117,14 @@ class translate_errors:  # named like the function it replaced: ``with translate
             raise SchemaNotMigrated(
                 f"{what} failed: {first_line(error)}; run `pgonce migrate` on this database"
             ) from error
+        if isinstance(error, pg_errors.UntranslatableCharacter):
+            # The server converting what it sends into the connection's client_encoding: a
+            # stored response's headers (or an event's) with a character that LATIN1 (or another
+            # single-byte encoding) has no byte for, read on such a connection.
+            raise UsageError(
+                f"{what} failed: {first_line(error)}: the stored row holds characters that the "
+                "connection's client_encoding cannot carry; connect with client_encoding UTF8"
+            ) from error
         if isinstance(error, pg_errors.InvalidSavepointSpecification):
             # Class 3B is an OperationalError to psycopg, but no retry finds the savepoint: a
             # statement outside pgonce ended it (a ROLLBACK TO or RELEASE of a savepoint opened
