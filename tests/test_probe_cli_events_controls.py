@@ -51,3 +51,11 @@ def test_show_prints_the_body_with_escapes_and_keeps_its_lines(dsn: str) -> None
         assert control not in result.stdout
     assert '{"name": "\\u001b[2J\\u001b[31mred\\u009b"}\n\t{"next": 1}' in result.stdout
     assert "x-note: a\\u001b[8mhidden" in result.stdout
+
+
+def test_doctor_shows_the_newest_error_with_escapes(dsn: str) -> None:
+    store_event(dsn)
+    result = pgonce("doctor", "--dsn", dsn)
+    assert "Traceback" not in result.stderr
+    assert "\x1b" not in result.stdout
+    assert "last error: KeyError: '\\u001b[2K'" in result.stdout, result.stdout

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -237,6 +238,17 @@ def announced_database(
         if then:
             say(f"pgonce: {then}")
         yield db
+
+
+def printable(text: object, keep: str = "") -> str:
+    """``text`` with its control characters (C0, DEL, C1) but those in ``keep`` written as
+    ``\\u001b`` escapes: what a sender wrote must not drive the operator's terminal (an ESC
+    sequence clears the screen or hides lines), and a JSON reader reads the escape as the same
+    character."""
+    return "".join(
+        f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cc" and c not in keep else c
+        for c in str(text)
+    )
 
 
 def say(message: str) -> None:

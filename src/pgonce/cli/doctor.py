@@ -38,6 +38,7 @@ from pgonce.cli.common import (
     add_database_options,
     announced_database,
     config_from,
+    printable,
     settings_from,
 )
 from pgonce.cli.sweep import (
@@ -127,7 +128,7 @@ def render_troubles(troubles: Sequence[Trouble]) -> str:
             next_step = f"waiting for `pgonce replay {option} {t.name}` after a fix"
         lines.append(
             f"  {t.part} {what} {t.name!r}: {t.rows} {t.state} ({next_step}); "
-            f"last error: {t.last_error or 'none recorded'}"
+            f"last error: {printable(t.last_error or 'none recorded')}"
         )
     return "\n".join(lines)
 

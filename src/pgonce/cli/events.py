@@ -12,11 +12,10 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import unicodedata
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, database
+from pgonce.cli.common import add_database_options, database, printable
 from pgonce.store._sync.inspect import MAX_LIST, Inspector
 from pgonce.store.errors import translate_errors
 
@@ -51,17 +50,6 @@ def _limit(text: str) -> int:
     return limit
 
 
-def _shown(text: object, keep: str = "") -> str:
-    """``text`` with its control characters (C0, DEL, C1) but those in ``keep`` written as
-    ``\\u001b`` escapes: what a sender wrote must not drive the operator's terminal (an ESC
-    sequence clears the screen or hides lines), and a JSON reader reads the escape as the same
-    character."""
-    return "".join(
-        f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cc" and c not in keep else c
-        for c in str(text)
-    )
-
-
 def _when(value: object) -> str:
     return "" if value is None else str(value)[:19]
 
@@ -91,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
                 ("last error", event.last_error or ""),
                 ("body sha-256", event.digest),
             ):
-                print(f"{label:>13}: {_shown(value)}")
+                print(f"{label:>13}: {printable(value)}")
             print("\nheaders:")
             for name, value in sorted(event.headers.items()):
-                print(f"  {_shown(name)}: {_shown(value)}")
+                print(f"  {printable(name)}: {printable(value)}")
             print(f"\nbody ({len(event.body)} bytes):")
             try:
-                print(_shown(event.body.decode("utf-8"), keep="\n\t"))
+                print(printable(event.body.decode("utf-8"), keep="\n\t"))
             except UnicodeDecodeError:
                 print(event.body[:512].hex(" ", 2))
             return 0
@@ -110,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'received':<19}  {'source':<12} {'status':<8} {'tries':>5}  event id / last error")
     for e in found:
         print(
-            f"{_when(e.received_at):<19}  {_shown(e.source):<12.12} {e.status:<8} "
-            f"{e.attempts:>5}  {_shown(e.event_id)}"
+            f"{_when(e.received_at):<19}  {printable(e.source):<12.12} {e.status:<8} "
+            f"{e.attempts:>5}  {printable(e.event_id)}"
         )
         if e.last_error:
-            print(f"{'':<49}{_shown(e.last_error[:100])}")
+            print(f"{'':<49}{printable(e.last_error[:100])}")
     return 0
