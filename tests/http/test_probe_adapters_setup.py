@@ -105,25 +105,6 @@ def test_a_wrong_option_is_refused_by_every_adapter(
         build(store=key_store(), phases=phase_store(), **options)
 
 
-def test_the_right_options_are_taken(build: Build) -> None:
-    key_store, phase_store = build.stores  # type: ignore[attr-defined]
-    middleware = build(
-        store=key_store(schema="billing"),
-        phases=phase_store(schema="billing"),
-        schema="billing",
-        methods=["post", "PATCH"],
-        routes={"/payments": ["PUT"], "/": ()},
-        two_phase=["/charges/"],
-        wait=timedelta(seconds=2),
-        retention=timedelta(0),
-        max_request_bytes=1,
-        max_response_bytes=10**9,
-        require_key=False,
-        canonicalize_json=False,
-    )
-    assert middleware.rules.is_two_phase("/charges/1")
-
-
 def test_the_phases_use_the_given_stores_schema(build: Build) -> None:
     key_store, _ = build.stores  # type: ignore[attr-defined]
     middleware = build(store=key_store(schema="billing"))
@@ -142,6 +123,22 @@ def test_stores_on_two_schemas_are_refused(build: Build) -> None:
         build(store=key_store(schema="billing"), phases=phase_store(schema="orders"))
     with pytest.raises(UsageError, match="schema"):
         build(store=key_store(schema="billing"), schema="orders")
+    # What is right is taken: one schema named three times, every option at its bounds.
+    middleware = build(
+        store=key_store(schema="billing"),
+        phases=phase_store(schema="billing"),
+        schema="billing",
+        methods=["post", "PATCH"],
+        routes={"/payments": ["PUT"], "/": ()},
+        two_phase=["/charges/"],
+        wait=timedelta(seconds=2),
+        retention=timedelta(0),
+        max_request_bytes=1,
+        max_response_bytes=10**9,
+        require_key=False,
+        canonicalize_json=False,
+    )
+    assert middleware.rules.is_two_phase("/charges/1")
 
 
 def test_an_asgi_app_that_is_not_callable_is_refused(
