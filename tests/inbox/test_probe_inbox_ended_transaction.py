@@ -71,17 +71,20 @@ async def test_a_batch_handler_that_commits_is_dead_lettered_and_the_rest_reopen
 
 
 @pytest.mark.parametrize("then_raise", [False, True])
-async def test_a_batch_handler_that_rolls_back_is_retried(
-    effects_dsn: str, then_raise: bool
+@pytest.mark.parametrize("statement", ["ROLLBACK", "RELEASE SAVEPOINT event"])
+async def test_a_batch_handler_that_rolls_back_or_releases_its_savepoint_is_retried(
+    effects_dsn: str, statement: str, then_raise: bool
 ) -> None:
-    """The ROLLBACK undoes the whole batch: every event is pending again, the handler's event
-    with a failure counted, and the next batch runs each once."""
+    """A ROLLBACK undoes the whole batch; so does a RELEASE of the handler's savepoint, whose end
+    then fails and aborts the batch's transaction. Every event is pending again, the handler's
+    event with its failure counted (not a batch that fails again and again without one), and
+    the next batch runs each event once."""
     await deliver(effects_dsn, *(delivery(f"e{i}", {"n": i}) for i in range(3)), now=T0)
 
     def handle(event: InboxEvent, conn: psycopg.Connection[Any]) -> None:
         record(event, conn)
         if event.id == "e1":
-            conn.execute("ROLLBACK")
+            conn.execute(statement)
             if then_raise:
                 raise RuntimeError("the handler's own error")
 
@@ -92,34 +95,6 @@ async def test_a_batch_handler_that_rolls_back_is_retried(
     assert failed["attempts"] == 1
     assert failed["last_error"].startswith("HandlerEndedTransaction")
     assert ("the handler's own error" in failed["last_error"]) == then_raise
-
-    assert batch(effects_dsn, record, now=T0 + timedelta(hours=1)) == 3
-    assert ran(effects_dsn) == ["e0", "e1", "e2"]
-    assert set(statuses(effects_dsn).values()) == {"done"}
-
-
-@pytest.mark.parametrize("then_raise", [False, True])
-async def test_a_batch_handler_that_releases_its_savepoint_is_retried(
-    effects_dsn: str, then_raise: bool
-) -> None:
-    """With its savepoint gone, the savepoint's end fails and aborts the batch's transaction:
-    the batch is undone, the handler's event has its failure counted (it is not a batch that
-    fails again and again without one), and the next batch runs each event once."""
-    await deliver(effects_dsn, *(delivery(f"e{i}", {"n": i}) for i in range(3)), now=T0)
-
-    def handle(event: InboxEvent, conn: psycopg.Connection[Any]) -> None:
-        record(event, conn)
-        if event.id == "e1":
-            conn.execute("RELEASE SAVEPOINT event")
-            if then_raise:
-                raise RuntimeError("the handler's own error")
-
-    assert batch(effects_dsn, handle) == 3
-    assert set(statuses(effects_dsn).values()) == {"pending"}
-    assert ran(effects_dsn) == []
-    failed = await row(effects_dsn, "e1")
-    assert failed["attempts"] == 1
-    assert failed["last_error"].startswith("HandlerEndedTransaction")
 
     assert batch(effects_dsn, record, now=T0 + timedelta(hours=1)) == 3
     assert ran(effects_dsn) == ["e0", "e1", "e2"]
