@@ -59,3 +59,10 @@ def test_doctor_shows_the_newest_error_with_escapes(dsn: str) -> None:
     assert "Traceback" not in result.stderr
     assert "\x1b" not in result.stdout
     assert "last error: KeyError: '\\u001b[2K'" in result.stdout, result.stdout
+
+
+def test_replay_prints_the_replayed_id_with_escapes(dsn: str) -> None:
+    store_event(dsn)
+    result = pgonce("replay", "--dsn", dsn, "--source", "shop")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "evt_\\u001b]0;owned\\u0007\n"

@@ -29,6 +29,7 @@ from pgonce.cli.common import (
     add_database_options,
     bounded_int,
     database,
+    printable,
     require_migrated,
     say,
 )
@@ -93,6 +94,6 @@ def run(args: argparse.Namespace) -> int:
             replayed = InboxStore(schema=settings.schema).replay(conn, args.source, args.event_ids)
             what = f"dead inbox event(s) of source {args.source}"
     for item in replayed:
-        print(item)
+        print(printable(item))
     say(f"pgonce: replayed {len(replayed)} {what}")
     return 0 if replayed else 1
