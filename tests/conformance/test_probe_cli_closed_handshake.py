@@ -5,37 +5,19 @@ no message)."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from pgonce.cli import main
+from tests.loopback import close_unanswered, loopback
 
 
 @pytest.fixture
 def closing() -> Iterator[str]:
     """A loopback server that reads what comes first and closes the connection unanswered."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(4096)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() under way
-        listener.close()
-        thread.join(timeout=5)
+    with loopback(close_unanswered) as address:
+        yield address
 
 
 @pytest.mark.parametrize(

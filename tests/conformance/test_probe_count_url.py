@@ -5,7 +5,6 @@ ConnectError or RemoteProtocolError)."""
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -13,32 +12,20 @@ import pytest
 from pgonce.cli import main
 from tests.conformance.conftest import ALICE, PAYMENT
 from tests.http.conftest import Server
+from tests.loopback import loopback
 
 
 @pytest.fixture
 def not_http() -> Iterator[str]:
     """A loopback server that answers every connection with a line that is not HTTP."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://counter:hunter2@127.0.0.1:{listener.getsockname()[1]}/count"
-    finally:
-        stop.set()
-        listener.close()
-        thread.join(timeout=5)
+    with loopback(answer) as address:
+        yield f"http://counter:hunter2@{address}/count"
 
 
 @pytest.fixture

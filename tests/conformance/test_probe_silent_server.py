@@ -5,7 +5,6 @@ carry no message)."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -13,31 +12,17 @@ import pytest
 
 from pgonce.cli import main
 from pgonce.conformance.runner import REQUEST_TIMEOUT
+from tests.loopback import loopback
 
 
 @pytest.fixture
 def silent() -> Iterator[str]:
     """A loopback server that reads every request and never answers it."""
-    listener = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            held.append(conn)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.close()
-        thread.join(timeout=5)
-        for conn in held:
-            conn.close()
+    with loopback(held.append) as address:
+        yield f"http://{address}"
+    for conn in held:
+        conn.close()
 
 
 @pytest.mark.parametrize(

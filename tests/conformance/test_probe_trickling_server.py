@@ -18,6 +18,7 @@ import pytest
 from pgonce.conformance.runner import REQUEST_TIMEOUT
 from tests.conformance.conftest import ALICE, PAYMENT
 from tests.http.conftest import Server
+from tests.loopback import loopback
 from tests.test_cli import ROOT
 
 BUDGET = 3.0
@@ -26,7 +27,6 @@ BUDGET = 3.0
 @pytest.fixture
 def trickling() -> Iterator[str]:
     """A loopback server answering 200 and then one byte of body every half second, never done."""
-    listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
     def answer(conn: socket.socket) -> None:
@@ -39,20 +39,9 @@ def trickling() -> Iterator[str]:
                 except OSError:
                     return
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
+    with loopback(answer) as address:
+        yield f"http://{address}"
         stop.set()
-        listener.close()
 
 
 def conformance(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
