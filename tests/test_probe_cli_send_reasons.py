@@ -43,3 +43,29 @@ def test_a_tls_handshake_the_server_closes_is_named_with_the_reason(
         "closed the connection during the TLS handshake: does it serve TLS on that port? "
         "(http:// if not)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--url", "notaurl"], "--url: 'notaurl' is not an http(s) URL"),
+        (["--url", "ftp://u:hunter2@host/x"], "--url: 'ftp://u:***@host/x' is not an http(s) URL"),
+        (["--body", "notjson"], "--body is not JSON (Expecting value: line 1 column 1 (char 0))"),
+        (["--id", ""], "argument --id: is empty"),
+    ],
+)
+def test_a_bad_url_body_or_id_is_a_usage_error(
+    options: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each was sent (the body as application/json, the id empty) or failed as the HTTP client's
+    # error, exit 1, where the help promises a usage error.
+    config = tmp_path / "pgonce.toml"
+    config.write_text(
+        '[sources.shop]\nscheme = "standard-webhooks"\nsecrets = ["env:SEND_SECRET"]\n'
+    )
+    with pytest.raises(SystemExit) as ended:
+        main(["send", "--config", str(config), "--source", "shop", *options])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "hunter2" not in err

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
 import psycopg
 
@@ -26,7 +27,7 @@ from pgonce.database import (
     load_embedded,
     open_database,
 )
-from pgonce.errors import SchemaNotMigrated
+from pgonce.errors import SchemaNotMigrated, UsageError
 from pgonce.store.errors import translate_errors
 from pgonce.store.migrate import migrate, status
 
@@ -121,6 +122,25 @@ def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
         return number
 
     return parse
+
+
+def http_url(value: str) -> str:
+    """An http(s) URL with a host; else a :class:`UsageError` that shows it with the password of
+    its user part hidden."""
+    from pgonce.core.urls import public
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 -- raises ValueError when out of 0-65535 or not a number
+    except ValueError:
+        parts = None
+    if parts is None:  # not even split: its user part, which may hold a password, is hidden
+        user, at, rest = value.rpartition("@")
+        shown = f"{user.partition('//')[0]}//***@{rest}" if at else value
+        raise UsageError(f"{shown!r} is not an http(s) URL")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{public(value)!r} is not an http(s) URL")
+    return value
 
 
 def not_empty(text: str) -> str:

@@ -32,9 +32,8 @@ import os
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
-from pgonce.cli.common import add_global_options, bounded_int
+from pgonce.cli.common import add_global_options, bounded_int, http_url
 from pgonce.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -288,14 +287,14 @@ def _target(args: argparse.Namespace) -> HttpTarget | WebhookTarget:
     if args.count_url and args.count_sql:
         raise UsageError("give --count-url or --count-sql, not both")
     if args.count_url:
-        _url(args.count_url)
+        http_url(args.count_url)
     if args.suite == "http":
         try:
             body = args.body_file.read_bytes() if args.body_file else args.body.encode()
         except OSError as error:
             raise UsageError(f"--body-file: {error.strerror}: {args.body_file}") from None
         http_target = HttpTarget(
-            url=_url(args.url),
+            url=http_url(args.url),
             body=body,
             content_type=args.content_type,
             method=args.method.upper(),
@@ -321,7 +320,7 @@ def _target(args: argparse.Namespace) -> HttpTarget | WebhookTarget:
                 same_origin(http_target.url, path)  # a bad path is refused before any request
         return http_target
     hook_target = WebhookTarget(
-        url=_url(args.url),
+        url=http_url(args.url),
         scheme=args.scheme,
         secret=from_env(args.secret, "--secret"),
         tolerance=timedelta(seconds=args.tolerance),
@@ -372,20 +371,3 @@ async def _run(
         return await check_webhooks(
             target, effects=effects, budget=args.budget, only=only, http=session
         )
-
-
-def _url(value: str) -> str:
-    from pgonce.core.urls import public
-
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 -- raises ValueError when out of 0-65535 or not a number
-    except ValueError:
-        parts = None
-    if parts is None:  # not even split: its user part, which may hold a password, is hidden
-        user, at, rest = value.rpartition("@")
-        shown = f"{user.partition('//')[0]}//***@{rest}" if at else value
-        raise UsageError(f"{shown!r} is not an http(s) URL")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"{public(value)!r} is not an http(s) URL")
-    return value

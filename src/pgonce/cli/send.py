@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import cast
 
-from pgonce.cli.common import bounded_int
+from pgonce.cli.common import bounded_int, http_url, not_empty
 from pgonce.core.urls import public
 from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
@@ -40,9 +40,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "http://127.0.0.1:8000 without them)",
     )
     body = parser.add_mutually_exclusive_group()
-    body.add_argument("--body", help="the JSON body to send")
-    body.add_argument("--body-file", type=Path, help="a file holding the body")
-    parser.add_argument("--id", dest="event_id", help="the event id (default: a new one)")
+    body.add_argument("--body", help="the JSON body to send (default: a small sample event)")
+    body.add_argument("--body-file", type=Path, help="a file holding the body, sent as it is")
+    parser.add_argument(
+        "--id", dest="event_id", type=not_empty, help="the event id (default: a new one)"
+    )
     parser.add_argument(
         "--copies",
         type=bounded_int(1, MAX_COPIES),
@@ -52,6 +54,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url is not None:
+        try:
+            http_url(args.url)
+        except UsageError as error:
+            args.parser.error(f"--url: {error}")
+    if args.body is not None:
+        try:
+            json.loads(args.body)
+        except ValueError as error:
+            # Sent as application/json: a receiver would refuse it, or store what no handler
+            # reads, and the test would say nothing of the webhook it meant to try.
+            args.parser.error(f"--body is not JSON ({error}); --body-file sends any bytes")
     from pgonce.service.config import load
 
     config = load(args.config)
