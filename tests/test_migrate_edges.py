@@ -142,17 +142,3 @@ def test_a_migration_blocked_by_a_long_transaction_gives_up_instead_of_stalling_
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert status(conn, "pgonce").current == before[-1].version
         assert migrate(conn, "pgonce") == rest
-
-
-def test_an_up_to_date_schema_is_left_alone_on_a_node_that_takes_no_writes(
-    empty_dsn: str,
-) -> None:
-    # "When up to date it does nothing": it ran CREATE SCHEMA first, which a standby or a
-    # read-only role refuses, and a start of `pgonce serve` there failed on a current schema.
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert migrate(conn, "pgonce")
-    with psycopg.connect(
-        empty_dsn, autocommit=True, options="-c default_transaction_read_only=on"
-    ) as conn:
-        assert migrate(conn, "pgonce") == []
-        assert status(conn, "pgonce").up_to_date

@@ -136,10 +136,6 @@ def migrate(
     # The name reaches search_path as text, where PostgreSQL folds an unquoted name to lower
     # case: "Tenant-A" built its tables in an existing schema "tenant-a", or nowhere.
     validate_schema(schema)
-    # Up to date: nothing to create, record or lock, so a node that takes no writes (a standby,
-    # a read-only role) is not refused for a schema it already holds.
-    if status(conn, schema).up_to_date:
-        return []
     done: list[int] = []
     with translate_errors("migrating"):
         for migration in pgsql.migrations():
