@@ -28,6 +28,17 @@ async def _aconnect(dsn: str, encoding: str) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(dsn, options=f"-c client_encoding={encoding}")
 
 
+def _replays(store: KeyStore, conn: psycopg.Connection[Any], key: str) -> None:
+    """once() and claim() both replay ``key``'s stored response, its headers intact."""
+    with store.once(conn, "s", key, FP) as op:
+        assert op.replayed
+        assert op.response == STORED
+    replay = store.claim(conn, "s", key, FP)
+    assert isinstance(replay, Replay)
+    assert replay.response == STORED
+    assert tuple(replay.response.headers) == HEADERS
+
+
 @pytest.mark.parametrize("writer", ENCODINGS)
 @pytest.mark.parametrize("reader", ENCODINGS)
 def test_every_claim_replays_the_stored_headers(
@@ -42,21 +53,10 @@ def test_every_claim_replays_the_stored_headers(
         store.commit(conn, claim, STORED)
     with _connect(dsn, reader) as conn:
         for key in ("once", "begun"):
-            with store.once(conn, "s", key, FP) as op:
-                assert op.replayed
-                assert op.response == STORED
-            replay = store.claim(conn, "s", key, FP)
-            assert isinstance(replay, Replay)
-            assert replay.response == STORED
-            assert tuple(replay.response.headers) == HEADERS
+            _replays(store, conn, key)
             conn.rollback()
             with conn.pipeline(), conn.transaction():
-                with store.once(conn, "s", key, FP) as op:
-                    assert op.replayed
-                    assert op.response == STORED
-                replay = store.claim(conn, "s", key, FP)
-                assert isinstance(replay, Replay)
-                assert replay.response == STORED
+                _replays(store, conn, key)
             again = store.begin(conn, "s", key, FP)
             assert isinstance(again, Replay)
             assert again.response == STORED
