@@ -23,7 +23,14 @@ from pgonce.conformance import http_keys, http_replays
 from pgonce.conformance.effects import Effects
 from pgonce.conformance.http_run import HttpRun, HttpTarget, new_key, suite
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client, failure, within
+from pgonce.conformance.runner import (
+    DEFAULT_BUDGET,
+    client,
+    failure,
+    server_failed,
+    shown,
+    within,
+)
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
@@ -62,6 +69,13 @@ async def check_http(
             )
         except httpx.HTTPError as error:
             raise UsageError(f"cannot reach {public(target.url)}: {failure(error)}") from None
+        if server_failed(first):
+            # Not the request's fault: nothing can be judged while the server fails.
+            raise UsageError(
+                f"{target.method} {public(target.url)} with a new key answered "
+                f"{first.status_code}, a server failure: the endpoint must succeed (2xx) before "
+                f"its idempotency can be judged ({shown(first)})"
+            )
         if not first.is_success:
             raise UsageError(
                 f"{target.method} {public(target.url)} with a new key answered "

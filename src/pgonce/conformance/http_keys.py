@@ -13,7 +13,7 @@ from pgonce.conformance.http_run import (
     suite,
 )
 from pgonce.conformance.report import Finding
-from pgonce.conformance.runner import shown
+from pgonce.conformance.runner import answered, shown
 from pgonce.extras import needs
 
 with needs("http", "pgonce conformance"):
@@ -70,7 +70,7 @@ async def key_too_long(run: HttpRun) -> Finding:
     # Accepted: another key with the same first 255 characters must be another operation.
     other = await run.send(f'"{stem}b"')
     finding.saw(f"a 256-character key: {shown(first)}; one differing in its last: {shown(other)}")
-    finding.expect(other.is_success, f"the second long key answered {other.status_code}")
+    finding.expect(other.is_success, answered("the second long key", other))
     same = other.content == first.content
     if same and before is None and not run.replayed(other):
         return finding.skip(
@@ -105,7 +105,7 @@ async def key_structured_field(run: HttpRun) -> Finding:
     first = await run.send(escaped)
     second = await run.send(escaped)
     finding.saw(f"escaped sf-string: {shown(first)}, retry {shown(second)}")
-    finding.expect(first.is_success, f"a key with sf-string escapes answered {first.status_code}")
+    finding.expect(first.is_success, answered("a key with sf-string escapes", first))
     finding.expect(
         second.content == first.content, "the retry with the escaped key was not a replay"
     )

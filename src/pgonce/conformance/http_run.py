@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pgonce.conformance.effects import Effects
 from pgonce.conformance.report import Finding
-from pgonce.conformance.runner import Suite, is_problem, request, shown
+from pgonce.conformance.runner import Suite, answered, is_problem, request, shown
+from pgonce.core.urls import public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
 
@@ -101,7 +102,7 @@ def same_origin(url: str, path: str) -> str:
     parts = urlsplit(url)
     relative = urlsplit(path)
     if relative.scheme or relative.netloc or not path.startswith("/"):
-        raise UsageError(f"{path!r} must be a path on the endpoint's server, such as /fail")
+        raise UsageError(f"{public(path)!r} must be a path on the endpoint's server, such as /fail")
     return urlunsplit((parts.scheme, parts.netloc, relative.path, relative.query, ""))
 
 
@@ -172,7 +173,7 @@ suite: Suite[HttpRun] = Suite("http")
 def refused(finding: Finding, response: httpx.Response, status: int, what: str) -> None:
     """Expect ``response`` to refuse ``what`` with ``status`` and a problem document."""
     finding.saw(f"{what}: {shown(response)}")
-    finding.expect(response.status_code == status, f"{what} answered {response.status_code}")
+    finding.expect(response.status_code == status, answered(what, response, str(status)))
     if response.status_code == status:
         finding.expect(
             is_problem(response), f"{what}: the {status} is not application/problem+json"

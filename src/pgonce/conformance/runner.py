@@ -153,6 +153,21 @@ def _scheme(error: httpx.HTTPError) -> str:
         return ""
 
 
+def server_failed(response: httpx.Response) -> bool:
+    """Whether the server failed to answer: a 5xx is an error of the server (a crash, an outage,
+    a proxy whose upstream is down), never a refusal of what was sent."""
+    return response.status_code >= 500
+
+
+def answered(what: str, response: httpx.Response, expected: str | None = None) -> str:
+    """A check's fault for an answer it did not expect: ``what`` answered the status, said to be
+    a server failure when it is a 5xx, and ``expected`` (such as "401", "a 4xx") when given."""
+    said = f"{what} answered {response.status_code}"
+    if server_failed(response):
+        said += ", a server failure"
+    return f"{said}, not {expected}" if expected else said
+
+
 def shown(response: httpx.Response) -> str:
     """A response as evidence: status, media type and body digest."""
     from pgonce.conformance.report import digest

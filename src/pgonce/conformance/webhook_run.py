@@ -18,7 +18,9 @@ from pgonce.conformance.effects import Effects, settled_count
 from pgonce.conformance.report import Finding
 from pgonce.conformance.runner import (
     Suite,
+    answered,
     request,
+    server_failed,
     shown,
 )
 from pgonce.extras import needs
@@ -82,6 +84,8 @@ class WebhookRun:
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     #: Every refusal the checks expected, for the problem+json check: (what, response).
     refusals: list[tuple[str, httpx.Response]] = field(default_factory=list)
+    #: What the server failed on (a 5xx) where the checks expected a refusal.
+    failures: list[str] = field(default_factory=list)
     #: Seconds each accepted delivery took to be answered.
     ack_times: list[float] = field(default_factory=list)
     #: Distinct events the receiver should have acted on, and the count when the run began.
@@ -160,9 +164,12 @@ class WebhookRun:
             if isinstance(status, range)
             else " or ".join(map(str, status))
         )
-        finding.expect(ok, f"{what} answered {response.status_code}, not {expected}")
-        if response.status_code >= 400:
+        finding.expect(ok, answered(what, response, expected))
+        if 400 <= response.status_code < 500:
+            # A 5xx is the server failing, not a refusal: the problem+json check judges none.
             self.refusals.append((what, response))
+        elif server_failed(response):
+            self.failures.append(what)
 
     def signature_headers(self) -> set[str]:
         """The headers that carry the signature: those that change with the body alone."""

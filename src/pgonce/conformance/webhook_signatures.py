@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from pgonce.conformance.providers import provider_signer
 from pgonce.conformance.report import Finding, digest
-from pgonce.conformance.runner import shown
+from pgonce.conformance.runner import answered, shown
 from pgonce.conformance.webhook_run import (
     GITHUB,
     SIGNATURE_REFUSED,
@@ -36,9 +36,7 @@ async def signed_accepted(run: WebhookRun) -> Finding:
     before = await run.count()
     response = await run.post(body, run.sign(body, event_id))
     finding.saw(f"{shown(response)} for a non-canonical JSON body of {digest(body)}")
-    finding.expect(
-        response.is_success, f"a validly signed delivery answered {response.status_code}"
-    )
+    finding.expect(response.is_success, answered("a validly signed delivery", response))
     await run.one_effect(before, finding, response.is_success)
     return finding
 
@@ -58,9 +56,7 @@ async def provider_library_accepted(run: WebhookRun) -> Finding:
     before = await run.count()
     response = await run.post(body, headers)
     finding.saw(f"signed by {signer.library}: {shown(response)}")
-    finding.expect(
-        response.is_success, f"{signer.library}'s delivery answered {response.status_code}"
-    )
+    finding.expect(response.is_success, answered(f"{signer.library}'s delivery", response))
     await run.one_effect(before, finding, response.is_success)
     return finding
 
