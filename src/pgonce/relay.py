@@ -45,17 +45,18 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA, own_connect_kwargs
+from pgonce.core.outage import FailureRun
 from pgonce.core.outbox import OutboxMessage, Refusal, RetryPolicy, refuse, settle
 from pgonce.core.throttle import Throttle, held_back
 from pgonce.database import own_prepare_threshold
-from pgonce.errors import BrokerUnavailable, ConfigError, PgonceError
+from pgonce.errors import BrokerUnavailable, ConfigError, DatabaseError, PgonceError
 from pgonce.publishers.base import Publisher, PublishResult
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store.errors import translate_errors
@@ -88,6 +89,17 @@ MAX_POLL_INTERVAL = timedelta(seconds=30)
 #: Waits after a batch the broker did not settle (down, or answers lost): from the first value
 #: doubling to the second, so an outage costs a few connection attempts a minute, not a storm.
 DEFAULT_OUTAGE_BACKOFF = (timedelta(milliseconds=200), timedelta(seconds=10))
+#: How long a stop waits for a batch whose rows are at the broker to mark what the broker
+#: acknowledged; a batch still claiming is cancelled at once (nothing of it reached the broker).
+#: A statement that stalls (a lock another session holds, a server that stopped answering) is
+#: cancelled after this, and the rows of the batch are published again by the next run, with the
+#: same message ids.
+DEFAULT_STOP_GRACE = timedelta(seconds=10)
+#: How long a stop waits for a loop that is neither claiming nor at the broker (registering as
+#: waiting, or unregistering) before it cancels the statement.
+STOP_WAIT = timedelta(seconds=2)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,8 +233,37 @@ class Relay:
         self._pooler_checked = False
         self.outage_backoff = outage_backoff
         self.stats = RelayStats()
-        #: Holds back repeated reports of one failure: per (aggregate type, reason).
+        #: Holds back repeated reports of one row's failure: per (aggregate type, reason).
         self.throttle = Throttle()
+        #: The loops' runs of failures, shared by the loops (an outage is one line however many
+        #: loops run, and one line when it is over): the database (cannot be reached, or fails
+        #: the relay's statements), batches that failed otherwise (a publisher's bug), batches
+        #: the broker could not be reached for or did not answer, and the LISTEN connection.
+        self._database = FailureRun(
+            log,
+            "relay: the database answers again after %(count)d failed attempts; the rows that "
+            "waited are published now",
+        )
+        self._batches = FailureRun(log, "relay: batches publish again after %(count)d failures")
+        publisher_name = str(getattr(publisher, "name", type(publisher).__name__))
+        self._broker = FailureRun(
+            log,
+            f"relay: {publisher_name.replace('%', '%%')} answers again after %(count)d "
+            "batches it did not",
+        )
+        self._listener = FailureRun(
+            log,
+            "relay: LISTEN connection back after %(count)d failures; notifications wake the "
+            "relay again",
+        )
+        #: How long a stop waits for a batch whose rows are at the broker (see
+        #: :data:`DEFAULT_STOP_GRACE`).
+        self.stop_grace = DEFAULT_STOP_GRACE
+        #: What each batch loop's task is doing, for a stop: "claiming" (a statement, nothing at
+        #: the broker) or "settling" (rows at the broker, that many), from run_once().
+        self._doing: dict[asyncio.Task[Any], tuple[str, int]] = {}
+        #: What a stop cancelled, one per loop: (the task's doing, rows at the broker).
+        self._cut: list[tuple[str, int]] = []
         #: Names this relay in outbox_waiting_relays; unique per instance.
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = asyncio.Event()
@@ -234,34 +275,48 @@ class Relay:
         self, conn: AsyncConnection[Any], *, now: datetime | None = None
     ) -> BatchReport:
         """Claim, publish and settle one batch in one transaction on ``conn`` (autocommit)."""
-        async with conn.transaction():
-            batch = await self.store.claim(
-                conn, limit=self.batch_size, per_aggregate=self.per_aggregate, now=now
-            )
-            if not batch:
-                return BatchReport()
-            broker_down = False
-            async with self._at_broker or contextlib.nullcontext():
-                try:
-                    result = await self.publisher.publish(batch)
-                except BrokerUnavailable as error:
-                    result, broker_down = PublishResult(lost=str(error)), True
-            # The backoff is computed on this host's clock and compared with the database's in
-            # the claim; a skew of a few seconds shifts a retry by as much, nothing worse.
-            settled_at = now or datetime.now(UTC)
-            settlement = settle(batch, result.acked, result.refused)
-            await self.store.mark_published(conn, settlement.published, now=now)
-            refusals = [
-                refuse(
-                    self.policy,
-                    id=row.id,
-                    attempts_before=row.attempts,
-                    error=error,
-                    now=settled_at,
+        task = asyncio.current_task()
+        try:
+            async with conn.transaction():
+                if task is not None:
+                    self._doing[task] = ("claiming", 0)
+                batch = await self.store.claim(
+                    conn, limit=self.batch_size, per_aggregate=self.per_aggregate, now=now
                 )
-                for row, error in settlement.refused
-            ]
-            await self.store.record_refusals(conn, refusals)
+                if not batch:
+                    return BatchReport()
+                if task is not None:
+                    del self._doing[task]
+                broker_down = False
+                async with self._at_broker or contextlib.nullcontext():
+                    # From here to the commit a stop lets the batch mark what the broker
+                    # acknowledged (for a while: DEFAULT_STOP_GRACE); before, it cancels the
+                    # claim outright, as nothing of the batch reached the broker.
+                    if task is not None:
+                        self._doing[task] = ("settling", len(batch))
+                    try:
+                        result = await self.publisher.publish(batch)
+                    except BrokerUnavailable as error:
+                        result, broker_down = PublishResult(lost=str(error)), True
+                # The backoff is computed on this host's clock and compared with the database's
+                # in the claim; a skew of a few seconds shifts a retry by as much, nothing worse.
+                settled_at = now or datetime.now(UTC)
+                settlement = settle(batch, result.acked, result.refused)
+                await self.store.mark_published(conn, settlement.published, now=now)
+                refusals = [
+                    refuse(
+                        self.policy,
+                        id=row.id,
+                        attempts_before=row.attempts,
+                        error=error,
+                        now=settled_at,
+                    )
+                    for row, error in settlement.refused
+                ]
+                await self.store.record_refusals(conn, refusals)
+        finally:
+            if task is not None:
+                self._doing.pop(task, None)
         # Reported after the commit: what the log says happened has happened.
         self._report(batch, result, refusals, broker_down, settled_at)
         parked = sum(1 for r in refusals if r.parked_at is not None)
@@ -320,6 +375,9 @@ class Relay:
                     held_back(held),
                 )
         answered = result.acked.union(result.refused)
+        if answered:
+            # The broker answered: an outage of it, or a run of batches it left unanswered, ends.
+            self._broker.succeeded()
         unanswered = [row for row in batch if row.id not in answered]
         if unanswered and result.refused:
             # The rows behind a refused row of their aggregate wait for it, to keep the order:
@@ -337,20 +395,32 @@ class Relay:
             return
         reason = "unavailable" if broker_down else "no_answer"
         self.stats.fail(reason, len(unanswered))
-        held = self.throttle.admit(("*", reason), now)
-        if held is not None:
-            types = sorted({row.aggregatetype for row in unanswered})
-            log.warning(
-                "relay: %s %s for %d outbox rows (aggregate types %s): %s; they wait without "
-                "an attempt counted and are published again after a backoff of at most %g s%s",
-                publisher,
-                "is unavailable" if broker_down else "gave no answer",
-                len(unanswered),
-                ", ".join(types[:5]) + (", ..." if len(types) > 5 else ""),
-                result.lost or "the outcome is unknown",
-                self.outage_backoff[1].total_seconds(),
-                held_back(held),
-            )
+        types = sorted({row.aggregatetype for row in unanswered})
+        fields = {
+            "publisher": publisher,
+            "what": "is unavailable" if broker_down else "gave no answer",
+            "rows": len(unanswered),
+            "types": ", ".join(types[:5]) + (", ..." if len(types) > 5 else ""),
+            "lost": result.lost or "the outcome is unknown",
+            "backoff": self.outage_backoff[1].total_seconds(),
+        }
+        first = (
+            "relay: %(publisher)s %(what)s for %(rows)d outbox rows (aggregate types %(types)s): "
+            "%(lost)s; they wait without an attempt counted and are published again after a "
+            "backoff of at most %(backoff)g s"
+        )
+        if answered:
+            # Part of the batch was answered: the broker is there, these rows' answers were lost.
+            held = self.throttle.admit(("*", reason), now)
+            if held is not None:
+                log.warning(first + "%(held)s", {**fields, "held": held_back(held)})
+            return
+        self._broker.failed(
+            BrokerUnavailable(str(fields["lost"])),
+            first,
+            "relay: %(publisher)s still %(what)s (%(count)d batches in a row): %(lost)s",
+            fields,
+        )
 
     async def run(self, stop: asyncio.Event | None = None) -> RelayStats:
         """Publish until ``stop`` is set (forever without one); survive database and broker
@@ -372,8 +442,10 @@ class Relay:
             except BrokerUnavailable as error:
                 log.warning("relay: %s; the rows wait until it is fixed", error)
         listener = asyncio.create_task(self._listen(stop)) if self.listen else None
+        self._cut = []
         try:
             await self._batch_loops(lambda n: self._loop(stop, f"{self.name}/{n}"))
+            self._report_cut()
         finally:
             if listener is not None:
                 listener.cancel()
@@ -395,8 +467,14 @@ class Relay:
                     # Cleared before the claim: a notification arriving during the batch is
                     # kept for the next wait.
                     self._wake.clear()
-                    report = await self.run_once(conn)
+                    finished, report = await self._unless_stopped(self.run_once(conn), stop)
+                    if not finished or report is None:
+                        return
                     self.stats.add(report)
+                    self._database.succeeded()
+                    if report.claimed:
+                        # A loop that found no rows says nothing of a publisher that fails.
+                        self._batches.succeeded()
                     if report.broker_down or (report.unsettled and not report.published):
                         await self._sleep(stop, _jittered(outage), wake=False)
                         outage = min(outage * 2, self.outage_backoff[1])
@@ -405,24 +483,45 @@ class Relay:
                     if report.claimed < self.batch_size:
                         # Inside the try: registering as waiting talks to the database too, and a
                         # failure there must cost a reconnect, not the relay.
-                        await self._wait_for_rows(conn, stop, name)
+                        finished, _ = await self._unless_stopped(
+                            self._wait_for_rows(conn, stop, name), stop
+                        )
+                        if not finished:
+                            return
                 except Exception as error:
                     # The loop outlives any one failure: a database outage (PgonceError) or a
                     # bug in a publisher. Rows of the failed batch were not marked; they wait.
                     self.stats.errors += 1
                     self.stats.last_error = str(error)
-                    # Once per kind and minute (a down database fails every loop at every
-                    # retry), saying what happens next.
-                    held = self.throttle.admit(("*", "loop", type(error)), datetime.now(UTC))
-                    if held is not None:
-                        next_step = (
-                            "the batch's rows were not marked and wait; the loop reconnects and "
-                            f"tries again in {outage.total_seconds():g} s{held_back(held)}"
+                    # Once per run of failures (a down database fails every loop at every
+                    # retry), saying what happens next; once more when batches run again.
+                    fields = {
+                        "next": "the batch's rows were not marked and wait; the loop reconnects "
+                        f"and tries again in {outage.total_seconds():g} s",
+                    }
+                    if isinstance(error, DatabaseError | psycopg.OperationalError):
+                        self._database.failed(
+                            error,
+                            "relay: %(error)s; %(next)s",
+                            "relay: the database still fails (%(count)d in a row): %(error)s",
+                            fields,
                         )
-                        if isinstance(error, PgonceError):
-                            log.warning("relay: %s; %s", error, next_step)
-                        else:
-                            log.error("relay: a batch failed; %s", next_step, exc_info=error)
+                    elif isinstance(error, PgonceError):
+                        self._batches.failed(
+                            error,
+                            "relay: %(error)s; %(next)s",
+                            "relay: batches still fail (%(count)d in a row): %(error)s",
+                            fields,
+                        )
+                    else:
+                        self._batches.failed(
+                            error,
+                            "relay: a batch failed; %(next)s",
+                            "relay: batches still fail (%(count)d in a row): %(type)s: %(error)s",
+                            fields,
+                            level=logging.ERROR,
+                            exc_info=True,
+                        )
                     if conn is not None:
                         await conn.close()
                     conn = None
@@ -431,6 +530,76 @@ class Relay:
         finally:
             if conn is not None:
                 await conn.close()
+
+    async def _unless_stopped(
+        self, work: Awaitable[_T], stop: asyncio.Event
+    ) -> tuple[bool, _T | None]:
+        """``work`` (a batch, or the wait for rows) until done; ``(False, None)`` when ``stop``
+        ended it first.
+
+        A stop used to wait for the batch's statement, and a statement can wait for good: on a
+        lock another session holds, or on a server that stopped answering. Now a claim is
+        cancelled at once (nothing of its batch reached the broker); a batch at the broker gets
+        :attr:`stop_grace` to mark what the broker acknowledged; anything else (the wait for
+        rows, which ends by itself at a stop) :data:`STOP_WAIT`. Cancelled, psycopg cancels
+        the statement on the server (and gives up on a server that does not answer after a few
+        seconds), the transaction rolls back and the rows wait for the next run, which publishes
+        those of a batch at the broker again, with the same message ids.
+        """
+        task = asyncio.ensure_future(work)
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                doing, _ = self._doing.get(task, ("", 0))
+                if doing != "claiming":
+                    grace = self.stop_grace if doing == "settling" else STOP_WAIT
+                    await asyncio.wait({task}, timeout=grace.total_seconds())
+            if task.done():
+                return True, task.result()
+            cut = self._doing.get(task, ("waiting", 0))
+            task.cancel()
+            # Not awaited directly: a cancellation of this task must still propagate.
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved: the stop is what is said about it
+            self._cut.append(cut)
+            return False, None
+        finally:
+            stopping.cancel()
+            if not task.done():
+                # This loop was cancelled itself: so is its batch, and it is waited for.
+                task.cancel()
+                await asyncio.wait({task})
+
+    def _report_cut(self) -> None:
+        """One line for what a stop cancelled, if anything: which statements, and where the
+        rows of the batches are."""
+        if not self._cut:
+            return
+        claiming = sum(1 for doing, _ in self._cut if doing == "claiming")
+        settling = [rows for doing, rows in self._cut if doing == "settling"]
+        other = len(self._cut) - claiming - len(settling)
+        what = []
+        if claiming:
+            what.append(f"{claiming} claim(s) of a batch, before anything was published")
+        if settling:
+            what.append(
+                f"{len(settling)} batch(es) at the broker, not settled within "
+                f"{self.stop_grace.total_seconds():g} s: their {sum(settling)} rows were not "
+                "marked and are published again by the next run, with the same message ids"
+            )
+        if other:
+            what.append(
+                f"{other} registration(s) as a waiting relay, not done within "
+                f"{STOP_WAIT.total_seconds():g} s"
+            )
+        log.warning(
+            "relay: stopping without waiting for database statements that did not finish "
+            "(a lock another session holds, or a server that does not answer): cancelled %s; "
+            "the rows of a cancelled batch wait for the next run",
+            "; ".join(what),
+        )
 
     async def _connect_unless_stopped(self, stop: asyncio.Event) -> AsyncConnection[Any] | None:
         """A connection to the relay's database, or None once ``stop`` is set.
@@ -544,21 +713,21 @@ class Relay:
         while not stop.is_set():
             try:
                 async with self._listening() as notifications:
+                    self._listener.succeeded()
                     # A row may have committed while we were not listening.
                     self._wake.set()
                     async for _ in notifications:
                         self._wake.set()
             except (PgonceError, psycopg.Error) as error:
-                # Once a minute: a database that stays down fails every reconnect.
-                held = self.throttle.admit(("*", "listen"), datetime.now(UTC))
-                if held is not None:
-                    log.info(
-                        "relay: LISTEN connection lost (%s); polling every %g s meanwhile and "
-                        "reconnecting%s",
-                        error,
-                        self.poll_interval.total_seconds(),
-                        held_back(held),
-                    )
+                # Once per run of failures: a database that stays down fails every reconnect.
+                self._listener.failed(
+                    error,
+                    "relay: LISTEN connection lost (%(error)s); polling every %(poll)g s "
+                    "meanwhile and reconnecting",
+                    "relay: LISTEN connection still lost (%(count)d failures in a row): %(error)s",
+                    {"poll": self.poll_interval.total_seconds()},
+                    level=logging.INFO,
+                )
             await self._sleep(stop, self.poll_interval, wake=False)
 
     @contextlib.asynccontextmanager

@@ -4,7 +4,9 @@ A row is marked published only after the broker acknowledged it, in the transact
 it (FOR UPDATE SKIP LOCKED), so several relay processes share the outbox without double publishing
 and a relay killed mid-batch leads to a redelivery with the same message id, never a loss. Uses the
 same configuration as `pgonce serve` ([outbox] publisher, url, ...).
-SIGTERM or SIGINT lets the current batch finish and exits 0.
+SIGTERM or SIGINT lets a batch at the broker mark what the broker acknowledged (for 10 s at
+most), cancels a statement that waits on the database (the rows wait for the next run), and
+exits 0.
 """
 
 from __future__ import annotations

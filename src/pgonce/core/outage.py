@@ -47,13 +47,15 @@ class FailureRun:
         fields: Mapping[str, object],
         *,
         level: int = logging.WARNING,
+        exc_info: bool = False,
     ) -> None:
-        """One more failure: ``first`` (at ``level``) when it starts a run, ``again`` (at debug
-        level) otherwise, each formatted with ``fields``, ``error`` and ``count``."""
+        """One more failure: ``first`` (at ``level``, with ``error``'s traceback if
+        ``exc_info``) when it starts a run, ``again`` (at debug level) otherwise, each formatted
+        with ``fields``, ``error`` and ``count``."""
         self.in_a_row += 1
         values = {**fields, "error": error, "type": type(error).__name__, "count": self.in_a_row}
         if self.in_a_row == 1:
-            self.log.log(level, first, values)
+            self.log.log(level, first, values, exc_info=error if exc_info else None)
         else:
             self.log.debug(again, values)
         if self.on_failure is not None:

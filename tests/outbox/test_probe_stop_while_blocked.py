@@ -1,0 +1,158 @@
+"""A relay asked to stop while a batch's statement waits on the database stops promptly.
+
+A stop used to wait for the statement for as long as it waited: a claim blocked on a lock another
+session holds (a migration's ACCESS EXCLUSIVE, a VACUUM FULL), or the marking of a published batch
+blocked the same way, held SIGTERM for good. Now a claim is cancelled at once (nothing of its batch
+reached the broker), a batch at the broker gets the relay's stop grace to mark what was
+acknowledged, then is cancelled; the rows wait for the next run, and one line says what was cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgonce.core.outbox import OutboxMessage
+from pgonce.publishers.base import PublishResult
+from pgonce.relay import Relay
+from pgonce.store._sync.outbox import enqueue
+from tests.outbox.conftest import wait_until
+
+#: Far above what a prompt stop takes, far below forever.
+BOUND = 15
+
+
+class Recording:
+    """A publisher that acknowledges everything and remembers what it was given."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
+        self.published.extend(str(m.message_id) for m in batch)
+        return PublishResult(acked=frozenset(m.id for m in batch))
+
+    async def close(self) -> None:
+        pass
+
+
+def blocked_on_lock(dsn: str, locker: int) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> %s AND %s = ANY(pg_blocking_pids(pid))",
+            (locker, locker),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def pending(dsn: str) -> tuple[Any, ...] | None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(*), max(attempts) FROM pgonce.outbox WHERE published_at IS NULL"
+        ).fetchone()
+
+
+async def stop_promptly(relay: Relay, running: asyncio.Task[Any], stop: asyncio.Event) -> None:
+    stop.set()
+    done, _ = await asyncio.wait({running}, timeout=BOUND)
+    if running not in done:
+        running.cancel()
+        await asyncio.wait({running})
+        pytest.fail("the relay did not stop while its statement waited on a lock")
+    running.result()
+
+
+def cut_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "pgonce.relay" and "stopping without waiting" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("listen", [False, True])
+async def test_stop_cancels_a_claim_blocked_on_a_lock(
+    direct_dsn: str, caplog: pytest.LogCaptureFixture, listen: bool
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgonce.relay")
+    with psycopg.connect(direct_dsn) as conn:
+        enqueue(conn, "order", "1", "created", {"n": 1})
+    publisher = Recording()
+    async with await psycopg.AsyncConnection.connect(direct_dsn) as locker:
+        await locker.execute("LOCK TABLE pgonce.outbox IN ACCESS EXCLUSIVE MODE")
+        relay = Relay(direct_dsn, publisher, listen=listen, concurrency=1)
+        stop = asyncio.Event()
+        running = asyncio.create_task(relay.run(stop))
+        await wait_until(lambda: blocked_on_lock(direct_dsn, locker.info.backend_pid))
+        await stop_promptly(relay, running, stop)
+        await locker.rollback()
+    assert publisher.published == []
+    (line,) = cut_lines(caplog)
+    assert "claim(s) of a batch, before anything was published" in line
+    assert "the rows of a cancelled batch wait for the next run" in line
+    assert pending(direct_dsn) == (1, 0)
+    # The next run publishes the row, once.
+    again = Relay(direct_dsn, publisher, listen=False)
+    await again.drain()
+    assert len(publisher.published) == 1
+    assert pending(direct_dsn) == (0, None)
+
+
+async def test_stop_cuts_a_batch_whose_marking_is_blocked_after_the_grace(
+    direct_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgonce.relay")
+    with psycopg.connect(direct_dsn) as conn:
+        enqueue(conn, "order", "1", "created", {"n": 1})
+    publisher = Recording()
+    async with await psycopg.AsyncConnection.connect(direct_dsn) as locker:
+        # SHARE lets the claim (FOR UPDATE) through and blocks the UPDATE that marks the rows.
+        await locker.execute("LOCK TABLE pgonce.outbox IN SHARE MODE")
+        relay = Relay(direct_dsn, publisher, listen=False, concurrency=1)
+        relay.stop_grace = timedelta(milliseconds=200)
+        stop = asyncio.Event()
+        running = asyncio.create_task(relay.run(stop))
+        await wait_until(
+            lambda: publisher.published and blocked_on_lock(direct_dsn, locker.info.backend_pid)
+        )
+        await stop_promptly(relay, running, stop)
+        await locker.rollback()
+    (line,) = cut_lines(caplog)
+    assert "1 batch(es) at the broker, not settled within 0.2 s" in line
+    assert "their 1 rows were not marked" in line
+    assert "same message ids" in line
+    assert pending(direct_dsn) == (1, 0)
+    # Published again by the next run, with the same message id: nothing lost.
+    again = Relay(direct_dsn, publisher, listen=False)
+    await again.drain()
+    assert len(publisher.published) == 2
+    assert len(set(publisher.published)) == 1
+    assert pending(direct_dsn) == (0, None)
+
+
+async def test_an_idle_relay_stops_without_a_line_about_cut_statements(
+    direct_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgonce.relay")
+    relay = Relay(direct_dsn, Recording(), concurrency=1)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop))
+
+    def waiting() -> bool:
+        with psycopg.connect(direct_dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT count(*) FROM pgonce.outbox_waiting_relays").fetchone()
+        return bool(row and row[0])
+
+    await wait_until(waiting)
+    await stop_promptly(relay, running, stop)
+    assert cut_lines(caplog) == []
+    assert not waiting(), "the relay left its registration as a waiting relay behind"
