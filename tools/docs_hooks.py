@@ -4,6 +4,7 @@
   configuration, CLI, metrics and problem-type references come from the code that defines them.
 - ``<!-- pgonce:plots -->`` becomes the PNG plots of ``bench/results/latest.md``
   (``docs_plots``), added to the site as generated files.
+- ``<!-- pgonce:capacity -->`` becomes the capacity figures of that report (``docs_capacity``).
 
 An unknown marker fails the build, so a typo cannot publish an empty reference.
 """
@@ -18,7 +19,7 @@ from typing import Any
 # MkDocs loads this file by its path: the repository's root makes ``tools`` importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools import docs_plots, docs_reference
+from tools import docs_capacity, docs_plots, docs_reference
 
 MARKER = re.compile(r"^<!-- pgonce:([a-z-]+) -->$", re.MULTILINE)
 BENCH = docs_reference.ROOT / "bench" / "results" / "latest.md"
@@ -49,6 +50,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         name = match.group(1)
         if name == "plots":
             return _plots_markdown(page.file.src_uri)
+        if name == "capacity":
+            return docs_capacity.capacity()
         if name not in docs_reference.GENERATORS:
             raise ValueError(f"{page.file.src_uri}: unknown generated section {name!r}")
         return docs_reference.GENERATORS[name]()
