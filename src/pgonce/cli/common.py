@@ -125,19 +125,17 @@ def bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def http_url(value: str) -> str:
-    """An http(s) URL with a host; else a :class:`UsageError` that shows it with the password of
-    its user part hidden."""
-    from pgonce.core.urls import public
+    """An http(s) URL with a host; else a :class:`UsageError` that shows it as
+    :func:`pgonce.core.urls.public` does (no password, no query value)."""
+    from pgonce.core.urls import public, public_unparsed
 
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 -- raises ValueError when out of 0-65535 or not a number
     except ValueError:
         parts = None
-    if parts is None:  # not even split: its user part, which may hold a password, is hidden
-        user, at, rest = value.rpartition("@")
-        shown = f"{user.partition('//')[0]}//***@{rest}" if at else value
-        raise UsageError(f"{shown!r} is not an http(s) URL")
+    if parts is None:  # not even split: its whole user part and its query's values are hidden
+        raise UsageError(f"{public_unparsed(value)!r} is not an http(s) URL")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"{public(value)!r} is not an http(s) URL")
     return value

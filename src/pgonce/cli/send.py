@@ -19,6 +19,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 from typing import cast
+from urllib.parse import urlsplit, urlunsplit
 
 from pgonce.cli.common import bounded_int, http_url, not_empty
 from pgonce.core.urls import public
@@ -91,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
         body = json.dumps(sample, separators=(",", ":")).encode()
     headers = {**scheme.sign(body, event_id=event_id), "content-type": "application/json"}
     url = args.url or service_url(config.host, config.port)
-    statuses = asyncio.run(
-        _send(f"{url.rstrip('/')}/webhooks/{args.source}", body, headers, args.copies)
-    )
+    statuses = asyncio.run(_send(webhook_url(url, args.source), body, headers, args.copies))
     for (status, text), count in sorted(statuses.items()):
         print(f"{count} × {status} {text}")
     return 0 if all(status == 200 for status, _ in statuses) else 1
@@ -101,6 +100,14 @@ def run(args: argparse.Namespace) -> int:
 
 #: How long one delivery may take, in seconds.
 SEND_TIMEOUT = 30
+
+
+def webhook_url(url: str, source: str) -> str:
+    """The source's endpoint on the service at ``url``: its path joined to the URL's path, the
+    URL's query (a proxy's ?token=) kept after it, where it used to swallow the path."""
+    parts = urlsplit(url)
+    path = f"{parts.path.rstrip('/')}/webhooks/{source}"
+    return urlunsplit(parts._replace(path=path, fragment=""))
 
 
 def service_url(host: str, port: int) -> str:
