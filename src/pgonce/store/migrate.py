@@ -218,3 +218,21 @@ def status(conn: psycopg.Connection[Any], schema: str) -> SchemaStatus:
     except SchemaNotMigrated:
         return SchemaStatus(current=0, latest=latest)
     return SchemaStatus(current=int(row[0]) if row else 0, latest=latest)
+
+
+def pending(conn: psycopg.Connection[Any], schema: str) -> tuple[pgsql.Migration, ...]:
+    """The migrations the ledger does not record, read without writing anything (no lock, no
+    CREATE): safe on a read-only node or a standby. Every migration when the schema or its
+    ledger does not exist yet.
+
+    An empty answer means there is nothing to apply; anything else is for :func:`migrate`,
+    which takes the runners' lock and reads the ledger again under it.
+    """
+    validate_schema(schema)
+    q = pgsql.Queries("migrate", schema)
+    try:
+        with translate_errors("reading the applied migrations"), conn.transaction():
+            applied = {int(row[0]) for row in cursor(conn).execute(q.applied)}
+    except SchemaNotMigrated:
+        return pgsql.migrations()
+    return tuple(m for m in pgsql.migrations() if m.version not in applied)
