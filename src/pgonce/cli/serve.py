@@ -62,6 +62,7 @@ from pgonce.store.migrate import migrate
 from pgonce.webhooks.schemes.base import SigningScheme
 
 if TYPE_CHECKING:
+    from pgonce.database import Database
     from pgonce.service.config import ServiceConfig
     from pgonce.service.runner import Running
 
@@ -130,6 +131,9 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
 
     keep_running_on_sighup()
     parts = tuple(parts)
+    #: Set once the service has run (its loop returned): a stop signal after that comes while
+    #: what the start opened closes (the embedded PostgreSQL stops), not before it was up.
+    served: Database | None = None
     try:
         # Loading imports the sources' handlers, which for a large application takes seconds.
         config = service_config(args)
@@ -154,12 +158,23 @@ def run_parts(args: argparse.Namespace, parts: Iterable[str]) -> int:
                 asyncio.run(_setup_demo(db.dsn))
             try:
                 asyncio.run(runner.run(config, db.dsn, parts=parts, on_ready=on_ready))
+                served = db
             finally:
                 # The loop's handlers are gone with it (SIGHUP's back to its default): a signal
                 # while the embedded server stops must still unwind, or change nothing.
                 stop_on_sigterm()
                 keep_running_on_sighup()
     except KeyboardInterrupt:
+        if served is not None:
+            # A second stop signal while the embedded PostgreSQL stops: the service was up and
+            # has stopped; the server got its shutdown request, and the wait for it was cut.
+            say(
+                "pgonce: stopped (a second stop signal cut the wait for the embedded PostgreSQL "
+                "to finish stopping)"
+                if served.embedded
+                else "pgonce: stopped"
+            )
+            return 0
         # SIGTERM or SIGINT before the service was up (loading the configuration, starting the
         # embedded server, migrating): a stop asked for, as once it is up; what the start opened
         # is closed by now, and a migration under way rolled back (each in its own transaction).
