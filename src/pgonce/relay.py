@@ -90,14 +90,15 @@ MAX_POLL_INTERVAL = timedelta(seconds=30)
 #: doubling to the second, so an outage costs a few connection attempts a minute, not a storm.
 DEFAULT_OUTAGE_BACKOFF = (timedelta(milliseconds=200), timedelta(seconds=10))
 #: How long a stop waits for a batch whose rows are at the broker to mark what the broker
-#: acknowledged; a batch still claiming is cancelled at once (nothing of it reached the broker).
+#: acknowledged (a claim gets :data:`STOP_WAIT`, and then publishes nothing).
 #: A statement that stalls (a lock another session holds, a server that stopped answering) is
 #: cancelled after this, and the rows of the batch are published again by the next run, with the
 #: same message ids.
 DEFAULT_STOP_GRACE = timedelta(seconds=10)
-#: How long a stop waits for a loop that is neither claiming nor at the broker (registering as
-#: waiting, or unregistering) before it cancels the statement.
-STOP_WAIT = timedelta(seconds=2)
+#: How long a stop waits for a loop whose batch is not at the broker (claiming, registering as
+#: waiting or unregistering) before it cancels the statement; a claim that ends after the stop
+#: publishes nothing.
+STOP_WAIT = timedelta(seconds=1)
 
 _T = TypeVar("_T")
 
@@ -264,6 +265,8 @@ class Relay:
         self._doing: dict[asyncio.Task[Any], tuple[str, int]] = {}
         #: What a stop cancelled, one per loop: (the task's doing, rows at the broker).
         self._cut: list[tuple[str, int]] = []
+        #: Set when run()'s stop is: a claim that ends afterwards publishes nothing.
+        self._stopping = False
         #: Names this relay in outbox_waiting_relays; unique per instance.
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = asyncio.Event()
@@ -292,6 +295,10 @@ class Relay:
                     # From here to the commit a stop lets the batch mark what the broker
                     # acknowledged (for a while: DEFAULT_STOP_GRACE); before, it cancels the
                     # claim outright, as nothing of the batch reached the broker.
+                    if self._stopping:
+                        # Claimed as the relay was asked to stop: left for the next run (the
+                        # commit of the claim alone releases the rows).
+                        return BatchReport()
                     if task is not None:
                         self._doing[task] = ("settling", len(batch))
                     try:
@@ -443,10 +450,12 @@ class Relay:
                 log.warning("relay: %s; the rows wait until it is fixed", error)
         listener = asyncio.create_task(self._listen(stop)) if self.listen else None
         self._cut = []
+        self._stopping = False
         try:
             await self._batch_loops(lambda n: self._loop(stop, f"{self.name}/{n}"))
             self._report_cut()
         finally:
+            self._stopping = False
             if listener is not None:
                 listener.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -538,10 +547,10 @@ class Relay:
         ended it first.
 
         A stop used to wait for the batch's statement, and a statement can wait for good: on a
-        lock another session holds, or on a server that stopped answering. Now a claim is
-        cancelled at once (nothing of its batch reached the broker); a batch at the broker gets
-        :attr:`stop_grace` to mark what the broker acknowledged; anything else (the wait for
-        rows, which ends by itself at a stop) :data:`STOP_WAIT`. Cancelled, psycopg cancels
+        lock another session holds, or on a server that stopped answering. Now a batch at the
+        broker gets :attr:`stop_grace` to mark what the broker acknowledged; anything else (a
+        claim, which then publishes nothing, or the wait for rows, which ends by itself at a
+        stop) :data:`STOP_WAIT`. Cancelled, psycopg cancels
         the statement on the server (and gives up on a server that does not answer after a few
         seconds), the transaction rolls back and the rows wait for the next run, which publishes
         those of a batch at the broker again, with the same message ids.
@@ -551,10 +560,10 @@ class Relay:
         try:
             await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if not task.done():
+                self._stopping = True
                 doing, _ = self._doing.get(task, ("", 0))
-                if doing != "claiming":
-                    grace = self.stop_grace if doing == "settling" else STOP_WAIT
-                    await asyncio.wait({task}, timeout=grace.total_seconds())
+                grace = self.stop_grace if doing == "settling" else STOP_WAIT
+                await asyncio.wait({task}, timeout=grace.total_seconds())
             if task.done():
                 return True, task.result()
             cut = self._doing.get(task, ("waiting", 0))
@@ -582,7 +591,10 @@ class Relay:
         other = len(self._cut) - claiming - len(settling)
         what = []
         if claiming:
-            what.append(f"{claiming} claim(s) of a batch, before anything was published")
+            what.append(
+                f"{claiming} claim(s) of a batch, not done within "
+                f"{STOP_WAIT.total_seconds():g} s, before anything was published"
+            )
         if settling:
             what.append(
                 f"{len(settling)} batch(es) at the broker, not settled within "

@@ -97,7 +97,7 @@ async def test_stop_cancels_a_claim_blocked_on_a_lock(
         await locker.rollback()
     assert publisher.published == []
     (line,) = cut_lines(caplog)
-    assert "claim(s) of a batch, before anything was published" in line
+    assert "claim(s) of a batch, not done within 1 s, before anything was published" in line
     assert "the rows of a cancelled batch wait for the next run" in line
     assert pending(direct_dsn) == (1, 0)
     # The next run publishes the row, once.
