@@ -35,7 +35,6 @@ from weakref import WeakKeyDictionary
 
 import psycopg
 
-from pgonce.config import DEFAULT_SCHEMA
 from pgonce.contrib.wsgi import (
     ENVIRON_KEY,
     ConnectionSource,
@@ -55,6 +54,7 @@ from pgonce.http.semantics import (
     DEFAULT_RETENTION,
     Answer,
 )
+from pgonce.http.setup import SCHEMA_NOT_GIVEN
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store._sync.phases import PhaseStore
 
@@ -276,7 +276,7 @@ class Idempotency:
         pool: ConnectionPool[Any] | ConnectionSource,
         key_scope: KeyScope,
         store: KeyStore | None = None,
-        schema: str = DEFAULT_SCHEMA,
+        schema: str = SCHEMA_NOT_GIVEN,
         methods: Collection[str] = DEFAULT_METHODS,
         routes: Mapping[str, Collection[str]] | None = None,
         require_key: bool = True,

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 from psycopg import Connection
 
-from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.leases import failure_note, not_stored_note
 from pgonce.core.outcomes import Claim, InFlight, Replay, Won
 from pgonce.errors import (
@@ -70,7 +69,7 @@ from pgonce.http.semantics import (
     PhasedRequest,
 )
 from pgonce.http.semantics import IDLE as _IDLE
-from pgonce.http.setup import middleware_stores
+from pgonce.http.setup import SCHEMA_NOT_GIVEN, middleware_pool, middleware_stores
 from pgonce.store._sync.keys import KeyStore, rollback_quietly
 from pgonce.store._sync.phases import PhasedOperation, PhaseStore
 
@@ -237,7 +236,7 @@ class IdempotencyMiddleware:
         pool: ConnectionPool[Any] | ConnectionSource,
         key_scope: KeyScope,
         store: KeyStore | None = None,
-        schema: str = DEFAULT_SCHEMA,
+        schema: str = SCHEMA_NOT_GIVEN,
         methods: Collection[str] = DEFAULT_METHODS,
         routes: Mapping[str, Collection[str]] | None = None,
         require_key: bool = True,
@@ -262,7 +261,7 @@ class IdempotencyMiddleware:
             schema=schema,
         )
         self.app = app
-        self.pool = pool
+        self.pool = middleware_pool(pool, asynchronous=False)
         self.key_scope = key_scope
         self.rules = IdempotencyRules(
             methods=methods,

@@ -54,7 +54,6 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import AsyncConnection
 
-from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.leases import failure_note, not_stored_note
 from pgonce.core.outcomes import InFlight, Replay, Won
 from pgonce.errors import (
@@ -80,7 +79,7 @@ from pgonce.http.semantics import (
     IdempotencyRules,
     PhasedRequest,
 )
-from pgonce.http.setup import middleware_stores
+from pgonce.http.setup import SCHEMA_NOT_GIVEN, middleware_pool, middleware_stores
 from pgonce.http.transaction import PHASED_KEY, STATE_KEY, IdempotentTransaction
 from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
 from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
@@ -174,7 +173,7 @@ class IdempotencyMiddleware:
         pool: AsyncConnectionPool[Any] | ConnectionSource,
         key_scope: KeyScope,
         store: AsyncKeyStore | None = None,
-        schema: str = DEFAULT_SCHEMA,
+        schema: str = SCHEMA_NOT_GIVEN,
         methods: Collection[str] = DEFAULT_METHODS,
         routes: Mapping[str, Collection[str]] | None = None,
         require_key: bool = True,
@@ -199,7 +198,7 @@ class IdempotencyMiddleware:
             schema=schema,
         )
         self.app = app
-        self.pool = pool
+        self.pool = middleware_pool(pool, asynchronous=True)
         self.key_scope = key_scope
         self.rules = IdempotencyRules(
             methods=methods,

@@ -11,8 +11,12 @@ first request as a 500 or a late ``TypeError``. What differs between the two is 
 from __future__ import annotations
 
 import inspect
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
+
+import psycopg
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.errors import UsageError
@@ -23,7 +27,18 @@ from pgonce.store._sync.keys import KeyStore
 from pgonce.store._sync.phases import PhaseStore
 from pgonce.store.common import check_wait
 
-__all__ = ["middleware_stores"]
+__all__ = ["SCHEMA_NOT_GIVEN", "middleware_pool", "middleware_stores"]
+
+
+class _DefaultSchema(str):
+    """pgonce's default schema name, told apart (by identity) from the same name given."""
+
+    __slots__ = ()
+
+
+#: The default of a middleware's ``schema``: pgonce's default schema, unless a given store names
+#: another. ``schema="pgonce"`` given explicitly is not this, and must agree with the store.
+SCHEMA_NOT_GIVEN: str = _DefaultSchema(DEFAULT_SCHEMA)
 
 K = TypeVar("K", AsyncKeyStore, KeyStore)
 P = TypeVar("P", AsyncPhaseStore, PhaseStore)
@@ -87,19 +102,25 @@ def middleware_stores(
     return key, two_phase
 
 
-def _check_pool(pool: object, *, asynchronous: bool) -> None:
+def _check_pool(pool: object, *, asynchronous: bool) -> bool:
     """Refuse a pool without ``connection()``, or one whose ``connection()`` is of the other
-    kind (a sync pool given to the ASGI middleware, an async one to the WSGI middleware), which
-    the first request would find as a ``TypeError`` from ``with`` or ``async with``."""
+    kind (a sync pool given to the ASGI middleware, an async one to the WSGI middleware), or an
+    ``async def`` (which returns a coroutine, never a context manager), which the first request
+    would find as a ``TypeError`` from ``with`` or ``async with``. Whether the kind of what
+    ``connection()`` returns was told (a ``contextmanager`` or ``asynccontextmanager``): a plain
+    ``def`` only says it when called."""
     connection = getattr(pool, "connection", None)
     if callable(connection):
         made = inspect.unwrap(connection)  # a contextmanager's or asynccontextmanager's function
-        if asynchronous:
+        if inspect.iscoroutinefunction(connection) or inspect.iscoroutinefunction(made):
+            wrong = True
+        elif asynchronous:
             wrong = inspect.isgeneratorfunction(made)
         else:
-            wrong = inspect.isasyncgenfunction(made) or inspect.iscoroutinefunction(made)
+            wrong = inspect.isasyncgenfunction(made)
         if not wrong:
-            return
+            told = inspect.isasyncgenfunction if asynchronous else inspect.isgeneratorfunction
+            return told(made)
     if asynchronous:
         wanted = "psycopg_pool.AsyncConnectionPool (or have an async connection())"
     else:
@@ -107,17 +128,92 @@ def _check_pool(pool: object, *, asynchronous: bool) -> None:
     raise UsageError(f"pool must be a {wanted}, not {type(pool).__name__}")
 
 
+def middleware_pool(pool: Any, *, asynchronous: bool) -> Any:
+    """``pool``, refused as :func:`middleware_stores` refuses it (the webhook receiver's too),
+    or, when its ``connection()`` is a plain ``def`` whose result only a call can tell, ``pool``
+    behind a check of that result: a ``connection()`` that returns the wrong kind of context
+    manager (a sync one to the ASGI middleware, an async one to the WSGI middleware) or none (a
+    bare connection, which ``with`` would close) is a :class:`~pgonce.errors.UsageError` naming
+    it at the request, not a ``TypeError`` from ``with``, nor a connection closed behind the
+    pool's back."""
+    if _check_pool(pool, asynchronous=asynchronous):
+        return pool
+    return _CheckedAsyncSource(pool) if asynchronous else _CheckedSource(pool)
+
+
+def _wrong_lender(pool: object, lent: object, *, asynchronous: bool) -> UsageError:
+    owner = f"{type(pool).__name__}.connection()"
+    if isinstance(lent, psycopg.Connection | psycopg.AsyncConnection):
+        what = "a connection, not a context manager that lends one"
+    else:
+        what = f"{type(lent).__name__}, not an {'async ' if asynchronous else ''}context manager"
+    kind = "ASGI" if asynchronous else "WSGI"
+    use = "async with" if asynchronous else "with"
+    return UsageError(
+        f"{owner} returned {what}: the {kind} middleware takes each request's connection with "
+        f"`{use} pool.connection() as conn`, as psycopg_pool's "
+        f"{'Async' if asynchronous else ''}ConnectionPool lends it"
+    )
+
+
+class _CheckedSource:
+    """A sync pool whose ``connection()`` is a plain ``def``: its result checked at each call."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        lent = self.pool.connection()
+        if isinstance(lent, psycopg.Connection | psycopg.AsyncConnection) or not (
+            hasattr(lent, "__enter__") and hasattr(lent, "__exit__")
+        ):
+            raise _wrong_lender(self.pool, lent, asynchronous=False)
+        with lent as conn:
+            yield conn
+
+
+class _CheckedAsyncSource:
+    """An async pool whose ``connection()`` is a plain ``def``: its result checked at each
+    call."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        lent = self.pool.connection()
+        if isinstance(lent, psycopg.Connection | psycopg.AsyncConnection) or not (
+            hasattr(lent, "__aenter__") and hasattr(lent, "__aexit__")
+        ):
+            if inspect.iscoroutine(lent):
+                lent.close()  # never awaited: no warning besides the error
+            raise _wrong_lender(self.pool, lent, asynchronous=True)
+        async with lent as conn:
+            yield conn
+
+
 def _schema_of(store: Any, phases: Any, schema: str) -> str:
-    """The one schema the given stores and ``schema`` name (``schema`` left at its default names
-    none): the two-phase store is built on the key store's schema, and the other way round."""
+    """The one schema the given stores and ``schema`` name (``schema`` left at its default,
+    :data:`SCHEMA_NOT_GIVEN`, names none; the same name given explicitly does): the two-phase
+    store is built on the key store's schema, and the other way round."""
     # The stores were checked to be pgonce's, which all have a schema.
-    named: set[str] = {given.schema for given in (store, phases) if given is not None}
-    if schema != DEFAULT_SCHEMA:
-        named.add(schema)
-    if len(named) > 1:
+    named: dict[str, str] = {
+        what: given.schema
+        for what, given in (("store", store), ("phases", phases))
+        if given is not None
+    }
+    if schema is not SCHEMA_NOT_GIVEN:
+        named["schema"] = str(schema)
+    if len(set(named.values())) > 1:
+        each = ", ".join(f"{what}={name!r}" for what, name in named.items())
         raise UsageError(
-            "store, phases and schema name different schemas "
-            f"({', '.join(sorted(map(repr, named)))}): the key store and the two-phase store "
-            "of a middleware must be on one schema, where pgonce's tables are"
+            f"store, phases and schema name different schemas ({each}): the key store and the "
+            "two-phase store of a middleware must be on one schema, where pgonce's tables are "
+            "(leave schema out to use the given store's)"
         )
-    return named.pop() if named else schema
+    return next(iter(named.values()), DEFAULT_SCHEMA)
