@@ -54,6 +54,7 @@ from pgonce.errors import (
 )
 from pgonce.extras import needs
 from pgonce.http.problem import send_problem
+from pgonce.http.setup import middleware_pool
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.webhooks.schemes.common import aware
 from pgonce.webhooks.source import Source, by_name
@@ -129,6 +130,10 @@ class InboxReceiver:
         check_int(flushers, "flushers")
         if dsn is not None:
             check_str(dsn, "the dsn")
+        if pool is not None:
+            # A sync pool (or anything without an async connection()) was taken, and every
+            # delivery was then answered 503 "retry later", for ever, logged as a storage failure.
+            pool = middleware_pool(pool, asynchronous=True)
         if not isinstance(prefix, str):
             raise UsageError(f"the prefix must be a str, not {describe(prefix)}")
         if prefix and not prefix.startswith("/"):
