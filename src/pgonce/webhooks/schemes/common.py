@@ -258,11 +258,22 @@ def checked_secrets(scheme: str, secrets: Sequence[str]) -> tuple[str, ...]:
     copy-paste accident, and silently verifying with another key than the one configured would
     hide it.
     """
+    if isinstance(secrets, bytes | bytearray | memoryview):
+        # A Sequence too, of ints: it was refused as "secret #1 must be a non-empty string".
+        raise ConfigError(
+            f"the secrets of the {scheme} scheme must be strings, not bytes: give the secret "
+            "as the text the provider shows (bytes.decode())"
+        )
     if isinstance(secrets, str) or not isinstance(secrets, Sequence):
         raise ConfigError(f"the secrets of the {scheme} scheme must be a list of strings")
     if not secrets:
         raise ConfigError(f"the {scheme} scheme needs at least one secret")
     for number, secret in enumerate(secrets, 1):
+        if isinstance(secret, bytes | bytearray | memoryview):
+            raise ConfigError(
+                f"secret #{number} of the {scheme} scheme must be a string, not bytes: give it "
+                "as the text the provider shows (bytes.decode())"
+            )
         if not isinstance(secret, str) or not secret:
             raise ConfigError(f"secret #{number} of the {scheme} scheme must be a non-empty string")
         if secret != secret.strip():
