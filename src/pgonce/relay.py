@@ -59,7 +59,7 @@ from pgonce.database import own_prepare_threshold
 from pgonce.errors import BrokerUnavailable, ConfigError, DatabaseError, PgonceError
 from pgonce.publishers.base import Publisher, PublishResult
 from pgonce.store._async.outbox import AsyncOutboxStore
-from pgonce.store.errors import translate_errors
+from pgonce.store.errors import describe_dsn, translate_errors
 
 log = logging.getLogger("pgonce.relay")
 
@@ -99,6 +99,10 @@ DEFAULT_STOP_GRACE = timedelta(seconds=10)
 #: waiting or unregistering) before it cancels the statement; a claim that ends after the stop
 #: publishes nothing.
 STOP_WAIT = timedelta(seconds=1)
+
+#: How long the LISTEN connection's first notification (one the relay sends itself) may take
+#: before the relay concludes that notifications do not reach it.
+LISTEN_CHECK = timedelta(seconds=5)
 
 _T = TypeVar("_T")
 
@@ -267,6 +271,10 @@ class Relay:
         self._cut: list[tuple[str, int]] = []
         #: Set when run()'s stop is: a claim that ends afterwards publishes nothing.
         self._stopping = False
+        #: Whether the LISTEN connection was seen to receive a notification: checked once.
+        self._heard = False
+        #: Set when it was seen not to (a transaction-mode pooler): the loops poll, unregistered.
+        self._deaf = False
         #: Names this relay in outbox_waiting_relays; unique per instance.
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._wake = asyncio.Event()
@@ -647,7 +655,7 @@ class Relay:
         registration before it existed and commits after the last look is the one case left to
         the poll.
         """
-        if not self.listen:
+        if not self.listen or self._deaf:
             await self._sleep(stop, self.poll_interval, wake=True)
             return
         await self.store.set_waiting(conn, name, True)
@@ -725,6 +733,20 @@ class Relay:
         while not stop.is_set():
             try:
                 async with self._listening() as notifications:
+                    if notifications is None:
+                        self._deaf = True
+                        log.warning(
+                            "relay: the LISTEN connection (%s) received no notification within "
+                            "%g s of one sent to it: a transaction-mode pooler between it and "
+                            "the server delivers none. The relay polls every %g s instead, and "
+                            "no longer asks enqueue() to notify; give listen_dsn "
+                            "(PGONCE_LISTEN_DSN for the service) a direct connection to the "
+                            "server to be woken within milliseconds",
+                            describe_dsn(self.listen_dsn),
+                            LISTEN_CHECK.total_seconds(),
+                            self.poll_interval.total_seconds(),
+                        )
+                        return
                     self._listener.succeeded()
                     # A row may have committed while we were not listening.
                     self._wake.set()
@@ -743,13 +765,39 @@ class Relay:
             await self._sleep(stop, self.poll_interval, wake=False)
 
     @contextlib.asynccontextmanager
-    async def _listening(self) -> AsyncIterator[AsyncIterator[object]]:
+    async def _listening(self) -> AsyncIterator[AsyncIterator[object] | None]:
+        """The notifications of a new LISTEN connection; None when a notification sent to it did
+        not arrive (checked on the first connection that listens)."""
         conn = await self.connect(self.listen_dsn)
         try:
             await self.store.listen(conn)
+            if not self._heard:
+                if not await self._hears(conn):
+                    yield None
+                    return
+                self._heard = True
             yield conn.notifies()
         finally:
             await conn.close()
+
+    async def _hears(self, conn: AsyncConnection[Any]) -> bool:
+        """Whether ``conn``, listening, receives a notification sent from another connection.
+
+        Through a transaction-mode pooler, LISTEN runs and the server session that ran it goes
+        back to the pool: its notifications reach no one. The relay would wait for them, and make
+        every enqueue() notify (which serializes the producers' commits) for nothing. Any
+        notification counts: one an enqueue sent meanwhile proves delivery as well.
+        """
+        sender = await self.connect(self.listen_dsn)
+        try:
+            with translate_errors("checking that the LISTEN connection receives notifications"):
+                await sender.execute("SELECT pg_notify(%s, '')", (self.store.channel,))
+        finally:
+            await sender.close()
+        with translate_errors("checking that the LISTEN connection receives notifications"):
+            async for _ in conn.notifies(timeout=LISTEN_CHECK.total_seconds(), stop_after=1):
+                return True
+        return False
 
 
 def _check_conninfo(what: str, conninfo: str | None) -> None:
