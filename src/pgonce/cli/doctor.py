@@ -160,7 +160,12 @@ def run(args: argparse.Namespace) -> int:
     with (
         announced_database(settings) as db,
         translate_errors("connecting"),
-        psycopg.connect(db.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn,
+        # No statement prepared (psycopg does after five runs of one): behind a transaction-mode
+        # pooler the next transaction may reach a server session where its name is another
+        # client's; a one-shot command gains nothing from preparing.
+        psycopg.connect(
+            db.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None
+        ) as conn,
     ):
         report = health.check(conn, now=args.now)
         # Bounded as the health check is: on a stalled network it waited for good.

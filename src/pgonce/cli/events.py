@@ -60,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     with (
         database(args, migrated=False) as (settings, db),
         translate_errors("connecting"),
-        psycopg.connect(db.dsn, autocommit=True) as conn,
+        # No statement prepared (psycopg does after five runs of one): behind a transaction-mode
+        # pooler the next transaction may reach a server session where its name is another
+        # client's; a one-shot command gains nothing from preparing.
+        psycopg.connect(db.dsn, autocommit=True, prepare_threshold=None) as conn,
     ):
         inspector = Inspector(schema=settings.schema)
         if args.show:

@@ -79,7 +79,10 @@ def run(args: argparse.Namespace) -> int:
         database(args, migrated=False) as (settings, db),
         _migrated(db.dsn, settings.schema),
         translate_errors("connecting"),
-        psycopg.connect(db.dsn) as conn,
+        # No statement prepared (psycopg does after five runs of one): behind a transaction-mode
+        # pooler the next transaction may reach a server session where its name is another
+        # client's; a one-shot command gains nothing from preparing.
+        psycopg.connect(db.dsn, prepare_threshold=None) as conn,
         conn.transaction(),
     ):
         if args.outbox:

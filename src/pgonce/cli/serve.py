@@ -220,7 +220,11 @@ def migrate_at_start(dsn: str, schema: str, connect_timeout: int) -> list[int]:
     when it takes longer than :data:`MIGRATION_NOTICE_AFTER`."""
     with (
         translate_errors("connecting"),
-        psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout) as conn,
+        # No statement prepared: behind a transaction-mode pooler the next migration's
+        # transaction may reach a server session where psycopg's name is another client's.
+        psycopg.connect(
+            dsn, autocommit=True, connect_timeout=connect_timeout, prepare_threshold=None
+        ) as conn,
     ):
         done = threading.Event()
         watcher = threading.Thread(
@@ -260,7 +264,9 @@ def _say_what_migration_waits_for(
     if done.wait(MIGRATION_NOTICE_AFTER.total_seconds()):
         return
     try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout) as conn:
+        with psycopg.connect(
+            dsn, autocommit=True, connect_timeout=connect_timeout, prepare_threshold=None
+        ) as conn:
             while not done.is_set():
                 row = conn.execute(_WAITING, (backend,)).fetchone()
                 if done.is_set():

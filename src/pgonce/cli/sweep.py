@@ -305,7 +305,10 @@ def run(args: argparse.Namespace) -> int:
     with (
         announced_database(settings, quiet=not interactive) as db,
         translate_errors("connecting"),
-        psycopg.connect(db.dsn, autocommit=True) as conn,
+        # No statement prepared (psycopg does after five runs of one): behind a transaction-mode
+        # pooler the next transaction may reach a server session where its name is another
+        # client's; a one-shot command gains nothing from preparing.
+        psycopg.connect(db.dsn, autocommit=True, prepare_threshold=None) as conn,
     ):
         require_migrated(db.dsn, settings.schema)
         if args.dry_run:
