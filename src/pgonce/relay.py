@@ -246,19 +246,19 @@ class Relay:
         #: the broker could not be reached for or did not answer, and the LISTEN connection.
         self._database = FailureRun(
             log,
-            "relay: the database answers again after %(count)d failed attempts; the rows that "
+            "relay: the database answers again (%(count)d failed attempts in a row); the rows that "
             "waited are published now",
         )
-        self._batches = FailureRun(log, "relay: batches publish again after %(count)d failures")
+        self._batches = FailureRun(log, "relay: batches publish again (%(count)d failed in a row)")
         publisher_name = str(getattr(publisher, "name", type(publisher).__name__))
         self._broker = FailureRun(
             log,
-            f"relay: {publisher_name.replace('%', '%%')} answers again after %(count)d "
-            "batches it did not",
+            f"relay: {publisher_name.replace('%', '%%')} answers again (%(count)d batches in a "
+            "row got no answer)",
         )
         self._listener = FailureRun(
             log,
-            "relay: LISTEN connection back after %(count)d failures; notifications wake the "
+            "relay: LISTEN connection back (%(count)d failures in a row); notifications wake the "
             "relay again",
         )
         #: How long a stop waits for a batch whose rows are at the broker (see
