@@ -27,26 +27,26 @@ PAGES = {
 }
 
 
-def read_request(conn: socket.socket) -> bool:
-    """Read one request whole (head and Content-Length body); False if the client went away."""
+def read_request(conn: socket.socket) -> dict[str, str] | None:
+    """Read one request whole (head and Content-Length body): its headers, lower-cased, or None
+    if the client went away."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
         if not chunk:
-            return False
+            return None
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
+    headers = {}
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(body) < length:
+        headers[name.strip().lower().decode()] = value.strip().decode()
+    while len(body) < int(headers.get("content-length", 0)):
         chunk = conn.recv(65536)
         if not chunk:
-            return False
+            return None
         body += chunk
-    return True
+    return headers
 
 
 def answering(status: int) -> Callable[[socket.socket], None]:
@@ -55,7 +55,7 @@ def answering(status: int) -> Callable[[socket.socket], None]:
     def answer(conn: socket.socket) -> None:
         with conn:
             try:
-                if read_request(conn):
+                if read_request(conn) is not None:
                     conn.sendall(
                         b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
                         b"Connection: close\r\n\r\n%s"

@@ -26,7 +26,8 @@ from pgonce.conformance.report import Report
 from pgonce.conformance.runner import (
     DEFAULT_BUDGET,
     client,
-    failure,
+    no_answer,
+    redirected,
     server_failed,
     shown,
     within,
@@ -68,13 +69,18 @@ async def check_http(
                 f"cannot reach {public(target.url)}",
             )
         except httpx.HTTPError as error:
-            raise UsageError(f"cannot reach {public(target.url)}: {failure(error)}") from None
+            raise UsageError(no_answer(error, target.url)) from None
         if server_failed(first):
             # Not the request's fault: nothing can be judged while the server fails.
             raise UsageError(
                 f"{target.method} {public(target.url)} with a new key answered "
                 f"{first.status_code}, a server failure: the endpoint must succeed (2xx) before "
                 f"its idempotency can be judged ({shown(first)})"
+            )
+        if redirect := redirected(first):
+            raise UsageError(
+                f"{target.method} {public(target.url)} with a new key answered "
+                f"{first.status_code}, {redirect}: give the URL the endpoint really answers on"
             )
         if not first.is_success:
             raise UsageError(

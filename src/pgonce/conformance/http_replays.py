@@ -48,6 +48,12 @@ async def replay_identical(run: HttpRun) -> Finding:
         second.headers.get("content-type") == first.headers.get("content-type"),
         "the retry's Content-Type differs",
     )
+    # A new key's answer marked as a replay tells the client its request did not run: a lie
+    # that makes a careful client look for an earlier request that never was.
+    finding.expect(
+        not run.replayed(first),
+        f"the original, with a new key, is marked {run.target.replay_header}: true",
+    )
     if run.replayed(second):
         finding.saw(f"retry marked {run.target.replay_header}: true")
     if effects is not None:
@@ -277,6 +283,11 @@ async def in_flight_409(run: HttpRun) -> Finding:
     else:
         conflicts = [a for answers in run.bursts for a in answers if a.status_code == 409]
         seen = sum(len(answers) for answers in run.bursts)
+        if not seen:
+            return finding.skip(
+                "no concurrent copies were answered (see concurrent-once): give --slow-path, an "
+                "endpoint that takes a while"
+            )
         if not conflicts:
             return finding.skip(
                 f"none of {seen} concurrent copies arrived while its original ran: give "

@@ -81,10 +81,15 @@ class Suite(Generic[Context]):
                 finding = await asyncio.wait_for(body(context), timeout=left)
             except TimeoutError:
                 finding = Finding()
-                finding.expect(False, f"no verdict within the time budget ({budget:.0f} s)")
+                finding.expect(
+                    False,
+                    f"no verdict within the {left:.1f} s left of the run's time budget (--budget)",
+                )
             except httpx.HTTPError as error:
                 finding = Finding()
-                finding.expect(False, f"no answer: {failure(error)}")
+                finding.expect(
+                    False, f"no complete answer to {request_of(error)}: {failure(error)}"
+                )
             results.append(finding.result(check))
         return Report(self.kind, public(target), tuple(results), time.monotonic() - started)
 
@@ -165,7 +170,36 @@ def answered(what: str, response: httpx.Response, expected: str | None = None) -
     said = f"{what} answered {response.status_code}"
     if server_failed(response):
         said += ", a server failure"
+    elif redirect := redirected(response):
+        said += f", {redirect}"
     return f"{said}, not {expected}" if expected else said
+
+
+def redirected(response: httpx.Response) -> str | None:
+    """``a redirect to URL (not followed)`` for a 3xx with a Location, else None: the kit judges
+    the server's own answer, so a redirect (http to https, a moved path) is said with where it
+    points, the URL shown as every URL is (:func:`pgonce.core.urls.public`)."""
+    location = response.headers.get("location")
+    if not response.is_redirect or location is None:
+        return None
+    return f"a redirect to {public(location)} (not followed)"
+
+
+def no_answer(error: httpx.HTTPError, url: str) -> str:
+    """Why the request to ``url`` before the checks got no answer, for the usage error: the
+    server could not be reached, or it was and broke off its answer (closed the connection
+    mid-body, sent something that is not HTTP)."""
+    if isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError)):
+        return f"{public(url)} gave no complete answer: {failure(error)}"
+    return f"cannot reach {public(url)}: {failure(error)}"
+
+
+def request_of(error: httpx.HTTPError) -> str:
+    """The request that failed, as ``POST URL`` ("a request" when the error has none)."""
+    try:
+        return f"{error.request.method} {public(str(error.request.url))}"
+    except RuntimeError:
+        return "a request"
 
 
 def shown(response: httpx.Response) -> str:

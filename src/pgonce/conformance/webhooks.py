@@ -23,7 +23,7 @@ import time
 from pgonce.conformance import webhook_deliveries, webhook_signatures
 from pgonce.conformance.effects import Effects, settled_count
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client, failure, within
+from pgonce.conformance.runner import DEFAULT_BUDGET, client, no_answer, within
 from pgonce.conformance.webhook_run import WebhookRun, WebhookTarget, suite
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
@@ -74,7 +74,7 @@ async def check_webhooks(
                 f"cannot reach {public(target.url)}",
             )
         except httpx.HTTPError as error:
-            raise UsageError(f"cannot reach {public(target.url)}: {failure(error)}") from None
+            raise UsageError(no_answer(error, target.url)) from None
         if effects is not None:
             run.start_count = await within(
                 settled_count(effects, reach=0, within=0, settle=target.settle),
