@@ -287,10 +287,11 @@ class Relay:
     ) -> BatchReport:
         """Claim, publish and settle one batch in one transaction on ``conn`` (autocommit)."""
         task = asyncio.current_task()
+        if task is not None:
+            # The BEGIN too: on a server that stopped answering, it is what waits.
+            self._doing[task] = ("claiming", 0)
         try:
             async with conn.transaction():
-                if task is not None:
-                    self._doing[task] = ("claiming", 0)
                 batch = await self.store.claim(
                     conn, limit=self.batch_size, per_aggregate=self.per_aggregate, now=now
                 )

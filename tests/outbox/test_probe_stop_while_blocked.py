@@ -23,6 +23,7 @@ from pgonce.publishers.base import PublishResult
 from pgonce.relay import Relay
 from pgonce.store._sync.outbox import enqueue
 from tests.outbox.conftest import wait_until
+from tests.stalling import freezing
 
 #: Far above what a prompt stop takes, far below forever.
 BOUND = 15
@@ -67,7 +68,7 @@ async def stop_promptly(relay: Relay, running: asyncio.Task[Any], stop: asyncio.
     if running not in done:
         running.cancel()
         await asyncio.wait({running})
-        pytest.fail("the relay did not stop while its statement waited on a lock")
+        pytest.fail("the relay did not stop while its statement waited on the database")
     running.result()
 
 
@@ -156,3 +157,24 @@ async def test_an_idle_relay_stops_without_a_line_about_cut_statements(
     await stop_promptly(relay, running, stop)
     assert cut_lines(caplog) == []
     assert not waiting(), "the relay left its registration as a waiting relay behind"
+
+
+async def test_stop_gives_up_a_claim_on_a_server_that_stopped_answering(
+    direct_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgonce.relay")
+    with psycopg.connect(direct_dsn) as conn:
+        enqueue(conn, "order", "1", "created", {"n": 1})
+    publisher = Recording()
+    # The claim's statement goes out and no answer ever comes back, on any connection.
+    with freezing(direct_dsn, b"FOR UPDATE OF o SKIP LOCKED") as proxy:
+        relay = Relay(proxy.dsn(direct_dsn), publisher, listen=False, concurrency=1)
+        stop = asyncio.Event()
+        running = asyncio.create_task(relay.run(stop))
+        await asyncio.to_thread(proxy.frozen.wait, BOUND)
+        assert proxy.frozen.is_set()
+        await stop_promptly(relay, running, stop)
+    assert publisher.published == []
+    (line,) = cut_lines(caplog)
+    assert "claim(s) of a batch" in line
+    assert pending(direct_dsn) == (1, 0)
