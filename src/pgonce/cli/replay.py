@@ -44,12 +44,15 @@ HELP = "replay dead-lettered inbox events or parked outbox rows"
 def configure(parser: argparse.ArgumentParser) -> None:
     add_database_options(parser)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--source", help="replay dead inbox events of this webhook source")
+    which.add_argument(
+        "--source", type=_named, help="replay dead inbox events of this webhook source"
+    )
     which.add_argument("--outbox", action="store_true", help="replay parked outbox rows")
     parser.add_argument(
         "--event-id",
         action="append",
         dest="event_ids",
+        type=_named,
         metavar="ID",
         help="with --source: only this event (repeatable; default: every dead letter)",
     )
@@ -61,7 +64,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --outbox: only this row id (repeatable; default: every parked row)",
     )
-    parser.add_argument("--aggregatetype", help="with --outbox: only rows of this aggregate type")
+    parser.add_argument(
+        "--aggregatetype", type=_named, help="with --outbox: only rows of this aggregate type"
+    )
+
+
+def _named(text: str) -> str:
+    """An argparse type for a source, an event id or an aggregate type: never empty. An empty
+    one was refused only after connecting, with exit 1 as if the database had failed."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 @contextlib.contextmanager
