@@ -33,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pgonce.cli.common import add_global_options, bounded_int, http_url
+from pgonce.cli.common import add_global_options, bounded_int, http_url, printable
 from pgonce.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
@@ -274,7 +274,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
     else:
-        print(report.table())
+        # The evidence quotes what the server sent (a header's value): its control characters
+        # are escaped, not handed to the terminal.
+        print(printable(report.table(), keep="\n"))
     return 0 if report.passed else 1
 
 

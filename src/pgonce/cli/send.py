@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import cast
 from urllib.parse import urlsplit, urlunsplit
 
-from pgonce.cli.common import bounded_int, http_url, not_empty
+from pgonce.cli.common import bounded_int, http_url, not_empty, printable
 from pgonce.core.urls import public
 from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
@@ -94,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     url = args.url or service_url(config.host, config.port)
     statuses = asyncio.run(_send(webhook_url(url, args.source), body, headers, args.copies))
     for (status, text), count in sorted(statuses.items()):
-        print(f"{count} × {status} {text}")
+        # What the server answered, on one line: its control characters (a newline of an HTML
+        # page, an escape sequence) are escaped, not handed to the terminal.
+        print(f"{count} × {status} {printable(text)}")
     return 0 if all(status == 200 for status, _ in statuses) else 1
 
 
@@ -130,6 +132,9 @@ async def _send(
             answers = await asyncio.gather(
                 *(client.post(url, content=body, headers=headers) for _ in range(copies))
             )
+        except (httpx.RemoteProtocolError, httpx.ReadError) as error:
+            # Reached: the server (or a proxy) broke its answer off, or spoke no HTTP.
+            raise UsageError(f"{public(url)} gave no complete answer: {_reason(error)}") from None
         except httpx.HTTPError as error:
             raise UsageError(f"cannot reach {public(url)}: {_reason(error)}") from None
     return Counter((r.status_code, r.text.strip()[:200]) for r in answers)

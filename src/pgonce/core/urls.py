@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 #: What stands in for a hidden part.
 HIDDEN = "***"
@@ -15,8 +15,11 @@ def public(url: str) -> str:
     report is pasted into CI logs and tickets), and so is every value of its query string
     (``?token=``, ``?api_key=``, ``?sig=`` carry credentials as often as a user part does) and
     its fragment; the query's names stay, so that the URL can still be recognised. A URL that
-    does not even split is hidden the same way, by hand: this never raises.
+    does not even split is hidden the same way, by hand: this never raises. A control character
+    (which no URL holds unencoded; a server's Location may) is shown percent-encoded, so that
+    the URL cannot drive the terminal it is printed on.
     """
+    url = _encoded_controls(url)
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -35,6 +38,11 @@ def public(url: str) -> str:
     )
 
 
+def _encoded_controls(url: str) -> str:
+    """``url`` with C0, DEL and C1 characters percent-encoded (their UTF-8 bytes)."""
+    return "".join(quote(c, safe="") if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 else c for c in url)
+
+
 def _query(query: str) -> str:
     """``a=1&token=s`` as ``a=***&token=***``; a piece without a name (``?s3cr3t``) is hidden."""
     shown = []
@@ -47,6 +55,7 @@ def _query(query: str) -> str:
 def public_unparsed(url: str) -> str:
     """``public`` for a URL that does not split (a bad IPv6 bracket): the whole user part, the
     query's values and the fragment hidden as text."""
+    url = _encoded_controls(url)
     head, hash_, fragment = url.partition("#")
     head, mark, query = head.partition("?")
     scheme, slashes, rest = head.partition("//")
