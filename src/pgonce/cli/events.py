@@ -47,6 +47,12 @@ def _limit(text: str) -> int:
         limit = 0
     if limit < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    if limit > MAX_LIST:
+        # The listing stops at MAX_LIST rows: a larger limit was cut to it without a word.
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is more than {MAX_LIST}, the most rows a listing shows: filter with "
+            "--source, --status or --id instead"
+        )
     return limit
 
 
