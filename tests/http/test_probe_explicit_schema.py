@@ -41,3 +41,21 @@ def test_a_schema_given_alone_builds_both_stores_on_it(build: Build) -> None:
     middleware = build()
     assert (middleware.store.schema, middleware.phases.schema) == ("pgonce", "pgonce")
     assert type(middleware.store.schema) is str
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        (None, "must be a str"),
+        (5, "must be a str"),
+        ("Billing", "is not allowed"),
+        ("pg_billing", "PostgreSQL's own"),
+    ],
+)
+def test_a_schema_pgonce_cannot_have_is_refused_at_set_up(
+    build: Build, schema: object, named: str
+) -> None:
+    # It was taken, and found out at the first request: for a name, as a SchemaNotMigrated
+    # telling to run `pgonce migrate`, which refuses that name.
+    with pytest.raises(UsageError, match=named):
+        build(schema=schema)
