@@ -195,3 +195,42 @@ def test_an_original_marked_as_a_replay_fails_replay_identical(
     assert check["evidence"].startswith(
         "the original, with a new key, is marked Idempotent-Replayed: true;"
     )
+
+
+def upstream_lost(conn: socket.socket, number: int, headers: dict[str, str]) -> None:
+    """The first request answered, then the proxy's upstream gone: a 502 page for every other."""
+    if number == 1:
+        send(conn, "201 Created", b'{"id": 1}')
+        return
+    page = b"<html><h1>502 Bad Gateway</h1></html>"
+    conn.sendall(
+        b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nContent-Length: %d\r\n"
+        b"Connection: close\r\n\r\n%s" % (len(page), page)
+    )
+
+
+@pytest.fixture
+def lost() -> Iterator[str]:
+    yield from server(upstream_lost)
+
+
+def test_two_equal_502_pages_are_not_called_the_originals_answer(
+    lost: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Both the original and the other request got the proxy's page: it read "the other request
+    # got the original's answer" and "the second caller got the first one's answer".
+    code = main(
+        ["conformance", "http", lost + "/payments", "--json", "--other-header", "X-Caller: bob",
+         "--only", "mismatch-other-body", "--only", "principal-scopes"]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks["mismatch-other-body"]["evidence"].startswith(
+        "the original answered 502, a server failure, not 2xx;"
+    )
+    assert checks["principal-scopes"]["evidence"].startswith(
+        "the first caller's request answered 502, a server failure, not 2xx;"
+    )
+    assert "answer;" not in out
+    assert "got the" not in out

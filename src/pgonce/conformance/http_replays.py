@@ -170,6 +170,11 @@ async def mismatch(
     key = new_key()
     first = await run.send(key)
     other = await run.send(key, body=body, url=url)
+    if not first.is_success:
+        # No stored answer to compare with: two equal failures are not "the original's answer".
+        finding.saw(f"original {shown(first)}, the other request {shown(other)}")
+        finding.expect(False, answered("the original", first, "2xx"))
+        return finding
     refused(finding, other, 422, "the other request")
     finding.expect(other.content != first.content, "the other request got the original's answer")
     again = await run.send(key)
@@ -337,7 +342,8 @@ async def while_in_flight(run: HttpRun, finding: Finding) -> list[httpx.Response
     finding.expect(
         waited or (len(conflicts) == 1 and len(done) == 1),
         "one of the two should have run and the other answered 409 (or waited and replayed); "
-        f"they answered {first.status_code} and {retry.status_code}",
+        f"they answered {first.status_code} and {retry.status_code}"
+        + (", a server failure" if server_failed(first) or server_failed(retry) else ""),
     )
     if done:
         finding.expect(after.content == done[0].content, "the retry after it was not a replay")
@@ -386,6 +392,8 @@ async def principal_scopes(run: HttpRun) -> Finding:
     first = await run.send(key)
     other = await run.send(key, headers=run.target.other_headers)
     finding.saw(f"first caller {shown(first)}, second caller {shown(other)}")
+    if not finding.expect(first.is_success, answered("the first caller's request", first, "2xx")):
+        return finding
     finding.expect(other.is_success, answered("the second caller's request", other))
     finding.expect(not run.replayed(other), "the second caller got a replay")
     finding.expect(other.content != first.content, "the second caller got the first one's answer")
