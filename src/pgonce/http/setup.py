@@ -27,7 +27,7 @@ from pgonce.store._sync.keys import KeyStore
 from pgonce.store._sync.phases import PhaseStore
 from pgonce.store.common import check_wait
 
-__all__ = ["SCHEMA_NOT_GIVEN", "middleware_pool", "middleware_stores"]
+__all__ = ["SCHEMA_NOT_GIVEN", "checked_schema", "middleware_pool", "middleware_stores"]
 
 
 class _DefaultSchema(str):
@@ -208,7 +208,7 @@ def _schema_of(store: Any, phases: Any, schema: str) -> str:
         if given is not None
     }
     if schema is not SCHEMA_NOT_GIVEN:
-        named["schema"] = _checked_schema(schema)
+        named["schema"] = checked_schema(schema)
     if len(set(named.values())) > 1:
         each = ", ".join(f"{what}={name!r}" for what, name in named.items())
         raise UsageError(
@@ -219,9 +219,10 @@ def _schema_of(store: Any, phases: Any, schema: str) -> str:
     return next(iter(named.values()), DEFAULT_SCHEMA)
 
 
-def _checked_schema(schema: object) -> str:
-    """The ``schema`` given, refused unless it is a name pgonce's schema may have: it was taken
-    as it was, and found out at the first request (a ``UsageError`` for one that is no str, a
+def checked_schema(schema: object) -> str:
+    """``schema`` (a middleware's or the webhook receiver's), refused with a
+    :class:`~pgonce.errors.UsageError` unless it is a name pgonce's schema may have: taken as it
+    was, it was found out at the first request (a ``UsageError`` for one that is no str, a
     ``SchemaNotMigrated`` telling to run ``pgonce migrate``, which refuses the name)."""
     if not isinstance(schema, str):
         raise UsageError(
