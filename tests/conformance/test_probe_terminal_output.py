@@ -118,3 +118,22 @@ def test_a_redirect_location_is_shown_encoded(
     err = capsys.readouterr().err
     assert code == 1, err
     assert "a redirect to /elsewhere%C2%9B2J (not followed)" in err
+
+
+@pytest.fixture
+def moved() -> Iterator[str]:
+    yield from answering(
+        b"HTTP/1.1 301 Moved Permanently\r\nLocation: https://svc.example/?token=hunter2\r\n"
+        b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+
+
+def test_send_says_where_a_redirect_points(
+    moved: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It printed "1 × 301 " and nothing else.
+    monkeypatch.setenv("SEND_SECRET", SECRET)
+    code = send(tmp_path / "pgonce.toml", moved)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out == "1 × 301 a redirect to https://svc.example/?token=*** (not followed)\n"

@@ -18,7 +18,7 @@ import json
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from pgonce.cli.common import bounded_int, http_url, not_empty, printable
@@ -26,6 +26,9 @@ from pgonce.core.urls import public
 from pgonce.errors import ConfigError, UsageError
 from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import SigningScheme
+
+if TYPE_CHECKING:
+    import httpx
 
 NAME = "send"
 #: The most copies one send fires at once: a duplicate storm in miniature, not a load test.
@@ -137,7 +140,16 @@ async def _send(
             raise UsageError(f"{public(url)} gave no complete answer: {_reason(error)}") from None
         except httpx.HTTPError as error:
             raise UsageError(f"cannot reach {public(url)}: {_reason(error)}") from None
-    return Counter((r.status_code, r.text.strip()[:200]) for r in answers)
+    return Counter((r.status_code, _said(r)) for r in answers)
+
+
+def _said(response: httpx.Response) -> str:
+    """What an answer said: the start of its body, or where a redirect points (it is not
+    followed: the service's own answer is what a test delivery tries)."""
+    location = response.headers.get("location")
+    if response.is_redirect and location is not None:
+        return f"a redirect to {public(location)} (not followed)"
+    return response.text.strip()[:200]
 
 
 def _reason(error: Exception) -> str:

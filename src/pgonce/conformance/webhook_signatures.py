@@ -71,7 +71,7 @@ async def fast_acknowledgement(run: WebhookRun) -> Finding:
     if not run.ack_times:
         return finding.skip("no delivery was acknowledged to time")
     slowest = max(run.ack_times)
-    finding.saw(f"slowest acknowledgement {slowest * 1000:.0f} ms of {len(run.ack_times)}")
+    finding.saw(f"slowest of {len(run.ack_times)} acknowledgements: {slowest * 1000:.0f} ms")
     finding.expect(
         slowest <= run.target.ack_seconds,
         f"an acknowledgement took {slowest:.1f} s, over {run.target.ack_seconds:.1f} s",
