@@ -154,6 +154,26 @@ class _AppendOnce(argparse.Action):
         setattr(namespace, self.dest, given)
 
 
+class _ScopeOnce(argparse.Action):
+    """``append`` for ``--scope-retention``: a scope given twice is a usage error. The last one
+    won without a word, so that a retention typed again lower (s=90d, later s=1d) deleted rows
+    the first one kept."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given = list(getattr(namespace, self.dest, None) or [])
+        scope = str(values).partition("=")[0]
+        if any(item.partition("=")[0] == scope for item in given):
+            parser.error(f"argument {option_string}: scope {scope!r} is given twice")
+        given.append(values)
+        setattr(namespace, self.dest, given)
+
+
 def add_retention_options(parser: argparse.ArgumentParser) -> None:
     """The retention options ``pgonce sweep`` and ``pgonce doctor`` share."""
     group = parser.add_argument_group("retention")
@@ -176,7 +196,7 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--scope-retention",
-        action="append",
+        action=_ScopeOnce,
         default=[],
         type=_scope_retention,
         metavar="SCOPE=RETENTION[/HORIZON]",
