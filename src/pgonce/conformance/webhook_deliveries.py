@@ -70,13 +70,15 @@ async def oversized_body(run: WebhookRun) -> Finding:
 
 
 def sibling(url: str) -> str | None:
-    """The endpoint's URL with its last path segment replaced by a name no source has."""
+    """The endpoint's URL with its last path segment replaced by a name no source has; its
+    query is kept (a ``?token=`` that lets the delivery past a proxy or a gateway must reach
+    the receiver, or the check judges the gateway's refusal instead of the receiver's)."""
     parts = urlsplit(url)
     head, sep, last = parts.path.rstrip("/").rpartition("/")
     if not sep or not last:
         return None
     path = f"{head}/conformance-unknown-{uuid.uuid4().hex[:8]}"
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
 @suite.check(
