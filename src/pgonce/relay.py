@@ -453,10 +453,16 @@ class Relay:
         # start, not with the first row. The rows wait meanwhile; the loops retry.
         prepare = getattr(self.publisher, "prepare", None)
         if prepare is not None:
+            # A stop does not wait for it: a broker that accepts and does not answer holds the
+            # check for the publisher's whole connect timeout, and no row is in flight yet.
             try:
-                await prepare()
+                finished, _ = await self._unless_stopped(prepare(), stop, cut=False)
             except BrokerUnavailable as error:
                 log.warning("relay: %s; the rows wait until it is fixed", error)
+            else:
+                if not finished:
+                    await self.publisher.close()
+                    return self.stats
         listener = asyncio.create_task(self._listen(stop)) if self.listen else None
         self._cut = []
         self._stopping = False
@@ -550,7 +556,7 @@ class Relay:
                 await conn.close()
 
     async def _unless_stopped(
-        self, work: Awaitable[_T], stop: asyncio.Event
+        self, work: Awaitable[_T], stop: asyncio.Event, *, cut: bool = True
     ) -> tuple[bool, _T | None]:
         """``work`` (a batch, or the wait for rows) until done; ``(False, None)`` when ``stop``
         ended it first.
@@ -559,29 +565,31 @@ class Relay:
         lock another session holds, or on a server that stopped answering. Now a batch at the
         broker gets :attr:`stop_grace` to mark what the broker acknowledged; anything else (a
         claim, which then publishes nothing, or the wait for rows, which ends by itself at a
-        stop) :data:`STOP_WAIT`. Cancelled, psycopg cancels
-        the statement on the server (and gives up on a server that does not answer after a few
-        seconds), the transaction rolls back and the rows wait for the next run, which publishes
-        those of a batch at the broker again, with the same message ids.
+        stop) :data:`STOP_WAIT`. Cancelled, psycopg cancels the statement on the server (and
+        gives up on a server that does not answer after a few seconds), the transaction rolls
+        back and the rows wait for the next run, which publishes those of a batch at the broker
+        again, with the same message ids. Without ``cut`` (work no row depends on: the
+        publisher's check at the start), ``work`` is cancelled at once, and nothing is said.
         """
         task = asyncio.ensure_future(work)
         stopping = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():
+            if not task.done() and cut:
                 self._stopping = True
                 doing, _ = self._doing.get(task, ("", 0))
                 grace = self.stop_grace if doing == "settling" else STOP_WAIT
                 await asyncio.wait({task}, timeout=grace.total_seconds())
             if task.done():
                 return True, task.result()
-            cut = self._doing.get(task, ("waiting", 0))
+            doing_then = self._doing.get(task, ("waiting", 0))
             task.cancel()
             # Not awaited directly: a cancellation of this task must still propagate.
             await asyncio.wait({task})
             if not task.cancelled():
                 task.exception()  # retrieved: the stop is what is said about it
-            self._cut.append(cut)
+            if cut:
+                self._cut.append(doing_then)
             return False, None
         finally:
             stopping.cancel()
