@@ -103,6 +103,22 @@ def _statement_timeout_arg(text: str) -> timedelta:
     return duration
 
 
+#: The longest pause between two batches: a pause is a rest for the server (tens of milliseconds
+#: by default), not a schedule (that is cron's). Beyond what the platform can sleep, a run
+#: ended in an internal error after its first batch.
+_LONGEST_PAUSE = timedelta(days=1)
+
+
+def _pause_arg(text: str) -> timedelta:
+    duration = duration_arg(text)
+    if duration > _LONGEST_PAUSE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than {format_duration(_LONGEST_PAUSE)}: the pause is a rest "
+            "between two batches of one run; schedule runs with cron"
+        )
+    return duration
+
+
 def _env_duration(name: str) -> timedelta | None:
     text = os.environ.get(name)
     if not text:
@@ -262,7 +278,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--pause",
-        type=duration_arg,
+        type=_pause_arg,
         default=format_duration(DEFAULT_PAUSE),
         metavar="DURATION",
         help=f"pause between batches (default {format_duration(DEFAULT_PAUSE)})",
