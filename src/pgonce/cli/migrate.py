@@ -1,7 +1,9 @@
 """Apply pgonce's pending migrations to the database.
 
 Each migration runs in its own transaction and is recorded in <schema>.schema_migrations. Concurrent
-runs are serialized: each migration is applied exactly once. When up to date it does nothing.
+runs are serialized: each migration is applied exactly once. When up to date it does nothing: on
+a node that takes no writes (a standby, default_transaction_read_only) it reads the ledger and
+says so, where pending migrations are refused with an error naming the node as read-only.
 
 With --status it only reports the schema's version and applies nothing.
 Exit status: 0 when the schema is up to date (or was brought up to date); with --status, 1 when
