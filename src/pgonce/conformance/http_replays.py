@@ -20,7 +20,14 @@ from pgonce.conformance.http_run import (
     suite,
 )
 from pgonce.conformance.report import Finding, digest
-from pgonce.conformance.runner import answered, is_problem, server_failed, shown
+from pgonce.conformance.runner import (
+    CLOSED,
+    answered,
+    closed_on,
+    is_problem,
+    server_failed,
+    shown,
+)
 from pgonce.core.urls import public
 from pgonce.extras import needs
 
@@ -412,7 +419,12 @@ async def body_too_large(run: HttpRun) -> Finding:
     padding = "x" * max(0, size - len('{"conformance":""}'))
     body = json.dumps({"conformance": padding}, separators=(",", ":")).encode()
     before = await run.count()
-    refused(finding, await run.send(new_key(), body=body), 413, f"a body of {digest(body)}")
+    try:
+        answer = await run.send(new_key(), body=body)
+    except CLOSED as error:
+        finding.saw(closed_on(f"a body of {digest(body)}", error))
+    else:
+        refused(finding, answer, 413, f"a body of {digest(body)}")
     await run.effects_since(before, 0, finding)
     return finding
 

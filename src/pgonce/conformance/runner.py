@@ -158,6 +158,20 @@ def _scheme(error: httpx.HTTPError) -> str:
         return ""
 
 
+#: What a client sees when the server closes the connection instead of answering: allowed for a
+#: body too large (RFC 9110 §15.5.14: "the server MAY close the connection"), where a server
+#: that stops reading (Go's, a proxy's) resets the connection under its own 413.
+CLOSED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+def closed_on(what: str, error: httpx.HTTPError) -> str:
+    """The evidence for a body too large that the server closed the connection on."""
+    return (
+        f"{what}: the server closed the connection instead of reading it all "
+        f"({failure(error)}), which RFC 9110 §15.5.14 allows"
+    )
+
+
 def server_failed(response: httpx.Response) -> bool:
     """Whether the server failed to answer: a 5xx is an error of the server (a crash, an outage,
     a proxy whose upstream is down), never a refusal of what was sent."""

@@ -9,7 +9,14 @@ from urllib.parse import urlsplit, urlunsplit
 # The signature checks register (and so run) first.
 from pgonce.conformance import webhook_signatures  # noqa: F401
 from pgonce.conformance.report import Finding, digest
-from pgonce.conformance.runner import answered, is_problem, server_failed, shown
+from pgonce.conformance.runner import (
+    CLOSED,
+    answered,
+    closed_on,
+    is_problem,
+    server_failed,
+    shown,
+)
 from pgonce.conformance.webhook_run import (
     GITHUB,
     STANDARD,
@@ -65,7 +72,12 @@ async def oversized_body(run: WebhookRun) -> Finding:
     head = b'{"id":"%s","event_id":"%s","pad":"' % (event_id.encode(), event_id.encode())
     body = head + b"x" * max(0, size - len(head) - 2) + b'"}'
     headers = run.sign(body, event_id)
-    run.refused(finding, await run.post(body, headers), 413, f"a body of {digest(body)}")
+    try:
+        answer = await run.post(body, headers)
+    except CLOSED as error:
+        finding.saw(closed_on(f"a body of {digest(body)}", error))
+    else:
+        run.refused(finding, answer, 413, f"a body of {digest(body)}")
     return finding
 
 
