@@ -18,16 +18,16 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgonce.config import DEFAULT_SCHEMA, validate_schema
-from pgonce.errors import ConfigError, UsageError
+from pgonce.config import DEFAULT_SCHEMA
+from pgonce.errors import UsageError
 from pgonce.http.semantics import NO_WAIT
 from pgonce.store._async.keys import AsyncKeyStore
 from pgonce.store._async.phases import AsyncPhaseStore
 from pgonce.store._sync.keys import KeyStore
 from pgonce.store._sync.phases import PhaseStore
-from pgonce.store.common import check_wait
+from pgonce.store.common import check_schema, check_wait
 
-__all__ = ["SCHEMA_NOT_GIVEN", "checked_schema", "middleware_pool", "middleware_stores"]
+__all__ = ["SCHEMA_NOT_GIVEN", "middleware_pool", "middleware_stores"]
 
 
 class _DefaultSchema(str):
@@ -208,7 +208,7 @@ def _schema_of(store: Any, phases: Any, schema: str) -> str:
         if given is not None
     }
     if schema is not SCHEMA_NOT_GIVEN:
-        named["schema"] = checked_schema(schema)
+        named["schema"] = check_schema(schema)
     if len(set(named.values())) > 1:
         each = ", ".join(f"{what}={name!r}" for what, name in named.items())
         raise UsageError(
@@ -217,18 +217,3 @@ def _schema_of(store: Any, phases: Any, schema: str) -> str:
             "(leave schema out to use the given store's)"
         )
     return next(iter(named.values()), DEFAULT_SCHEMA)
-
-
-def checked_schema(schema: object) -> str:
-    """``schema`` (a middleware's or the webhook receiver's), refused with a
-    :class:`~pgonce.errors.UsageError` unless it is a name pgonce's schema may have: taken as it
-    was, it was found out at the first request (a ``UsageError`` for one that is no str, a
-    ``SchemaNotMigrated`` telling to run ``pgonce migrate``, which refuses the name)."""
-    if not isinstance(schema, str):
-        raise UsageError(
-            f"schema must be a str, the name of pgonce's schema, not {type(schema).__name__}"
-        )
-    try:
-        return validate_schema(str(schema))
-    except ConfigError as error:
-        raise UsageError(str(error)) from None

@@ -8,10 +8,10 @@ from typing import Any, Protocol
 
 from psycopg.pq import PipelineStatus, TransactionStatus
 
-from pgonce.config import MIN_CLAIM_WAIT
-from pgonce.core.checks import check_bool, check_duration, check_int, check_str
+from pgonce.config import MIN_CLAIM_WAIT, validate_schema
+from pgonce.core.checks import check_bool, check_duration, check_int
 from pgonce.core.outcomes import ClaimRow
-from pgonce.errors import NotInTransaction, UsageError
+from pgonce.errors import ConfigError, NotInTransaction, UsageError
 from pgonce.sql import Queries
 
 _MILLISECOND = timedelta(milliseconds=1)
@@ -195,7 +195,22 @@ def check_key_settings(
     """The settings every store of keys shares (the key store's and the two-phase store's),
     checked in one place so that both refuse the same values with the same
     :class:`~pgonce.errors.UsageError`; the wait in milliseconds."""
-    check_str(schema, "the schema")
+    check_schema(schema)
     check_int(retry_after, "retry_after", low=0)
     check_bool(store_server_errors, "store_server_errors")
     return check_wait(wait)
+
+
+def check_schema(schema: object) -> str:
+    """The schema a store (or a middleware, or the webhook receiver) is built for, refused with a
+    :class:`~pgonce.errors.UsageError` unless it is a name pgonce's schema may have (the rule of
+    ``pgonce migrate``). Taken as it was, it was found out at the first call: a
+    ``SchemaNotMigrated`` telling to run ``pgonce migrate``, which refuses the name."""
+    if not isinstance(schema, str):
+        raise UsageError(
+            f"schema must be a str, the name of pgonce's schema, not {type(schema).__name__}"
+        )
+    try:
+        return validate_schema(schema)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None

@@ -54,7 +54,7 @@ from pgonce.errors import (
 )
 from pgonce.extras import needs
 from pgonce.http.problem import send_problem
-from pgonce.http.setup import checked_schema, middleware_pool
+from pgonce.http.setup import middleware_pool
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.webhooks.schemes.common import aware
 from pgonce.webhooks.source import Source, by_name
@@ -148,7 +148,7 @@ class InboxReceiver:
         self.sources = by_name(sources)
         # A name pgonce's schema cannot have was taken, and every delivery was then answered
         # 503 "retry later" for ever (the schema not migrated, which `pgonce migrate` refuses).
-        self.store = AsyncInboxStore(schema=checked_schema(schema))
+        self.store = AsyncInboxStore(schema=schema)
         self.prefix = prefix.rstrip("/")
         self.clock = clock
         self._owns_pool = pool is None

@@ -16,6 +16,7 @@ from psycopg import AsyncConnection
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.sql import Queries
 from pgonce.store._async.inspect import EventSummary
+from pgonce.store.common import check_schema
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -111,7 +112,7 @@ class AsyncConsoleReader:
     """The console's queries; each runs in the caller's connection, as a short read."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        self._sql = Queries("console", schema)
+        self._sql = Queries("console", check_schema(schema))
 
     async def _rows(
         self, conn: AsyncConnection[Row], name: str, params: dict[str, Any], what: str

@@ -40,6 +40,7 @@ from pgonce.core.retention import (
 )
 from pgonce.errors import DatabaseUnavailable, UsageError
 from pgonce.sql import Queries, migrations
+from pgonce.store.common import check_schema
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -68,6 +69,7 @@ class AsyncHealthCheck:
         horizon_warn: timedelta = DEFAULT_HORIZON_WARN,
         retired_window: timedelta = DEFAULT_RETIRED_WINDOW,
     ) -> None:
+        check_schema(schema)
         # Checked here, not at the first check: a number or a negative span reached the server
         # as a bad cast there, or the judgement as a bare TypeError.
         for name, span in (

@@ -39,7 +39,7 @@ from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._async.counts import changed
 from pgonce.store._async.notify import listen
-from pgonce.store.common import require_transaction
+from pgonce.store.common import check_schema, require_transaction
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -52,7 +52,7 @@ class AsyncInboxStore:
     """Stores, claims, completions, failures and replays of events in pgonce's ``inbox`` table."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        self.schema = check_str(schema, "the schema")
+        self.schema = check_schema(schema)
         #: The LISTEN/NOTIFY channel: one notification per stored batch wakes the workers.
         self.channel = notify_channel(schema, "inbox")
         self._sql = Queries("inbox", schema)

@@ -17,6 +17,7 @@ from pgonce.core.checks import check_duration
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._async.health import answered_within
+from pgonce.store.common import check_schema
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -88,7 +89,7 @@ class AsyncInspector:
     def __init__(self, *, schema: str = DEFAULT_SCHEMA, timeout: timedelta | None = None) -> None:
         if timeout is not None and check_duration(timeout, "timeout") <= timedelta(0):
             raise UsageError(f"timeout must be longer than 0s, not {timeout}")
-        self.schema = schema
+        self.schema = check_schema(schema)
         self.timeout = timeout
         self._sql = Queries("inspect", schema)
 

@@ -45,7 +45,7 @@ from pgonce.errors import UsageError
 from pgonce.sql import Queries, positional
 from pgonce.store._async.counts import changed
 from pgonce.store._async.notify import listen
-from pgonce.store.common import require_transaction
+from pgonce.store.common import check_schema, require_transaction
 from pgonce.store.cursors import cursor, raw_cursor
 from pgonce.store.errors import translate_errors
 
@@ -234,7 +234,7 @@ class AsyncOutboxStore:
     """The relay's statements on the ``outbox`` table; each runs in the caller's transaction."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        self.schema = check_str(schema, "the schema")
+        self.schema = check_schema(schema)
         self.channel = notify_channel(schema, "outbox")
         self._sql = Queries("outbox", schema)
 

@@ -41,7 +41,7 @@ from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.counts import changed
 from pgonce.store._sync.notify import listen
-from pgonce.store.common import require_transaction
+from pgonce.store.common import check_schema, require_transaction
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -54,7 +54,7 @@ class InboxStore:
     """Stores, claims, completions, failures and replays of events in pgonce's ``inbox`` table."""
 
     def __init__(self, *, schema: str = DEFAULT_SCHEMA) -> None:
-        self.schema = check_str(schema, "the schema")
+        self.schema = check_schema(schema)
         #: The LISTEN/NOTIFY channel: one notification per stored batch wakes the workers.
         self.channel = notify_channel(schema, "inbox")
         self._sql = Queries("inbox", schema)

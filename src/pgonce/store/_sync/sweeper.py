@@ -55,6 +55,7 @@ from pgonce.core.retention import (
 from pgonce.errors import DatabaseError, UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.health import _Watchdog
+from pgonce.store.common import check_schema
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
@@ -123,7 +124,7 @@ class Sweeper:
             raise UsageError(f"limits must be a SweepLimits, not {type(limits).__name__}")
         if ctid is not None and not isinstance(ctid, bool):
             raise UsageError(f"ctid must be True, False or None, not {ctid!r}")
-        self.schema = schema
+        self.schema = check_schema(schema)
         self.limits = limits or SweepLimits()
         self.policies = policies_for(policies, targets)
         self.ctid = ctid
