@@ -45,7 +45,7 @@ from pgonce.cli.sweep import (
     add_retention_options,
     duration_arg,
     policies_from,
-    positive_duration_arg,
+    statement_timeout_arg,
 )
 from pgonce.core.retention import (
     DEFAULT_HEALTH_TIMEOUT,
@@ -89,7 +89,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--timeout",
-        type=positive_duration_arg,
+        # PostgreSQL's bound, said at the call: above it the check's own error named the sweep.
+        type=statement_timeout_arg,
         default=DEFAULT_HEALTH_TIMEOUT,
         metavar="DURATION",
         help="statement timeout of the checks' queries; a query without an answer for twice "

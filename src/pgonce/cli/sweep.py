@@ -93,8 +93,9 @@ def positive_duration_arg(text: str) -> timedelta:
 _LONGEST_STATEMENT_TIMEOUT = timedelta(milliseconds=2**31 - 1)
 
 
-def _statement_timeout_arg(text: str) -> timedelta:
-    """A batch's statement timeout: PostgreSQL takes at most 2**31 - 1 ms (24 days)."""
+def statement_timeout_arg(text: str) -> timedelta:
+    """A statement timeout (a sweep batch's, doctor's checks'): PostgreSQL takes at most
+    2**31 - 1 ms (24 days)."""
     duration = positive_duration_arg(text)
     if duration > _LONGEST_STATEMENT_TIMEOUT:
         raise argparse.ArgumentTypeError(
@@ -285,7 +286,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--statement-timeout",
-        type=_statement_timeout_arg,
+        type=statement_timeout_arg,
         default=format_duration(DEFAULT_STATEMENT_TIMEOUT),
         metavar="DURATION",
         help="statement timeout of one batch "
