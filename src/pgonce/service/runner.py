@@ -7,8 +7,8 @@ LOCKED``, the sweepers skip each other's locked rows, the completers each other'
 
 SIGHUP changes nothing (the configuration is read once, at start): it is logged, and the
 service keeps running. Stopping (SIGTERM or SIGINT): uvicorn stops accepting and finishes the
-requests it has; the workers finish or roll back their in-flight handlers; the relays finish
-their batch; then the process exits 0. A second signal cuts the requests still in flight (a
+requests it has; the workers finish or roll back their in-flight handlers; the relays mark what
+the broker acknowledged and cancel a statement stalled on the database; then the process exits 0. A second signal cuts the requests still in flight (a
 delivery is answered 503). Nothing acknowledged is lost: a delivery is answered only after its
 commit.
 """
