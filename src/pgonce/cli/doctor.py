@@ -43,7 +43,7 @@ from pgonce.cli.common import (
 )
 from pgonce.cli.sweep import (
     add_retention_options,
-    duration_arg,
+    age_arg,
     policies_from,
     statement_timeout_arg,
 )
@@ -73,7 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("thresholds")
     group.add_argument(
         "--stuck-after",
-        type=duration_arg,
+        type=age_arg,
         default=DEFAULT_STUCK_AFTER,
         metavar="DURATION",
         help="a claim in flight longer than this is stuck "
@@ -81,7 +81,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--slack",
-        type=duration_arg,
+        type=age_arg,
         default=DEFAULT_SLACK,
         metavar="DURATION",
         help="how far the oldest row may outlive its retention before the sweeper counts as "

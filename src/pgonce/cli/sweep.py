@@ -89,6 +89,32 @@ def positive_duration_arg(text: str) -> timedelta:
     return duration
 
 
+#: The longest age an option may give (a retention, a retry horizon, --stuck-after, --slack):
+#: the checks and the sweep date rows back by it from now, and PostgreSQL's timestamps end in
+#: 4713 BC. A thousand years is more than any retention means; beyond PostgreSQL's range, the
+#: run failed after connecting with "timestamp out of range".
+LONGEST_AGE = timedelta(days=365_250)
+
+
+def _within_ages(text: str, duration: timedelta) -> timedelta:
+    if duration > LONGEST_AGE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than the longest age pgonce takes, a thousand years "
+            f"({format_duration(LONGEST_AGE)})"
+        )
+    return duration
+
+
+def age_arg(text: str) -> timedelta:
+    """An argparse type for an age rows are judged by (--stuck-after, --slack)."""
+    return _within_ages(text, duration_arg(text))
+
+
+def positive_age_arg(text: str) -> timedelta:
+    """An argparse type for an age that means nothing at zero (a retention, a retry horizon)."""
+    return _within_ages(text, positive_duration_arg(text))
+
+
 #: PostgreSQL's largest statement_timeout, 2**31 - 1 milliseconds.
 _LONGEST_STATEMENT_TIMEOUT = timedelta(milliseconds=2**31 - 1)
 
@@ -148,9 +174,10 @@ def _scope_retention(text: str) -> str:
     does not read is a usage error at the call. Whether it covers its retry horizon is judged
     with the other options, by the policy."""
     try:
-        scope_retention(text, DEFAULT_RETRY_HORIZON)
+        _, retention = scope_retention(text, DEFAULT_RETRY_HORIZON)
     except ConfigError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    _within_ages(text, max(retention.keep, retention.retry_horizon))
     return text
 
 
@@ -196,7 +223,7 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("retention")
     group.add_argument(
         "--retention",
-        type=positive_duration_arg,
+        type=positive_age_arg,
         metavar="DURATION",
         help="how long completed rows are kept, e.g. 30d, 72h (default: $PGONCE_RETENTION, else "
         "the configuration file's retention of each table and source, else "
@@ -205,7 +232,7 @@ def add_retention_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--retry-horizon",
-        type=positive_duration_arg,
+        type=positive_age_arg,
         metavar="DURATION",
         help="how long senders keep retrying a key; the retention must cover it (default: "
         "$PGONCE_RETRY_HORIZON, else the configuration file's, else "
