@@ -234,3 +234,22 @@ def test_two_equal_502_pages_are_not_called_the_originals_answer(
     )
     assert "answer;" not in out
     assert "got the" not in out
+
+
+def test_the_originals_headers_are_not_judged_on_a_502_page(
+    lost: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It read "the endpoint's answer carries no Location header" and "no Idempotency-Key-Expires
+    # header": the headers were the proxy's page's.
+    code = main(
+        ["conformance", "http", lost + "/payments", "--json", "--only", "replay-keeps-location",
+         "--only", "key-lifetime-header"]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    for check in json.loads(out)["checks"]:
+        assert check["verdict"] == "SKIP", check
+        assert check["evidence"] == (
+            "the original answered 502, a server failure, not 2xx: nothing to judge (see "
+            "replay-identical)"
+        )

@@ -70,6 +70,12 @@ async def replay_identical(run: HttpRun) -> Finding:
     return finding
 
 
+def unjudged(original: httpx.Response) -> str:
+    """Why a check of the original's headers has nothing to judge: the original failed (its
+    headers are the failure's, not the endpoint's answer); replay-identical fails for it."""
+    return f"{answered('the original', original, '2xx')}: nothing to judge (see replay-identical)"
+
+
 @suite.check(
     "replay-keeps-location",
     "a replay points the client at the same created resource as the original",
@@ -78,6 +84,8 @@ async def replay_identical(run: HttpRun) -> Finding:
 async def replay_keeps_location(run: HttpRun) -> Finding:
     finding = Finding()
     first, second, _ = await run.first_pair()
+    if not first.is_success:
+        return finding.skip(unjudged(first))
     location = first.headers.get("location")
     if location is None:
         return finding.skip("the endpoint's answer carries no Location header")
@@ -116,6 +124,8 @@ async def replay_drops_set_cookie(run: HttpRun) -> Finding:
 async def key_lifetime_header(run: HttpRun) -> Finding:
     finding = Finding()
     first, second, _ = await run.first_pair()
+    if not first.is_success:
+        return finding.skip(unjudged(first))
     name = run.target.expires_header
     values = [first.headers.get(name), second.headers.get(name)]
     if values[0] is None:
