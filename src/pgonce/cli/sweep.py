@@ -51,6 +51,7 @@ from pgonce.core.retention import (
     DEFAULT_RETENTION,
     DEFAULT_RETRY_HORIZON,
     DEFAULT_STATEMENT_TIMEOUT,
+    MAX_PAUSE,
     TARGETS,
     RetentionPolicy,
     SweepLimits,
@@ -130,17 +131,11 @@ def statement_timeout_arg(text: str) -> timedelta:
     return duration
 
 
-#: The longest pause between two batches: a pause is a rest for the server (tens of milliseconds
-#: by default), not a schedule (that is cron's). Beyond what the platform can sleep, a run
-#: ended in an internal error after its first batch.
-_LONGEST_PAUSE = timedelta(days=1)
-
-
 def _pause_arg(text: str) -> timedelta:
     duration = duration_arg(text)
-    if duration > _LONGEST_PAUSE:
+    if duration > MAX_PAUSE:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is longer than {format_duration(_LONGEST_PAUSE)}: the pause is a rest "
+            f"{text!r} is longer than {format_duration(MAX_PAUSE)}: the pause is a rest "
             "between two batches of one run; schedule runs with cron"
         )
     return duration

@@ -358,6 +358,11 @@ _MAX_BATCH_SIZE = 2**63 - 1
 _MAX_STATEMENT_TIMEOUT = timedelta(milliseconds=2**31 - 1)
 
 
+#: The longest pause between two batches: a pause is a rest for the server (tens of milliseconds
+#: by default), not a schedule (that is cron's).
+MAX_PAUSE = timedelta(days=1)
+
+
 @dataclass(frozen=True, slots=True)
 class SweepLimits:
     """How a sweep run is bounded; see the ``DEFAULT_*`` constants for why each value."""
@@ -388,6 +393,14 @@ class SweepLimits:
             raise ConfigError(f"the batch cap must be at least 1, not {self.max_batches}")
         if self.pause < timedelta(0):
             raise ConfigError("the pause between sweep batches must not be negative")
+        if self.pause > MAX_PAUSE:
+            # Beyond what the platform can sleep, a run ended in an OverflowError after its
+            # first batch had deleted rows.
+            raise ConfigError(
+                f"the pause between sweep batches must be at most {MAX_PAUSE.days} day, not "
+                f"{self.pause}: it is a rest between two batches of one run; schedule runs with "
+                "cron"
+            )
         if self.statement_timeout < timedelta(milliseconds=1):
             raise ConfigError("the sweep statement timeout must be at least 1ms")
         if self.statement_timeout > _MAX_STATEMENT_TIMEOUT:

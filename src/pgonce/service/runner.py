@@ -5,12 +5,12 @@ sweeper run one part alone, so that a deployment scales each separately (several
 may run against one database: the inbox workers and relays share rows with ``FOR UPDATE SKIP
 LOCKED``, the sweepers skip each other's locked rows, the completers each other's leases).
 
-SIGHUP changes nothing (the configuration is read once, at start): it is logged, and the
-service keeps running. Stopping (SIGTERM or SIGINT): uvicorn stops accepting and finishes the
-requests it has; the workers finish or roll back their in-flight handlers; the relays mark what
-the broker acknowledged and cancel a statement stalled on the database; then the process exits 0. A second signal cuts the requests still in flight (a
-delivery is answered 503). Nothing acknowledged is lost: a delivery is answered only after its
-commit.
+SIGHUP changes nothing (the configuration is read once, at start): it is logged, and the service
+keeps running. Stopping (SIGTERM or SIGINT): uvicorn stops accepting and finishes the requests it
+has; the workers finish or roll back their in-flight handlers; the relays mark what the broker
+acknowledged and cancel a statement stalled on the database; then the process exits 0. A second
+signal cuts the requests still in flight (a delivery is answered 503). Nothing acknowledged is
+lost: a delivery is answered only after its commit.
 """
 
 from __future__ import annotations
