@@ -62,7 +62,14 @@ def _not_a_failed_connect(record: logging.LogRecord) -> bool:
     """aiormq logs, as an error of its own, every connection it cannot make, then raises it. The
     publisher raises it on as BrokerUnavailable, which the relay reports once a minute with what
     happens next; aiormq's line repeated that at every retry of every batch loop."""
-    return record.msg != "error when creating transport: %r"
+    return record.msg not in _AIORMQ_REPEATS
+
+
+#: aiormq's lines for a connection it could not make and for one that broke under it (the latter
+#: with a traceback): the relay says each in one line of its own, with what happens next.
+_AIORMQ_REPEATS = frozenset(
+    ("error when creating transport: %r", "Cancelling cause reader exited abnormally")
+)
 
 
 logging.getLogger("aiormq.connection").addFilter(_not_a_failed_connect)
@@ -149,28 +156,39 @@ class RabbitMQPublisher:
         """Connect and check the exchange now, so that a problem is said at the relay's start."""
         await self._connect()
 
-    async def _connect(self) -> AbstractExchange:
-        # The relay's concurrent batch loops share this publisher: one of them connects.
+    async def _connect(self) -> _Link:
+        # The relay's concurrent batch loops share this publisher: one of them connects. Each
+        # batch keeps the connection it got: a broker cut seen by another batch must neither
+        # leave it without one nor make it close the connection made since.
         async with self._connecting:
             return await self._connect_once()
 
-    async def _connect_once(self) -> AbstractExchange:
-        if self._exchange is not None and self._channel is not None and not self._channel.is_closed:
-            return self._exchange
+    async def _connect_once(self) -> _Link:
+        connection, channel, exchange = self._connection, self._channel, self._exchange
+        if (
+            connection is not None
+            and channel is not None
+            and exchange is not None
+            and not channel.is_closed
+        ):
+            return connection, channel, exchange
         await self.close()
         try:
-            self._connection = await aio_pika.connect(self.url, timeout=5)
-            self._channel = await self._connection.channel(publisher_confirms=True)
+            self._connection = connection = await aio_pika.connect(self.url, timeout=5)
+            # A channel opens only once the broker unblocks a blocked connection (a memory or
+            # disk alarm): waited for as long as a confirm, then an outage.
+            async with asyncio.timeout(self.confirm_timeout.total_seconds()):
+                self._channel = channel = await connection.channel(publisher_confirms=True)
             self._routes = {}
             if not self.exchange_name:
-                self._exchange = self._channel.default_exchange
+                exchange = channel.default_exchange
             elif self.declare:
-                self._exchange = await self._channel.declare_exchange(
+                exchange = await channel.declare_exchange(
                     self.exchange_name, self.exchange_type, durable=True
                 )
                 log.info("RabbitMQ: declared the exchange %r", self.exchange_name)
             else:
-                self._exchange = await self._channel.get_exchange(self.exchange_name)
+                exchange = await channel.get_exchange(self.exchange_name)
                 log.info(
                     "RabbitMQ: publishing to the exchange %r; a routing key bound to no queue "
                     "shows as unroutable returns",
@@ -193,12 +211,22 @@ class RabbitMQPublisher:
                 f"RabbitMQ refused to open the virtual host {vhost!r}: it does not exist, or the "
                 "user may not use it; check the URL's path and the user's permissions"
             ) from error
-        except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
+        except TimeoutError as error:
+            # Connected, no channel yet: the channel's open was what timed out.
+            opening = self._connection is not None and self._channel is None
+            await self.close()
+            raise BrokerUnavailable(
+                _no_answer(self.confirm_timeout) if opening else f"RabbitMQ: {short_error(error)}"
+            ) from error
+        except (OSError, aiormq.exceptions.AMQPError) as error:
             await self.close()
             raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
-        return self._exchange
+        self._exchange = exchange
+        return connection, channel, exchange
 
-    async def _check_routes(self, sendable: Sequence[_Sendable]) -> None:
+    async def _check_routes(
+        self, connection: AbstractConnection, sendable: Sequence[_Sendable]
+    ) -> None:
         """On the default exchange, check (or declare) the queue of each new routing key."""
         if self.exchange_name:
             return
@@ -209,13 +237,25 @@ class RabbitMQPublisher:
         for key, aggregatetype in new.items():
             # No queue can have a name above 255 bytes (its messages are refused when sent).
             too_long = len(key) > 63 and len(key.encode()) > 255
-            self._routes[key] = not too_long and await self._queue_exists(key, aggregatetype)
+            exists = not too_long and await self._queue_exists(connection, key, aggregatetype)
+            if connection is self._connection:
+                self._routes[key] = exists
 
-    async def _queue_exists(self, key: str, aggregatetype: str) -> bool:
-        assert self._connection is not None
+    async def _queue_exists(
+        self, connection: AbstractConnection, key: str, aggregatetype: str
+    ) -> bool:
+        if connection.is_closed:
+            # Lost while this batch was on its way (another batch saw the cut and closed it).
+            raise BrokerUnavailable("RabbitMQ: the connection was lost")
         try:
             # A passive declare that fails closes its channel: a short-lived one of its own.
-            async with self._connection.channel() as channel:
+            # Bounded as a confirm is: a connection the broker blocked (memory or disk alarm)
+            # opens no channel until the alarm clears, and it never does once the connection
+            # is closed.
+            async with (
+                asyncio.timeout(self.confirm_timeout.total_seconds()),
+                connection.channel() as channel,
+            ):
                 queue = await channel.declare_queue(key, durable=True, passive=not self.declare)
         except ChannelNotFoundEntity:
             log.warning(
@@ -230,7 +270,10 @@ class RabbitMQPublisher:
         except aiormq.exceptions.ChannelPreconditionFailed:
             log.info("RabbitMQ: the queue %r exists with other settings; using it", key)
             return True
-        except (TimeoutError, OSError, aiormq.exceptions.AMQPError) as error:
+        except TimeoutError as error:
+            raise BrokerUnavailable(_no_answer(self.confirm_timeout)) from error
+        except (OSError, RuntimeError, aiormq.exceptions.AMQPError) as error:
+            # RuntimeError: aio-pika's word for a channel opened on a connection that closed.
             raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
         declared = queue.declaration_result
         log.info(
@@ -242,12 +285,12 @@ class RabbitMQPublisher:
         return True
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
-        exchange = await self._connect()
+        connection, channel, exchange = await self._connect()
         timeout = self.confirm_timeout.total_seconds()
         refused: dict[int, str] = {}
         kinds: dict[int, str] = {}
-        sendable = await self._sendable(batch, refused, kinds)
-        await self._check_routes(sendable)
+        sendable = await self._sendable(channel, batch, refused, kinds)
+        await self._check_routes(connection, sendable)
         # Started in order on one channel: the broker sees them in id order; confirms come back
         # in any grouping, and each future resolves with its own message's answer.
         results = await asyncio.gather(
@@ -277,9 +320,14 @@ class RabbitMQPublisher:
                 refused[message.id] = too_large
                 kinds[message.id] = "too_large"
                 lost = f"RabbitMQ closed the channel: {short_error(result)}"
+            elif isinstance(result, aiormq.exceptions.ChannelInvalidStateError):
+                # Sent on, or waiting on, a channel already closed: the cause (a cut, a close
+                # by the broker) is another message's answer; aiormq says only the channel's repr.
+                lost = lost or "RabbitMQ: the channel closed under the batch (connection lost)"
             elif isinstance(result, BaseException):
-                # A dropped connection: the broker may or may not have it.
-                lost = f"RabbitMQ: {short_error(result)}"
+                # A dropped connection: the broker may or may not have it. The first answer
+                # says why; the messages after it only share the close.
+                lost = lost or f"RabbitMQ: {short_error(result)}"
             else:
                 refused[message.id] = (
                     f"RabbitMQ returned the message as unroutable (routing key "
@@ -288,7 +336,7 @@ class RabbitMQPublisher:
                 )
                 kinds[message.id] = "unroutable"
         if lost:
-            await self.close()
+            await self._drop(connection)
         return PublishResult(frozenset(acked), refused, kinds, lost)
 
     def _above_broker_limit(self, error: BaseException, size: int) -> str | None:
@@ -313,7 +361,11 @@ class RabbitMQPublisher:
         return f"RabbitMQ cannot carry the message: {_too_large(size, limit)}"
 
     async def _sendable(
-        self, batch: Sequence[OutboxMessage], refused: dict[int, str], kinds: dict[int, str]
+        self,
+        channel: AbstractChannel,
+        batch: Sequence[OutboxMessage],
+        refused: dict[int, str],
+        kinds: dict[int, str],
     ) -> list[_Sendable]:
         """The batch's messages that AMQP can carry, with their routing keys; the others are
         refused into ``refused``.
@@ -349,7 +401,7 @@ class RabbitMQPublisher:
             # the header) only for those that could come near a frame.
             elif message.headers and _headers_bound(message) > _HEADER_MARGIN:
                 if limit is None:
-                    limit = await self._max_content_size()
+                    limit = await self._max_content_size(channel)
                 size = len(ContentHeader(0, len(amqp.body), amqp.properties).marshal())
                 if size > limit:
                     reason = (
@@ -364,15 +416,23 @@ class RabbitMQPublisher:
             held.add((message.aggregatetype, message.aggregateid))
         return sendable
 
-    async def _max_content_size(self) -> int:
-        assert self._channel is not None
+    async def _max_content_size(self, channel: AbstractChannel) -> int:
         try:
-            channel = await self._channel.get_underlay_channel()
+            underlay = await channel.get_underlay_channel()
         except (RuntimeError, aiormq.exceptions.AMQPError) as error:
             # The channel closed since the batch connected: the batch waits, as in an outage.
             raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
         # A frame's payload: the frame size less its 7-byte header and its end octet.
-        return int(channel.connection.connection_tune.frame_max) - 8
+        return int(underlay.connection.connection_tune.frame_max) - 8
+
+    async def _drop(self, connection: AbstractConnection) -> None:
+        """Close a batch's connection that broke; the publisher's own only if it is still that
+        one (another batch may have connected since)."""
+        if connection is self._connection:
+            await self.close()
+        elif not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await connection.close()
 
     async def close(self) -> None:
         connection, self._connection, self._channel, self._exchange = (
@@ -387,8 +447,17 @@ class RabbitMQPublisher:
                 await connection.close()
 
 
+#: The connection a batch publishes on, its confirm-mode channel and the exchange.
+_Link = tuple[AbstractConnection, AbstractChannel, AbstractExchange]
 #: A message AMQP can carry, and its routing key.
 _Sendable = tuple[OutboxMessage, aio_pika.Message, str]
+
+
+def _no_answer(timeout: timedelta) -> str:
+    return (
+        f"RabbitMQ did not answer within {timeout.total_seconds():g} s (a connection the "
+        "broker blocked for a memory or disk alarm opens no channel until the alarm clears)"
+    )
 
 
 def _too_large(size: int, limit: int) -> str:
