@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from psycopg.pq import PipelineStatus, TransactionStatus
 
 from pgonce.config import MIN_CLAIM_WAIT, validate_schema
-from pgonce.core.checks import check_bool, check_duration, check_int
+from pgonce.core.checks import check_bool, check_duration, check_int, check_str
 from pgonce.core.outcomes import ClaimRow
 from pgonce.errors import ConfigError, NotInTransaction, UsageError
 from pgonce.sql import Queries
@@ -206,11 +206,7 @@ def check_schema(schema: object) -> str:
     :class:`~pgonce.errors.UsageError` unless it is a name pgonce's schema may have (the rule of
     ``pgonce migrate``). Taken as it was, it was found out at the first call: a
     ``SchemaNotMigrated`` telling to run ``pgonce migrate``, which refuses the name."""
-    if not isinstance(schema, str):
-        raise UsageError(
-            f"schema must be a str, the name of pgonce's schema, not {type(schema).__name__}"
-        )
     try:
-        return validate_schema(schema)
+        return validate_schema(check_str(schema, "the schema"))
     except ConfigError as error:
         raise UsageError(str(error)) from None
