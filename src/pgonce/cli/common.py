@@ -274,6 +274,21 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def command_connection(
+    dsn: str, *, autocommit: bool = True, connect_timeout: int = CONNECT_TIMEOUT
+) -> psycopg.Connection[Any]:
+    """A command's own connection to its database, bounded to connect.
+
+    It prepares no statement (psycopg does after five runs of one): behind a transaction-mode
+    pooler the next transaction may reach a server session where psycopg's name is another
+    client's (``prepared statement "_pg3_0" already exists``, or a statement run under another
+    client's name), and a command run once gains nothing from preparing.
+    """
+    return psycopg.connect(
+        dsn, autocommit=autocommit, connect_timeout=connect_timeout, prepare_threshold=None
+    )
+
+
 @contextlib.contextmanager
 def database(
     args: argparse.Namespace, *, migrated: bool = True
@@ -284,7 +299,7 @@ def database(
         if migrated:
             with (
                 translate_errors("connecting"),
-                psycopg.connect(db.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn,
+                command_connection(db.dsn) as conn,
             ):
                 applied = migrate(conn, settings.schema)
             if applied:
@@ -300,7 +315,7 @@ def require_migrated(dsn: str, schema: str) -> None:
     """
     with (
         translate_errors("connecting"),
-        psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn,
+        command_connection(dsn) as conn,
         answered_in_time(dsn, conn, ANSWER_TIMEOUT, "reading the schema version"),
     ):
         state = status(conn, schema)

@@ -32,11 +32,10 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import replace
 
-import psycopg
-
 from pgonce.cli.common import (
     add_database_options,
     announced_database,
+    command_connection,
     config_from,
     printable,
     settings_from,
@@ -56,7 +55,7 @@ from pgonce.core.retention import (
     format_duration,
 )
 from pgonce.core.topology import judge_listen
-from pgonce.database import CONNECT_TIMEOUT, POLLING_COST, shares_server_sessions
+from pgonce.database import POLLING_COST, shares_server_sessions
 from pgonce.store._sync.health import HealthCheck
 from pgonce.store._sync.inspect import Inspector, Trouble
 from pgonce.store.errors import translate_errors
@@ -161,12 +160,7 @@ def run(args: argparse.Namespace) -> int:
     with (
         announced_database(settings) as db,
         translate_errors("connecting"),
-        # No statement prepared (psycopg does after five runs of one): behind a transaction-mode
-        # pooler the next transaction may reach a server session where its name is another
-        # client's; a one-shot command gains nothing from preparing.
-        psycopg.connect(
-            db.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None
-        ) as conn,
+        command_connection(db.dsn) as conn,
     ):
         report = health.check(conn, now=args.now)
         # Bounded as the health check is: on a stalled network it waited for good.

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-import psycopg
-
-from pgonce.cli.common import add_database_options, database, printable
+from pgonce.cli.common import add_database_options, command_connection, database, printable
 from pgonce.store._sync.inspect import MAX_LIST, Inspector
 from pgonce.store.errors import translate_errors
 
@@ -66,10 +64,7 @@ def run(args: argparse.Namespace) -> int:
     with (
         database(args, migrated=False) as (settings, db),
         translate_errors("connecting"),
-        # No statement prepared (psycopg does after five runs of one): behind a transaction-mode
-        # pooler the next transaction may reach a server session where its name is another
-        # client's; a one-shot command gains nothing from preparing.
-        psycopg.connect(db.dsn, autocommit=True, prepare_threshold=None) as conn,
+        command_connection(db.dsn) as conn,
     ):
         inspector = Inspector(schema=settings.schema)
         if args.show:

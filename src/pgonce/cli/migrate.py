@@ -20,7 +20,12 @@ from typing import Any
 
 import psycopg
 
-from pgonce.cli.common import add_database_options, announced_database, settings_from
+from pgonce.cli.common import (
+    add_database_options,
+    announced_database,
+    command_connection,
+    settings_from,
+)
 from pgonce.store.errors import translate_errors
 from pgonce.store.migrate import migrate, newer_schema_error, pending, status
 
@@ -43,10 +48,7 @@ def run(args: argparse.Namespace) -> int:
     with (
         announced_database(settings) as db,
         translate_errors("connecting"),
-        # No statement prepared (psycopg does after five runs of one): behind a transaction-mode
-        # pooler the next transaction may reach a server session where its name is another
-        # client's; a one-shot command gains nothing from preparing.
-        psycopg.connect(db.dsn, autocommit=True, prepare_threshold=None) as conn,
+        command_connection(db.dsn) as conn,
     ):
         state = status(conn, settings.schema)
         if state.newer:

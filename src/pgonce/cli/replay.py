@@ -23,11 +23,10 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
-import psycopg
-
 from pgonce.cli.common import (
     add_database_options,
     bounded_int,
+    command_connection,
     database,
     printable,
     require_migrated,
@@ -92,10 +91,7 @@ def run(args: argparse.Namespace) -> int:
         database(args, migrated=False) as (settings, db),
         _migrated(db.dsn, settings.schema),
         translate_errors("connecting"),
-        # No statement prepared (psycopg does after five runs of one): behind a transaction-mode
-        # pooler the next transaction may reach a server session where its name is another
-        # client's; a one-shot command gains nothing from preparing.
-        psycopg.connect(db.dsn, prepare_threshold=None) as conn,
+        command_connection(db.dsn, autocommit=False) as conn,
         conn.transaction(),
     ):
         if args.outbox:

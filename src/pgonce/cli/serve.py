@@ -47,6 +47,7 @@ from pgonce.cli.common import (
     add_database_options,
     announced_database,
     bounded_int,
+    command_connection,
     database_options,
     print_proof,
     require_migrated,
@@ -220,11 +221,7 @@ def migrate_at_start(dsn: str, schema: str, connect_timeout: int) -> list[int]:
     when it takes longer than :data:`MIGRATION_NOTICE_AFTER`."""
     with (
         translate_errors("connecting"),
-        # No statement prepared: behind a transaction-mode pooler the next migration's
-        # transaction may reach a server session where psycopg's name is another client's.
-        psycopg.connect(
-            dsn, autocommit=True, connect_timeout=connect_timeout, prepare_threshold=None
-        ) as conn,
+        command_connection(dsn, connect_timeout=connect_timeout) as conn,
     ):
         done = threading.Event()
         watcher = threading.Thread(
@@ -264,9 +261,7 @@ def _say_what_migration_waits_for(
     if done.wait(MIGRATION_NOTICE_AFTER.total_seconds()):
         return
     try:
-        with psycopg.connect(
-            dsn, autocommit=True, connect_timeout=connect_timeout, prepare_threshold=None
-        ) as conn:
+        with command_connection(dsn, connect_timeout=connect_timeout) as conn:
             while not done.is_set():
                 row = conn.execute(_WAITING, (backend,)).fetchone()
                 if done.is_set():

@@ -40,6 +40,7 @@ from pgonce.cli.common import (
     add_database_options,
     announced_database,
     bounded_int,
+    command_connection,
     config_from,
     require_migrated,
     settings_from,
@@ -364,10 +365,7 @@ def run(args: argparse.Namespace) -> int:
     with (
         announced_database(settings, quiet=not interactive) as db,
         translate_errors("connecting"),
-        # No statement prepared (psycopg does after five runs of one): behind a transaction-mode
-        # pooler the next transaction may reach a server session where its name is another
-        # client's; a one-shot command gains nothing from preparing.
-        psycopg.connect(db.dsn, autocommit=True, prepare_threshold=None) as conn,
+        command_connection(db.dsn) as conn,
     ):
         require_migrated(db.dsn, settings.schema)
         if args.dry_run:
