@@ -28,6 +28,12 @@ DEFAULT_BUDGET = 55.0
 #: not one an idempotency check can judge.
 REQUEST_TIMEOUT = 10.0
 
+#: The most the kit reads of one answer's body, in bytes (after any Content-Encoding is undone).
+#: httpx's read timeout starts again at every byte, so a server streaming an endless (or huge)
+#: body fast would be read into memory until the run's budget ran out; 4 MiB is far above any
+#: API answer or webhook acknowledgement, and bounds a burst of concurrent answers too.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
 Context = TypeVar("Context")
 T = TypeVar("T")
 CheckBody = Callable[[Context], Awaitable[Finding]]
@@ -85,6 +91,9 @@ class Suite(Generic[Context]):
                     False,
                     f"no verdict within the {left:.1f} s left of the run's time budget (--budget)",
                 )
+            except AnswerTooLarge as error:
+                finding = Finding()
+                finding.expect(False, str(error))
             except httpx.HTTPError as error:
                 finding = Finding()
                 finding.expect(
@@ -118,19 +127,47 @@ def client(**options: Any) -> httpx.AsyncClient:
     )
 
 
+class AnswerTooLarge(httpx.HTTPError):
+    """A body longer than :data:`MAX_ANSWER_BYTES`: the kit stopped reading it."""
+
+    def __init__(self, request: httpx.Request) -> None:
+        super().__init__(
+            f"{request.method} {public(str(request.url))} answered more than "
+            f"{MAX_ANSWER_BYTES} bytes; the kit reads at most {MAX_ANSWER_BYTES}"
+        )
+        self.request = request
+
+
 async def request(
     session: httpx.AsyncClient, method: str, url: str, **options: Any
 ) -> httpx.Response:
-    """One request, sent again once if a kept-alive connection was closed under it.
+    """One request, sent again once if a kept-alive connection was closed under it, its body
+    read up to :data:`MAX_ANSWER_BYTES` (:class:`AnswerTooLarge` beyond).
 
     A server may close its connection after an error answer while the pool is about to reuse it;
     the request then never reached it. Sending it once more is what any client (and provider)
     does, and the checks' requests are safe to repeat: each carries its key or its event id.
     """
     try:
-        return await session.request(method, url, **options)
+        return await _bounded(session, session.build_request(method, url, **options))
     except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
-        return await session.request(method, url, **options)
+        return await _bounded(session, session.build_request(method, url, **options))
+
+
+async def _bounded(session: httpx.AsyncClient, sent: httpx.Request) -> httpx.Response:
+    """The answer to ``sent``, its body streamed and read whole unless it exceeds the cap."""
+    response = await session.send(sent, stream=True)
+    body = bytearray()
+    try:
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_ANSWER_BYTES:
+                raise AnswerTooLarge(sent)
+    finally:
+        await response.aclose()
+    # What Response.aread() keeps: .content, .text and .json() read it from here.
+    response._content = bytes(body)
+    return response
 
 
 def failure(error: httpx.HTTPError) -> str:
@@ -203,6 +240,8 @@ def no_answer(error: httpx.HTTPError, url: str) -> str:
     """Why the request to ``url`` before the checks got no answer, for the usage error: the
     server could not be reached, or it was and broke off its answer (closed the connection
     mid-body, sent something that is not HTTP)."""
+    if isinstance(error, AnswerTooLarge):
+        return str(error)
     if isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError)):
         return f"{public(url)} gave no complete answer: {failure(error)}"
     return f"cannot reach {public(url)}: {failure(error)}"

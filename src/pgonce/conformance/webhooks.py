@@ -23,7 +23,7 @@ import time
 from pgonce.conformance import webhook_deliveries, webhook_signatures
 from pgonce.conformance.effects import Effects, settled_count
 from pgonce.conformance.report import Report
-from pgonce.conformance.runner import DEFAULT_BUDGET, client, no_answer, within
+from pgonce.conformance.runner import DEFAULT_BUDGET, client, no_answer, request, within
 from pgonce.conformance.webhook_run import WebhookRun, WebhookTarget, suite
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
@@ -69,7 +69,7 @@ async def check_webhooks(
         started = time.monotonic()
         try:
             await within(
-                session.request("OPTIONS", target.url),
+                request(session, "OPTIONS", target.url),
                 budget,
                 f"cannot reach {public(target.url)}",
             )
