@@ -98,12 +98,16 @@ def new_key() -> str:
 
 
 def same_origin(url: str, path: str) -> str:
-    """``path`` on ``url``'s origin: the kit never sends to another host."""
+    """``path`` on ``url``'s origin: the kit never sends to another host. The URL's query (a
+    gateway's ``?token=``) goes with it, as it goes with every request to the URL, unless
+    ``path`` gives a query of its own."""
     parts = urlsplit(url)
     relative = urlsplit(path)
     if relative.scheme or relative.netloc or not path.startswith("/"):
         raise UsageError(f"{public(path)!r} must be a path on the endpoint's server, such as /fail")
-    return urlunsplit((parts.scheme, parts.netloc, relative.path, relative.query, ""))
+    return urlunsplit(
+        (parts.scheme, parts.netloc, relative.path, relative.query or parts.query, "")
+    )
 
 
 @dataclass
