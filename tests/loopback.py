@@ -39,3 +39,15 @@ def close_unanswered(conn: socket.socket) -> None:
     drops what it cannot parse, a load balancer without a certificate)."""
     with conn:
         conn.recv(4096)
+
+
+def read_head(conn: socket.socket) -> bytes | None:
+    """Read until a request's head is whole: what came (the head, its blank line and any body
+    bytes read with it), or None when the client went away first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    return data

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.loopback import loopback
+from tests.loopback import loopback, read_head
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 LIMIT = 64 * 1024
@@ -23,12 +23,10 @@ def bounded(conn: socket.socket) -> None:
     a request without a key)."""
     with conn:
         try:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
+            read = read_head(conn)
+            if read is None:
+                return
+            data = read
             head, _, body = data.partition(b"\r\n\r\n")
             headers = {}
             for line in head.split(b"\r\n")[1:]:

@@ -16,7 +16,7 @@ import pytest
 
 from pgonce.cli import main
 from pgonce.conformance.runner import MAX_ANSWER_BYTES, AnswerTooLarge, client, request
-from tests.loopback import loopback
+from tests.loopback import loopback, read_head
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -28,12 +28,10 @@ CHUNK = b"x" * 65536
 
 def request_line(conn: socket.socket) -> tuple[str, str] | None:
     """Read one request whole: its method and target, or None if the client went away."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
+    read = read_head(conn)
+    if read is None:
+        return None
+    data = read
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     length = 0

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.loopback import loopback
+from tests.loopback import loopback, read_head
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -30,12 +30,10 @@ PAGES = {
 def read_request(conn: socket.socket) -> dict[str, str] | None:
     """Read one request whole (head and Content-Length body): its headers, lower-cased, or None
     if the client went away."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
+    read = read_head(conn)
+    if read is None:
+        return None
+    data = read
     head, _, body = data.partition(b"\r\n\r\n")
     headers = {}
     for line in head.split(b"\r\n")[1:]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.loopback import loopback
+from tests.loopback import loopback, read_head
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -20,12 +20,10 @@ def gateway(conn: socket.socket) -> None:
     """403 without ?token=ok; behind it, 404 for any path but /webhooks/shop, 401 on it."""
     with conn:
         try:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
+            read = read_head(conn)
+            if read is None:
+                return
+            data = read
             line = data.split(b"\r\n")[0].decode()
             target = line.split(" ")[1]
             path, _, query = target.partition("?")
