@@ -22,7 +22,9 @@ final line is printed, on stdout, and --quiet prints nothing at all unless somet
 Exit status: 0 when the run finished (also when the batch cap ended it: the next run continues),
 1 on an error. A run that fails midway says how many rows it had already deleted (its batches
 committed before the failure stay deleted; the next run continues from there). A schema that
-`pgonce migrate` has not created (a mistyped --schema) is refused before any batch runs.
+`pgonce migrate` has not created (a mistyped --schema) is refused before any batch runs, and so is
+a node that takes no writes (a standby, default_transaction_read_only): one error says to sweep
+against the primary, exit 1; --dry-run still counts there.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from pgonce.cli.common import (
     require_migrated,
     settings_from,
 )
+from pgonce.core.durability import READ_ONLY_DETAIL
 from pgonce.core.retention import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCHES,
@@ -61,7 +64,7 @@ from pgonce.core.retention import (
     policy_from_text,
     scope_retention,
 )
-from pgonce.errors import ConfigError, DatabaseError, UsageError
+from pgonce.errors import ConfigError, DatabaseError, DatabaseUnavailable, UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.health import HealthCheck
 from pgonce.store._sync.sweeper import Sweeper, failure_summary, swept_before
@@ -383,6 +386,13 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
             return 0
+        if takes_no_writes(conn):
+            # Every target's DELETE was refused on its own: a warning per table, then an error
+            # naming the first one, where the one thing to say is which node to sweep.
+            raise DatabaseUnavailable(
+                f"sweeping failed: the node is read-only and a sweep deletes rows: "
+                f"{READ_ONLY_DETAIL} (--dry-run only counts, and runs here too)"
+            )
         if args.now is not None:
             clock = database_clock(conn, settings.schema)
             if args.now > clock:
@@ -404,6 +414,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(result.summary(), flush=True)
     return 0
+
+
+def takes_no_writes(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the node refuses writes: a standby (in recovery), or read-only by default
+    (default_transaction_read_only, as a DSN's options, the role's or the database's settings
+    give it)."""
+    with translate_errors("reading whether the server takes writes"), conn.transaction():
+        row = cursor(conn).execute("SELECT current_setting('transaction_read_only')").fetchone()
+    return row is not None and row[0] == "on"
 
 
 def database_clock(conn: psycopg.Connection[Any], schema: str) -> datetime:
