@@ -76,6 +76,10 @@ logging.getLogger("aiormq.connection").addFilter(_not_a_failed_connect)
 
 #: The machine's RabbitMQ in development; in production this comes from configuration.
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+#: How long opening the connection may take: the TCP connect, the AMQP handshake, the login and
+#: the virtual host. A port that accepts and never answers (a stalled broker, a half-dead load
+#: balancer) is an outage after this, for every batch waiting for that connection at once.
+CONNECT_TIMEOUT = timedelta(seconds=5)
 #: How long a batch waits for its confirms. Confirms arrive within milliseconds unless the broker
 #: is in trouble (disk or memory alarm); then the rows are retried rather than waiting forever.
 DEFAULT_CONFIRM_TIMEOUT = timedelta(seconds=10)
@@ -150,20 +154,16 @@ class RabbitMQPublisher:
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
-        self._connecting = asyncio.Lock()
+        #: The connect in progress, which every batch without a connection waits for.
+        self._opening: asyncio.Task[_Link] | None = None
+        #: Counts the closes: a connect that finishes after one keeps no connection.
+        self._closes = 0
 
     async def prepare(self) -> None:
         """Connect and check the exchange now, so that a problem is said at the relay's start."""
         await self._connect()
 
     async def _connect(self) -> _Link:
-        # The relay's concurrent batch loops share this publisher: one of them connects. Each
-        # batch keeps the connection it got: a broker cut seen by another batch must neither
-        # leave it without one nor make it close the connection made since.
-        async with self._connecting:
-            return await self._connect_once()
-
-    async def _connect_once(self) -> _Link:
         connection, channel, exchange = self._connection, self._channel, self._exchange
         if (
             connection is not None
@@ -172,57 +172,120 @@ class RabbitMQPublisher:
             and not channel.is_closed
         ):
             return connection, channel, exchange
-        await self.close()
+        return await self._wait_for_connect()
+
+    async def _wait_for_connect(self) -> _Link:
+        """The link of the connect in progress, or of a new one.
+
+        The relay's concurrent batch loops share this publisher: one connect serves every batch
+        without a connection, and when it fails they all fail with it, at once (each used to
+        wait its turn and then its own connect timeout). Each batch keeps the connection it got:
+        a broker cut seen by another batch must neither leave it without one nor make it close
+        the connection made since.
+        """
+        opening = self._opening
+        if opening is None or opening.done():
+            opening = self._opening = asyncio.create_task(self._open())
+            opening.add_done_callback(self._opened)
+        # Not awaited directly: a batch cancelled (at a stop) leaves the connect to the others;
+        # close() is what cancels it.
+        await asyncio.wait({opening})
+        if opening.cancelled():
+            raise BrokerUnavailable("RabbitMQ: the publisher was closed while it connected")
+        error = opening.exception()
+        if isinstance(error, BrokerUnavailable):
+            # One of its own for each batch: they are raised at once, in as many tasks.
+            raise BrokerUnavailable(str(error)) from error.__cause__
+        if error is not None:
+            raise error
+        return opening.result()
+
+    def _opened(self, opening: asyncio.Task[_Link]) -> None:
+        if self._opening is opening:
+            self._opening = None
+        if not opening.cancelled():
+            # Said by the batches that waited for it, if any did.
+            opening.exception()
+
+    async def _open(self) -> _Link:
+        """Connect, open the confirm-mode channel and find the exchange, within
+        :data:`CONNECT_TIMEOUT` for the connection and ``confirm_timeout`` for the rest."""
+        closes = self._closes
+        await self._forget()
+        connection: AbstractConnection | None = None
+        channel: AbstractChannel | None = None
         try:
-            self._connection = connection = await aio_pika.connect(self.url, timeout=5)
+            connect_timeout = CONNECT_TIMEOUT.total_seconds()
+            # aio-pika's own timeout covers the handshake; this one the whole connect.
+            async with asyncio.timeout(connect_timeout):
+                connection = await aio_pika.connect(self.url, timeout=connect_timeout)
             # A channel opens only once the broker unblocks a blocked connection (a memory or
             # disk alarm): waited for as long as a confirm, then an outage.
             async with asyncio.timeout(self.confirm_timeout.total_seconds()):
-                self._channel = channel = await connection.channel(publisher_confirms=True)
-            self._routes = {}
-            if not self.exchange_name:
-                exchange = channel.default_exchange
-            elif self.declare:
-                exchange = await channel.declare_exchange(
-                    self.exchange_name, self.exchange_type, durable=True
-                )
-                log.info("RabbitMQ: declared the exchange %r", self.exchange_name)
-            else:
-                exchange = await channel.get_exchange(self.exchange_name)
-                log.info(
-                    "RabbitMQ: publishing to the exchange %r; a routing key bound to no queue "
-                    "shows as unroutable returns",
-                    self.exchange_name,
-                )
-        except ChannelNotFoundEntity as error:
-            await self.close()
-            raise BrokerUnavailable(
+                channel = await connection.channel(publisher_confirms=True)
+                exchange = await self._find_exchange(channel)
+        except BaseException as error:
+            if connection is not None:
+                await _close_quietly(connection)
+            unavailable = self._unavailable(error, connection is not None)
+            if unavailable is None:
+                raise
+            raise unavailable from error
+        if closes != self._closes:
+            # close() came while this connect was on its way (and its cancel did not reach it):
+            # the publisher is closed, and keeps no connection.
+            await _close_quietly(connection)
+            raise BrokerUnavailable("RabbitMQ: the publisher was closed while it connected")
+        self._routes = {}
+        self._connection, self._channel, self._exchange = connection, channel, exchange
+        return connection, channel, exchange
+
+    async def _find_exchange(self, channel: AbstractChannel) -> AbstractExchange:
+        if not self.exchange_name:
+            return channel.default_exchange
+        if self.declare:
+            exchange = await channel.declare_exchange(
+                self.exchange_name, self.exchange_type, durable=True
+            )
+            log.info("RabbitMQ: declared the exchange %r", self.exchange_name)
+            return exchange
+        exchange = await channel.get_exchange(self.exchange_name)
+        log.info(
+            "RabbitMQ: publishing to the exchange %r; a routing key bound to no queue "
+            "shows as unroutable returns",
+            self.exchange_name,
+        )
+        return exchange
+
+    def _unavailable(self, error: BaseException, connected: bool) -> BrokerUnavailable | None:
+        """What a failed connect says, as an outage; None for what is no outage (a cancel)."""
+        if isinstance(error, ChannelNotFoundEntity):
+            return BrokerUnavailable(
                 f"RabbitMQ has no exchange named {self.exchange_name!r}: declare it, or set "
                 "[outbox] declare = true to let pgonce declare it"
-            ) from error
-        except aiormq.exceptions.InvalidFrameError as error:
-            await self.close()
+            )
+        if isinstance(error, aiormq.exceptions.InvalidFrameError):
             if "Connection.OpenOk" not in str(error) or "Connection.Close" not in str(error):
-                raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
+                return BrokerUnavailable(f"RabbitMQ: {short_error(error)}")
             # The broker's answer to opening the virtual host was to close the connection;
             # aiormq keeps only the frame's repr, not the broker's reason.
             vhost = unquote(urlsplit(self.url).path[1:]) or "/"
-            raise BrokerUnavailable(
+            return BrokerUnavailable(
                 f"RabbitMQ refused to open the virtual host {vhost!r}: it does not exist, or the "
                 "user may not use it; check the URL's path and the user's permissions"
-            ) from error
-        except TimeoutError as error:
-            # Connected, no channel yet: the channel's open was what timed out.
-            opening = self._connection is not None and self._channel is None
-            await self.close()
-            raise BrokerUnavailable(
-                _no_answer(self.confirm_timeout) if opening else f"RabbitMQ: {short_error(error)}"
-            ) from error
-        except (OSError, aiormq.exceptions.AMQPError) as error:
-            await self.close()
-            raise BrokerUnavailable(f"RabbitMQ: {short_error(error)}") from error
-        self._exchange = exchange
-        return connection, channel, exchange
+            )
+        if isinstance(error, TimeoutError):
+            if connected:
+                # Connected: the channel's open (or the exchange's check) was what timed out.
+                return BrokerUnavailable(_no_answer(self.confirm_timeout))
+            return BrokerUnavailable(
+                f"RabbitMQ did not complete the connection within "
+                f"{CONNECT_TIMEOUT.total_seconds():g} s (the port accepts, the broker does not "
+                "answer)"
+            )
+        if isinstance(error, (OSError, aiormq.exceptions.AMQPError)):
+            return BrokerUnavailable(f"RabbitMQ: {short_error(error)}")
+        return None
 
     async def _check_routes(
         self, connection: AbstractConnection, sendable: Sequence[_Sendable]
@@ -429,22 +492,36 @@ class RabbitMQPublisher:
         """Close a batch's connection that broke; the publisher's own only if it is still that
         one (another batch may have connected since)."""
         if connection is self._connection:
-            await self.close()
+            await self._forget()
         elif not connection.is_closed:
-            with contextlib.suppress(Exception):
-                await connection.close()
+            await _close_quietly(connection)
 
     async def close(self) -> None:
+        """Close the connection; a connect in progress is cancelled, not waited for (the relay's
+        stop must not wait for a broker that does not answer), and keeps no connection."""
+        self._closes += 1
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            opening.cancel()
+        await self._forget()
+
+    async def _forget(self) -> None:
+        """Close the publisher's connection, the connect in progress left alone."""
         connection, self._connection, self._channel, self._exchange = (
             self._connection,
             None,
             None,
             None,
         )
-        if connection is not None and not connection.is_closed:
-            # Closing a broken connection may fail; it is gone either way.
-            with contextlib.suppress(Exception):
-                await connection.close()
+        if connection is not None:
+            await _close_quietly(connection)
+
+
+async def _close_quietly(connection: AbstractConnection) -> None:
+    if not connection.is_closed:
+        # Closing a broken connection may fail; it is gone either way.
+        with contextlib.suppress(Exception):
+            await connection.close()
 
 
 #: The connection a batch publishes on, its confirm-mode channel and the exchange.
