@@ -1,5 +1,6 @@
 """Loopback TCP servers that misbehave on purpose, for the tests of clients (the command line, the
-conformance kit): an accept loop in a thread hands every connection to the test's function."""
+conformance kit): an accept loop in a thread hands every connection to the test's function. The
+reads here serve those functions, and the tests that talk to a server over a raw socket."""
 
 from __future__ import annotations
 
@@ -49,5 +50,33 @@ def read_head(conn: socket.socket) -> bytes | None:
         chunk = conn.recv(65536)
         if not chunk:
             return None
+        data += chunk
+    return data
+
+
+def read_request(conn: socket.socket) -> tuple[bytes, bytes] | None:
+    """Read one request whole, its head and the body its Content-Length announces: ``(head,
+    body)``, the head without its blank line, or None when the client went away first."""
+    data = read_head(conn)
+    if data is None:
+        return None
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        body += chunk
+    return head, body
+
+
+def read_to_close(conn: socket.socket) -> bytes:
+    """Read all the peer sends until it closes its side of the connection."""
+    data = b""
+    while chunk := conn.recv(65536):
         data += chunk
     return data

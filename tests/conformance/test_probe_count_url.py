@@ -12,7 +12,7 @@ import pytest
 from pgonce.cli import main
 from tests.conformance.conftest import ALICE, PAYMENT
 from tests.http.conftest import Server
-from tests.loopback import loopback
+from tests.loopback import loopback, read_head
 
 
 @pytest.fixture
@@ -21,8 +21,8 @@ def not_http() -> Iterator[str]:
 
     def answer(conn: socket.socket) -> None:
         with conn:
-            conn.recv(65536)
-            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+            if read_head(conn) is not None:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
 
     with loopback(answer) as address:
         yield f"http://counter:hunter2@{address}/count"

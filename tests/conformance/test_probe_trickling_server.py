@@ -18,7 +18,7 @@ import pytest
 from pgonce.conformance.runner import REQUEST_TIMEOUT
 from tests.conformance.conftest import ALICE, PAYMENT
 from tests.http.conftest import Server
-from tests.loopback import loopback
+from tests.loopback import loopback, read_request
 from tests.test_cli import ROOT
 
 BUDGET = 3.0
@@ -31,7 +31,8 @@ def trickling() -> Iterator[str]:
 
     def answer(conn: socket.socket) -> None:
         with conn:
-            conn.recv(65536)
+            if read_request(conn) is None:
+                return
             conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
             while not stop.wait(0.5):
                 try:

@@ -14,7 +14,7 @@ import pytest
 from pgonce.cli import main
 from pgonce.core.urls import public
 from tests.conformance.test_probe_server_failures import answering
-from tests.loopback import loopback
+from tests.loopback import loopback, read_request
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -114,7 +114,10 @@ def test_send_delivers_to_the_source_path_with_the_query(
 
     def answer(conn: socket.socket) -> None:
         with conn:
-            seen.append(conn.recv(65536).split(b"\r\n")[0])
+            read = read_request(conn)
+            if read is None:
+                return
+            seen.append(read[0].split(b"\r\n")[0])
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
 
     monkeypatch.setenv("SEND_SECRET", SECRET)

@@ -23,6 +23,7 @@ from psycopg_pool import ConnectionPool
 
 from pgonce.contrib.wsgi import IdempotencyMiddleware, StartResponse, connection_of
 from tests.http.conftest import Server
+from tests.loopback import read_to_close
 
 
 @pytest.fixture
@@ -97,9 +98,7 @@ def test_a_client_gone_mid_body_under_gunicorn_leaves_its_key_free(
             b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body[:20]
         )
         sock.shutdown(socket.SHUT_WR)  # the client sends no more
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
+        answer = read_to_close(sock)
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
     assert counts(dsn, "payments") == (0, 0)
 
