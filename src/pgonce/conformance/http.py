@@ -25,6 +25,7 @@ from pgonce.conformance.http_run import HttpRun, HttpTarget, new_key, suite
 from pgonce.conformance.report import Report
 from pgonce.conformance.runner import (
     DEFAULT_BUDGET,
+    RateLimited,
     client,
     no_answer,
     redirected,
@@ -70,6 +71,16 @@ async def check_http(
             )
         except httpx.HTTPError as error:
             raise UsageError(no_answer(error, target.url)) from None
+        except RateLimited as error:
+            raise UsageError(
+                f"{target.method} {public(target.url)} with a new key: {error}"
+            ) from None
+        if first.status_code == 429:
+            raise UsageError(
+                f"{target.method} {public(target.url)} with a new key answered 429 Too Many "
+                "Requests without a Retry-After: the endpoint is rate limited; run the kit where "
+                "it is not"
+            )
         if server_failed(first):
             # Not the request's fault: nothing can be judged while the server fails.
             raise UsageError(

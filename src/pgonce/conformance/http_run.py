@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from pgonce.conformance.effects import Effects
 from pgonce.conformance.report import Finding
-from pgonce.conformance.runner import Suite, answered, is_problem, request, shown
+from pgonce.conformance.runner import (
+    Suite,
+    answered,
+    is_problem,
+    patiently,
+    request,
+    shown,
+)
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
@@ -128,7 +135,12 @@ class HttpRun:
         body: bytes | None = None,
         method: str | None = None,
         headers: Mapping[str, str] | None = None,
+        patient: bool = True,
     ) -> httpx.Response:
+        """One request with ``key`` (None: without the header). A 429 Too Many Requests is sent
+        again after its Retry-After (:func:`~pgonce.conformance.runner.patiently`) unless not
+        ``patient``: a copy in a burst, or a retry that must arrive while its original runs, is
+        judged as the server answered it then."""
         # Case-insensitive: a given "Content-Type" replaces the default instead of joining it.
         sent = httpx.Headers({"content-type": self.target.content_type})
         sent.update(headers or self.target.headers)
@@ -136,9 +148,13 @@ class HttpRun:
             sent[KEY_HEADER] = key
         method = method or self.target.method
         content = None if method in ("GET", "HEAD") else (body or self.target.body)
-        response = await request(
-            self.client, method, url or self.target.url, content=content, headers=sent
-        )
+        target = url or self.target.url
+
+        def once() -> Awaitable[httpx.Response]:
+            return request(self.client, method, target, content=content, headers=sent)
+
+        what = f"{method} {public(target)}"
+        response = await (patiently(once, what) if patient else once())
         # A cookie set by one check must not reach the next: the kit's requests carry none.
         self.client.cookies.clear()
         return response

@@ -1,16 +1,24 @@
 """Running a suite of checks in order, within one time budget.
 
 Checks run one after the other (the effect count is read around each, so two checks must never
-overlap). Each gets what is left of the budget: a check still waiting when the budget runs out
-fails with that said, and the ones after it are not started. A check that cannot reach the server
-fails with the transport error; a broken count contract stops the run with a usage error.
+overlap). Each gets a share of what is left of the budget (what is left divided by the checks
+left, never less than one request's timeout): a check still waiting when its share runs out fails
+with that said, and the ones after it still run; once the budget itself runs out, the ones after
+it are not started. A check that cannot reach the server fails with the transport error; a broken
+count contract stops the run with a usage error.
+
+A 429 Too Many Requests is a request the server did not execute: the kit sends it again after its
+Retry-After when that fits in the check's time (:func:`patiently`), and says so when it does not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, Generic, Literal, TypeVar
 
 from pgonce.conformance.report import Check, Finding, Report, Result
@@ -34,6 +42,21 @@ REQUEST_TIMEOUT = 10.0
 #: API answer or webhook acknowledgement, and bounds a burst of concurrent answers too.
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
+#: The least share of the budget a check gets while that much is left, in seconds: never below
+#: one request's timeout, which says better what went wrong than a share running out.
+CHECK_FLOOR = REQUEST_TIMEOUT + 1
+
+#: How many times one request answered 429 Too Many Requests is sent again after its Retry-After.
+RATE_LIMIT_RETRIES = 3
+
+#: The longest Retry-After the kit waits for, in seconds (and never beyond the check's time).
+MAX_RETRY_AFTER = 5.0
+
+#: When the check under way must have its verdict (monotonic seconds; None outside a check).
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "conformance_deadline", default=None
+)
+
 Context = TypeVar("Context")
 T = TypeVar("T")
 CheckBody = Callable[[Context], Awaitable[Finding]]
@@ -42,8 +65,10 @@ CheckBody = Callable[[Context], Awaitable[Finding]]
 class Suite(Generic[Context]):
     """The checks of one kind, registered in the order they run with :meth:`check`."""
 
-    def __init__(self, kind: Literal["http", "webhooks"]) -> None:
+    def __init__(self, kind: Literal["http", "webhooks"], *, floor: float = CHECK_FLOOR) -> None:
         self.kind: Literal["http", "webhooks"] = kind
+        #: The least share of the budget one check gets (while that much is left).
+        self.floor = floor
         self.checks: list[tuple[Check, CheckBody[Context]]] = []
 
     def check(
@@ -78,19 +103,23 @@ class Suite(Generic[Context]):
         started = time.monotonic()
         deadline = started + budget
         results: list[Result] = []
-        for check, body in self.selected(only):
+        selected = self.selected(only)
+        for index, (check, body) in enumerate(selected):
             left = deadline - time.monotonic()
             if left <= 0:
                 results.append(Result(check, "FAIL", "not run: the time budget ran out"))
                 continue
+            # A fair share, so that one check that waits long fails alone: the time left divided
+            # by the checks left, never less than the floor (nor more than what is left).
+            share = min(left, max(left / (len(selected) - index), self.floor))
+            token = _deadline.set(time.monotonic() + share)
             try:
-                finding = await asyncio.wait_for(body(context), timeout=left)
+                finding = await asyncio.wait_for(body(context), timeout=share)
             except TimeoutError:
                 finding = Finding()
-                finding.expect(
-                    False,
-                    f"no verdict within the {left:.1f} s left of the run's time budget (--budget)",
-                )
+                finding.expect(False, out_of_time(share, left, len(selected) - index - 1))
+            except RateLimited as error:
+                finding = Finding().skip(str(error))
             except AnswerTooLarge as error:
                 finding = Finding()
                 finding.expect(False, str(error))
@@ -99,8 +128,91 @@ class Suite(Generic[Context]):
                 finding.expect(
                     False, f"no complete answer to {request_of(error)}: {failure(error)}"
                 )
+            finally:
+                _deadline.reset(token)
             results.append(finding.result(check))
         return Report(self.kind, public(target), tuple(results), time.monotonic() - started)
+
+
+def out_of_time(share: float, left: float, after: int) -> str:
+    """Which limit a check ran out of: its share of the budget, or the budget itself."""
+    if share >= left:
+        return f"no verdict within the {left:.1f} s left of the run's time budget (--budget)"
+    return (
+        f"no verdict within its {share:.1f} s share of the run's time budget (--budget), "
+        f"{left:.1f} s being left for it and the {after} check{'s' if after != 1 else ''} after it"
+    )
+
+
+class RateLimited(Exception):
+    """A check could not get the answers it needs: the server kept answering 429 Too Many
+    Requests. No verdict: a 429 says the request was not executed, nothing about the rest."""
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds a 429's Retry-After asks for (delay-seconds or an HTTP-date), None without
+    one or when it cannot be read (RFC 9110 §10.2.3)."""
+    value = response.headers.get("retry-after", "").strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def pause(response: httpx.Response) -> float | None:
+    """How long to wait before sending again what ``response`` answered 429, or None when its
+    Retry-After is missing, too long (:data:`MAX_RETRY_AFTER`) or beyond the check's time."""
+    wait = retry_after(response)
+    if wait is None or wait > MAX_RETRY_AFTER:
+        return None
+    deadline = _deadline.get()
+    # Room for the request sent again, and the count read after it.
+    if deadline is not None and time.monotonic() + wait + 1.0 > deadline:
+        return None
+    return wait
+
+
+def rate_limited(what: str, response: httpx.Response, tries: int) -> str:
+    """Why ``what`` is not decided: the server kept rate limiting it (its last answer)."""
+    wait = response.headers.get("retry-after", "").strip()
+    why = (
+        f"after {tries} wait{'s' if tries != 1 else ''} for its Retry-After"
+        if tries
+        else f"with a Retry-After of {wait!r}, more than the kit waits within the check's time"
+        if wait
+        else "without a Retry-After"
+    )
+    return (
+        f"not decided: {what} was rate limited (429 Too Many Requests) {why}; a 429 is not "
+        "executed and says nothing of idempotency: run the kit where the endpoint is not rate "
+        "limited"
+    )
+
+
+async def patiently(
+    send: Callable[[], Awaitable[httpx.Response]], what: str = "a request"
+) -> httpx.Response:
+    """``send()``'s answer, sent again after its Retry-After while it is a 429 (at most
+    :data:`RATE_LIMIT_RETRIES` times, within the check's time). A 429 that stays is raised as
+    :class:`RateLimited` when a Retry-After was given: the check is then not decided. One
+    without a Retry-After is returned as it is, for the check to judge."""
+    response = await send()
+    tries = 0
+    while response.status_code == 429:
+        wait = pause(response)
+        if wait is None or tries == RATE_LIMIT_RETRIES:
+            if tries or response.headers.get("retry-after"):
+                raise RateLimited(rate_limited(what, response, tries))
+            return response
+        await asyncio.sleep(wait)
+        tries += 1
+        response = await send()
+    return response
 
 
 async def within(step: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
@@ -109,10 +221,13 @@ async def within(step: Coroutine[Any, Any, T], seconds: float, what: str) -> T:
     past its budget. The bound is never below the client's and the count's own timeouts, which
     say better what went wrong. ``what`` names the step in the usage error."""
     seconds = max(seconds, REQUEST_TIMEOUT + 1)
+    token = _deadline.set(time.monotonic() + seconds)
     try:
         return await asyncio.wait_for(step, timeout=seconds)
     except TimeoutError:
         raise UsageError(f"{what}: no complete answer within {seconds:.1f} s") from None
+    finally:
+        _deadline.reset(token)
 
 
 def client(**options: Any) -> httpx.AsyncClient:
@@ -221,6 +336,8 @@ def answered(what: str, response: httpx.Response, expected: str | None = None) -
     said = f"{what} answered {response.status_code}"
     if server_failed(response):
         said += ", a server failure"
+    elif response.status_code == 429:
+        said += ", rate limited (Too Many Requests)"
     elif redirect := redirected(response):
         said += f", {redirect}"
     return f"{said}, not {expected}" if expected else said
