@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import threading
 import warnings
 from collections.abc import Iterator
@@ -69,15 +70,40 @@ def _in_own_process_group(module: Any) -> None:
         command = getattr(module, name)
         if not getattr(command, "pgonce_own_group", False):
             own = functools.partial(command, start_new_session=True)
+            if name == "pg_ctl":
+                own = functools.partial(_pg_ctl, own)
             own.pgonce_own_group = True  # type: ignore[attr-defined]
             setattr(module, name, own)
+
+
+def _pg_ctl(run: Any, args: list[str], pgdata: Path | None = None, **options: Any) -> Any:
+    """The wheel's ``pg_ctl``, its stop (``-w stop``) in two steps: the request, then the wait.
+
+    The request (``-W stop``: pg_ctl signals the server and returns) runs while
+    :func:`_stop_held` holds the stop signals back; once the server has it, it stops on its own,
+    and a stop signal may end the wait for it (see :func:`_stop_requested`).
+    """
+    if list(args) != ["-w", "stop"] or pgdata is None:
+        return run(args, pgdata=pgdata, **options)
+    requested = run(["-W", "stop"], pgdata=pgdata, **options)
+    _stop_requested()
+    pid_file = Path(pgdata) / "postmaster.pid"
+    if not pid_file.exists():
+        return requested  # already stopped
+    try:
+        return run(args, pgdata=pgdata, **options)
+    except subprocess.CalledProcessError:
+        if pid_file.exists():
+            raise  # it did not stop in pg_ctl's time: the wheel ends it
+        return requested  # stopped between the two: "PID file does not exist"
 
 
 @contextlib.contextmanager
 def embedded_server(data_dir: Path) -> Iterator[str]:
     """Start (or join) the embedded PostgreSQL in ``data_dir``; yield a DSN for its ``postgres`` db.
 
-    Stops the server on exit unless another process still uses it.
+    Stops the server on exit unless another process still uses it; a stop signal (SIGINT,
+    SIGTERM) that comes while it does waits until the server has its stop request.
     """
     get_server = load_embedded()
     if not log.isEnabledFor(logging.DEBUG):
@@ -116,7 +142,8 @@ def embedded_server(data_dir: Path) -> Iterator[str]:
             raise KeyboardInterrupt  # held back while the server was made and started
         yield str(server.get_uri("postgres"))
     finally:
-        server.cleanup()
+        with _stop_held():
+            server.cleanup()
 
 
 @contextlib.contextmanager
@@ -147,6 +174,65 @@ def _interrupt_deferred() -> Iterator[list[int]]:
         yield came
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+#: The signals that stop a command (SIGHUP where the platform has it, see pgonce.cli.common).
+_STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+#: While :func:`_stop_held` holds: called once pg_ctl's stop request has reached the server.
+_on_stop_requested: list[Any] = []
+
+
+@contextlib.contextmanager
+def _stop_held() -> Iterator[None]:
+    """Hold the stop signals back while the wheel stops the server; deliver them afterwards.
+
+    Raised inside the wheel's cleanup, the second Ctrl-C or SIGTERM (the first stopped the
+    command) cut it anywhere: after it had taken this process off the server's list of users but
+    before pg_ctl had asked the server to stop, the server was left running with nobody to stop
+    it. Held, the cleanup goes on, and a signal that came is delivered to the handler it was
+    meant for once the server has its stop request: the server then stops on its own, and only
+    the wait for it is cut (see :func:`_pg_ctl`), as a stop signal during that wait does. A
+    second signal before then is not held (see :func:`_interrupt_deferred`). Only in the main
+    thread, the only one signal handlers run in, and only over Python handlers
+    (one ignored, or the system's default, is left as it is).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {number: signal.getsignal(number) for number in _STOP_SIGNALS}
+    taken = {number: handler for number, handler in before.items() if callable(handler)}
+    came: list[tuple[int, Any]] = []
+
+    def held(signum: int, frame: Any) -> None:
+        came.append((signum, frame))
+        if len(came) > 1:
+            deliver()  # the second: someone who insists gets the stop, as at the start
+
+    def deliver() -> None:
+        """The handlers back (a signal from now on reaches them), and the held ones to them."""
+        for number, handler in taken.items():
+            signal.signal(number, handler)
+        given, came[:] = came[:], []  # each once, also when a handler raises
+        for number, frame in given:
+            taken[number](number, frame)
+
+    for number in taken:
+        signal.signal(number, held)
+    _on_stop_requested.append(deliver)
+    try:
+        yield
+    finally:
+        _on_stop_requested.remove(deliver)
+        deliver()
+
+
+def _stop_requested() -> None:
+    """pg_ctl has asked the server to stop: the signals :func:`_stop_held` holds are delivered."""
+    if _on_stop_requested and threading.current_thread() is threading.main_thread():
+        _on_stop_requested[-1]()
 
 
 def _check_data_dir(data_dir: Path) -> None:
