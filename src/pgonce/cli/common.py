@@ -348,3 +348,12 @@ def print_proof(
         print(f"  {label:<20} {value!s:>6}   {note}".rstrip())
     print(f"\n  {items / seconds:,.0f} deliveries/s in {seconds:.2f} s")
     print(f"\nexactly once: {'yes' if ok else 'NO'}")
+
+
+def takes_no_writes(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the node refuses writes: a standby (in recovery), or read-only by default
+    (default_transaction_read_only, as a DSN's options, the role's or the database's settings
+    give it)."""
+    with translate_errors("reading whether the server takes writes"), conn.transaction():
+        row = conn.execute("SELECT current_setting('transaction_read_only')").fetchone()
+    return row is not None and row[0] == "on"

@@ -16,15 +16,13 @@ status is 1, as for every command whose output was lost.
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-import psycopg
 
 from pgonce.cli.common import (
     add_database_options,
     announced_database,
     command_connection,
     settings_from,
+    takes_no_writes,
 )
 from pgonce.store.errors import translate_errors
 from pgonce.store.migrate import migrate, newer_schema_error, pending, status
@@ -59,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             behind = "" if state.up_to_date else "; migrations pending: run pgonce migrate"
             print(f"schema {settings.schema}: version {state.current} of {state.latest}{behind}")
             return 0 if state.up_to_date else 1
-        if _takes_no_writes(conn) and not pending(conn, settings.schema):
+        if takes_no_writes(conn) and not pending(conn, settings.schema):
             # migrate() creates the schema and its ledger first, under the runners' lock,
             # which a read-only node or a standby refuses even when there is nothing to apply.
             # The ledger, read without a write, says there is nothing: so does this. A node
@@ -78,14 +76,6 @@ def run(args: argparse.Namespace) -> int:
     if not applied:
         print(f"schema {settings.schema} is up to date (version {state.current})")
     return 0
-
-
-def _takes_no_writes(conn: psycopg.Connection[Any]) -> bool:
-    """Whether the node refuses writes: a standby (in recovery), or read-only by default
-    (default_transaction_read_only, as a DSN's options or the role's settings give it)."""
-    with translate_errors("reading whether the server takes writes"), conn.transaction():
-        row = conn.execute("SELECT current_setting('transaction_read_only')").fetchone()
-    return row is not None and row[0] == "on"
 
 
 class _Lines:

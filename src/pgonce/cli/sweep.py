@@ -46,6 +46,7 @@ from pgonce.cli.common import (
     config_from,
     require_migrated,
     settings_from,
+    takes_no_writes,
 )
 from pgonce.core.durability import READ_ONLY_DETAIL
 from pgonce.core.retention import (
@@ -414,15 +415,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(result.summary(), flush=True)
     return 0
-
-
-def takes_no_writes(conn: psycopg.Connection[Any]) -> bool:
-    """Whether the node refuses writes: a standby (in recovery), or read-only by default
-    (default_transaction_read_only, as a DSN's options, the role's or the database's settings
-    give it)."""
-    with translate_errors("reading whether the server takes writes"), conn.transaction():
-        row = cursor(conn).execute("SELECT current_setting('transaction_read_only')").fetchone()
-    return row is not None and row[0] == "on"
 
 
 def database_clock(conn: psycopg.Connection[Any], schema: str) -> datetime:
