@@ -265,12 +265,19 @@ class Relay:
         #: :data:`DEFAULT_STOP_GRACE`).
         self.stop_grace = DEFAULT_STOP_GRACE
         #: What each batch loop's task is doing, for a stop: "claiming" (a statement, nothing at
-        #: the broker) or "settling" (rows at the broker, that many), from run_once().
+        #: the broker), "connecting" (waiting for the publisher's connection, nothing at the
+        #: broker) or "settling" (rows at the broker, that many), from run_once().
         self._doing: dict[asyncio.Task[Any], tuple[str, int]] = {}
         #: What a stop cancelled, one per loop: (the task's doing, rows at the broker).
         self._cut: list[tuple[str, int]] = []
         #: Set when run()'s stop is: a claim that ends afterwards publishes nothing.
         self._stopping = False
+        #: Whether the publisher is connected, as far as the relay knows: set once its prepare()
+        #: connected, cleared by a batch whose answers were lost (the publishers drop the
+        #: connection then) and at the end of run(). While it is clear, a batch connects first,
+        #: as "connecting", which a stop cancels at once (see _link()); connected, a batch goes
+        #: to publish() with no step of its own.
+        self._linked = False
         #: Whether the LISTEN connection was seen to receive a notification: checked once.
         self._heard = False
         #: Set when it was seen not to (a transaction-mode pooler): the loops poll, unregistered.
@@ -308,12 +315,21 @@ class Relay:
                         # Claimed as the relay was asked to stop: left for the next run (the
                         # commit of the claim alone releases the rows).
                         return BatchReport()
-                    if task is not None:
-                        self._doing[task] = ("settling", len(batch))
                     try:
+                        if not self._linked:
+                            await self._link(task)
+                            if self._stopping:
+                                # Connected as the relay was asked to stop: nothing was sent.
+                                return BatchReport()
+                        if task is not None:
+                            self._doing[task] = ("settling", len(batch))
                         result = await self.publisher.publish(batch)
                     except BrokerUnavailable as error:
                         result, broker_down = PublishResult(lost=str(error)), True
+                    if result.lost is not None:
+                        # The publishers drop a connection that lost answers: the next batch
+                        # connects first.
+                        self._linked = False
                 # The backoff is computed on this host's clock and compared with the database's
                 # in the claim; a skew of a few seconds shifts a retry by as much, nothing worse.
                 settled_at = now or datetime.now(UTC)
@@ -350,6 +366,22 @@ class Relay:
             out_of_order=settlement.out_of_order,
             broker_down=broker_down,
         )
+
+    async def _link(self, task: asyncio.Task[Any] | None) -> None:
+        """Connect the publisher (its prepare(), when it has one) before a batch's rows go out.
+
+        A connect waits for the broker, and a broker that accepts and does not answer holds it
+        for the publisher's whole connect timeout; inside publish() the batch would count as at
+        the broker, and a stop would wait for it up to the stop grace. Here it is "connecting":
+        nothing of the batch reached the broker, and a stop cancels it at once. Raises
+        BrokerUnavailable as publish() would.
+        """
+        prepare = getattr(self.publisher, "prepare", None)
+        if prepare is not None:
+            if task is not None:
+                self._doing[task] = ("connecting", 0)
+            await prepare()
+        self._linked = True
 
     def _report(
         self,
@@ -463,6 +495,7 @@ class Relay:
                 if not finished:
                     await self.publisher.close()
                     return self.stats
+                self._linked = True
         listener = asyncio.create_task(self._listen(stop)) if self.listen else None
         self._cut = []
         self._stopping = False
@@ -476,6 +509,7 @@ class Relay:
                 with contextlib.suppress(asyncio.CancelledError):
                     await listener
             await self.publisher.close()
+            self._linked = False
         return self.stats
 
     async def _loop(self, stop: asyncio.Event, name: str) -> None:
@@ -569,7 +603,9 @@ class Relay:
         gives up on a server that does not answer after a few seconds), the transaction rolls
         back and the rows wait for the next run, which publishes those of a batch at the broker
         again, with the same message ids. Without ``cut`` (work no row depends on: the
-        publisher's check at the start), ``work`` is cancelled at once, and nothing is said.
+        publisher's check at the start), ``work`` is cancelled at once, and nothing is said; so
+        is a batch waiting for the publisher's connection (nothing of it was sent, and no
+        database statement is in progress), whose rows wait for the next run.
         """
         task = asyncio.ensure_future(work)
         stopping = asyncio.ensure_future(stop.wait())
@@ -578,8 +614,9 @@ class Relay:
             if not task.done() and cut:
                 self._stopping = True
                 doing, _ = self._doing.get(task, ("", 0))
-                grace = self.stop_grace if doing == "settling" else STOP_WAIT
-                await asyncio.wait({task}, timeout=grace.total_seconds())
+                if doing != "connecting":
+                    grace = self.stop_grace if doing == "settling" else STOP_WAIT
+                    await asyncio.wait({task}, timeout=grace.total_seconds())
             if task.done():
                 return True, task.result()
             doing_then = self._doing.get(task, ("waiting", 0))
@@ -588,7 +625,7 @@ class Relay:
             await asyncio.wait({task})
             if not task.cancelled():
                 task.exception()  # retrieved: the stop is what is said about it
-            if cut:
+            if cut and doing_then[0] != "connecting":
                 self._cut.append(doing_then)
             return False, None
         finally:
