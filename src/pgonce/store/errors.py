@@ -74,6 +74,15 @@ def unencodable(what: str, error: UnicodeEncodeError) -> str:
     )
 
 
+def read_only_refusal(error: BaseException) -> bool:
+    """Whether ``error`` (pgonce's, from :class:`translate_errors`) says the node takes no writes:
+    a standby, or a read-only default. Every later write on that connection fails the same way."""
+    cause = error.__cause__
+    return isinstance(cause, pg_errors.ReadOnlySqlTransaction) or (
+        isinstance(cause, pg_errors.FeatureNotSupported) and _IN_RECOVERY in str(cause)
+    )
+
+
 class translate_errors:  # named like the function it replaced: ``with translate_errors(...)``
     """Run a store operation; re-raise psycopg failures as pgonce errors naming ``what`` failed.
 

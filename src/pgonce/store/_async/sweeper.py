@@ -55,7 +55,7 @@ from pgonce.sql import Queries
 from pgonce.store._async.health import _Watchdog
 from pgonce.store.common import check_schema
 from pgonce.store.cursors import cursor
-from pgonce.store.errors import translate_errors
+from pgonce.store.errors import read_only_refusal, translate_errors
 
 if TYPE_CHECKING:
     # Only a type: the core runs without psycopg-pool; a caller who passes a pool has it.
@@ -172,7 +172,9 @@ class AsyncSweeper:
                 # The failed batch rolled back alone: the targets after it are still swept, so
                 # that one target failing run after run (a table locked, a batch that times out)
                 # does not leave every later one to grow. Unless the connection is gone.
-                if conn.closed:
+                if conn.closed or read_only_refusal(error):
+                    # Gone, or a node that refuses every target's DELETE alike (a standby, a
+                    # read-only default): one failure to say, not one a table.
                     setattr(error, _SWEPT, deleted)
                     raise
                 if failure is None:
