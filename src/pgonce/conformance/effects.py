@@ -60,16 +60,30 @@ class UrlEffects:
     async def count(self) -> int:
         import httpx
 
-        from pgonce.conformance.runner import answered, failure, request
+        from pgonce.conformance.runner import (
+            RateLimited,
+            answered,
+            failure,
+            kept_limiting,
+            patiently,
+            request,
+        )
 
+        where = f"the count endpoint {public(self.url)}"
         try:
-            # Sent again once if a kept-alive connection was closed under it, as every request.
-            response = await request(self.client, "GET", self.url)
+            # Sent again once if a kept-alive connection was closed under it, as every request,
+            # and after its Retry-After while it answers 429 (a rate limiter in front of the
+            # application counts the kit's requests, count reads and all).
+            response = await patiently(lambda: request(self.client, "GET", self.url), where)
         except httpx.HTTPError as error:
             # The count endpoint down or not HTTP: the contract is not met, said as such.
             raise CountUnreadable(
                 f"cannot read the count at {public(self.url)}: {failure(error)}"
             ) from None
+        except RateLimited as error:
+            raise CountUnreadable(limited(where, kept_limiting(error))) from None
+        if response.status_code == 429:
+            raise CountUnreadable(limited(where, "without a Retry-After"))
         if response.status_code != 200:
             raise CountUnreadable(
                 answered(f"the count endpoint {public(self.url)}", response, "200")
@@ -78,6 +92,15 @@ class UrlEffects:
 
     async def close(self) -> None:
         return None
+
+
+def limited(where: str, how: str) -> str:
+    """Why the count cannot be read: the endpoint stays rate limited."""
+    return (
+        f"{where} is rate limited: it answered 429 Too Many Requests {how}; the kit reads the "
+        "count around every check: exempt it from the rate limiting, or run the kit where it "
+        "is not rate limited"
+    )
 
 
 def number_of(body: bytes, where: str) -> int:

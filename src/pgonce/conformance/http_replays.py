@@ -28,7 +28,6 @@ from pgonce.conformance.runner import (
     closed_on,
     is_problem,
     pause,
-    rate_limited,
     server_failed,
     shown,
 )
@@ -384,7 +383,7 @@ async def while_in_flight(run: HttpRun, finding: Finding) -> list[httpx.Response
     retry = await run.send(key, url=url, patient=False)
     if retry.status_code == 429:
         await original
-        raise RateLimited(rate_limited("the retry while the original ran", retry, 0))
+        raise RateLimited("the retry while the original ran", retry, 0)
     first = await original
     after = await run.send(key, url=url)
     finding.saw(f"original {shown(first)}, retry while it ran {shown(retry)}")

@@ -8,11 +8,20 @@ counts -- never a secret, a signature or a request header the caller passed in.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Verdict = Literal["PASS", "FAIL", "SKIP"]
+
+#: The findings the check under way made (None outside one), so that a check stopped before it
+#: returned (the server kept rate limiting it) still fails on the faults it had found.
+_made: contextvars.ContextVar[list[Finding] | None] = contextvars.ContextVar(
+    "conformance_findings", default=None
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +48,11 @@ class Finding:
     faults: list[str] = field(default_factory=list)
     skipped: str | None = None
 
+    def __post_init__(self) -> None:
+        made = _made.get()
+        if made is not None:
+            made.append(self)
+
     def saw(self, text: str) -> None:
         self.seen.append(text)
 
@@ -58,6 +72,17 @@ class Finding:
         if self.faults:
             return Result(check, "FAIL", "; ".join([*self.faults, *self.seen]))
         return Result(check, "PASS", "; ".join(self.seen))
+
+
+@contextlib.contextmanager
+def gathering() -> Iterator[list[Finding]]:
+    """The findings made within (by a check, in any task it starts), in the order made."""
+    made: list[Finding] = []
+    token = _made.set(made)
+    try:
+        yield made
+    finally:
+        _made.reset(token)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@ it are not started. A check that cannot reach the server fails with the transpor
 count contract stops the run with a usage error.
 
 A 429 Too Many Requests is a request the server did not execute: the kit sends it again after its
-Retry-After when that fits in the check's time (:func:`patiently`), and says so when it does not.
+Retry-After when that fits in the check's time (:func:`patiently`), and says so when it does not:
+the check is then not decided, unless it had already found a fault, which it fails on.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pgonce.conformance.report import Check, Finding, Report, Result
+from pgonce.conformance.report import Check, Finding, Report, Result, gathering
 from pgonce.core.urls import public
 from pgonce.errors import UsageError
 from pgonce.extras import needs
@@ -114,12 +115,13 @@ class Suite(Generic[Context]):
             share = min(left, max(left / (len(selected) - index), self.floor))
             token = _deadline.set(time.monotonic() + share)
             try:
-                finding = await asyncio.wait_for(body(context), timeout=share)
+                with gathering() as made:
+                    finding = await asyncio.wait_for(body(context), timeout=share)
             except TimeoutError:
                 finding = Finding()
                 finding.expect(False, out_of_time(share, left, len(selected) - index - 1))
             except RateLimited as error:
-                finding = Finding().skip(str(error))
+                finding = stopped(made, error)
             except AnswerTooLarge as error:
                 finding = Finding()
                 finding.expect(False, str(error))
@@ -146,7 +148,48 @@ def out_of_time(share: float, left: float, after: int) -> str:
 
 class RateLimited(Exception):
     """A check could not get the answers it needs: the server kept answering 429 Too Many
-    Requests. No verdict: a 429 says the request was not executed, nothing about the rest."""
+    Requests to ``what`` (``response`` the last answer, after ``tries`` waits for its
+    Retry-After). No verdict from that: a 429 says the request was not executed, nothing about
+    the rest; but a check that had already found a fault fails on it (:func:`stopped`)."""
+
+    def __init__(self, what: str, response: httpx.Response, tries: int) -> None:
+        self.what = what
+        self.tries = tries
+        self.retry_after = response.headers.get("retry-after", "").strip()
+        super().__init__(
+            f"not decided: {self.how()}; a 429 is not executed and says nothing of "
+            "idempotency: run the kit where the endpoint is not rate limited"
+        )
+
+    def how(self) -> str:
+        """``what`` and how it stayed rate limited, for the evidence."""
+        return f"{self.what} was rate limited (429 Too Many Requests) {kept_limiting(self)}"
+
+
+def stopped(made: list[Finding], error: RateLimited) -> Finding:
+    """The result of a check the server's rate limiting stopped: not decided, unless a finding
+    it made had already found a fault. Then it fails on that fault, the rate limiting said with
+    it: a server never escapes a failure by rate limiting what comes after."""
+    faults = [fault for finding in made for fault in finding.faults]
+    seen = [text for finding in made for text in finding.seen]
+    if not faults:
+        return Finding().skip(str(error))
+    return Finding(
+        seen=seen,
+        faults=[*faults, f"then {error.how()}: the rest of the check was not judged"],
+    )
+
+
+def kept_limiting(error: RateLimited) -> str:
+    """How a request stayed rate limited: after waits, or with a Retry-After too long, or none."""
+    if error.tries:
+        return f"after {error.tries} wait{'s' if error.tries != 1 else ''} for its Retry-After"
+    if error.retry_after:
+        return (
+            f"with a Retry-After of {error.retry_after!r}, more than the kit waits within the "
+            "check's time"
+        )
+    return "without a Retry-After"
 
 
 def retry_after(response: httpx.Response) -> float | None:
@@ -177,23 +220,6 @@ def pause(response: httpx.Response) -> float | None:
     return wait
 
 
-def rate_limited(what: str, response: httpx.Response, tries: int) -> str:
-    """Why ``what`` is not decided: the server kept rate limiting it (its last answer)."""
-    wait = response.headers.get("retry-after", "").strip()
-    why = (
-        f"after {tries} wait{'s' if tries != 1 else ''} for its Retry-After"
-        if tries
-        else f"with a Retry-After of {wait!r}, more than the kit waits within the check's time"
-        if wait
-        else "without a Retry-After"
-    )
-    return (
-        f"not decided: {what} was rate limited (429 Too Many Requests) {why}; a 429 is not "
-        "executed and says nothing of idempotency: run the kit where the endpoint is not rate "
-        "limited"
-    )
-
-
 async def patiently(
     send: Callable[[], Awaitable[httpx.Response]], what: str = "a request"
 ) -> httpx.Response:
@@ -207,7 +233,7 @@ async def patiently(
         wait = pause(response)
         if wait is None or tries == RATE_LIMIT_RETRIES:
             if tries or response.headers.get("retry-after"):
-                raise RateLimited(rate_limited(what, response, tries))
+                raise RateLimited(what, response, tries)
             return response
         await asyncio.sleep(wait)
         tries += 1

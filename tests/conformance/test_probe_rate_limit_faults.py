@@ -1,0 +1,193 @@
+"""A request that stays rate limited (429 Too Many Requests) partway through a check made the
+check "not decided" and dropped the faults the check had already found: a server could escape a
+failure by rate limiting what came after it. Such a check now fails on those faults, the rate
+limiting said with them; one that found none is still not decided. And a --count-url answering
+429 stopped the run at once with a usage error: it is now read again after its Retry-After, as
+every other lone request, and said to be rate limited when it stays so."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from pgonce.cli import main
+from tests.loopback import loopback, read_fields
+
+
+def send(
+    conn: socket.socket, status: str, body: bytes, extra: str = "", media: str = "application/json"
+) -> None:
+    conn.sendall(
+        f"HTTP/1.1 {status}\r\nContent-Type: {media}\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: close\r\n{extra}\r\n".encode()
+        + body
+    )
+
+
+def mismatch_endpoint(refuses: bool) -> Iterator[str]:
+    """Runs a new key's request (201, a new id); the same key with another body is run again
+    (201, another id) or, when it ``refuses``, refused with a 422 problem; the same key with the
+    original's body, the retry after it, is always answered 429 with Retry-After: 1."""
+    lock = threading.Lock()
+    originals: dict[str, bytes] = {}
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            try:
+                read = read_fields(conn)
+                if read is None:
+                    return
+                _, headers, body = read
+                key = headers.get("idempotency-key")
+                if key is None:
+                    send(conn, "400 Bad Request", b"{}")
+                    return
+                with lock:
+                    new = key not in originals
+                    original = originals.setdefault(key, body)
+                if new or (original != body and not refuses):
+                    send(conn, "201 Created", json.dumps({"id": uuid.uuid4().hex}).encode())
+                elif original != body:
+                    problem = b'{"title":"another request with this key"}'
+                    send(conn, "422 Unprocessable Content", problem,
+                         media="application/problem+json")  # fmt: skip
+                else:
+                    send(conn, "429 Too Many Requests", b'{"title":"slow down"}',
+                         "Retry-After: 1\r\n")  # fmt: skip
+            except OSError:
+                pass
+
+    with loopback(answer) as address:
+        yield f"http://{address}/payments"
+
+
+@pytest.fixture
+def runs_another_body() -> Iterator[str]:
+    yield from mismatch_endpoint(refuses=False)
+
+
+@pytest.fixture
+def refuses_another_body() -> Iterator[str]:
+    yield from mismatch_endpoint(refuses=True)
+
+
+def mismatch_other_body(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
+    code = main(["conformance", "http", url, "--only", "mismatch-other-body", "--json"])
+    out, err = capsys.readouterr()
+    assert out, err
+    (check,) = json.loads(out)["checks"]
+    return code, check
+
+
+def test_a_fault_found_before_the_rate_limiting_still_fails_the_check(
+    runs_another_body: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, check = mismatch_other_body(runs_another_body, capsys)
+    assert check["verdict"] == "FAIL", check
+    assert code == 1
+    evidence = check["evidence"]
+    assert evidence.startswith("the other request answered 201, not 422"), check
+    assert "the other request got the original's answer" not in evidence, check
+    assert "; then POST " in evidence, check
+    assert (
+        "was rate limited (429 Too Many Requests) after 3 waits for its Retry-After: the rest of "
+        "the check was not judged" in evidence
+    ), check
+    assert "not decided" not in evidence, check
+
+
+def test_without_a_fault_before_it_the_rate_limiting_leaves_the_check_undecided(
+    refuses_another_body: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, check = mismatch_other_body(refuses_another_body, capsys)
+    assert check["verdict"] == "SKIP", check
+    assert code == 0
+    assert check["evidence"].startswith("not decided: POST "), check
+    assert "after 3 waits for its Retry-After" in check["evidence"], check
+
+
+def counted(limit: str) -> Iterator[str]:
+    """An idempotent endpoint (one execution per key, the stored answer after) whose executions
+    are counted at ``GET /count``, behind a limiter answering 429 to count reads: every other
+    one with Retry-After: 1 (``limit`` "every other"), all of them with Retry-After: 1 ("all"),
+    or all of them without a Retry-After ("all, no Retry-After")."""
+    lock = threading.Lock()
+    stored: dict[str, bytes] = {}
+    reads = [0]
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            try:
+                read = read_fields(conn)
+                if read is None:
+                    return
+                line, headers, _ = read
+                with lock:
+                    if line.startswith("GET /count"):
+                        reads[0] += 1
+                        if limit == "all, no Retry-After":
+                            send(conn, "429 Too Many Requests", b"{}")
+                        elif limit == "all" or reads[0] % 2:
+                            send(conn, "429 Too Many Requests", b"{}", "Retry-After: 1\r\n")
+                        else:
+                            send(conn, "200 OK", json.dumps({"count": len(stored)}).encode())
+                        return
+                    key = headers.get("idempotency-key")
+                    if key is None:
+                        send(conn, "400 Bad Request", b"{}")
+                        return
+                    replayed = key in stored
+                    body = stored.setdefault(key, json.dumps({"id": uuid.uuid4().hex}).encode())
+                send(conn, "201 Created", body, "Idempotent-Replayed: true\r\n" if replayed else "")
+            except OSError:
+                pass
+
+    with loopback(answer) as address:
+        yield f"http://{address}"
+
+
+@pytest.fixture
+def count_limited_at_times() -> Iterator[str]:
+    yield from counted("every other")
+
+
+@pytest.fixture
+def count_limited(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from counted(request.param)
+
+
+def test_a_count_read_answered_429_is_read_again_after_its_retry_after(
+    count_limited_at_times: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = count_limited_at_times
+    code = main(["conformance", "http", url + "/payments", "--count-url", url + "/count",
+                 "--only", "replay-identical", "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    (check,) = json.loads(out)["checks"]
+    assert check["verdict"] == "PASS", check
+    assert "effects +1" in check["evidence"], check
+
+
+@pytest.mark.parametrize(
+    ("count_limited", "how"),
+    [("all", "after 3 waits for its Retry-After"),
+     ("all, no Retry-After", "without a Retry-After")],
+    indirect=["count_limited"],
+)  # fmt: skip
+def test_a_count_endpoint_that_stays_rate_limited_is_said_to_be(
+    count_limited: str, how: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = count_limited
+    code = main(["conformance", "http", url + "/payments", "--count-url", url + "/count",
+                 "--only", "replay-identical"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1, (out, err)
+    assert err.startswith("pgonce: error: the count endpoint http://127.0.0.1:"), err
+    assert f"/count is rate limited: it answered 429 Too Many Requests {how}" in err, err
+    assert "exempt it from the rate limiting" in err, err
