@@ -74,6 +74,36 @@ def read_request(conn: socket.socket) -> tuple[bytes, bytes] | None:
     return head, body
 
 
+def parse_head(data: bytes) -> tuple[str, dict[str, str], bytes]:
+    """What :func:`read_head` read, parsed: the request line, the header fields (names
+    lower-cased, values stripped) and the body bytes that came with the head."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    line, *fields = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for field in fields:
+        name, _, value = field.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return line, headers, body
+
+
+def read_fields(conn: socket.socket) -> tuple[str, dict[str, str], bytes] | None:
+    """:func:`read_request`, parsed: the request line, the header fields (as
+    :func:`parse_head`) and the whole body, or None when the client went away first."""
+    read = read_request(conn)
+    if read is None:
+        return None
+    head, body = read
+    line, headers, _ = parse_head(head)
+    return line, headers, body
+
+
+def read_headers(conn: socket.socket) -> dict[str, str] | None:
+    """Read one request whole: its header fields (as :func:`parse_head`), or None when the
+    client went away first."""
+    read = read_fields(conn)
+    return None if read is None else read[1]
+
+
 def read_to_close(conn: socket.socket) -> bytes:
     """Read all the peer sends until it closes its side of the connection."""
     data = b""

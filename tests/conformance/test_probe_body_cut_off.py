@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.loopback import loopback, read_head
+from tests.loopback import loopback, parse_head, read_head
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 LIMIT = 64 * 1024
@@ -26,13 +26,8 @@ def bounded(conn: socket.socket) -> None:
             read = read_head(conn)
             if read is None:
                 return
-            data = read
-            head, _, body = data.partition(b"\r\n\r\n")
-            headers = {}
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                headers[name.strip().lower()] = value.strip()
-            length = int(headers.get(b"content-length", b"0"))
+            _, headers, body = parse_head(read)
+            length = int(headers.get("content-length", "0"))
             if length > LIMIT:
                 # Closed with unread data: a reset, whatever was written before it.
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -42,7 +37,7 @@ def bounded(conn: socket.socket) -> None:
                 if not chunk:
                     return
                 body += chunk
-            status = b"201 Created" if b"idempotency-key" in headers else b"400 Bad Request"
+            status = b"201 Created" if "idempotency-key" in headers else b"400 Bad Request"
             conn.sendall(
                 b"HTTP/1.1 %s\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}" % status
             )

@@ -14,8 +14,7 @@ import pytest
 
 from pgonce.cli import main
 from pgonce.conformance.runner import REQUEST_TIMEOUT
-from tests.conformance.test_probe_server_failures import read_request
-from tests.loopback import loopback
+from tests.loopback import loopback, read_headers
 
 PROBLEM = b'{"title":"bad key"}'
 
@@ -29,7 +28,7 @@ def slow_without_key() -> Iterator[str]:
     def answer(conn: socket.socket) -> None:
         with conn:
             try:
-                headers = read_request(conn)
+                headers = read_headers(conn)
                 if headers is None:
                     return
                 key = headers.get("idempotency-key")

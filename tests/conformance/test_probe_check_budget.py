@@ -12,8 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.conformance.test_probe_server_failures import read_request
-from tests.loopback import loopback
+from tests.loopback import loopback, read_headers
 
 
 @pytest.fixture
@@ -26,7 +25,7 @@ def trickling_later() -> Iterator[str]:
     def answer(conn: socket.socket) -> None:
         with conn:
             try:
-                if read_request(conn) is None:
+                if read_headers(conn) is None:
                     return
                 with lock:
                     seen[0] += 1

@@ -12,8 +12,8 @@ import pytest
 
 from pgonce.conformance.effects import CountUnreadable, UrlEffects
 from pgonce.conformance.runner import client
-from tests.conformance.test_probe_server_failures import answering, read_request
-from tests.loopback import loopback
+from tests.conformance.test_probe_server_failures import answering
+from tests.loopback import loopback, read_headers
 
 
 def drops_kept_alive(conn: socket.socket) -> None:
@@ -21,10 +21,10 @@ def drops_kept_alive(conn: socket.socket) -> None:
     read and the connection closed unanswered (the idle timeout that fired just then)."""
     with conn:
         try:
-            if read_request(conn) is None:
+            if read_headers(conn) is None:
                 return
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n7")
-            read_request(conn)
+            read_headers(conn)
         except OSError:
             pass
 

@@ -16,7 +16,7 @@ import pytest
 
 from pgonce.cli import main
 from pgonce.conformance.runner import MAX_ANSWER_BYTES, AnswerTooLarge, client, request
-from tests.loopback import loopback, read_head
+from tests.loopback import loopback, read_fields
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -28,23 +28,10 @@ CHUNK = b"x" * 65536
 
 def request_line(conn: socket.socket) -> tuple[str, str] | None:
     """Read one request whole: its method and target, or None if the client went away."""
-    read = read_head(conn)
+    read = read_fields(conn)
     if read is None:
         return None
-    data = read
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    length = 0
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        if name.strip().lower() == "content-length":
-            length = int(value)
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        body += chunk
-    method, target, _ = lines[0].split(" ", 2)
+    method, target, _ = read[0].split(" ", 2)
     return method, target
 
 

@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.conformance.test_probe_server_failures import read_request
-from tests.loopback import loopback
+from tests.loopback import loopback, read_headers
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 WEBHOOKS = ["--scheme", "standard-webhooks", "--secret", "env:PROXY_SECRET"]
@@ -41,7 +40,7 @@ def server(answer: Answer) -> Iterator[str]:
     def handle(conn: socket.socket) -> None:
         with conn:
             try:
-                request = read_request(conn)
+                request = read_headers(conn)
                 if request is None:
                     return
                 with lock:

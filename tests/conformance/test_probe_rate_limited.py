@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.loopback import loopback, read_head
+from tests.loopback import loopback, read_fields
 
 
 def send(conn: socket.socket, status: str, body: bytes, extra: str = "") -> None:
@@ -39,19 +39,13 @@ def limited_endpoint(allowed: int) -> Iterator[str]:
     def answer(conn: socket.socket) -> None:
         with conn:
             try:
-                head = read_head(conn)
-                if head is None:
+                read = read_fields(conn)
+                if read is None:
                     return
-                if head.startswith(b"GET /count "):
+                line, headers, _ = read
+                if line.startswith("GET /count "):
                     send(conn, "200 OK", json.dumps({"count": executed[0]}).encode())
                     return
-                headers = {}
-                first, _, body = head.partition(b"\r\n\r\n")
-                for line in first.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    headers[name.strip().lower().decode()] = value.strip().decode()
-                while len(body) < int(headers.get("content-length", 0)):
-                    body += conn.recv(65536)
                 with lock:
                     now = time.monotonic()
                     if now - window[0] >= 1.0:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.loopback import loopback, read_head
+from tests.loopback import loopback, read_headers
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -27,33 +27,13 @@ PAGES = {
 }
 
 
-def read_request(conn: socket.socket) -> dict[str, str] | None:
-    """Read one request whole (head and Content-Length body): its headers, lower-cased, or None
-    if the client went away."""
-    read = read_head(conn)
-    if read is None:
-        return None
-    data = read
-    head, _, body = data.partition(b"\r\n\r\n")
-    headers = {}
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower().decode()] = value.strip().decode()
-    while len(body) < int(headers.get("content-length", 0)):
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        body += chunk
-    return headers
-
-
 def answering(status: int) -> Callable[[socket.socket], None]:
     reason, media, page = PAGES[status]
 
     def answer(conn: socket.socket) -> None:
         with conn:
             try:
-                if read_request(conn) is not None:
+                if read_headers(conn) is not None:
                     conn.sendall(
                         b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
                         b"Connection: close\r\n\r\n%s"

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from pgonce.cli import main
-from tests.conformance.test_probe_server_failures import read_request
-from tests.loopback import loopback
+from tests.loopback import loopback, read_headers
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 CONFIG = '[sources.shop]\nscheme = "standard-webhooks"\nsecrets = ["env:SEND_SECRET"]\n'
@@ -23,7 +22,7 @@ def answering(raw: bytes) -> Iterator[str]:
     def answer(conn: socket.socket) -> None:
         with conn:
             try:
-                if read_request(conn) is not None:
+                if read_headers(conn) is not None:
                     conn.sendall(raw)
             except OSError:
                 pass

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.loopback import loopback, read_head
+from tests.loopback import loopback, parse_head, read_head
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -23,8 +23,7 @@ def gateway(conn: socket.socket) -> None:
             read = read_head(conn)
             if read is None:
                 return
-            data = read
-            line = data.split(b"\r\n")[0].decode()
+            line, _, _ = parse_head(read)
             target = line.split(" ")[1]
             path, _, query = target.partition("?")
             status = (
