@@ -28,8 +28,10 @@ from pgonce.conformance.runner import (
     closed_on,
     is_problem,
     pause,
+    reached,
     server_failed,
     shown,
+    statuses,
 )
 from pgonce.core.urls import public
 from pgonce.extras import needs
@@ -255,19 +257,6 @@ async def burst(run: HttpRun) -> tuple[list[httpx.Response], int | None]:
     after = await run.count()
     run.bursts.append(list(answers))
     return list(answers), None if before is None else (after or 0) - before
-
-
-def statuses(answers: list[httpx.Response]) -> str:
-    counted: dict[int, int] = {}
-    for answer in answers:
-        counted[answer.status_code] = counted.get(answer.status_code, 0) + 1
-    return ", ".join(f"{n}× {status}" for status, n in sorted(counted.items()))
-
-
-def reached(answers: list[httpx.Response]) -> list[httpx.Response]:
-    """The answers of the copies that reached the endpoint: a 429 Too Many Requests is a copy
-    the server's rate limiting refused, not executed (RFC 6585 §4)."""
-    return [a for a in answers if a.status_code != 429]
 
 
 @suite.check(

@@ -406,6 +406,20 @@ def shown(response: httpx.Response) -> str:
     return f"{response.status_code} {media} {digest(response.content)}"
 
 
+def statuses(answers: list[httpx.Response]) -> str:
+    """How many of ``answers`` had each status, as evidence: ``2× 201, 48× 409``."""
+    counted: dict[int, int] = {}
+    for answer in answers:
+        counted[answer.status_code] = counted.get(answer.status_code, 0) + 1
+    return ", ".join(f"{n}× {status}" for status, n in sorted(counted.items()))
+
+
+def reached(answers: list[httpx.Response]) -> list[httpx.Response]:
+    """The answers of the copies that reached the endpoint: a 429 Too Many Requests is a copy
+    the server's rate limiting refused, not executed (RFC 6585 §4)."""
+    return [a for a in answers if a.status_code != 429]
+
+
 def is_problem(response: httpx.Response) -> bool:
     """Whether the response is an RFC 9457 problem document (``application/problem+json``)."""
     media = str(response.headers.get("content-type", "")).split(";")[0].strip().lower()

@@ -11,11 +11,15 @@ from pgonce.conformance import webhook_signatures  # noqa: F401
 from pgonce.conformance.report import Finding, digest
 from pgonce.conformance.runner import (
     CLOSED,
+    RATE_LIMIT_RETRIES,
     answered,
     closed_on,
     is_problem,
+    pause,
+    reached,
     server_failed,
     shown,
+    statuses,
 )
 from pgonce.conformance.webhook_run import (
     GITHUB,
@@ -25,6 +29,10 @@ from pgonce.conformance.webhook_run import (
     event_body,
     suite,
 )
+from pgonce.extras import needs
+
+with needs("http", "pgonce conformance"):
+    import httpx
 
 
 @suite.check(
@@ -139,29 +147,64 @@ async def retry_storm(run: WebhookRun) -> Finding:
     finding = Finding()
     event_id, body = run.new_event()
     before = None if run.effects is None else await run.settled(0)
-    answers = await asyncio.gather(
-        *(run.post(body, run.sign(body, event_id)) for _ in range(run.target.copies))
-    )
-    counted: dict[int, int] = {}
-    for answer in answers:
-        counted[answer.status_code] = counted.get(answer.status_code, 0) + 1
-    finding.saw(
-        f"{len(answers)} copies: " + ", ".join(f"{n}× {s}" for s, n in sorted(counted.items()))
-    )
-    failed = sum(server_failed(a) for a in answers)
+    storms: list[list[httpx.Response]] = []
+    while True:
+        # Each copy signed anew, as a provider's redelivery is; not patient: a copy sent again
+        # after a 429 would no longer be part of the storm.
+        copies = (
+            run.post(body, run.sign(body, event_id), patient=False)
+            for _ in range(run.target.copies)
+        )
+        answers = await asyncio.gather(*copies)
+        storms.append(answers)
+        taken = reached(answers)
+        # A storm needs two copies past the rate limiting, one of them acknowledged.
+        if len(taken) == len(answers) or stormed(taken):
+            break
+        wait = pause(next(a for a in answers if a.status_code == 429))
+        if wait is None or len(storms) > RATE_LIMIT_RETRIES:
+            break
+        # The same event again, as a provider sends a delivery refused 429 again.
+        await asyncio.sleep(wait)
+    every = [answer for answers in storms for answer in answers]
+    judged = reached(every)
+    finding.saw(f"{len(answers)} copies: {statuses(answers)}")
+    if len(storms) > 1:
+        earlier = [answer for answers in storms[:-1] for answer in answers]
+        more = len(storms) - 1
+        finding.saw(
+            f"the storm sent {more} more time{'s' if more != 1 else ''} after its Retry-After, "
+            f"its earlier copies: {statuses(earlier)}"
+        )
+    if limited := len(every) - len(judged):
+        finding.saw(
+            f"{limited} rate limited (429 Too Many Requests): neither acknowledged nor judged"
+        )
+    failed = sum(server_failed(a) for a in judged)
     finding.expect(
-        all(a.is_success for a in answers),
-        "not every copy was acknowledged"
+        all(a.is_success for a in judged),
+        ("not every copy past the rate limiting" if limited else "not every copy")
+        + " was acknowledged"
         + (f" ({failed} answered 5xx, a server failure)" if failed else ""),
     )
-    if before is None:
-        if not finding.faults:
-            return finding.skip(
-                f"{finding.seen[0]}; effects not counted: give --count-url or --count-sql"
-            )
-        return finding
-    await run.one_effect(before, finding, any(a.is_success for a in answers))
+    if before is not None:
+        await run.one_effect(before, finding, any(a.is_success for a in judged))
+    if not stormed(taken) and not finding.faults:
+        return finding.skip(
+            f"not decided: only {len(taken)} of {len(answers)} copies got past the rate limiting "
+            "(429 Too Many Requests), too few for a storm: run the kit where the receiver is not "
+            "rate limited, or with fewer --copies; " + "; ".join(finding.seen)
+        )
+    if before is None and not finding.faults:
+        return finding.skip(
+            f"{'; '.join(finding.seen)}; effects not counted: give --count-url or --count-sql"
+        )
     return finding
+
+
+def stormed(taken: list[httpx.Response]) -> bool:
+    """Whether the copies past the rate limiting make a storm: two, one acknowledged."""
+    return len(taken) >= 2 and any(a.is_success for a in taken)
 
 
 @suite.check(

@@ -19,10 +19,12 @@ from pgonce.conformance.report import Finding
 from pgonce.conformance.runner import (
     Suite,
     answered,
+    patiently,
     request,
     server_failed,
     shown,
 )
+from pgonce.core.urls import public
 from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import SigningScheme
 
@@ -110,15 +112,26 @@ class WebhookRun:
         return {**signed, "content-type": "application/json"}
 
     async def post(
-        self, body: bytes, headers: Mapping[str, str], *, url: str | None = None
+        self,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        url: str | None = None,
+        patient: bool = True,
     ) -> httpx.Response:
-        started = time.monotonic()
-        response = await request(
-            self.client, "POST", url or self.target.url, content=body, headers=headers
-        )
-        if response.is_success:
-            self.ack_times.append(time.monotonic() - started)
-        return response
+        """One delivery. A 429 Too Many Requests is sent again after its Retry-After
+        (:func:`~pgonce.conformance.runner.patiently`), as a provider does, unless not
+        ``patient``: a copy in a storm is judged as the receiver answered it then."""
+        target = url or self.target.url
+
+        async def once() -> httpx.Response:
+            started = time.monotonic()
+            response = await request(self.client, "POST", target, content=body, headers=headers)
+            if response.is_success:
+                self.ack_times.append(time.monotonic() - started)
+            return response
+
+        return await (patiently(once, f"the delivery to {public(target)}") if patient else once())
 
     async def count(self) -> int | None:
         return None if self.effects is None else await self.effects.count()
