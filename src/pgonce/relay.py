@@ -99,6 +99,11 @@ DEFAULT_STOP_GRACE = timedelta(seconds=10)
 #: waiting or unregistering) before it cancels the statement; a claim that ends after the stop
 #: publishes nothing.
 STOP_WAIT = timedelta(seconds=1)
+#: What a batch loop does while its claimed batch has sent nothing and runs no statement: waits
+#: for its turn at the broker ("queued") or for the publisher's connection ("connecting"). A stop
+#: cancels it at once and says nothing of it; the claim rolls back and its rows wait for the next
+#: run.
+_NOTHING_SENT = frozenset({"queued", "connecting"})
 
 #: How long the LISTEN connection's first notification (one the relay sends itself) may take
 #: before the relay concludes that notifications do not reach it.
@@ -265,7 +270,8 @@ class Relay:
         #: :data:`DEFAULT_STOP_GRACE`).
         self.stop_grace = DEFAULT_STOP_GRACE
         #: What each batch loop's task is doing, for a stop: "claiming" (a statement, nothing at
-        #: the broker), "connecting" (waiting for the publisher's connection, nothing at the
+        #: the broker), "queued" (claimed, waiting for its turn at the broker behind other
+        #: batches), "connecting" (waiting for the publisher's connection, nothing at the
         #: broker) or "settling" (rows at the broker, that many), from run_once().
         self._doing: dict[asyncio.Task[Any], tuple[str, int]] = {}
         #: What a stop cancelled, one per loop: (the task's doing, rows at the broker).
@@ -305,9 +311,13 @@ class Relay:
                 if not batch:
                     return BatchReport()
                 if task is not None:
-                    del self._doing[task]
+                    # Claimed, waiting for its turn at the broker behind other batches: nothing
+                    # sent and no statement in progress; a stop cancels it at once.
+                    self._doing[task] = ("queued", 0)
                 broker_down = False
                 async with self._at_broker or contextlib.nullcontext():
+                    if task is not None:
+                        del self._doing[task]
                     # From here to the commit a stop lets the batch mark what the broker
                     # acknowledged (for a while: DEFAULT_STOP_GRACE); before, it cancels the
                     # claim outright, as nothing of the batch reached the broker.
@@ -604,8 +614,9 @@ class Relay:
         back and the rows wait for the next run, which publishes those of a batch at the broker
         again, with the same message ids. Without ``cut`` (work no row depends on: the
         publisher's check at the start), ``work`` is cancelled at once, and nothing is said; so
-        is a batch waiting for the publisher's connection (nothing of it was sent, and no
-        database statement is in progress), whose rows wait for the next run.
+        is a claimed batch waiting for its turn at the broker or for the publisher's connection
+        (nothing of it was sent, and no database statement is in progress), whose rows wait for
+        the next run.
         """
         task = asyncio.ensure_future(work)
         stopping = asyncio.ensure_future(stop.wait())
@@ -614,7 +625,7 @@ class Relay:
             if not task.done() and cut:
                 self._stopping = True
                 doing, _ = self._doing.get(task, ("", 0))
-                if doing != "connecting":
+                if doing not in _NOTHING_SENT:
                     grace = self.stop_grace if doing == "settling" else STOP_WAIT
                     await asyncio.wait({task}, timeout=grace.total_seconds())
             if task.done():
@@ -625,7 +636,7 @@ class Relay:
             await asyncio.wait({task})
             if not task.cancelled():
                 task.exception()  # retrieved: the stop is what is said about it
-            if cut and doing_then[0] != "connecting":
+            if cut and doing_then[0] not in _NOTHING_SENT:
                 self._cut.append(doing_then)
             return False, None
         finally:
