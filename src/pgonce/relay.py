@@ -280,9 +280,10 @@ class Relay:
         self._stopping = False
         #: Whether the publisher is connected, as far as the relay knows: set once its prepare()
         #: connected, cleared by a batch whose answers were lost (the publishers drop the
-        #: connection then) and at the end of run(). While it is clear, a batch connects first,
-        #: as "connecting", which a stop cancels at once (see _link()); connected, a batch goes
-        #: to publish() with no step of its own.
+        #: connection then) and at the end of run(). While it is clear, or while the publisher's
+        #: own ``connected`` says its connection closed (see Publisher.connected), a batch
+        #: connects first, as "connecting", which a stop cancels at once (see _link());
+        #: connected, a batch goes to publish() with no step of its own.
         self._linked = False
         #: Whether the LISTEN connection was seen to receive a notification: checked once.
         self._heard = False
@@ -326,7 +327,12 @@ class Relay:
                         # commit of the claim alone releases the rows).
                         return BatchReport()
                     try:
-                        if not self._linked:
+                        # A connection the broker closed while the relay was idle (an idle
+                        # timeout, a restart, a cut) is seen by the publisher's client, which
+                        # says so in ``connected``: the batch connects first, as it does after
+                        # a batch that lost its answers. Read, not awaited: nothing is added to
+                        # a batch on an open connection.
+                        if not self._linked or not getattr(self.publisher, "connected", True):
                             await self._link(task)
                             if self._stopping:
                                 # Connected as the relay was asked to stop: nothing was sent.

@@ -8,6 +8,10 @@ A broker that does the same held the stop for the publisher's connect timeout (R
 and up to the relay's stop grace (10 s) for another publisher: a batch waiting in publish() for its
 connection counted as at the broker, though nothing of it was sent. Its rows are claimed, and stay
 pending with no attempt counted; the next run publishes them.
+
+So did a batch after the broker's connection closed while the relay was idle (a broker restart, an
+idle timeout, a cut): the relay took the publisher for connected, and the batch reconnected inside
+publish(). The publisher's ``connected`` says it is not, and the batch connects first.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import asyncio
 import psycopg
 import pytest
 
+from faults.proxy import Proxy
+from pgonce.publishers.nats import NatsPublisher
 from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from pgonce.publishers.redis_streams import RedisStreamsPublisher
 from pgonce.relay import LOOPS_PER_BATCH_IN_FLIGHT, STOP_WAIT, Relay
 from pgonce.store._sync.outbox import enqueue
-from tests.outbox.brokers import rabbitmq_drain, rabbitmq_queue
-from tests.outbox.conftest import fresh, wait_until
+from tests.outbox.brokers import nats_read, nats_stream, rabbitmq_drain, rabbitmq_queue
+from tests.outbox.conftest import NATS, RABBITMQ, fresh, wait_until
 from tests.outbox.test_probe_stop_while_blocked import cut_lines, pending
 
 
@@ -134,3 +140,105 @@ async def test_stop_cancels_batches_waiting_for_a_broker_that_does_not_answer(
     with psycopg.connect(direct_dsn, autocommit=True) as conn:
         ids = [str(i) for (i,) in conn.execute("SELECT id FROM pgonce.outbox ORDER BY id")]
     assert sorted(r.message_id for r in received) == ids
+
+
+async def test_stop_cancels_a_batch_reconnecting_after_an_idle_connection_was_cut(
+    direct_dsn: str, rabbitmq_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue_name = fresh("pgonce-stop-")
+    async with rabbitmq_queue(rabbitmq_url, queue_name) as queue:
+        with Proxy(tcp=RABBITMQ) as proxy:
+            publisher = RabbitMQPublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/")
+            relay = Relay(direct_dsn, publisher, listen=True, concurrency=1)
+            with psycopg.connect(direct_dsn) as conn:
+                enqueue(conn, queue_name, "1", "created", {"n": 1})
+            stop = asyncio.Event()
+            running = asyncio.create_task(relay.run(stop))
+            loop = asyncio.get_running_loop()
+            try:
+                await wait_until(lambda: pending(direct_dsn) == (0, None))
+                assert publisher.connected
+                # The broker's connection goes while the relay is idle, and the broker then
+                # accepts connections and does not answer.
+                proxy.hold(True)
+                accepted = proxy.accepted
+                assert proxy.cut() == 1
+                await wait_until(lambda: not publisher.connected)
+                with psycopg.connect(direct_dsn) as conn:
+                    enqueue(conn, queue_name, "2", "created", {"n": 2})
+                await wait_until(
+                    lambda: proxy.accepted > accepted and in_transaction(direct_dsn) == 1
+                )
+                stop.set()
+                stopped_at = loop.time()
+                # Below the publisher's 5 s connect timeout, which the stop used to wait for.
+                done, _ = await asyncio.wait({running}, timeout=STOP_WAIT.total_seconds() + 1)
+                assert running in done, "the relay did not stop while its batch reconnected"
+                running.result()
+                assert loop.time() - stopped_at < STOP_WAIT.total_seconds() + 1
+            finally:
+                if not running.done():
+                    running.cancel()
+                    await asyncio.wait({running})
+        assert pending(direct_dsn) == (1, 0)
+        assert cut_lines(caplog) == []
+        again = RabbitMQPublisher(rabbitmq_url)
+        try:
+            await Relay(direct_dsn, again, listen=False).drain()
+        finally:
+            await again.close()
+        received = await rabbitmq_drain(queue)
+    assert pending(direct_dsn) == (0, None)
+    with psycopg.connect(direct_dsn, autocommit=True) as conn:
+        ids = [str(i) for (i,) in conn.execute("SELECT id FROM pgonce.outbox ORDER BY id")]
+    assert sorted(r.message_id for r in received) == ids
+
+
+async def test_stop_cancels_a_nats_batch_reconnecting_after_an_idle_connection_was_cut(
+    direct_dsn: str, nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # nats-py sees the cut and says it is no longer connected; the publisher's next batch
+    # connects afresh, which used to count as rows at the broker.
+    aggregatetype = fresh("stopnats")
+    async with nats_stream(nats_url, aggregatetype, [f"outbox.{aggregatetype}"]) as js:
+        with Proxy(tcp=NATS) as proxy:
+            publisher = NatsPublisher(f"nats://127.0.0.1:{proxy.port}")
+            relay = Relay(direct_dsn, publisher, listen=True, concurrency=1)
+            with psycopg.connect(direct_dsn) as conn:
+                enqueue(conn, aggregatetype, "1", "created", {"n": 1})
+            stop = asyncio.Event()
+            running = asyncio.create_task(relay.run(stop))
+            loop = asyncio.get_running_loop()
+            try:
+                await wait_until(lambda: pending(direct_dsn) == (0, None))
+                assert publisher.connected
+                proxy.hold(True)
+                accepted = proxy.accepted
+                assert proxy.cut() == 1
+                await wait_until(lambda: not publisher.connected)
+                with psycopg.connect(direct_dsn) as conn:
+                    enqueue(conn, aggregatetype, "2", "created", {"n": 2})
+                await wait_until(
+                    lambda: proxy.accepted > accepted and in_transaction(direct_dsn) == 1
+                )
+                stop.set()
+                stopped_at = loop.time()
+                # Below nats-py's 5 s connect timeout, which the stop used to wait for.
+                done, _ = await asyncio.wait({running}, timeout=STOP_WAIT.total_seconds() + 1)
+                assert running in done, "the relay did not stop while its batch reconnected"
+                running.result()
+                assert loop.time() - stopped_at < STOP_WAIT.total_seconds() + 1
+            finally:
+                if not running.done():
+                    running.cancel()
+                    await asyncio.wait({running})
+        assert pending(direct_dsn) == (1, 0)
+        assert cut_lines(caplog) == []
+        again = NatsPublisher(nats_url)
+        try:
+            await Relay(direct_dsn, again, listen=False).drain()
+        finally:
+            await again.close()
+        received = await nats_read(js, aggregatetype)
+    assert pending(direct_dsn) == (0, None)
+    assert [r.aggregateid for r in received] == ["1", "2"]

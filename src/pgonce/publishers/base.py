@@ -40,6 +40,21 @@ class PublishResult:
 
 
 class Publisher(Protocol):
+    """What the relay calls: :meth:`publish` and :meth:`close`, and two optional members.
+
+    ``async def prepare(self) -> None``, when present, connects (and checks what it can) before
+    the first batch, and again before a batch when the publisher is not connected; a stop cancels
+    it at once, as nothing was sent.
+
+    ``connected`` (a property), when present, is True when a send would go out on an open
+    connection without connecting first, from the client's own state; False when the connection
+    closed (the broker closed an idle connection, restarted, or the network cut it), so that the
+    relay calls ``prepare()`` before the batch instead of counting a connect inside
+    :meth:`publish` as rows at the broker, which a stop waits for. It is read once per batch and
+    must not wait or do I/O. A publisher without it is taken for connected until a batch reports
+    ``lost``.
+    """
+
     #: Short name for logs and metrics: "rabbitmq", "nats", "redis", "http".
     name: str
 

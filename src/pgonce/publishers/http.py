@@ -114,6 +114,13 @@ class HttpPublisher:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._client: httpx.AsyncClient | None = None
 
+    @property
+    def connected(self) -> bool:
+        """Always True: each row is a request of its own, whose connect (a new one, or a pooled
+        one httpx finds closed) is part of that request and its timeout; there is no connection
+        for the relay to open before a batch."""
+        return True
+
     def request(self, message: OutboxMessage) -> tuple[bytes, dict[str, str]]:
         """The body and headers of ``message``'s delivery (public for tests and receivers' docs)."""
         now = self._clock()

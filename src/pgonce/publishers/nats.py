@@ -199,6 +199,13 @@ class NatsPublisher:
         start, not with the first row."""
         await self._connect()
 
+    @property
+    def connected(self) -> bool:
+        """Whether a batch would go out on an open connection: nats-py's own state, which a
+        server's close or a cut changes (the client does not reconnect by itself), idle or not."""
+        connection = self._connection
+        return connection is not None and connection.client.is_connected
+
     async def _connect(self) -> _Connection:
         # The relay's concurrent batch loops share this publisher: one of them connects.
         async with self._connecting:

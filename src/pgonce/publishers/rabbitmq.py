@@ -163,12 +163,27 @@ class RabbitMQPublisher:
         """Connect and check the exchange now, so that a problem is said at the relay's start."""
         await self._connect()
 
+    @property
+    def connected(self) -> bool:
+        """Whether a batch would go out on an open connection and channel, without connecting
+        first: aio-pika closes them when the broker closes the connection or the network cuts
+        it, idle or not."""
+        connection, channel = self._connection, self._channel
+        return (
+            connection is not None
+            and channel is not None
+            and self._exchange is not None
+            and not connection.is_closed
+            and not channel.is_closed
+        )
+
     async def _connect(self) -> _Link:
         connection, channel, exchange = self._connection, self._channel, self._exchange
         if (
             connection is not None
             and channel is not None
             and exchange is not None
+            and not connection.is_closed
             and not channel.is_closed
         ):
             return connection, channel, exchange

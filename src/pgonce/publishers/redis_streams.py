@@ -124,6 +124,12 @@ class RedisStreamsPublisher:
         start, not with the first row."""
         await self._connect()
 
+    # No ``connected`` (see Publisher): redis-py's pool learns that the server closed an idle
+    # connection only when it next reads from it, in the command that takes the connection
+    # (where it reconnects), and a check of its own would be a round trip per batch. So a
+    # connection cut while the relay is idle is reconnected inside publish(), within the
+    # ``timeout``, which a stop waits for as rows at the broker.
+
     async def _connect(self) -> tuple[Redis, int]:
         """The client, and the server's proto-max-bulk-len (which takes a connection)."""
         if self._client is None:
