@@ -159,13 +159,13 @@ class GatedPublisher(RabbitMQPublisher):
     def __init__(self, url: str, *, deaf: bool = False) -> None:
         super().__init__(url, declare=True)
         self.deaf = deaf
-        self.connected = asyncio.Event()
+        self.reached = asyncio.Event()
         self.go = asyncio.Event()
         self.channels: list[AbstractChannel] = []
 
     async def _find_exchange(self, channel: AbstractChannel) -> AbstractExchange:
         self.channels.append(channel)
-        self.connected.set()
+        self.reached.set()
         try:
             await self.go.wait()
         except asyncio.CancelledError:
@@ -195,7 +195,7 @@ async def test_a_connect_closed_under_keeps_no_connection(
     publisher = GatedPublisher(rabbitmq_url, deaf=deaf)
     batch = asyncio.create_task(publisher.publish([message(0, queue)]))
     try:
-        await asyncio.wait_for(publisher.connected.wait(), 10)
+        await asyncio.wait_for(publisher.reached.wait(), 10)
         await asyncio.wait_for(publisher.close(), 1)
         publisher.go.set()
         with pytest.raises(BrokerUnavailable, match="closed while it connected"):
@@ -219,7 +219,7 @@ async def test_a_batch_cancelled_while_waiting_leaves_the_connect_to_the_others(
     publisher = GatedPublisher(rabbitmq_url)
     first = asyncio.create_task(publisher.publish([message(0, queue)]))
     try:
-        await asyncio.wait_for(publisher.connected.wait(), 10)
+        await asyncio.wait_for(publisher.reached.wait(), 10)
         second = asyncio.create_task(publisher.publish([message(1, queue)]))
         first.cancel()
         await asyncio.wait({first})
