@@ -3,9 +3,9 @@
 Checks run one after the other (the effect count is read around each, so two checks must never
 overlap). Each gets a share of what is left of the budget (what is left divided by the checks
 left, never less than one request's timeout): a check still waiting when its share runs out fails
-with that said, and the ones after it still run; once the budget itself runs out, the ones after
-it are not started. A check that cannot reach the server fails with the transport error; a broken
-count contract stops the run with a usage error.
+with that said, after the faults it had already found, and the ones after it still run; once the
+budget itself runs out, the ones after it are not started. A check that cannot reach the server
+fails with the transport error; a broken count contract stops the run with a usage error.
 
 A 429 Too Many Requests is a request the server did not execute: the kit sends it again after its
 Retry-After when that fits in the check's time (:func:`patiently`), and says so when it does not:
@@ -118,8 +118,7 @@ class Suite(Generic[Context]):
                 with gathering() as made:
                     finding = await asyncio.wait_for(body(context), timeout=share)
             except TimeoutError:
-                finding = Finding()
-                finding.expect(False, out_of_time(share, left, len(selected) - index - 1))
+                finding = timed_out(made, out_of_time(share, left, len(selected) - index - 1))
             except RateLimited as error:
                 finding = stopped(made, error)
             except AnswerTooLarge as error:
@@ -144,6 +143,17 @@ def out_of_time(share: float, left: float, after: int) -> str:
         f"no verdict within its {share:.1f} s share of the run's time budget (--budget), "
         f"{left:.1f} s being left for it and the {after} check{'s' if after != 1 else ''} after it"
     )
+
+
+def timed_out(made: list[Finding], why: str) -> Finding:
+    """The result of a check that ran out of time (``why``, from :func:`out_of_time`): it fails,
+    on the faults a finding it made had already found, when it had, then on the time-out: the
+    evidence keeps why it fails, not only that it ran out of time."""
+    faults = [fault for finding in made for fault in finding.faults]
+    if not faults:
+        return Finding(faults=[why])
+    seen = [text for finding in made for text in finding.seen]
+    return Finding(seen=seen, faults=[*faults, f"then {why}: the rest of the check was not judged"])
 
 
 class RateLimited(Exception):

@@ -1,0 +1,117 @@
+"""A check that ran out of its time (its share of --budget, or the budget itself) failed with
+"no verdict within ..." alone, and dropped the faults it had already found: the verdict was right,
+but the evidence lost why. Such a check now fails on those faults, the time-out said after them;
+one that found none fails with the time-out line alone, as before."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from pgonce.cli import main
+from tests.loopback import loopback, read_fields
+
+BUDGET = "2"
+
+
+def send(conn: socket.socket, status: str, body: bytes, media: str = "application/json") -> None:
+    conn.sendall(
+        f"HTTP/1.1 {status}\r\nContent-Type: {media}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n".encode()
+        + body
+    )
+
+
+def mismatch_endpoint(refuses: bool) -> Iterator[str]:
+    """Runs a new key's request (201, a new id); the same key with another body is run again
+    (201, another id) or, when it ``refuses``, refused with a 422 problem; the same key with the
+    original's body, the retry after it, is answered 200 and then a byte of body at a time,
+    never done."""
+    stop = threading.Event()
+    lock = threading.Lock()
+    originals: dict[str, bytes] = {}
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            try:
+                read = read_fields(conn)
+                if read is None:
+                    return
+                _, headers, body = read
+                key = headers.get("idempotency-key")
+                if key is None:
+                    send(conn, "400 Bad Request", b"{}")
+                    return
+                with lock:
+                    new = key not in originals
+                    original = originals.setdefault(key, body)
+                if new or (original != body and not refuses):
+                    send(conn, "201 Created", json.dumps({"id": uuid.uuid4().hex}).encode())
+                    return
+                if original != body:
+                    problem = b'{"title":"another request with this key"}'
+                    send(conn, "422 Unprocessable Content", problem,
+                         media="application/problem+json")  # fmt: skip
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                while not stop.wait(0.2):
+                    conn.sendall(b"1\r\n1\r\n")
+            except OSError:
+                pass
+
+    with loopback(answer) as address:
+        yield f"http://{address}/payments"
+        stop.set()
+
+
+@pytest.fixture
+def runs_another_body() -> Iterator[str]:
+    yield from mismatch_endpoint(refuses=False)
+
+
+@pytest.fixture
+def refuses_another_body() -> Iterator[str]:
+    yield from mismatch_endpoint(refuses=True)
+
+
+def mismatch_other_body(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
+    code = main(["conformance", "http", url, "--only", "mismatch-other-body", "--json",
+                 "--budget", BUDGET])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert out, err
+    (check,) = json.loads(out)["checks"]
+    return code, check
+
+
+def test_a_fault_found_before_the_time_ran_out_is_in_the_evidence(
+    runs_another_body: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, check = mismatch_other_body(runs_another_body, capsys)
+    assert check["verdict"] == "FAIL", check
+    assert code == 1
+    fault, timed_out, *seen = check["evidence"].split("; ")
+    assert fault == "the other request answered 201, not 422", check
+    assert timed_out.startswith("then no verdict within the "), check
+    assert timed_out.endswith(
+        " s left of the run's time budget (--budget): the rest of the check was not judged"
+    ), check
+    # What the check saw comes after its faults, as in any failure; the retry's answer never
+    # came whole, so nothing was judged of it.
+    (shown,) = seen
+    assert shown.startswith("the other request: 201 application/json "), check
+
+
+def test_without_a_fault_before_it_the_time_out_alone_is_the_evidence(
+    refuses_another_body: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, check = mismatch_other_body(refuses_another_body, capsys)
+    assert check["verdict"] == "FAIL", check
+    assert code == 1
+    evidence = check["evidence"]
+    assert evidence.startswith("no verdict within the "), check
+    assert evidence.endswith(" s left of the run's time budget (--budget)"), check
