@@ -27,11 +27,12 @@ def send(conn: socket.socket, status: str, body: bytes, media: str = "applicatio
     )
 
 
-def mismatch_endpoint(refuses: bool) -> Iterator[str]:
+def mismatch_endpoint(refuses: bool, retry: str = "trickle") -> Iterator[str]:
     """Runs a new key's request (201, a new id); the same key with another body is run again
     (201, another id) or, when it ``refuses``, refused with a 422 problem; the same key with the
     original's body, the retry after it, is answered 200 and then a byte of body at a time,
-    never done."""
+    never done (``retry="trickle"``), not at all: the connection closed (``"close"``), or 200
+    with a body over the kit's 4 MiB (``"huge"``)."""
     stop = threading.Event()
     lock = threading.Lock()
     originals: dict[str, bytes] = {}
@@ -57,6 +58,11 @@ def mismatch_endpoint(refuses: bool) -> Iterator[str]:
                     problem = b'{"title":"another request with this key"}'
                     send(conn, "422 Unprocessable Content", problem,
                          media="application/problem+json")  # fmt: skip
+                    return
+                if retry == "close":
+                    return
+                if retry == "huge":
+                    send(conn, "200 OK", b"[" + b"0," * (5 << 19) + b"0]")
                     return
                 conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                 while not stop.wait(0.2):
@@ -115,3 +121,24 @@ def test_without_a_fault_before_it_the_time_out_alone_is_the_evidence(
     evidence = check["evidence"]
     assert evidence.startswith("no verdict within the "), check
     assert evidence.endswith(" s left of the run's time budget (--budget)"), check
+
+
+@pytest.mark.parametrize(
+    ("retry", "cut"),
+    [
+        ("close", "then no complete answer to POST http://"),
+        ("huge", "then POST http://"),
+    ],
+)
+def test_a_fault_found_before_a_request_failed_is_in_the_evidence(
+    retry: str, cut: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same for a retry that got no complete answer, or one too large to read: the check
+    fails on the fault it had found, then on the request that failed."""
+    for url in mismatch_endpoint(refuses=False, retry=retry):
+        code, check = mismatch_other_body(url, capsys)
+    assert check["verdict"] == "FAIL", check
+    assert code == 1
+    evidence = check["evidence"]
+    assert evidence.startswith(f"the other request answered 201, not 422; {cut}"), check
+    assert ": the rest of the check was not judged" in evidence, check

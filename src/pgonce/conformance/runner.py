@@ -118,16 +118,14 @@ class Suite(Generic[Context]):
                 with gathering() as made:
                     finding = await asyncio.wait_for(body(context), timeout=share)
             except TimeoutError:
-                finding = timed_out(made, out_of_time(share, left, len(selected) - index - 1))
+                finding = cut_short(made, out_of_time(share, left, len(selected) - index - 1))
             except RateLimited as error:
                 finding = stopped(made, error)
             except AnswerTooLarge as error:
-                finding = Finding()
-                finding.expect(False, str(error))
+                finding = cut_short(made, str(error))
             except httpx.HTTPError as error:
-                finding = Finding()
-                finding.expect(
-                    False, f"no complete answer to {request_of(error)}: {failure(error)}"
+                finding = cut_short(
+                    made, f"no complete answer to {request_of(error)}: {failure(error)}"
                 )
             finally:
                 _deadline.reset(token)
@@ -145,10 +143,11 @@ def out_of_time(share: float, left: float, after: int) -> str:
     )
 
 
-def timed_out(made: list[Finding], why: str) -> Finding:
-    """The result of a check that ran out of time (``why``, from :func:`out_of_time`): it fails,
-    on the faults a finding it made had already found, when it had, then on the time-out: the
-    evidence keeps why it fails, not only that it ran out of time."""
+def cut_short(made: list[Finding], why: str) -> Finding:
+    """The result of a check cut short (``why``: it ran out of time, as :func:`out_of_time` says,
+    or a request got no complete answer, or one too large): it fails, on the faults a finding it
+    made had already found, when it had, then on ``why``: the evidence keeps why it fails, not
+    only where it stopped."""
     faults = [fault for finding in made for fault in finding.faults]
     if not faults:
         return Finding(faults=[why])
