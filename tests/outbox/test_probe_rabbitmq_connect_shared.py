@@ -25,6 +25,7 @@ from pgonce.errors import BrokerUnavailable
 from pgonce.publishers import rabbitmq
 from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from tests.outbox.conftest import fresh
+from tests.outbox.stops import listening
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -70,15 +71,8 @@ class Silent:
 @pytest.fixture
 async def silent() -> AsyncIterator[Silent]:
     broker = Silent()
-    server = await asyncio.start_server(broker.accept, "127.0.0.1", 0)
-    broker.port = server.sockets[0].getsockname()[1]
-    try:
+    async with listening(broker.accept, broker.writers) as broker.port:
         yield broker
-    finally:
-        for writer in broker.writers:
-            writer.close()
-        server.close()
-        await server.wait_closed()
 
 
 @pytest.fixture

@@ -8,34 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import aio_pika
 import pytest
 
 from faults.proxy import Proxy
-from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable
 from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from tests.outbox.conftest import fresh, wait_until
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def message(n: int, aggregatetype: str) -> OutboxMessage:
-    return OutboxMessage(
-        id=5000 + n,
-        aggregatetype=aggregatetype,
-        aggregateid=str(n),
-        type="order.created",
-        payload_json=json.dumps({"n": n}),
-        headers={},
-        created_at=NOW,
-        attempts=0,
-    )
+from tests.outbox.test_probe_rabbitmq_connect_shared import message
 
 
 class PausingPublisher(RabbitMQPublisher):
@@ -88,7 +72,7 @@ async def test_a_batch_on_its_way_when_another_saw_the_cut_waits_as_in_an_outage
     publisher = PausingPublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/")
     try:
         first = await publisher.publish([message(0, seen)])
-        assert first.acked == {5000}
+        assert first.acked == {7000}
         # One batch has checked the first of its two new routing keys, and goes on later.
         publisher.pause = True
         checking = asyncio.create_task(
@@ -113,7 +97,7 @@ async def test_a_batch_on_its_way_when_another_saw_the_cut_waits_as_in_an_outage
         again = await publisher.publish(
             [message(1, new_one), message(2, new_two), message(3, seen)]
         )
-        assert again.acked == {5001, 5002, 5003}, again
+        assert again.acked == {7001, 7002, 7003}, again
     finally:
         proxy.hold(False)
         await publisher.close()
@@ -125,7 +109,7 @@ async def test_a_cut_connection_is_not_logged_by_aiormq_with_a_traceback(
     caplog.set_level(logging.DEBUG)
     publisher = RabbitMQPublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/", declare=True)
     try:
-        assert (await publisher.publish([message(0, queues[0])])).acked == {5000}
+        assert (await publisher.publish([message(0, queues[0])])).acked == {7000}
         channel = publisher._channel
         assert channel is not None
         assert proxy.cut() >= 1
@@ -136,7 +120,7 @@ async def test_a_cut_connection_is_not_logged_by_aiormq_with_a_traceback(
             result = await publisher.publish([message(1, queues[0])])
         if result is None or not result.acked:
             result = await publisher.publish([message(1, queues[0])])
-        assert result.acked == {5001}
+        assert result.acked == {7001}
     finally:
         await publisher.close()
     noisy = [
@@ -157,7 +141,7 @@ async def test_a_blocked_connection_is_an_outage_not_a_wait_for_ever(
 
     publisher = RabbitMQPublisher(rabbitmq_url, declare=True, confirm_timeout=timedelta(seconds=1))
     try:
-        assert (await publisher.publish([message(0, queues[0])])).acked == {5000}
+        assert (await publisher.publish([message(0, queues[0])])).acked == {7000}
         connection = publisher._connection
         assert connection is not None
         underlay = connection.transport
@@ -172,5 +156,5 @@ async def test_a_blocked_connection_is_an_outage_not_a_wait_for_ever(
     finally:
         await publisher.close()
     # A new connection, not blocked, publishes.
-    assert (await publisher.publish([message(1, queues[1])])).acked == {5001}
+    assert (await publisher.publish([message(1, queues[1])])).acked == {7001}
     await publisher.close()

@@ -16,7 +16,9 @@ publish(). The publisher's ``connected`` says it is not, and the batch connects 
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import psycopg
 import pytest
@@ -27,41 +29,26 @@ from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from pgonce.publishers.redis_streams import RedisStreamsPublisher
 from pgonce.relay import LOOPS_PER_BATCH_IN_FLIGHT, STOP_WAIT, Relay
 from pgonce.store._sync.outbox import enqueue
-from tests.outbox.brokers import nats_read, nats_stream, rabbitmq_drain, rabbitmq_queue
+from tests.outbox.brokers import Received, nats_read, nats_stream, rabbitmq_drain, rabbitmq_queue
 from tests.outbox.conftest import NATS, RABBITMQ, fresh, wait_until
+from tests.outbox.stops import drain_with, running, silent_server
 from tests.outbox.test_probe_stop_while_blocked import cut_lines, pending
+
+#: Below the publishers' 5 s connect timeouts, which the stop used to wait for.
+BOUND = STOP_WAIT.total_seconds() + 1
 
 
 async def test_stop_ends_a_relay_whose_database_does_not_answer() -> None:
-    held: list[asyncio.StreamWriter] = []
-
-    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)  # accepted, never answered
-
-    server = await asyncio.start_server(accept, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    relay = Relay(
-        f"postgresql://postgres@127.0.0.1:{port}/test",
-        RedisStreamsPublisher("redis://127.0.0.1:9/0"),
-        listen=False,
-        concurrency=1,
-    )
-    stop = asyncio.Event()
-    running = asyncio.create_task(relay.run(stop))
-    try:
-        await wait_until(lambda: len(held) >= LOOPS_PER_BATCH_IN_FLIGHT)
-        stop.set()
-        done, _ = await asyncio.wait({running}, timeout=10)
-        assert running in done, "the relay did not stop while connecting"
-        running.result()
-    finally:
-        if not running.done():
-            running.cancel()
-            await asyncio.wait({running})
-        for writer in held:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    async with silent_server() as silent:
+        relay = Relay(
+            f"postgresql://postgres@127.0.0.1:{silent.port}/test",
+            RedisStreamsPublisher("redis://127.0.0.1:9/0"),
+            listen=False,
+            concurrency=1,
+        )
+        async with running(relay) as run:
+            await wait_until(lambda: len(silent.held) >= LOOPS_PER_BATCH_IN_FLIGHT)
+            await run.stop_within(10, "the relay did not stop while connecting")
 
 
 def in_transaction(dsn: str) -> int:
@@ -75,6 +62,11 @@ def in_transaction(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
+def outbox_ids(dsn: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [str(i) for (i,) in conn.execute("SELECT id FROM pgonce.outbox ORDER BY id")]
+
+
 async def test_stop_cancels_batches_waiting_for_a_broker_that_does_not_answer(
     direct_dsn: str, rabbitmq_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -82,80 +74,88 @@ async def test_stop_cancels_batches_waiting_for_a_broker_that_does_not_answer(
     with psycopg.connect(direct_dsn) as conn:
         for aggregate in ("1", "2"):
             enqueue(conn, queue_name, aggregate, "created", {"n": aggregate})
-    accepted = 0
-    held: list[asyncio.StreamWriter] = []
-
-    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal accepted
-        accepted += 1
-        if accepted == 1:
-            # The check at the start fails at once: the loops start without its 5 s.
-            writer.close()
-            return
-        held.append(writer)  # accepted, never answered
-
-    server = await asyncio.start_server(accept, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    # One row per batch, two batches at the broker at once: both rows are claimed, and both
-    # batches wait for the one connect.
-    relay = Relay(
-        direct_dsn,
-        RabbitMQPublisher(f"amqp://guest:guest@127.0.0.1:{port}/"),
-        listen=False,
-        concurrency=2,
-        batch_size=1,
-    )
-    stop = asyncio.Event()
-    running = asyncio.create_task(relay.run(stop))
-    loop = asyncio.get_running_loop()
-    try:
-        await wait_until(lambda: held and in_transaction(direct_dsn) == 2)
-        stop.set()
-        stopped_at = loop.time()
-        # Below the publisher's 5 s connect timeout, which the stop used to wait for.
-        done, _ = await asyncio.wait({running}, timeout=STOP_WAIT.total_seconds() + 1)
-        assert running in done, "the relay did not stop while its batches waited to connect"
-        running.result()
-        assert loop.time() - stopped_at < STOP_WAIT.total_seconds() + 1
-    finally:
-        if not running.done():
-            running.cancel()
-            await asyncio.wait({running})
-        for writer in held:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    # The check at the start fails at once (its connection closed): the loops start without its
+    # 5 s.
+    async with silent_server(refused=1) as silent:
+        # One row per batch, two batches at the broker at once: both rows are claimed, and both
+        # batches wait for the one connect.
+        relay = Relay(
+            direct_dsn,
+            RabbitMQPublisher(f"amqp://guest:guest@127.0.0.1:{silent.port}/"),
+            listen=False,
+            concurrency=2,
+            batch_size=1,
+        )
+        async with running(relay) as run:
+            await wait_until(lambda: silent.held and in_transaction(direct_dsn) == 2)
+            await run.stop_within(
+                BOUND, "the relay did not stop while its batches waited to connect"
+            )
     # Nothing was sent, so nothing was marked and no attempt counted; no database statement was
     # cut either.
     assert pending(direct_dsn) == (2, 0)
     assert cut_lines(caplog) == []
     async with rabbitmq_queue(rabbitmq_url, queue_name) as queue:
-        publisher = RabbitMQPublisher(rabbitmq_url)
-        try:
-            await Relay(direct_dsn, publisher, listen=False).drain()
-        finally:
-            await publisher.close()
+        await drain_with(direct_dsn, RabbitMQPublisher(rabbitmq_url))
         received = await rabbitmq_drain(queue)
     assert pending(direct_dsn) == (0, None)
-    with psycopg.connect(direct_dsn, autocommit=True) as conn:
-        ids = [str(i) for (i,) in conn.execute("SELECT id FROM pgonce.outbox ORDER BY id")]
-    assert sorted(r.message_id for r in received) == ids
+    assert sorted(r.message_id for r in received) == outbox_ids(direct_dsn)
 
 
+#: What a broker received, read when called.
+Read = Callable[[], Awaitable[list[Received]]]
+
+
+@contextlib.asynccontextmanager
+async def rabbitmq_received(url: str, name: str) -> AsyncIterator[Read]:
+    async with rabbitmq_queue(url, name) as queue:
+        yield lambda: rabbitmq_drain(queue)
+
+
+@contextlib.asynccontextmanager
+async def nats_received(url: str, name: str) -> AsyncIterator[Read]:
+    async with nats_stream(url, name, [f"outbox.{name}"]) as js:
+        yield lambda: nats_read(js, name)
+
+
+@dataclass(frozen=True)
+class Broker:
+    """How a test reaches a broker: its address, its publisher at a URL, and what it received
+    for an aggregate type, as a queue or stream of that name."""
+
+    address: tuple[str, int]
+    url: Callable[[int], str]
+    publisher: Callable[[str], RabbitMQPublisher | NatsPublisher]
+    received: Callable[[str, str], contextlib.AbstractAsyncContextManager[Read]]
+
+
+BROKERS = {
+    "rabbitmq": Broker(
+        RABBITMQ,
+        lambda port: f"amqp://guest:guest@127.0.0.1:{port}/",
+        RabbitMQPublisher,
+        rabbitmq_received,
+    ),
+    # nats-py sees the cut and says it is no longer connected; the publisher's next batch
+    # connects afresh, which used to count as rows at the broker.
+    "nats": Broker(NATS, lambda port: f"nats://127.0.0.1:{port}", NatsPublisher, nats_received),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKERS))
 async def test_stop_cancels_a_batch_reconnecting_after_an_idle_connection_was_cut(
-    direct_dsn: str, rabbitmq_url: str, caplog: pytest.LogCaptureFixture
+    name: str, direct_dsn: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
 ) -> None:
-    queue_name = fresh("pgonce-stop-")
-    async with rabbitmq_queue(rabbitmq_url, queue_name) as queue:
-        with Proxy(tcp=RABBITMQ) as proxy:
-            publisher = RabbitMQPublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/")
+    broker = BROKERS[name]
+    url = request.getfixturevalue(f"{name}_url")
+    aggregatetype = fresh("stop")
+    async with broker.received(url, aggregatetype) as received:
+        with Proxy(tcp=broker.address) as proxy:
+            publisher = broker.publisher(broker.url(proxy.port))
             relay = Relay(direct_dsn, publisher, listen=True, concurrency=1)
             with psycopg.connect(direct_dsn) as conn:
-                enqueue(conn, queue_name, "1", "created", {"n": 1})
-            stop = asyncio.Event()
-            running = asyncio.create_task(relay.run(stop))
-            loop = asyncio.get_running_loop()
-            try:
+                enqueue(conn, aggregatetype, "1", "created", {"n": 1})
+            async with running(relay) as run:
                 await wait_until(lambda: pending(direct_dsn) == (0, None))
                 assert publisher.connected
                 # The broker's connection goes while the relay is idle, and the broker then
@@ -165,80 +165,16 @@ async def test_stop_cancels_a_batch_reconnecting_after_an_idle_connection_was_cu
                 assert proxy.cut() == 1
                 await wait_until(lambda: not publisher.connected)
                 with psycopg.connect(direct_dsn) as conn:
-                    enqueue(conn, queue_name, "2", "created", {"n": 2})
-                await wait_until(
-                    lambda: proxy.accepted > accepted and in_transaction(direct_dsn) == 1
-                )
-                stop.set()
-                stopped_at = loop.time()
-                # Below the publisher's 5 s connect timeout, which the stop used to wait for.
-                done, _ = await asyncio.wait({running}, timeout=STOP_WAIT.total_seconds() + 1)
-                assert running in done, "the relay did not stop while its batch reconnected"
-                running.result()
-                assert loop.time() - stopped_at < STOP_WAIT.total_seconds() + 1
-            finally:
-                if not running.done():
-                    running.cancel()
-                    await asyncio.wait({running})
-        assert pending(direct_dsn) == (1, 0)
-        assert cut_lines(caplog) == []
-        again = RabbitMQPublisher(rabbitmq_url)
-        try:
-            await Relay(direct_dsn, again, listen=False).drain()
-        finally:
-            await again.close()
-        received = await rabbitmq_drain(queue)
-    assert pending(direct_dsn) == (0, None)
-    with psycopg.connect(direct_dsn, autocommit=True) as conn:
-        ids = [str(i) for (i,) in conn.execute("SELECT id FROM pgonce.outbox ORDER BY id")]
-    assert sorted(r.message_id for r in received) == ids
-
-
-async def test_stop_cancels_a_nats_batch_reconnecting_after_an_idle_connection_was_cut(
-    direct_dsn: str, nats_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    # nats-py sees the cut and says it is no longer connected; the publisher's next batch
-    # connects afresh, which used to count as rows at the broker.
-    aggregatetype = fresh("stopnats")
-    async with nats_stream(nats_url, aggregatetype, [f"outbox.{aggregatetype}"]) as js:
-        with Proxy(tcp=NATS) as proxy:
-            publisher = NatsPublisher(f"nats://127.0.0.1:{proxy.port}")
-            relay = Relay(direct_dsn, publisher, listen=True, concurrency=1)
-            with psycopg.connect(direct_dsn) as conn:
-                enqueue(conn, aggregatetype, "1", "created", {"n": 1})
-            stop = asyncio.Event()
-            running = asyncio.create_task(relay.run(stop))
-            loop = asyncio.get_running_loop()
-            try:
-                await wait_until(lambda: pending(direct_dsn) == (0, None))
-                assert publisher.connected
-                proxy.hold(True)
-                accepted = proxy.accepted
-                assert proxy.cut() == 1
-                await wait_until(lambda: not publisher.connected)
-                with psycopg.connect(direct_dsn) as conn:
                     enqueue(conn, aggregatetype, "2", "created", {"n": 2})
                 await wait_until(
                     lambda: proxy.accepted > accepted and in_transaction(direct_dsn) == 1
                 )
-                stop.set()
-                stopped_at = loop.time()
-                # Below nats-py's 5 s connect timeout, which the stop used to wait for.
-                done, _ = await asyncio.wait({running}, timeout=STOP_WAIT.total_seconds() + 1)
-                assert running in done, "the relay did not stop while its batch reconnected"
-                running.result()
-                assert loop.time() - stopped_at < STOP_WAIT.total_seconds() + 1
-            finally:
-                if not running.done():
-                    running.cancel()
-                    await asyncio.wait({running})
+                await run.stop_within(BOUND, "the relay did not stop while its batch reconnected")
+        # The second row's batch sent nothing: it is pending, with no attempt counted.
         assert pending(direct_dsn) == (1, 0)
         assert cut_lines(caplog) == []
-        again = NatsPublisher(nats_url)
-        try:
-            await Relay(direct_dsn, again, listen=False).drain()
-        finally:
-            await again.close()
-        received = await nats_read(js, aggregatetype)
+        await drain_with(direct_dsn, broker.publisher(url))
+        messages = await received()
     assert pending(direct_dsn) == (0, None)
-    assert [r.aggregateid for r in received] == ["1", "2"]
+    assert [r.aggregateid for r in messages] == ["1", "2"]
+    assert sorted(r.message_id for r in messages) == outbox_ids(direct_dsn)
