@@ -16,17 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.loopback import loopback, read_fields
-
-
-def send(
-    conn: socket.socket, status: str, body: bytes, extra: str = "", media: str = "application/json"
-) -> None:
-    conn.sendall(
-        f"HTTP/1.1 {status}\r\nContent-Type: {media}\r\nContent-Length: {len(body)}\r\n"
-        f"Connection: close\r\n{extra}\r\n".encode()
-        + body
-    )
+from tests.conformance.rate_limiting import assert_judged, one_check, send, serve, slow_down
 
 
 def mismatch_endpoint(refuses: bool) -> Iterator[str]:
@@ -36,34 +26,23 @@ def mismatch_endpoint(refuses: bool) -> Iterator[str]:
     lock = threading.Lock()
     originals: dict[str, bytes] = {}
 
-    def answer(conn: socket.socket) -> None:
-        with conn:
-            try:
-                read = read_fields(conn)
-                if read is None:
-                    return
-                _, headers, body = read
-                key = headers.get("idempotency-key")
-                if key is None:
-                    send(conn, "400 Bad Request", b"{}")
-                    return
-                with lock:
-                    new = key not in originals
-                    original = originals.setdefault(key, body)
-                if new or (original != body and not refuses):
-                    send(conn, "201 Created", json.dumps({"id": uuid.uuid4().hex}).encode())
-                elif original != body:
-                    problem = b'{"title":"another request with this key"}'
-                    send(conn, "422 Unprocessable Content", problem,
-                         media="application/problem+json")  # fmt: skip
-                else:
-                    send(conn, "429 Too Many Requests", b'{"title":"slow down"}',
-                         "Retry-After: 1\r\n")  # fmt: skip
-            except OSError:
-                pass
+    def answer(conn: socket.socket, _: str, headers: dict[str, str], body: bytes) -> None:
+        key = headers.get("idempotency-key")
+        if key is None:
+            send(conn, "400 Bad Request", b"{}")
+            return
+        with lock:
+            new = key not in originals
+            original = originals.setdefault(key, body)
+        if new or (original != body and not refuses):
+            send(conn, "201 Created", json.dumps({"id": uuid.uuid4().hex}).encode())
+        elif original != body:
+            problem = b'{"title":"another request with this key"}'
+            send(conn, "422 Unprocessable Content", problem, media="application/problem+json")
+        else:
+            slow_down(conn)
 
-    with loopback(answer) as address:
-        yield f"http://{address}/payments"
+    yield from serve(answer, "/payments")
 
 
 @pytest.fixture
@@ -77,27 +56,19 @@ def refuses_another_body() -> Iterator[str]:
 
 
 def mismatch_other_body(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
-    code = main(["conformance", "http", url, "--only", "mismatch-other-body", "--json"])
-    out, err = capsys.readouterr()
-    assert out, err
-    (check,) = json.loads(out)["checks"]
-    return code, check
+    return one_check(["conformance", "http", url, "--only", "mismatch-other-body"], capsys)
 
 
 def test_a_fault_found_before_the_rate_limiting_still_fails_the_check(
     runs_another_body: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, check = mismatch_other_body(runs_another_body, capsys)
-    assert check["verdict"] == "FAIL", check
-    assert code == 1
+    assert_judged(code, check, "FAIL", "; then POST ",
+                  "was rate limited (429 Too Many Requests) after 3 waits for its Retry-After: "
+                  "the rest of the check was not judged")  # fmt: skip
     evidence = check["evidence"]
     assert evidence.startswith("the other request answered 201, not 422"), check
     assert "the other request got the original's answer" not in evidence, check
-    assert "; then POST " in evidence, check
-    assert (
-        "was rate limited (429 Too Many Requests) after 3 waits for its Retry-After: the rest of "
-        "the check was not judged" in evidence
-    ), check
     assert "not decided" not in evidence, check
 
 
@@ -105,10 +76,8 @@ def test_without_a_fault_before_it_the_rate_limiting_leaves_the_check_undecided(
     refuses_another_body: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, check = mismatch_other_body(refuses_another_body, capsys)
-    assert check["verdict"] == "SKIP", check
-    assert code == 0
+    assert_judged(code, check, "SKIP", "after 3 waits for its Retry-After")
     assert check["evidence"].startswith("not decided: POST "), check
-    assert "after 3 waits for its Retry-After" in check["evidence"], check
 
 
 def counted(limit: str) -> Iterator[str]:
@@ -120,35 +89,26 @@ def counted(limit: str) -> Iterator[str]:
     stored: dict[str, bytes] = {}
     reads = [0]
 
-    def answer(conn: socket.socket) -> None:
-        with conn:
-            try:
-                read = read_fields(conn)
-                if read is None:
-                    return
-                line, headers, _ = read
-                with lock:
-                    if line.startswith("GET /count"):
-                        reads[0] += 1
-                        if limit == "all, no Retry-After":
-                            send(conn, "429 Too Many Requests", b"{}")
-                        elif limit == "all" or reads[0] % 2:
-                            send(conn, "429 Too Many Requests", b"{}", "Retry-After: 1\r\n")
-                        else:
-                            send(conn, "200 OK", json.dumps({"count": len(stored)}).encode())
-                        return
-                    key = headers.get("idempotency-key")
-                    if key is None:
-                        send(conn, "400 Bad Request", b"{}")
-                        return
-                    replayed = key in stored
-                    body = stored.setdefault(key, json.dumps({"id": uuid.uuid4().hex}).encode())
-                send(conn, "201 Created", body, "Idempotent-Replayed: true\r\n" if replayed else "")
-            except OSError:
-                pass
+    def answer(conn: socket.socket, line: str, headers: dict[str, str], _: bytes) -> None:
+        with lock:
+            if line.startswith("GET /count"):
+                reads[0] += 1
+                if limit == "all, no Retry-After":
+                    send(conn, "429 Too Many Requests", b"{}")
+                elif limit == "all" or reads[0] % 2:
+                    send(conn, "429 Too Many Requests", b"{}", "Retry-After: 1\r\n")
+                else:
+                    send(conn, "200 OK", json.dumps({"count": len(stored)}).encode())
+                return
+            key = headers.get("idempotency-key")
+            if key is None:
+                send(conn, "400 Bad Request", b"{}")
+                return
+            replayed = key in stored
+            body = stored.setdefault(key, json.dumps({"id": uuid.uuid4().hex}).encode())
+        send(conn, "201 Created", body, "Idempotent-Replayed: true\r\n" if replayed else "")
 
-    with loopback(answer) as address:
-        yield f"http://{address}"
+    yield from serve(answer)
 
 
 @pytest.fixture
@@ -161,17 +121,16 @@ def count_limited(request: pytest.FixtureRequest) -> Iterator[str]:
     yield from counted(request.param)
 
 
+def replay_identical(url: str) -> list[str]:
+    return ["conformance", "http", url + "/payments", "--count-url", url + "/count",
+            "--only", "replay-identical"]  # fmt: skip
+
+
 def test_a_count_read_answered_429_is_read_again_after_its_retry_after(
     count_limited_at_times: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = count_limited_at_times
-    code = main(["conformance", "http", url + "/payments", "--count-url", url + "/count",
-                 "--only", "replay-identical", "--json"])  # fmt: skip
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    (check,) = json.loads(out)["checks"]
-    assert check["verdict"] == "PASS", check
-    assert "effects +1" in check["evidence"], check
+    code, check = one_check(replay_identical(count_limited_at_times), capsys)
+    assert_judged(code, check, "PASS", "effects +1")
 
 
 @pytest.mark.parametrize(
@@ -183,9 +142,7 @@ def test_a_count_read_answered_429_is_read_again_after_its_retry_after(
 def test_a_count_endpoint_that_stays_rate_limited_is_said_to_be(
     count_limited: str, how: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = count_limited
-    code = main(["conformance", "http", url + "/payments", "--count-url", url + "/count",
-                 "--only", "replay-identical"])  # fmt: skip
+    code = main(replay_identical(count_limited))
     out, err = capsys.readouterr()
     assert code == 1, (out, err)
     assert err.startswith("pgonce: error: the count endpoint http://127.0.0.1:"), err

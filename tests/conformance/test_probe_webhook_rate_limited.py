@@ -11,25 +11,14 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
-from pgonce.cli import main
-from tests.loopback import loopback, read_fields
+from tests.conformance import rate_limiting
+from tests.conformance.rate_limiting import Window, assert_judged, send, serve, slow_down
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-
-
-def send(
-    conn: socket.socket, status: str, body: bytes, extra: str = "", media: str = "application/json"
-) -> None:
-    conn.sendall(
-        f"HTTP/1.1 {status}\r\nContent-Type: {media}\r\nContent-Length: {len(body)}\r\n"
-        f"Connection: close\r\n{extra}\r\n".encode()
-        + body
-    )
 
 
 def limited_receiver(allowed: int, duplicates: str = "200 OK") -> Iterator[str]:
@@ -39,48 +28,34 @@ def limited_receiver(allowed: int, duplicates: str = "200 OK") -> Iterator[str]:
     events it handled are counted at ``GET /count`` (not limited)."""
     lock = threading.Lock()
     handled: dict[str, bytes] = {}
-    window = [time.monotonic(), 0]
+    window = Window(allowed)
 
-    def answer(conn: socket.socket) -> None:
-        with conn:
-            try:
-                read = read_fields(conn)
-                if read is None:
-                    return
-                line, _, body = read
-                if line.startswith("GET /count "):
-                    with lock:
-                        count = len(handled)
-                    send(conn, "200 OK", json.dumps({"count": count}).encode())
-                    return
-                if not line.startswith("POST "):
-                    send(conn, "204 No Content", b"")
-                    return
-                with lock:
-                    now = time.monotonic()
-                    if now - window[0] >= 1.0:
-                        window[:] = [now, 0]
-                    window[1] += 1
-                    if window[1] > allowed:
-                        send(conn, "429 Too Many Requests", b'{"title":"slow down"}',
-                             "Retry-After: 1\r\n")  # fmt: skip
-                        return
-                    event_id = json.loads(body)["id"]
-                    seen = event_id in handled
-                    known = handled.setdefault(event_id, body)
-                if seen and known == body:
-                    send(conn, duplicates, b"{}")
-                    return
-                if known != body:
-                    send(conn, "409 Conflict", b'{"title":"another body for this id"}',
-                         media="application/problem+json")  # fmt: skip
-                    return
-                send(conn, "200 OK", b"{}")
-            except OSError:
-                pass
+    def answer(conn: socket.socket, line: str, _: dict[str, str], body: bytes) -> None:
+        if line.startswith("GET /count "):
+            with lock:
+                count = len(handled)
+            send(conn, "200 OK", json.dumps({"count": count}).encode())
+            return
+        if not line.startswith("POST "):
+            send(conn, "204 No Content", b"")
+            return
+        with lock:
+            if window.refuses():
+                slow_down(conn)
+                return
+            event_id = json.loads(body)["id"]
+            seen = event_id in handled
+            known = handled.setdefault(event_id, body)
+        if seen and known == body:
+            send(conn, duplicates, b"{}")
+            return
+        if known != body:
+            send(conn, "409 Conflict", b'{"title":"another body for this id"}',
+                 media="application/problem+json")  # fmt: skip
+            return
+        send(conn, "200 OK", b"{}")
 
-    with loopback(answer) as address:
-        yield f"http://{address}"
+    yield from serve(answer)
 
 
 @pytest.fixture
@@ -98,63 +73,52 @@ def strict_failing_limiter() -> Iterator[str]:
     yield from limited_receiver(allowed=1, duplicates="500 Internal Server Error")
 
 
-def one_check(
-    url: str,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-    name: str = "retry-storm-one-effect",
-) -> tuple[int, dict[str, str]]:
+@pytest.fixture(autouse=True)
+def secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LIMITED_SECRET", SECRET)
-    code = main(["conformance", "webhooks", url + "/webhooks/shop", "--scheme",
-                 "standard-webhooks", "--secret", "env:LIMITED_SECRET", "--count-url",
-                 url + "/count", "--only", name, "--json"])  # fmt: skip
-    out, err = capsys.readouterr()
-    assert out, err
-    (check,) = json.loads(out)["checks"]
-    return code, check
+
+
+def one_check(
+    url: str, capsys: pytest.CaptureFixture[str], name: str = "retry-storm-one-effect"
+) -> tuple[int, dict[str, str]]:
+    return rate_limiting.one_check(["conformance", "webhooks", url + "/webhooks/shop", "--scheme",
+                                    "standard-webhooks", "--secret", "env:LIMITED_SECRET",
+                                    "--count-url", url + "/count", "--only", name],
+                                   capsys)  # fmt: skip
 
 
 def test_copies_a_rate_limiter_refused_are_neither_acknowledgements_nor_faults(
-    limiter: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    limiter: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, check = one_check(limiter, capsys, monkeypatch)
-    assert check["verdict"] == "PASS", check
-    assert code == 0
-    assert "× 429" in check["evidence"], check
-    assert "rate limited (429 Too Many Requests)" in check["evidence"], check
-    assert "effects +1" in check["evidence"], check
+    code, check = one_check(limiter, capsys)
+    assert_judged(code, check, "PASS", "× 429", "rate limited (429 Too Many Requests)",
+                  "effects +1")  # fmt: skip
 
 
 def test_too_few_copies_past_the_limiter_is_no_verdict_and_names_it(
-    strict_limiter: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    strict_limiter: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, check = one_check(strict_limiter, capsys, monkeypatch)
-    assert check["verdict"] == "SKIP", check
-    assert code == 0
+    code, check = one_check(strict_limiter, capsys)
+    assert_judged(code, check, "SKIP", "rate limit")
     assert check["evidence"].startswith("not decided: only 1 of 20 copies got past"), check
-    assert "rate limit" in check["evidence"], check
 
 
 def test_a_lone_delivery_answered_429_is_sent_again_after_its_retry_after(
-    strict_limiter: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    strict_limiter: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # One delivery a second: the other body, sent at once after the original, is refused 429
     # with Retry-After: 1; sent again a second later, its 409 is what the check judges.
-    code, check = one_check(strict_limiter, capsys, monkeypatch, "same-id-other-body-409")
-    assert check["verdict"] == "PASS", check
-    assert code == 0
-    assert "same id, other body: 409 application/problem+json" in check["evidence"], check
-    assert "effects +1" in check["evidence"], check
+    code, check = one_check(strict_limiter, capsys, "same-id-other-body-409")
+    assert_judged(code, check, "PASS", "same id, other body: 409 application/problem+json",
+                  "effects +1")  # fmt: skip
 
 
 def test_a_fault_past_the_limiter_fails_the_storm_though_too_few_got_past(
-    strict_failing_limiter: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    strict_failing_limiter: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # One copy a second gets past: the first is acknowledged, each one after it answered 500.
-    code, check = one_check(strict_failing_limiter, capsys, monkeypatch)
-    assert check["verdict"] == "FAIL", check
-    assert code == 1
+    code, check = one_check(strict_failing_limiter, capsys)
+    assert_judged(code, check, "FAIL", "answered 5xx, a server failure)")
     evidence = check["evidence"]
     assert evidence.startswith("not every copy past the rate limiting was acknowledged ("), check
-    assert "answered 5xx, a server failure)" in evidence, check
     assert "not decided" not in evidence, check
