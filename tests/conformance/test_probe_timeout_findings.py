@@ -13,18 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from pgonce.cli import main
-from tests.loopback import loopback, read_fields
+from tests.conformance.rate_limiting import one_check, send, serve
 
 BUDGET = "2"
-
-
-def send(conn: socket.socket, status: str, body: bytes, media: str = "application/json") -> None:
-    conn.sendall(
-        f"HTTP/1.1 {status}\r\nContent-Type: {media}\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n".encode()
-        + body
-    )
 
 
 def mismatch_endpoint(refuses: bool, retry: str = "trickle") -> Iterator[str]:
@@ -37,41 +28,33 @@ def mismatch_endpoint(refuses: bool, retry: str = "trickle") -> Iterator[str]:
     lock = threading.Lock()
     originals: dict[str, bytes] = {}
 
-    def answer(conn: socket.socket) -> None:
-        with conn:
-            try:
-                read = read_fields(conn)
-                if read is None:
-                    return
-                _, headers, body = read
-                key = headers.get("idempotency-key")
-                if key is None:
-                    send(conn, "400 Bad Request", b"{}")
-                    return
-                with lock:
-                    new = key not in originals
-                    original = originals.setdefault(key, body)
-                if new or (original != body and not refuses):
-                    send(conn, "201 Created", json.dumps({"id": uuid.uuid4().hex}).encode())
-                    return
-                if original != body:
-                    problem = b'{"title":"another request with this key"}'
-                    send(conn, "422 Unprocessable Content", problem,
-                         media="application/problem+json")  # fmt: skip
-                    return
-                if retry == "close":
-                    return
-                if retry == "huge":
-                    send(conn, "200 OK", b"[" + b"0," * (5 << 19) + b"0]")
-                    return
-                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                while not stop.wait(0.2):
-                    conn.sendall(b"1\r\n1\r\n")
-            except OSError:
-                pass
+    def handle(conn: socket.socket, line: str, headers: dict[str, str], body: bytes) -> None:
+        key = headers.get("idempotency-key")
+        if key is None:
+            send(conn, "400 Bad Request", b"{}")
+            return
+        with lock:
+            new = key not in originals
+            original = originals.setdefault(key, body)
+        if new or (original != body and not refuses):
+            send(conn, "201 Created", json.dumps({"id": uuid.uuid4().hex}).encode())
+            return
+        if original != body:
+            problem = b'{"title":"another request with this key"}'
+            send(conn, "422 Unprocessable Content", problem, media="application/problem+json")
+            return
+        if retry == "close":
+            return
+        if retry == "huge":
+            send(conn, "200 OK", b"[" + b"0," * (5 << 19) + b"0]")
+            return
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while not stop.wait(0.2):
+            conn.sendall(b"1\r\n1\r\n")
 
-    with loopback(answer) as address:
-        yield f"http://{address}/payments"
+    try:
+        yield from serve(handle, "/payments")
+    finally:
         stop.set()
 
 
@@ -86,12 +69,8 @@ def refuses_another_body() -> Iterator[str]:
 
 
 def mismatch_other_body(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
-    code = main(["conformance", "http", url, "--only", "mismatch-other-body", "--json",
-                 "--budget", BUDGET])  # fmt: skip
-    out, err = capsys.readouterr()
-    assert out, err
-    (check,) = json.loads(out)["checks"]
-    return code, check
+    argv = ["conformance", "http", url, "--only", "mismatch-other-body", "--budget", BUDGET]
+    return one_check(argv, capsys)
 
 
 def test_a_fault_found_before_the_time_ran_out_is_in_the_evidence(
