@@ -14,6 +14,7 @@ acknowledged entry is depends on the server's ``appendonly``/``appendfsync`` set
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
@@ -121,14 +122,53 @@ class RedisStreamsPublisher:
 
     async def prepare(self) -> None:
         """Connect now, so that a server that is down or a wrong URL is said at the relay's
-        start, not with the first row."""
-        await self._connect()
+        start, not with the first row; and connect again when :attr:`connected` says the
+        connection was closed while idle."""
+        client, _ = await self._connect()
+        if not self.connected:
+            try:
+                await self._reconnect(client)
+            except (OSError, redis_errors.RedisError) as error:
+                await self.close()
+                raise BrokerUnavailable(f"Redis: {short_error(error)}") from error
 
-    # No ``connected`` (see Publisher): redis-py's pool learns that the server closed an idle
-    # connection only when it next reads from it, in the command that takes the connection
-    # (where it reconnects), and a check of its own would be a round trip per batch. So a
-    # connection cut while the relay is idle is reconnected inside publish(), within the
-    # ``timeout``, which a stop waits for as rows at the broker.
+    @property
+    def connected(self) -> bool:
+        """Whether a batch would go out on an open connection, without connecting first: False
+        before the first connect, and when a connection idle in redis-py's pool was closed by
+        the server or the network (an idle timeout, a restart, a cut).
+
+        No I/O: asyncio's transport reads an idle connection's socket all along, so the server's
+        close is already in its stream (end of file, or the reset's error); redis-py would see it
+        only in the next command, and reconnect there, inside publish(). A connection in use by
+        another batch is not judged, and none idle (all in use by batches at the broker at once)
+        is no closed connection: the pool makes one in publish(), as it always did.
+        """
+        client = self._client
+        if client is None or self._max_bulk is None:
+            return False
+        idle = _idle(client)
+        if idle is None:
+            # A redis-py whose pool is not as read here: taken for connected, as before.
+            return True
+        return all(_open(connection) for connection in idle)
+
+    async def _reconnect(self, client: Redis) -> None:
+        """Drop the pool's idle connections the server closed, and connect one if none is left,
+        so that the next batch sends at once (a stop cancels this; it would wait for publish())."""
+        idle = _idle(client)
+        if idle is None:
+            return
+        # Taken out of the pool before any await: no batch takes one of them meanwhile.
+        closed = [connection for connection in idle if not _open(connection)]
+        for connection in closed:
+            idle.remove(connection)
+        for connection in closed:
+            # Closes the socket without waiting: the server is gone from it.
+            await connection.disconnect(nowait=True)
+        if not idle:
+            # A new connection through the pool, connected within the timeout, left idle in it.
+            await client.ping()
 
     async def _connect(self) -> tuple[Redis, int]:
         """The client, and the server's proto-max-bulk-len (which takes a connection)."""
@@ -228,6 +268,31 @@ class RedisStreamsPublisher:
         client, self._client, self._max_bulk = self._client, None, None
         if client is not None:
             await client.aclose()
+
+
+def _idle(client: Redis) -> list[Any] | None:
+    """The connections idle in ``client``'s pool (the list itself), or None for a pool that
+    does not keep them so."""
+    idle = getattr(client.connection_pool, "_available_connections", None)
+    return idle if isinstance(idle, list) else None
+
+
+def _open(connection: object) -> bool:
+    """Whether a pooled connection is open, from what asyncio already read from its socket (no
+    I/O): True unless redis-py disconnected it, or the server's end of file or a reset (or any
+    error) reached its stream. A connection not made of asyncio streams is taken for open."""
+    reader = getattr(connection, "_reader", _UNKNOWN)
+    writer = getattr(connection, "_writer", _UNKNOWN)
+    if reader is _UNKNOWN or writer is _UNKNOWN:
+        return True
+    if reader is None or writer is None:
+        return False
+    if not isinstance(reader, asyncio.StreamReader) or not isinstance(writer, asyncio.StreamWriter):
+        return True
+    return not (reader.at_eof() or reader.exception() is not None or writer.is_closing())
+
+
+_UNKNOWN = object()
 
 
 def _above(limit: int, key: str, values: Iterable[object]) -> int | None:
