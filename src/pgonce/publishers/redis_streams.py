@@ -126,8 +126,16 @@ class RedisStreamsPublisher:
         connection was closed while idle."""
         client, _ = await self._connect()
         if not self.connected:
+            # In a task of its own, awaited through a shield: a cancel (the relay's stop) ends
+            # this at once, while redis-py, cancelled in its connect, may take up to its socket
+            # timeout to give the half-made connection up; that is left to it.
+            reconnect = asyncio.ensure_future(self._reconnect(client))
             try:
-                await self._reconnect(client)
+                await asyncio.shield(reconnect)
+            except asyncio.CancelledError:
+                reconnect.cancel()
+                reconnect.add_done_callback(_settled)
+                raise
             except (OSError, redis_errors.RedisError) as error:
                 await self.close()
                 raise BrokerUnavailable(f"Redis: {short_error(error)}") from error
@@ -268,6 +276,12 @@ class RedisStreamsPublisher:
         client, self._client, self._max_bulk = self._client, None, None
         if client is not None:
             await client.aclose()
+
+
+def _settled(task: asyncio.Future[None]) -> None:
+    """A reconnect given up at a stop has ended: what it raised is of no use to anyone."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _idle(client: Redis) -> list[Any] | None:
