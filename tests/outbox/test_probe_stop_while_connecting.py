@@ -29,9 +29,18 @@ from pgonce.publishers.rabbitmq import RabbitMQPublisher
 from pgonce.publishers.redis_streams import RedisStreamsPublisher
 from pgonce.relay import LOOPS_PER_BATCH_IN_FLIGHT, STOP_WAIT, Relay
 from pgonce.store._sync.outbox import enqueue
-from tests.outbox.brokers import Received, nats_read, nats_stream, rabbitmq_drain, rabbitmq_queue
-from tests.outbox.conftest import NATS, RABBITMQ, fresh, wait_until
+from tests.outbox.brokers import (
+    Received,
+    nats_read,
+    nats_stream,
+    rabbitmq_drain,
+    rabbitmq_queue,
+    redis_delete,
+    redis_read,
+)
+from tests.outbox.conftest import NATS, RABBITMQ, REDIS, fresh, wait_until
 from tests.outbox.stops import drain_with, running, silent_server
+from tests.outbox.test_probe_redis_idle_cut import warnings
 from tests.outbox.test_probe_stop_while_blocked import cut_lines, pending
 
 #: Below the publishers' 5 s connect timeouts, which the stop used to wait for.
@@ -118,6 +127,15 @@ async def nats_received(url: str, name: str) -> AsyncIterator[Read]:
         yield lambda: nats_read(js, name)
 
 
+@contextlib.asynccontextmanager
+async def redis_received(url: str, name: str) -> AsyncIterator[Read]:
+    stream = f"outbox.{name}"
+    try:
+        yield lambda: redis_read(url, stream)
+    finally:
+        await redis_delete(url, stream)
+
+
 @dataclass(frozen=True)
 class Broker:
     """How a test reaches a broker: its address, its publisher at a URL, and what it received
@@ -125,7 +143,7 @@ class Broker:
 
     address: tuple[str, int]
     url: Callable[[int], str]
-    publisher: Callable[[str], RabbitMQPublisher | NatsPublisher]
+    publisher: Callable[[str], RabbitMQPublisher | NatsPublisher | RedisStreamsPublisher]
     received: Callable[[str, str], contextlib.AbstractAsyncContextManager[Read]]
 
 
@@ -139,6 +157,11 @@ BROKERS = {
     # nats-py sees the cut and says it is no longer connected; the publisher's next batch
     # connects afresh, which used to count as rows at the broker.
     "nats": Broker(NATS, lambda port: f"nats://127.0.0.1:{port}", NatsPublisher, nats_received),
+    # redis-py learns of the cut only in its next command; the publisher reads it from what
+    # asyncio already received on the idle connection (its end of file, or a reset).
+    "redis": Broker(
+        REDIS, lambda port: f"redis://127.0.0.1:{port}/0", RedisStreamsPublisher, redis_received
+    ),
 }
 
 
@@ -170,9 +193,11 @@ async def test_stop_cancels_a_batch_reconnecting_after_an_idle_connection_was_cu
                     lambda: proxy.accepted > accepted and in_transaction(direct_dsn) == 1
                 )
                 await run.stop_within(BOUND, "the relay did not stop while its batch reconnected")
-        # The second row's batch sent nothing: it is pending, with no attempt counted.
+        # The second row's batch sent nothing: it is pending, with no attempt counted, and no
+        # outage was said for it.
         assert pending(direct_dsn) == (1, 0)
         assert cut_lines(caplog) == []
+        assert warnings(caplog) == []
         await drain_with(direct_dsn, broker.publisher(url))
         messages = await received()
     assert pending(direct_dsn) == (0, None)
