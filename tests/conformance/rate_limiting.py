@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -87,3 +89,30 @@ def assert_judged(code: int, check: dict[str, str], verdict: str, *evidence: str
     assert code == (1 if verdict == "FAIL" else 0), check
     for part in evidence:
         assert part in check["evidence"], check
+
+
+def mismatch_endpoint(refuses: bool, retry: Callable[[socket.socket], None]) -> Iterator[str]:
+    """An endpoint for ``mismatch-other-body``: runs a new key's request (201, a new id); the same
+    key with another body is run again (201, another id: the fault) or, when it ``refuses``,
+    refused with a 422 problem; the same key with the original's body, the retry after it, is
+    handed to ``retry``. For fixtures: ``yield from mismatch_endpoint(...)``."""
+    lock = threading.Lock()
+    originals: dict[str, bytes] = {}
+
+    def answer(conn: socket.socket, _: str, headers: dict[str, str], body: bytes) -> None:
+        key = headers.get("idempotency-key")
+        if key is None:
+            send(conn, "400 Bad Request", b"{}")
+            return
+        with lock:
+            new = key not in originals
+            original = originals.setdefault(key, body)
+        if new or (original != body and not refuses):
+            send(conn, "201 Created", json.dumps({"id": uuid.uuid4().hex}).encode())
+        elif original != body:
+            problem = b'{"title":"another request with this key"}'
+            send(conn, "422 Unprocessable Content", problem, media="application/problem+json")
+        else:
+            retry(conn)
+
+    yield from serve(answer, "/payments")

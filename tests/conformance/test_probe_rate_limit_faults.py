@@ -16,43 +16,24 @@ from collections.abc import Iterator
 import pytest
 
 from pgonce.cli import main
-from tests.conformance.rate_limiting import assert_judged, one_check, send, serve, slow_down
-
-
-def mismatch_endpoint(refuses: bool) -> Iterator[str]:
-    """Runs a new key's request (201, a new id); the same key with another body is run again
-    (201, another id) or, when it ``refuses``, refused with a 422 problem; the same key with the
-    original's body, the retry after it, is always answered 429 with Retry-After: 1."""
-    lock = threading.Lock()
-    originals: dict[str, bytes] = {}
-
-    def answer(conn: socket.socket, _: str, headers: dict[str, str], body: bytes) -> None:
-        key = headers.get("idempotency-key")
-        if key is None:
-            send(conn, "400 Bad Request", b"{}")
-            return
-        with lock:
-            new = key not in originals
-            original = originals.setdefault(key, body)
-        if new or (original != body and not refuses):
-            send(conn, "201 Created", json.dumps({"id": uuid.uuid4().hex}).encode())
-        elif original != body:
-            problem = b'{"title":"another request with this key"}'
-            send(conn, "422 Unprocessable Content", problem, media="application/problem+json")
-        else:
-            slow_down(conn)
-
-    yield from serve(answer, "/payments")
+from tests.conformance.rate_limiting import (
+    assert_judged,
+    mismatch_endpoint,
+    one_check,
+    send,
+    serve,
+    slow_down,
+)
 
 
 @pytest.fixture
 def runs_another_body() -> Iterator[str]:
-    yield from mismatch_endpoint(refuses=False)
+    yield from mismatch_endpoint(refuses=False, retry=slow_down)
 
 
 @pytest.fixture
 def refuses_another_body() -> Iterator[str]:
-    yield from mismatch_endpoint(refuses=True)
+    yield from mismatch_endpoint(refuses=True, retry=slow_down)
 
 
 def mismatch_other_body(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:

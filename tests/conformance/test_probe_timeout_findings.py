@@ -5,44 +5,24 @@ one that found none fails with the time-out line alone, as before."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from tests.conformance.rate_limiting import one_check, send, serve
+from tests.conformance.rate_limiting import mismatch_endpoint, one_check, send
 
 BUDGET = "2"
 
 
-def mismatch_endpoint(refuses: bool, retry: str = "trickle") -> Iterator[str]:
-    """Runs a new key's request (201, a new id); the same key with another body is run again
-    (201, another id) or, when it ``refuses``, refused with a 422 problem; the same key with the
-    original's body, the retry after it, is answered 200 and then a byte of body at a time,
-    never done (``retry="trickle"``), not at all: the connection closed (``"close"``), or 200
-    with a body over the kit's 4 MiB (``"huge"``)."""
+def endpoint(refuses: bool, retry: str = "trickle") -> Iterator[str]:
+    """``mismatch-other-body``'s endpoint whose retry (the same key with the original's body) is
+    answered 200 and then a byte of body at a time, never done (``retry="trickle"``), not at all:
+    the connection closed (``"close"``), or 200 with a body over the kit's 4 MiB (``"huge"``)."""
     stop = threading.Event()
-    lock = threading.Lock()
-    originals: dict[str, bytes] = {}
 
-    def handle(conn: socket.socket, line: str, headers: dict[str, str], body: bytes) -> None:
-        key = headers.get("idempotency-key")
-        if key is None:
-            send(conn, "400 Bad Request", b"{}")
-            return
-        with lock:
-            new = key not in originals
-            original = originals.setdefault(key, body)
-        if new or (original != body and not refuses):
-            send(conn, "201 Created", json.dumps({"id": uuid.uuid4().hex}).encode())
-            return
-        if original != body:
-            problem = b'{"title":"another request with this key"}'
-            send(conn, "422 Unprocessable Content", problem, media="application/problem+json")
-            return
+    def answer_retry(conn: socket.socket) -> None:
         if retry == "close":
             return
         if retry == "huge":
@@ -53,19 +33,19 @@ def mismatch_endpoint(refuses: bool, retry: str = "trickle") -> Iterator[str]:
             conn.sendall(b"1\r\n1\r\n")
 
     try:
-        yield from serve(handle, "/payments")
+        yield from mismatch_endpoint(refuses, answer_retry)
     finally:
         stop.set()
 
 
 @pytest.fixture
 def runs_another_body() -> Iterator[str]:
-    yield from mismatch_endpoint(refuses=False)
+    yield from endpoint(refuses=False)
 
 
 @pytest.fixture
 def refuses_another_body() -> Iterator[str]:
-    yield from mismatch_endpoint(refuses=True)
+    yield from endpoint(refuses=True)
 
 
 def mismatch_other_body(url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
@@ -114,7 +94,7 @@ def test_a_fault_found_before_a_request_failed_is_in_the_evidence(
 ) -> None:
     """The same for a retry that got no complete answer, or one too large to read: the check
     fails on the fault it had found, then on the request that failed."""
-    for url in mismatch_endpoint(refuses=False, retry=retry):
+    for url in endpoint(refuses=False, retry=retry):
         code, check = mismatch_other_body(url, capsys)
     assert check["verdict"] == "FAIL", check
     assert code == 1
