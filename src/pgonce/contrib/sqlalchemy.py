@@ -58,7 +58,7 @@ except ModuleNotFoundError:  # pragma: no cover - the core and [sqlalchemy] with
     Request = Any  # type: ignore[misc,assignment]
 from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
 from pgonce.core.outbox import type_name
-from pgonce.errors import DatabaseUnavailable, UsageError
+from pgonce.errors import DatabaseUnavailable, NotInTransaction, UsageError
 from pgonce.store._async.keys import AsyncKeyStore, AsyncOperation
 from pgonce.store._async.outbox import enqueue as _async_enqueue
 from pgonce.store._sync.inbox import InboxStore
@@ -213,6 +213,14 @@ def _driver(session: Session, in_async: bool) -> tuple[Any, Any]:
     try:
         dialect = session.get_bind().dialect
     except sqlalchemy.exc.UnboundExecutionError as error:
+        if getattr(session, "binds", None):  # binds= per mapper or table only
+            raise UsageError(
+                "the session has engines per mapper or table (binds=) and none of its own, and "
+                "pgonce's claim, outbox row and stored response must run on the connection "
+                "where the ORM's writes commit: give the session that engine as bind= too "
+                "(Session(bind=engine, binds=...)); writes through another engine commit in "
+                "another transaction, apart from the claim"
+            ) from error
         raise UsageError(
             "the session is bound to no engine: create it with one (Session(engine), "
             "AsyncSession(engine), or a sessionmaker(engine)'s)"
@@ -225,6 +233,16 @@ def _driver(session: Session, in_async: bool) -> tuple[Any, Any]:
         connection = session.connection()
     except _CONNECT_FAILED as error:
         raise DatabaseUnavailable(f"connecting through the session failed: {error}") from error
+    except sqlalchemy.exc.InvalidRequestError as error:
+        if session.in_transaction():  # a transaction that must be rolled back first, say
+            raise
+        # Session(autobegin=False) outside its begin(): a write there would have no
+        # transaction to commit with.
+        raise NotInTransaction(
+            "pgonce writes in the session's transaction, and this session has autobegin=False "
+            "and no transaction begun: call it inside session.begin() (with session.begin(): "
+            "..., or async with session.begin(): ... for an AsyncSession)"
+        ) from error
     return connection.connection.driver_connection, connection.dialect
 
 
