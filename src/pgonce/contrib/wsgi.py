@@ -515,17 +515,30 @@ class IdempotencyMiddleware:
         return self._reply(start_response, captured, op.claim)
 
     def _capture(self, environ: Environ) -> _Captured:
-        """Run the application and capture its whole response (an exception propagates)."""
+        """Run the application and capture its whole response (an exception propagates).
+
+        A body past ``max_response_bytes`` has its answer decided (the 500 problem, nothing
+        kept): the rest of it is not read, and the iterable is closed, as a stream that never
+        ends (server-sent events) would otherwise hold the request and its key for ever.
+        """
         captured = _Captured(self.rules.capture())
-        result = self.app(environ, captured.start_response)
+        response = captured.response
+        try:
+            result = self.app(environ, captured.start_response)
+        except _ResponseTooLarge:  # from write(): see _Captured._write
+            return captured
         try:
             for chunk in result:
-                captured.response.add(chunk, more=True)
+                response.add(chunk, more=True)
+                if response.too_large:
+                    return captured
+        except _ResponseTooLarge:  # write() called by a generator application
+            return captured
         finally:
             close = getattr(result, "close", None)
             if close is not None:
                 close()
-        captured.response.add(b"", more=False)
+        response.add(b"", more=False)
         return captured
 
     def _give(
@@ -590,6 +603,14 @@ class _Captured:
     def _write(self, data: bytes) -> None:
         # The legacy write() callable: its bytes come before the iterable's, as a server sends them.
         self.response.add(data, more=True)
+        if self.response.too_large:
+            # Its answer is decided: stop the application rather than take the rest.
+            raise _ResponseTooLarge
+
+
+class _ResponseTooLarge(Exception):
+    """Raised to the application from ``write()`` once its response exceeds
+    ``max_response_bytes``."""
 
 
 def _unscoped_body(
