@@ -81,6 +81,7 @@ log = logging.getLogger("pgonce.inbox")
 
 # A module constant: TransactionStatus.IDLE costs an enum class's attribute lookup at each use.
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+_INTRANS = psycopg.pq.TransactionStatus.INTRANS
 
 #: Events claimed per transaction. One commit covers the whole batch, which is where the
 #: throughput comes from; the batch's rows stay locked until its last handler finished, so sources
@@ -299,6 +300,10 @@ class InboxWorker:
                         status = await self._run_handler(conn, source, event, now)
                     except Exception as error:
                         # A cancellation (shutdown) is no Exception: it rolls the batch back.
+                        if conn.closed and not conn.broken:
+                            # The handler closed the connection, which rolled the batch back.
+                            closed = _closed_by_handler(error)
+                            raise _HandlerFailed(event, closed) from error
                         if conn.info.transaction_status == _IDLE:
                             # The handler ran COMMIT or ROLLBACK: the batch is no longer one
                             # transaction, and what its end left must be found out.
@@ -332,16 +337,13 @@ class InboxWorker:
             # The batch rolled back, the failed handler's writes with it; the others' events are
             # still pending and run again in the next batch, with savepoints this time.
             self._careful = CAREFUL_BATCHES
-            async with conn.transaction():
-                decision = await self._record_failure(
-                    conn,
-                    self.sources[failure.event.source],
-                    failure.event,
-                    failure.error,
-                    now,
-                    jitter,
-                    claimed=False,
-                )
+            if conn.closed and not conn.broken:
+                # Its handler closed the connection: the failure is recorded on one of its own
+                # (the loop reconnects for the next batch).
+                async with await self._connect(self.dsn, autocommit=False) as apart:
+                    decision = await self._record_apart(apart, failure, now, jitter)
+            else:
+                decision = await self._record_apart(conn, failure, now, jitter)
             return BatchResult(
                 claimed=len(events),
                 retried=int(isinstance(decision, Retry)),
@@ -380,6 +382,25 @@ class InboxWorker:
             if len(events) >= limit:
                 break
         return events
+
+    async def _record_apart(
+        self,
+        conn: AsyncConnection[Any],
+        failure: _HandlerFailed,
+        now: datetime | None,
+        jitter: float | None,
+    ) -> Retry | DeadLetter:
+        """Record the failure of a handler whose batch rolled back, in a transaction of its own."""
+        async with conn.transaction():
+            return await self._record_failure(
+                conn,
+                self.sources[failure.event.source],
+                failure.event,
+                failure.error,
+                now,
+                jitter,
+                claimed=False,
+            )
 
     async def _after_transaction_ended(
         self,
@@ -519,11 +540,15 @@ class InboxWorker:
         if task is not None and task.cancelling():
             # The same for the stop after the shutdown timeout: the batch rolls back.
             raise asyncio.CancelledError()
-        if conn.info.transaction_status == _IDLE:
-            raise HandlerEndedTransaction()
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            # The handler swallowed a database error: its writes cannot commit, so it failed.
-            raise HandlerSwallowedError()
+        status = conn.info.transaction_status
+        if status != _INTRANS:
+            if status == _IDLE:
+                raise HandlerEndedTransaction()
+            if status == psycopg.pq.TransactionStatus.INERROR:
+                # The handler swallowed a database error: its writes cannot commit, so it failed.
+                raise HandlerSwallowedError()
+            if conn.closed and not conn.broken:
+                raise _closed_by_handler(None)
         return "done"
 
     # -- loops -----------------------------------------------------------------------------------
@@ -593,7 +618,7 @@ class InboxWorker:
                     await _wait(stop, None, RECONNECT_DELAY)
                     continue
                 self._loop_outage.succeeded()
-                if result.claimed < self.batch_size:
+                if result.claimed < self.batch_size and not conn.closed:
                     try:
                         await self._wait_for_events(conn, stop, wake, name)
                     except (PgonceError, psycopg.OperationalError) as error:
@@ -692,6 +717,17 @@ class InboxWorker:
         ids = None if event_ids is None else check_strs(event_ids, "event_ids")
         async with conn.transaction():
             return await self.store.replay(conn, source, ids, now=now)
+
+
+def _closed_by_handler(raised: Exception | None) -> HandlerEndedTransaction:
+    """The failure of a handler that closed the worker's connection (and then ``raised``)."""
+    if isinstance(raised, HandlerEndedTransaction):
+        return raised  # said so already
+    then = "" if raised is None else f"; and then raised {describe_error(raised)}"
+    return HandlerEndedTransaction(
+        f"the handler closed the worker's connection, which rolled its batch back{then}; a "
+        "handler leaves the connection it is given open"
+    )
 
 
 async def _end_savepoint(step: Awaitable[None], event: InboxEvent) -> None:
