@@ -58,6 +58,7 @@ from pgonce.core.throttle import Throttle, held_back
 from pgonce.database import own_prepare_threshold
 from pgonce.errors import BrokerUnavailable, ConfigError, DatabaseError, PgonceError
 from pgonce.publishers.base import Publisher, PublishResult
+from pgonce.store._async.notify import hears
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store.errors import describe_dsn, translate_errors
 
@@ -844,23 +845,14 @@ class Relay:
             await conn.close()
 
     async def _hears(self, conn: AsyncConnection[Any]) -> bool:
-        """Whether ``conn``, listening, receives a notification sent from another connection.
-
-        Through a transaction-mode pooler, LISTEN runs and the server session that ran it goes
-        back to the pool: its notifications reach no one. The relay would wait for them, and make
-        every enqueue() notify (which serializes the producers' commits) for nothing. Any
-        notification counts: one an enqueue sent meanwhile proves delivery as well.
-        """
+        """Whether ``conn``, listening, receives a notification sent from another connection
+        (see :func:`pgonce.store._async.notify.hears`): through a transaction-mode pooler the
+        relay would wait for none, and make every enqueue() notify for nothing."""
         sender = await self.connect(self.listen_dsn)
         try:
-            with translate_errors("checking that the LISTEN connection receives notifications"):
-                await sender.execute("SELECT pg_notify(%s, '')", (self.store.channel,))
+            return await hears(conn, sender, self.store.channel, within=LISTEN_CHECK)
         finally:
             await sender.close()
-        with translate_errors("checking that the LISTEN connection receives notifications"):
-            async for _ in conn.notifies(timeout=LISTEN_CHECK.total_seconds(), stop_after=1):
-                return True
-        return False
 
 
 def _check_conninfo(what: str, conninfo: str | None) -> None:

@@ -74,6 +74,8 @@ from pgonce.errors import (
     UsageError,
 )
 from pgonce.store._async.inbox import AsyncInboxStore
+from pgonce.store._async.notify import LISTEN_CHECK, hears
+from pgonce.store.errors import describe_dsn
 from pgonce.webhooks.failures import report_failure
 from pgonce.webhooks.source import Source, by_name
 
@@ -247,6 +249,11 @@ class InboxWorker:
         self.connect_kwargs = own_connect_kwargs(connect_kwargs)
         # With PGONCE_POOLER unset, the first connection says whether psycopg may prepare.
         self._pooler_checked = False
+        #: Whether the LISTEN connection was seen to receive a notification (checked once), and
+        #: whether it was seen not to (a transaction-mode pooler): the loops then poll,
+        #: unregistered.
+        self._heard = False
+        self._deaf = False
         self.clock = clock
         #: Called after every batch the loops ran, with its result and its seconds (metrics).
         self.on_batch = on_batch
@@ -641,7 +648,7 @@ class InboxWorker:
         it unregisters when it wakes. A registration counts for a minute, so the sleep is at
         most ``MAX_WAIT``.
         """
-        if not self.listen:
+        if not self.listen or self._deaf:
             await _wait(stop, wake, self.poll_interval)
             return
         async with conn.transaction():
@@ -671,6 +678,8 @@ class InboxWorker:
                 conn = await self._connect(self.listen_dsn, autocommit=True)
                 async with conn:
                     await self.store.listen(conn)
+                    if not await self._hearing(conn):
+                        break
                     self._listen_outage.succeeded()
                     for wake in wakes:  # whatever was stored while nobody listened
                         wake.set()
@@ -681,6 +690,30 @@ class InboxWorker:
             except (PgonceError, psycopg.Error, OSError) as error:
                 self._listen_outage.lost(error)
                 await _wait(stop, None, RECONNECT_DELAY)
+        if self._deaf:
+            await stop.wait()  # run() ends when one of its tasks does
+
+    async def _hearing(self, conn: AsyncConnection[Any]) -> bool:
+        """Whether ``conn``, listening, receives notifications (checked on the first connection
+        that listens, see :func:`pgonce.store._async.notify.hears`); when it does not, says so
+        once, and the loops poll without registering as waiting."""
+        if self._heard:
+            return True
+        async with await self._connect(self.listen_dsn, autocommit=True) as sender:
+            self._heard = await hears(conn, sender, self.store.channel)
+        if not self._heard:
+            self._deaf = True
+            log.warning(
+                "inbox worker: the LISTEN connection (%s) received no notification within %g s "
+                "of one sent to it: a transaction-mode pooler between it and the server delivers "
+                "none. The workers poll every %g s instead, and no longer ask deliveries to "
+                "notify; give listen_dsn (PGONCE_LISTEN_DSN for the service) a direct "
+                "connection to the server to be woken within milliseconds",
+                describe_dsn(self.listen_dsn),
+                LISTEN_CHECK.total_seconds(),
+                self.poll_interval.total_seconds(),
+            )
+        return self._heard
 
     async def _connect(self, dsn: str, *, autocommit: bool) -> AsyncConnection[Any]:
         try:

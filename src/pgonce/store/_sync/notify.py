@@ -7,7 +7,8 @@ This file is the source of ``_sync/notify.py`` (``tools/gen_sync.py``).
 
 from __future__ import annotations
 
-from typing import TypeVar
+from datetime import timedelta
+from typing import Any, TypeVar
 
 from psycopg import Connection, sql
 
@@ -15,6 +16,12 @@ from pgonce.store.cursors import cursor
 from pgonce.store.errors import translate_errors
 
 Row = TypeVar("Row")
+
+#: How long a LISTEN connection's first notification (one sent to it on purpose) may take before
+#: its listener concludes that notifications do not reach it.
+LISTEN_CHECK = timedelta(seconds=5)
+
+_NOTIFY = "SELECT pg_notify(%s, '')"
 
 
 def listen(conn: Connection[Row], channel: str, what: str) -> None:
@@ -27,3 +34,27 @@ def listen(conn: Connection[Row], channel: str, what: str) -> None:
     statement = sql.SQL("LISTEN {}").format(sql.Identifier(channel))
     with translate_errors(f"listening for {what} notifications"):
         cursor(conn).execute(statement)
+
+
+def hears(
+    conn: Connection[Row],
+    sender: Connection[Any],
+    channel: str,
+    *,
+    within: timedelta = LISTEN_CHECK,
+) -> bool:
+    """Whether ``conn``, listening on ``channel``, receives within ``within`` a notification that
+    ``sender`` (another autocommit connection to the same address) sends to it.
+
+    Through a transaction-mode pooler LISTEN runs, and the server session that ran it goes back
+    to the pool: its notifications reach no one. A listener would wait for them in silence, and
+    keep registering as waiting, so that every producer notifies (which serializes their commits)
+    for nothing. Any notification counts: one a producer sent meanwhile proves delivery as well.
+    """
+    what = "checking that the LISTEN connection receives notifications"
+    with translate_errors(what):
+        cursor(sender).execute(_NOTIFY, (channel,))
+    with translate_errors(what):
+        for _ in conn.notifies(timeout=within.total_seconds(), stop_after=1):
+            return True
+    return False
