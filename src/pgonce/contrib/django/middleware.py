@@ -508,16 +508,17 @@ class IdempotencyMiddleware:
             )
             kept = captured.keep(began=began, status_kept=store.stores_status)
             status = conn.pgconn.transaction_status
-            if status == IDLE:
+            # A view's connection.close() on a pooled alias (OPTIONS["pool"]) gives the
+            # connection back to the pool, which rolls it back: idle then, and no longer ours.
+            closed = wrapper.closed_in_transaction
+            if status == IDLE and not closed:
                 # The view committed or rolled back the request's transaction on the psycopg
                 # connection itself and ran nothing since: the claim is settled on its own,
                 # never left in flight, and the log says what was wrong.
                 _settle(store, conn, claim, captured)
-            elif not (kept and captured.commits(status)):
+            elif closed or not (kept and captured.commits(status)):
                 wrapper.set_rollback(True)
-                if wrapper.closed_in_transaction and (
-                    claimed.raised or captured.status is None or captured.status < 500
-                ):
+                if closed and (claimed.raised or captured.status is None or captured.status < 500):
                     # The view closed the connection (connection.close()): the server rolled
                     # the request back, its writes too, and its answer must not say otherwise
                     # (nor Django's for what the view then raised, the 503 of a connection
