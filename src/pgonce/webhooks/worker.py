@@ -50,7 +50,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
-from pgonce.core.checks import check_duration, check_int, check_strs, describe
+from pgonce.core.checks import check_bool, check_duration, check_int, check_strs, describe
 from pgonce.core.inbox import (
     DeadLetter,
     InboxEvent,
@@ -233,6 +233,19 @@ class InboxWorker:
         check_duration(shutdown_timeout, "shutdown_timeout")  # read only when stopping
         if check_duration(poll_interval, "poll_interval") <= timedelta(0):
             raise UsageError("poll_interval must be positive")
+        # Refused here, not as an AttributeError or a TypeError out of run()'s loops.
+        for name, dsn_given in (("dsn", dsn), ("listen_dsn", listen_dsn or "")):
+            if not isinstance(dsn_given, str):
+                raise UsageError(f"{name} must be a str, not {describe(dsn_given)}")
+        check_bool(listen, "listen")
+        for name, hook, optional in (
+            ("clock", clock, False),
+            ("on_batch", on_batch, True),
+            ("on_failure", on_failure, True),
+            ("on_connection_failure", on_connection_failure, True),
+        ):
+            if not callable(hook) and not (optional and hook is None):
+                raise UsageError(f"{name} must be callable, not {describe(hook)}")
         self.sources = {name: s for name, s in by_name(sources).items() if s.handles}
         if not self.sources:
             raise UsageError("an inbox worker needs at least one source with a handler")
@@ -563,6 +576,9 @@ class InboxWorker:
     async def run(self, stop: asyncio.Event) -> None:
         """Process events until ``stop`` is set; then let in-flight batches finish (or roll back
         after ``shutdown_timeout``) and return."""
+        if not isinstance(stop, asyncio.Event):
+            # A threading.Event's wait() would block the event loop for good.
+            raise UsageError(f"run() needs an asyncio.Event to stop it, not {describe(stop)}")
         wakes = [asyncio.Event() for _ in range(self.concurrency)]
         delay = f"{RECONNECT_DELAY.total_seconds():g} s"
         self._loop_outage = _Outage(
