@@ -17,13 +17,15 @@ pgonce's own Idempotency-Key middleware, which turns the repeat into a replay of
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from typing import Any
 
 from psycopg import AsyncConnection
 
+from pgonce.core.checks import describe
 from pgonce.core.inbox import InboxEvent
-from pgonce.errors import ForwardFailed
+from pgonce.errors import ConfigError, ForwardFailed
 from pgonce.extras import needs
 from pgonce.http.keys import MAX_KEY_LENGTH
 from pgonce.publishers.base import short_error, url_origin
@@ -36,6 +38,12 @@ with needs("http", "forwarding inbox events over HTTP"):
 #: handler timeout so that the error says "the target was slow", not "the handler hung".
 DEFAULT_FORWARD_TIMEOUT = 10.0
 
+#: An HTTP header name (RFC 9110's token).
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", re.ASCII)
+
+#: The Content-Type of a forward whose delivery came without one.
+_OCTETS = "application/octet-stream"
+
 
 def forward_to(
     url: str,
@@ -47,17 +55,18 @@ def forward_to(
     """A handler that POSTs each event to ``url``; see the module docstring for the guarantee.
 
     ``client`` lets the caller share a connection pool (and its TLS settings) between forwards; by
-    default one client is created for this handler and reused.
+    default one client is created for this handler and reused. A ``url`` that is not http(s) with
+    a host, or a header httpx cannot send, is a :class:`~pgonce.errors.ConfigError` here.
     """
-    extra = list(headers)
-    target = url_origin(url)  # what the event's last_error and the log show of the URL
+    target = _checked_url(url)  # what the event's last_error and the log show of the URL
+    extra = _checked_headers(headers)
     shared = client or httpx.AsyncClient(timeout=timeout)
 
     async def forward(event: InboxEvent, conn: AsyncConnection[Any]) -> None:
         request_headers = [
-            ("content-type", event.headers.get("content-type", "application/octet-stream")),
-            ("idempotency-key", idempotency_key(event.id)),
-            ("pgonce-source", event.source),
+            (b"content-type", _sent_bytes(event.headers.get("content-type", _OCTETS))),
+            (b"idempotency-key", idempotency_key(event.id).encode("ascii")),
+            (b"pgonce-source", event.source.encode("ascii")),
             *extra,
         ]
         try:
@@ -68,6 +77,56 @@ def forward_to(
             raise ForwardFailed(f"forwarding to {target} was answered {response.status_code}")
 
     return forward
+
+
+def _checked_url(url: object) -> str:
+    """The origin of ``url`` (what errors show of it), or :class:`ConfigError` unless it is an
+    http(s) URL with a host. Such a URL was taken, and every forward then failed (httpx's
+    ``UnsupportedProtocol``) at each retry until the event was dead-lettered."""
+    if not isinstance(url, str):
+        raise ConfigError(f"the forward target must be a URL string, not {describe(url)}")
+    origin = url_origin(url)
+    if not origin.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"the forward target must be an http:// or https:// URL with a host, not {origin}"
+        )
+    return origin
+
+
+def _checked_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """The extra headers of every forward, or :class:`ConfigError` unless each is a (name, value)
+    pair of text httpx can send (a token name, an ASCII value without line breaks). One it cannot
+    was taken, and every forward then failed before anything was sent, at each retry."""
+    if isinstance(headers, str | bytes) or not isinstance(headers, Iterable):
+        raise ConfigError(
+            f"the forward's headers must be (name, value) pairs, not {describe(headers)}"
+        )
+    checked = []
+    for number, pair in enumerate(headers, 1):
+        text = isinstance(pair, tuple) and all(isinstance(part, str) for part in pair)
+        if not (text and len(pair) == 2):
+            raise ConfigError(f"forward header #{number} must be a (name, value) pair of str")
+        name, value = pair
+        if not _TOKEN.fullmatch(name):
+            raise ConfigError(f"forward header #{number} does not have a valid header name")
+        if not (value.isascii() and value.isprintable()):
+            raise ConfigError(
+                f"forward header #{number} ({name}) must have a printable ASCII value"
+            )
+        checked.append((name.encode("ascii"), value.encode("ascii")))
+    return checked
+
+
+def _sent_bytes(value: str) -> bytes:
+    """A stored header value as the bytes it arrived as: the receiver reads them as Latin-1, which
+    maps every byte to one character. As text, httpx encodes it as ASCII, and a Content-Type with
+    a byte beyond ASCII (a Latin-1 charset or name parameter) failed every forward, and every
+    retry, with a ``UnicodeEncodeError`` before anything was sent. A value stored another way
+    with characters beyond Latin-1 goes as UTF-8."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "replace")
 
 
 def idempotency_key(event_id: str) -> str:
