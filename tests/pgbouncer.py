@@ -12,12 +12,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from faults.cluster import pgbouncer
+from faults.cluster import PgBouncer, pgbouncer
 
 
 def require_pgbouncer() -> str:
@@ -52,3 +55,40 @@ def running_pgbouncer(
         yield make_conninfo(
             server_dsn, host="127.0.0.1", port=str(bouncer.port), connect_timeout="10"
         )
+
+
+@contextlib.contextmanager
+def started_pgbouncer(
+    server_dsn: str, *, pool_size: int = 10, pool_mode: str = "transaction"
+) -> Iterator[PgBouncer]:
+    """Like :func:`running_pgbouncer`, but yield the running PgBouncer itself: for tests that
+    stop and start it again, or send its admin console ``PAUSE``, ``RECONNECT`` or ``KILL``
+    (:func:`admin`)."""
+    require_pgbouncer()
+    server = conninfo_to_dict(server_dsn)
+    host = str(server.get("host") or "127.0.0.1")
+    port = int(server.get("port") or 5432)
+    folder = Path(tempfile.mkdtemp(prefix="pgonce-pgbouncer-"))
+    bouncer = PgBouncer(folder, host=host, port=port, pool_size=pool_size, pool_mode=pool_mode)
+    try:
+        # The admin console's PAUSE, RECONNECT and KILL need an admin user ([pgbouncer] is the
+        # file's last section).
+        with bouncer.config.open("a") as config:
+            config.write("admin_users = postgres\n")
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def through(bouncer: PgBouncer, direct_dsn: str) -> str:
+    """``direct_dsn``'s database through ``bouncer``, with logins given up after 10 s."""
+    return make_conninfo(direct_dsn, host="127.0.0.1", port=str(bouncer.port), connect_timeout="10")
+
+
+def admin(bouncer: PgBouncer, command: str) -> None:
+    """Run ``command`` (``PAUSE db``, ``RESUME db``, ``RECONNECT db``, ``KILL db``) on
+    ``bouncer``'s admin console (any user may, under the suite's ``auth_type = any``)."""
+    with psycopg.connect(bouncer.dsn("pgbouncer"), autocommit=True, prepare_threshold=None) as c:
+        c.execute(command)

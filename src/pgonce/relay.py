@@ -563,9 +563,10 @@ class Relay:
                         )
                         if not finished:
                             return
-                except Exception as error:
+                except Exception as raised:
                     # The loop outlives any one failure: a database outage (PgonceError) or a
                     # bug in a publisher. Rows of the failed batch were not marked; they wait.
+                    error = _translated(raised)
                     self.stats.errors += 1
                     self.stats.last_error = str(error)
                     # Once per run of failures (a down database fails every loop at every
@@ -853,6 +854,20 @@ class Relay:
             return await hears(conn, sender, self.store.channel, within=LISTEN_CHECK)
         finally:
             await sender.close()
+
+
+def _translated(error: Exception) -> Exception:
+    """``error`` as the store translates it, when it is psycopg's loss of the server (a BEGIN,
+    which a batch runs outside the store's statements): DatabaseUnavailable, or the ConfigError
+    of a pooler in statement mode, which refuses every batch's transaction; no outage ends that.
+    """
+    if not isinstance(error, psycopg.OperationalError):
+        return error
+    try:
+        with translate_errors("beginning a batch of outbox rows"):
+            raise error
+    except PgonceError as translated:
+        return translated
 
 
 def _check_conninfo(what: str, conninfo: str | None) -> None:
