@@ -608,6 +608,15 @@ class InboxWorker:
             _, pending = await asyncio.wait(tasks, timeout=self.shutdown_timeout.total_seconds())
             for task in pending:
                 task.cancel()
+            cut = sum(1 for task in tasks[: self.concurrency] if task in pending)
+            if cut:
+                log.warning(
+                    "inbox worker: %d batch(es) still running %g s after the stop (the shutdown "
+                    "timeout) are cancelled: their handlers' writes are rolled back, and their "
+                    "events run again when a worker runs (no attempt counted)",
+                    cut,
+                    self.shutdown_timeout.total_seconds(),
+                )
         finally:
             stop.set()
             stopping.cancel()
