@@ -1,7 +1,8 @@
 """``PGONCE["DATABASE"]`` on an alias with Django's connection pool (``OPTIONS["pool"]``, Django
 5.1+): requests claim, commit and replay as on a plain connection, and a view that closes the
 request's connection, which gives it back to the pool (rolled back there), is the
-transaction-ended problem, never its success over writes that are gone.
+transaction-ended problem, never its success over writes that are gone; an inbox handler that
+does it is a UsageError, and the batch writes nothing more on the connection the pool holds.
 
 The alias ``pooled`` is a second connection to the same test database (Django's
 ``TEST["MIRROR"]``) with a pool of its own."""
@@ -12,6 +13,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,8 +23,10 @@ from django.test import Client
 from django.urls import path
 
 from examples.django_payments.payments.models import Payment
+from pgonce.contrib.django.inbox import process_batch
 from pgonce.contrib.django.outbox import enqueue
-from tests.django.test_django import post, scalar, stored_keys
+from pgonce.errors import UsageError
+from tests.django.test_django import _deliver, post, scalar, stored_keys
 
 _default = connections.settings["default"]
 connections.settings.setdefault(
@@ -104,3 +108,38 @@ def test_a_view_that_gives_the_connection_back_to_the_pool_is_a_problem_answer(
     assert post(client, "/pay", fresh).status_code == 201
     assert post(client, "/pay", fresh).headers["Idempotent-Replayed"] == "true"
     assert Payment.objects.count() == 1
+
+
+@pytest.mark.parametrize("then_raise", [False, True], ids=["returns", "raises"])
+def test_an_inbox_handler_that_gives_the_connection_back_to_the_pool_is_a_usage_error(
+    then_raise: bool,
+) -> None:
+    # The batch went on, on the connection the pool now held: it recorded the event as failed
+    # in a transaction of its own there and committed it, and said nothing of the misuse.
+    source = f"probe-{uuid.uuid4().hex[:8]}"
+    _deliver({"kind": "a"}, {"kind": "close"}, {"kind": "b"}, source=source)
+    closing = True
+
+    def handler(event: Any) -> None:
+        kind = event.payload["kind"]
+        Payment.objects.using("pooled").create(principal=kind, amount=1, currency="EUR")
+        if kind == "close" and closing:
+            connections["pooled"].close()
+            if then_raise:
+                raise RuntimeError("after the close")
+
+    with pytest.raises(UsageError, match="closed the connection"):
+        process_batch(source, handler, using="pooled", now=datetime.now(UTC))
+    assert Payment.objects.count() == 0
+    # Nothing of the batch was recorded: every event is pending, none failed.
+    assert (
+        scalar(
+            "SELECT count(*) FROM pgonce.inbox WHERE source = %s AND status = 'pending' "
+            "AND attempts = 0",
+            source,
+        )
+        == 3
+    )
+    closing = False
+    assert process_batch(source, handler, using="pooled", now=datetime.now(UTC)) == 3
+    assert sorted(Payment.objects.values_list("principal", flat=True)) == ["a", "b", "close"]

@@ -71,10 +71,15 @@ def process_batch(
     check_sync(handler)
 
     def handle(event: InboxEvent, _: Any) -> object:
-        returned: object = handler(event)
+        try:
+            returned: object = handler(event)
+        except Exception:
+            _check_given_back(alias)
+            raise
         if inspect.isawaitable(returned):
             return returned  # refused by run_batch: the event is failed, not marked done
         if connections[alias].get_rollback():
+            _check_given_back(alias)
             # Said plainly, rather than as the TransactionManagementError of the next query.
             raise InboxHandlerError(
                 "the handler marked its transaction for rollback (transaction.set_rollback): "
@@ -102,10 +107,31 @@ def process_batch(
         except DatabaseUnavailable as error:
             if connections[alias].closed_in_transaction:
                 # Not the database: a handler's connection.close(), met by the next statement.
-                raise UsageError(
-                    f"an inbox handler closed the connection of the batch's transaction "
-                    f"(connections[{alias!r}].close()), which rolled the whole batch back: no "
-                    "event of it was marked done or failed, and the next batch claims them "
-                    "again. Let process_batch() end the transaction"
-                ) from error
+                raise _closed(alias) from error
             raise
+        except _GivenBack:
+            raise _closed(alias) from None
+
+
+class _GivenBack(BaseException):
+    """A handler closed a pooled alias's connection (``OPTIONS["pool"]``), which gave it back to
+    the pool, where it was rolled back. A BaseException, so that :func:`run_batch` lets it
+    through as it does a cancellation, and writes nothing more on a connection the pool holds."""
+
+
+def _check_given_back(alias: str) -> None:
+    """Raise :class:`_GivenBack` when the handler that just ended closed the connection, and
+    Django gave it back to its pool (a closed connection of no pool fails the batch's next
+    statement instead)."""
+    wrapper = connections[alias]
+    if wrapper.closed_in_transaction and wrapper.connection is None:
+        raise _GivenBack
+
+
+def _closed(alias: str) -> UsageError:
+    return UsageError(
+        f"an inbox handler closed the connection of the batch's transaction "
+        f"(connections[{alias!r}].close()), which rolled the whole batch back: no "
+        "event of it was marked done or failed, and the next batch claims them "
+        "again. Let process_batch() end the transaction"
+    )
