@@ -26,7 +26,7 @@ from pgonce.webhooks.schemes.base import (
     delivery_event_id,
     fallback_event_id,
 )
-from pgonce.webhooks.schemes.common import DEFAULT_TOLERANCE
+from pgonce.webhooks.schemes.common import DEFAULT_TOLERANCE, checked_tolerance
 
 __all__ = [
     "DEFAULT_TOLERANCE",
@@ -94,20 +94,6 @@ def build_scheme(
         )
     return factory(
         [secrets] if isinstance(secrets, str) else secrets,
-        _tolerance(name, tolerance),
+        checked_tolerance(name, tolerance),
         dict(options or {}),
     )
-
-
-def _tolerance(scheme: str, value: timedelta | float | None) -> timedelta:
-    if value is None:
-        return DEFAULT_TOLERANCE
-    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
-        raise ConfigError(f"the tolerance of the {scheme} scheme must be seconds or a timedelta")
-    try:
-        tolerance = value if isinstance(value, timedelta) else timedelta(seconds=value)
-    except (OverflowError, ValueError):
-        raise ConfigError(f"the tolerance of the {scheme} scheme is out of range") from None
-    if tolerance <= timedelta(0):
-        raise ConfigError(f"the tolerance of the {scheme} scheme must be positive")
-    return tolerance

@@ -87,6 +87,26 @@ def check_tolerance(timestamp: int, now: datetime, tolerance: timedelta) -> None
         )
 
 
+def checked_tolerance(scheme: str, value: timedelta | float | None) -> timedelta:
+    """The tolerance of a scheme: a timedelta or seconds, positive; ``None`` is the default.
+
+    Every scheme's constructor checks it, not only :func:`~pgonce.webhooks.schemes.build_scheme`:
+    a scheme built from its class with seconds failed each verification with an
+    ``AttributeError``, and one with a tolerance of 0 or less refused every authentic delivery.
+    """
+    if value is None:
+        return DEFAULT_TOLERANCE
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise ConfigError(f"the tolerance of the {scheme} scheme must be seconds or a timedelta")
+    try:
+        tolerance = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    except (OverflowError, ValueError):
+        raise ConfigError(f"the tolerance of the {scheme} scheme is out of range") from None
+    if tolerance <= timedelta(0):
+        raise ConfigError(f"the tolerance of the {scheme} scheme must be positive")
+    return tolerance
+
+
 def aware(moment: datetime) -> datetime:
     """``moment`` itself; a naive datetime is refused, since its meaning depends on the machine."""
     if moment.tzinfo is None or moment.utcoffset() is None:

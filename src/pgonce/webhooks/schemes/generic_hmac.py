@@ -42,6 +42,7 @@ from pgonce.webhooks.schemes.common import (
     HmacKey,
     check_tolerance,
     checked_secrets,
+    checked_tolerance,
     decode_base64,
     decode_hex,
     decode_secret_base64,
@@ -90,7 +91,7 @@ class GenericHmac:
         signed_prefix: str | None = None,
         id_header: str | None = None,
         id_field: str | None = None,
-        tolerance: timedelta = DEFAULT_TOLERANCE,
+        tolerance: timedelta | float = DEFAULT_TOLERANCE,
         name: str = NAME,
     ) -> None:
         self.name = name
@@ -117,7 +118,7 @@ class GenericHmac:
         self._keys = tuple(
             HmacKey(k, ALGORITHMS[algorithm]) for k in _secrets(name, secrets, secret_encoding)
         )
-        self.tolerance = tolerance
+        self.tolerance = checked_tolerance(name, tolerance)
         self.header_names = tuple(
             h for h in (self._header, self._timestamp_header, self._id_header) if h
         )

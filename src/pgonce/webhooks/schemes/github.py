@@ -31,7 +31,9 @@ DESCRIPTION_HEADERS = (
 class GitHub(GenericHmac):
     """The GitHub scheme, a preset of :class:`GenericHmac`; no timestamp, so no tolerance."""
 
-    def __init__(self, secrets: Sequence[str], *, tolerance: timedelta = DEFAULT_TOLERANCE) -> None:
+    def __init__(
+        self, secrets: Sequence[str], *, tolerance: timedelta | float = DEFAULT_TOLERANCE
+    ) -> None:
         super().__init__(
             secrets,
             name=NAME,

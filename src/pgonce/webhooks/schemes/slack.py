@@ -31,7 +31,9 @@ TIMESTAMP_HEADER = "x-slack-request-timestamp"
 class Slack(GenericHmac):
     """The Slack scheme: a preset of :class:`GenericHmac` with its own event id."""
 
-    def __init__(self, secrets: Sequence[str], *, tolerance: timedelta = DEFAULT_TOLERANCE) -> None:
+    def __init__(
+        self, secrets: Sequence[str], *, tolerance: timedelta | float = DEFAULT_TOLERANCE
+    ) -> None:
         super().__init__(
             secrets,
             name=NAME,

@@ -33,6 +33,7 @@ from pgonce.webhooks.schemes.common import (
     check_tolerance,
     checked_event_id,
     checked_secrets,
+    checked_tolerance,
     decode_base64,
     decode_secret_base64,
     encode_base64,
@@ -80,9 +81,11 @@ class StandardWebhooks:
     name: str = NAME
     header_names: tuple[str, ...] = (ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER)
 
-    def __init__(self, secrets: Sequence[str], *, tolerance: timedelta = DEFAULT_TOLERANCE) -> None:
+    def __init__(
+        self, secrets: Sequence[str], *, tolerance: timedelta | float = DEFAULT_TOLERANCE
+    ) -> None:
         self._keys = _parse_keys(secrets)
-        self.tolerance = tolerance
+        self.tolerance = checked_tolerance(NAME, tolerance)
 
     def verify(self, headers: Headers, body: bytes, *, now: datetime) -> None:
         msg_id = header(headers, ID_HEADER)

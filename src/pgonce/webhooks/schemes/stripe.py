@@ -20,6 +20,7 @@ from pgonce.webhooks.schemes.common import (
     MAX_SIGNATURES,
     HmacKey,
     check_tolerance,
+    checked_tolerance,
     decode_hex,
     header,
     json_event_id,
@@ -45,9 +46,11 @@ class Stripe:
     name: str = NAME
     header_names: tuple[str, ...] = (SIGNATURE_HEADER,)
 
-    def __init__(self, secrets: Sequence[str], *, tolerance: timedelta = DEFAULT_TOLERANCE) -> None:
+    def __init__(
+        self, secrets: Sequence[str], *, tolerance: timedelta | float = DEFAULT_TOLERANCE
+    ) -> None:
         self._keys = tuple(HmacKey(k, "sha256") for k in text_secrets(NAME, secrets))
-        self.tolerance = tolerance
+        self.tolerance = checked_tolerance(NAME, tolerance)
 
     def verify(self, headers: Headers, body: bytes, *, now: datetime) -> None:
         timestamps: list[str] = []
