@@ -25,18 +25,22 @@ sweeper removes them like any other key; keep them longer than the broker can re
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 
+from pgonce.core.checks import describe
 from pgonce.core.fingerprint import fingerprint
 from pgonce.core.outcomes import Response
-from pgonce.errors import UsageError
+from pgonce.errors import DatabaseUnavailable, UsageError
 from pgonce.store._async.keys import AsyncKeyStore
 
 Handler = Callable[[AsyncConnection[Any]], Awaitable[None]]
+
+_NOT_ASYNC = "a consumer's handler is an async def function of the connection"
 
 
 class Outcome(enum.Enum):
@@ -79,12 +83,30 @@ class IdempotentConsumer:
                 "handle() commits its own transaction; call it on an idle connection, "
                 "not inside a transaction"
             )
-        async with self.key_store.once(
-            conn, self.name, message_id, fingerprint(body), commit=True
-        ) as op:
-            if op.won:
-                await handler(conn)
-                op.respond(Response())
+        if not callable(handler):
+            raise UsageError(f"{_NOT_ASYNC}, not {describe(handler)}")
+        try:
+            async with self.key_store.once(
+                conn, self.name, message_id, fingerprint(body), commit=True
+            ) as op:
+                if op.won:
+                    running = handler(conn)
+                    if not inspect.isawaitable(running):
+                        raise UsageError(
+                            f"{_NOT_ASYNC}: it returned {describe(running)}; it ran, and its "
+                            "writes are rolled back with the claim (do not acknowledge)"
+                        )
+                    await running
+                    op.respond(Response())
+        except DatabaseUnavailable as error:
+            if conn.closed and not conn.broken:
+                # Not an outage to retry: every redelivery would close it again.
+                raise UsageError(
+                    "the handler closed the connection it was given: its writes and the claim "
+                    "rolled back with it (do not acknowledge); a handler leaves the connection "
+                    "open and its transaction to handle()"
+                ) from error
+            raise
         if op.won:
             return Outcome.PROCESSED
         if op.replayed:
