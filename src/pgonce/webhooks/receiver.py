@@ -269,7 +269,10 @@ class InboxReceiver:
         handshake: Callable[[bytes], bytes | None] | None = getattr(
             source.scheme, "handshake", None
         )  # Handshaking's, found by name: an isinstance() of a Protocol costs each delivery
-        if handshake is not None and (reply := handshake(body)) is not None:
+        if (
+            handshake is not None
+            and (reply := self._handshake(source, handshake, body)) is not None
+        ):
             # Before the event's id and ordering are read: a handshake is no event, and the
             # application's extractors, written for events, may well fail on it.
             await _send_json(send, 200, reply)
@@ -314,6 +317,20 @@ class InboxReceiver:
             # A scheme must raise only WebhookErrors; a bug in one fails closed, never a 500.
             log.exception("scheme %s of source %s failed", source.scheme.name, source.name)
             raise SignatureInvalid() from None
+
+    def _handshake(
+        self, source: Source, handshake: Callable[[bytes], bytes | None], body: bytes
+    ) -> bytes | None:
+        try:
+            return handshake(body)
+        except WebhookError:
+            raise
+        except Exception:
+            # A scheme's handshake reads an authentic but unexpected body; its failure is no 500.
+            log.exception(
+                "the handshake of scheme %s of source %s failed", source.scheme.name, source.name
+            )
+            raise BadPayload("the delivery could not be read as a handshake") from None
 
     def _delivery(self, source: Source, headers: dict[str, str], body: bytes) -> Delivery:
         """The verified delivery as the inbox stores it: its event id, headers and ordering."""
