@@ -24,6 +24,10 @@ Guarantees and answers:
   endpoint never began, i.e. never took the connection (framework validation and authentication
   failures); the response body exceeded ``max_response_bytes`` (then the client gets a 500
   problem instead: a response that cannot be replayed must not be given out as if it could).
+- **an endpoint that ends the request's transaction itself** (a commit or rollback on its
+  connection) and runs nothing after leaves no key in flight: after a commit its answer is stored
+  just after; after a rollback nothing committed, and the client gets the 500 problem
+  :data:`~pgonce.http.semantics.TRANSACTION_ENDED`. Either way the log names the error.
 - **streaming responses** are buffered in full (up to ``max_response_bytes``), stored, and sent
   after the commit as one body.
 - Every answer for a stored key carries ``Idempotency-Key-Expires`` (an HTTP-date: claim time plus
@@ -79,6 +83,7 @@ from pgonce.http.semantics import (
     IdempotencyRules,
     PhasedRequest,
 )
+from pgonce.http.semantics import IDLE as _IDLE
 from pgonce.http.setup import SCHEMA_NOT_GIVEN, middleware_pool, middleware_stores
 from pgonce.http.transaction import PHASED_KEY, STATE_KEY, IdempotentTransaction
 from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
@@ -304,7 +309,7 @@ class IdempotencyMiddleware:
         fingerprint: bytes,
         body: bytes,
     ) -> None:
-        captured: CapturedResponse | None = None
+        captured: _Captured | None = None
         try:
             async with self.pool.connection() as conn:
                 # BEGIN and the claim in one round trip; a claim that did not win has ended
@@ -317,7 +322,14 @@ class IdempotencyMiddleware:
                 if isinstance(claim, Won):
                     try:
                         captured = await self._run(scope, receive, send, conn, claim, body)
-                        if not captured.commits(conn.pgconn.transaction_status):
+                        status = conn.pgconn.transaction_status
+                        if status == _IDLE and (captured.stored or not captured.undone):
+                            # The endpoint committed or rolled back the request's transaction
+                            # itself and ran nothing since: the claim is settled on its own,
+                            # never left in flight, and the log says what was wrong. (Not a
+                            # failed endpoint's: SQLAlchemy rolled back after a failed flush.)
+                            await self._settle(conn, claim, captured)
+                        elif not captured.commits(status):
                             await conn.rollback()
                         elif not await self.store.commit(conn, claim, captured.response()):
                             # The completion and COMMIT in one round trip (a failed completion
@@ -343,6 +355,21 @@ class IdempotencyMiddleware:
         # After the commit (or the rollback): the client never sees an answer that did not
         # commit.
         await self._reply(send, captured, claim)
+
+    async def _settle(
+        self, conn: AsyncConnection[Any], claim: Won, captured: CapturedResponse
+    ) -> None:
+        """Complete (or release) ``claim`` in a transaction of its own on the idle ``conn``,
+        after the endpoint ended the request's transaction (see
+        :meth:`~pgonce.http.semantics.CapturedResponse.ended_by_endpoint`)."""
+        found: bool | None = None
+        # A transaction() block: on a pool of autocommit connections there is no implicit one.
+        async with conn.transaction():
+            if captured.stored:
+                found = await self.store.complete(conn, claim, captured.response())
+            else:
+                await self.store.release(conn, claim)
+        captured.ended_by_endpoint(claim, found=found)
 
     async def _reply(
         self, send: Send, captured: CapturedResponse | None, claim: Won | Replay | InFlight
@@ -483,7 +510,7 @@ class IdempotencyMiddleware:
         conn: AsyncConnection[Any],
         claim: Won,
         body: bytes,
-    ) -> CapturedResponse:
+    ) -> _Captured:
         """Run the application in the claim's transaction and capture its response.
 
         An exception from the application propagates (the transaction rolls back); if the
@@ -503,6 +530,7 @@ class IdempotencyMiddleware:
                 semantics.log_unavailable(claim.scope, error)
                 return captured
             raise error
+        captured.undone = tx.failed
         captured.keep(began=tx.began and not tx.failed, status_kept=self.store.stores_status)
         return captured
 
@@ -510,6 +538,9 @@ class IdempotencyMiddleware:
         self, send: Send, captured: CapturedResponse, claim: Won | Replay | InFlight
     ) -> None:
         """Send the application's own answer, after its transaction committed or rolled back."""
+        if captured.ended:
+            await _send(send, semantics.TRANSACTION_ENDED)
+            return
         if not captured.answered:
             if captured.too_large:
                 await _send(send, semantics.RESPONSE_TOO_LARGE)
@@ -573,6 +604,8 @@ class _Captured(CapturedResponse):
     """A captured response, and the exception the application raised instead, if it did."""
 
     failed: BaseException | None = None
+    #: The endpoint marked its work failed (:meth:`IdempotentTransaction.fail`).
+    undone: bool = False
 
     @property
     def error_status(self) -> bool:
