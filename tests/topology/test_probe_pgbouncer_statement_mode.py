@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 
 import psycopg
 import pytest
 
 from pgonce import KeyStore, Response, Won, fingerprint
+from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import DatabaseUnavailable
+from pgonce.publishers.base import PublishResult
 from pgonce.relay import Relay
+from pgonce.store._async.outbox import enqueue
 from tests.outbox.conftest import wait_until
 from tests.outbox.test_probe_relay_pooled_listen import Acking
 from tests.pgbouncer import admin, started_pgbouncer, through
@@ -57,6 +61,14 @@ async def test_a_relay_behind_statement_pooling_names_the_pool_modes_that_work(
     assert "tries again" in said[0].getMessage()
 
 
+def marked(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pgonce.outbox WHERE published_at IS NOT NULL"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 @pytest.mark.parametrize("how", ["KILL", "restart"])
 def test_a_claim_open_when_pgbouncer_drops_its_connection_frees_the_key(
     direct_dsn: str, server_dsn: str, how: str
@@ -82,3 +94,58 @@ def test_a_claim_open_when_pgbouncer_drops_its_connection_frees_the_key(
             retry = store.begin(conn, "s", "k", FP)
             assert isinstance(retry, Won)
             assert store.commit(conn, retry, Response(201))
+
+
+async def test_a_relay_outlives_pgbouncer_killing_its_connections_and_restarting(
+    direct_dsn: str, server_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each drop of the relay's connections is one line with what happens next, and one when
+    # batches run again; every row is published once, through both.
+    caplog.set_level(logging.INFO, logger="pgonce.relay")
+    published: list[int] = []
+
+    class Recording(Acking):
+        async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
+            published.extend(m.id for m in batch)
+            return await super().publish(batch)
+
+    async def enqueued(n: int) -> None:
+        async with await psycopg.AsyncConnection.connect(direct_dsn) as conn:
+            await enqueue(conn, "order", str(n), "created", {"n": n})
+        # Marked, not only sent: a drop before the mark commits publishes the row again (with
+        # the same message id), as the relay's guarantee says.
+        await wait_until(lambda: marked(direct_dsn) >= n, within=30)
+
+    with started_pgbouncer(server_dsn, pool_size=4) as bouncer:
+        relay = Relay(
+            through(bouncer, direct_dsn),
+            Recording(),
+            concurrency=1,
+            listen_dsn=direct_dsn,
+            poll_interval=timedelta(milliseconds=200),
+            outage_backoff=(timedelta(milliseconds=50), timedelta(milliseconds=200)),
+        )
+        stop = asyncio.Event()
+        running = asyncio.create_task(relay.run(stop))
+        try:
+            await enqueued(1)
+            await asyncio.to_thread(admin, bouncer, f"KILL {_database(direct_dsn)}")
+            await asyncio.to_thread(admin, bouncer, f"RESUME {_database(direct_dsn)}")
+            await enqueued(2)
+            await asyncio.to_thread(bouncer.stop)
+            await asyncio.to_thread(bouncer.start)
+            await enqueued(3)
+        finally:
+            stop.set()
+            await running
+    assert sorted(published) == sorted(set(published))
+    assert len(published) == 3
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "pgonce.relay" and r.levelno >= logging.WARNING
+    ]
+    assert all("tries again" in line for line in lines), lines
+    assert len(lines) <= 2 * 2  # at most one per drop for each of the two loops' runs
+    back = [r for r in caplog.records if "the database answers again" in r.getMessage()]
+    assert len(back) == len(lines)
