@@ -37,3 +37,15 @@ def test_an_extra_header_httpx_cannot_send_is_refused_at_once(headers: Any) -> N
 
 def test_a_good_url_and_headers_are_taken() -> None:
     assert callable(forward_to("https://svc.internal:8443/hooks", headers=[("x-team", "a")]))
+
+
+def test_a_configured_forward_without_a_host_is_a_problem_of_its_key(tmp_path: Any) -> None:
+    from pgonce.service.config import load
+
+    path = tmp_path / "pgonce.toml"
+    path.write_text(
+        "[sources.fwd]\nscheme = 'standard-webhooks'\nsecrets = ['env:S']\nforward = 'http://'\n"
+    )
+    env = {"S": "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"}
+    with pytest.raises(ConfigError, match=r"sources\.fwd\.forward: .*with a host"):
+        load(path, env)

@@ -583,7 +583,7 @@ def _source(name: str, section: _Section) -> tuple[SourceConfig | None, Retentio
         ):
             problems.add(section.key("forward"), why)
         else:
-            handler = forward_to(forward)
+            handler = problems.check(section.key("forward"), lambda: forward_to(forward))
     key_pointer = section.optional_text("ordering_key")
     version_pointer = section.optional_text("ordering_version")
     ordering = None
