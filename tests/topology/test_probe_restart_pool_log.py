@@ -21,7 +21,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgonce.service.config import PoolConfig
 from pgonce.service.pools import request_pool
-from tests.inbox.test_probe_worker_outage_logged_once import BIN, _free_port, _Server
+from tests.inbox.test_probe_worker_outage_logged_once import BIN, _Server
+from tests.topology.cluster import _free_port  # a port of the system's choosing, per worker
 
 pytestmark = pytest.mark.skipif(
     not (BIN / "pg_ctl").exists(), reason="needs PostgreSQL 15's initdb and pg_ctl"

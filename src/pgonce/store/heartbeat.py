@@ -16,6 +16,10 @@ for the ``_sync`` file generated from it, which names :class:`Heartbeat` where t
   a whole lease is fenced by its token anyway. The first failure of a run of them is logged as a
   warning that says so, the others at debug level, and the renewal that ends the run once more
   (or the takeover a renewal found, or, when the call ends first, the heartbeat's stop).
+- A renewal that failed because the holder's connection is gone for good (``closed``, given by
+  the holder: the server restarted or failed over, and a psycopg connection never reconnects)
+  ends the heartbeat with one warning that says so: no later beat could renew on it, and the
+  call's record fails on it too.
 - A renewal that raises :class:`~pgonce.errors.UsageError` (a ``clock`` that gives a naive
   datetime) is a broken contract, not an outage: it ends the heartbeat and is kept in
   :attr:`error`, for the call to raise once its work returns.
@@ -53,8 +57,9 @@ class _Beats:
     """What both twins keep of their renewals: a lost key, and the failures counted and logged
     once per run of them."""
 
-    def __init__(self, every: timedelta) -> None:
+    def __init__(self, every: timedelta, closed: Callable[[], bool] | None = None) -> None:
         self._every = every
+        self._closed = closed
         self._failed = FailureRun(
             log, "a lease's heartbeat renewed the lease again after %(count)d failures"
         )
@@ -88,6 +93,17 @@ class _Beats:
             self._failed.succeeded()
             return False
         self.failures += 1
+        if self._closed is not None and self._closed():
+            self._failed.ended()
+            log.warning(
+                "a lease's heartbeat lost its connection (%s: %s), and stops: no renewal can "
+                "succeed on it, and the call's value cannot be recorded on it; the key is "
+                "another holder's to take over once its lease runs out, and a retry calls again "
+                "with the same idempotency key",
+                type(error).__name__,
+                error,
+            )
+            return True
         self._failed.failed(
             error,
             "a lease's heartbeat failed (%(type)s: %(error)s); it tries again every %(every)s, "
@@ -109,10 +125,16 @@ class _Beats:
 
 
 class AsyncHeartbeat(_Beats):
-    """Runs ``renew()`` every ``every`` in an asyncio task while the ``async with`` block runs."""
+    """Runs ``renew()`` every ``every`` in an asyncio task while the ``async with`` block runs;
+    ``closed()`` says whether the connection it renews on is gone for good."""
 
-    def __init__(self, renew: Callable[[], Awaitable[None]], every: timedelta) -> None:
-        super().__init__(every)
+    def __init__(
+        self,
+        renew: Callable[[], Awaitable[None]],
+        every: timedelta,
+        closed: Callable[[], bool] | None = None,
+    ) -> None:
+        super().__init__(every, closed)
         self._renew = renew
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -151,10 +173,13 @@ class AsyncHeartbeat(_Beats):
 
 
 class Heartbeat(_Beats):
-    """Runs ``renew()`` every ``every`` in a thread while the ``with`` block runs."""
+    """Runs ``renew()`` every ``every`` in a thread while the ``with`` block runs; ``closed()``
+    says whether the connection it renews on is gone for good."""
 
-    def __init__(self, renew: Callable[[], None], every: timedelta) -> None:
-        super().__init__(every)
+    def __init__(
+        self, renew: Callable[[], None], every: timedelta, closed: Callable[[], bool] | None = None
+    ) -> None:
+        super().__init__(every, closed)
         self._renew = renew
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=NAME, daemon=True)

@@ -610,7 +610,10 @@ class AsyncPhasedOperation(Generic[Row]):
             # it here, before it calls the third party.
             await self._renew(started)
             self._called = True
-            async with AsyncHeartbeat(beat, self._store.heartbeat) as heartbeat:
+            conn = self._conn
+            async with AsyncHeartbeat(
+                beat, self._store.heartbeat, lambda: conn.closed
+            ) as heartbeat:
                 value = await AsyncCallback.result(
                     work(self.idempotency_key(name)), f"call {name!r}'s work"
                 )

@@ -606,7 +606,8 @@ class PhasedOperation(Generic[Row]):
             # it here, before it calls the third party.
             self._renew(started)
             self._called = True
-            with Heartbeat(beat, self._store.heartbeat) as heartbeat:
+            conn = self._conn
+            with Heartbeat(beat, self._store.heartbeat, lambda: conn.closed) as heartbeat:
                 value = Callback.result(work(self.idempotency_key(name)), f"call {name!r}'s work")
             if heartbeat.lost:
                 raise self._lost()
