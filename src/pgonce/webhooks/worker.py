@@ -178,6 +178,15 @@ class _HandlerFailed(Exception):
         self.error = error
 
 
+class _HandlerExited(BaseException):
+    """Carries a handler's SystemExit out of a batch transaction, rolling the batch back."""
+
+    def __init__(self, event: InboxEvent, error: SystemExit) -> None:
+        super().__init__(f"the handler of {event.source}/{event.id} raised SystemExit")
+        self.event = event
+        self.error = error
+
+
 class _TransactionEnded(_HandlerFailed):
     """A handler ended the batch's transaction; ``unrun`` are the batch's events after it."""
 
@@ -340,6 +349,8 @@ class InboxWorker:
                         failed.append(
                             await self._record_failure(conn, source, event, error, now, jitter)
                         )
+                    except SystemExit as error:
+                        raise _HandlerExited(event, error) from error  # rolls the batch back
                     else:
                         finished.append((event, status))
                         if status == "skipped":
@@ -350,6 +361,9 @@ class InboxWorker:
                             await _end_savepoint(store.next_savepoint(conn), event)
                         else:
                             await _end_savepoint(store.release_savepoint(conn), event)
+        except _HandlerExited as exited:
+            await self._count_exit(conn, exited, now, jitter)
+            raise exited.error from None
         except _TransactionEnded as ended:
             self._careful = CAREFUL_BATCHES
             return await self._after_transaction_ended(conn, ended, events, now, jitter)
@@ -361,9 +375,11 @@ class InboxWorker:
                 # Its handler closed the connection: the failure is recorded on one of its own
                 # (the loop reconnects for the next batch).
                 async with await self._connect(self.dsn, autocommit=False) as apart:
-                    decision = await self._record_apart(apart, failure, now, jitter)
+                    decision = await self._record_apart(
+                        apart, failure.event, failure.error, now, jitter
+                    )
             else:
-                decision = await self._record_apart(conn, failure, now, jitter)
+                decision = await self._record_apart(conn, failure.event, failure.error, now, jitter)
             return BatchResult(
                 claimed=len(events),
                 retried=int(isinstance(decision, Retry)),
@@ -403,23 +419,48 @@ class InboxWorker:
                 break
         return events
 
+    async def _count_exit(
+        self,
+        conn: AsyncConnection[Any],
+        exited: _HandlerExited,
+        now: datetime | None,
+        jitter: float | None,
+    ) -> None:
+        """A handler raised SystemExit, which ends the worker as it asks; its run is counted
+        first, so that an event whose handler always exits is dead-lettered in the end rather
+        than run again at every start."""
+        event = exited.event
+        try:
+            await self._record_apart(conn, event, exited.error, now, jitter)
+        except (PgonceError, psycopg.Error) as error:
+            log.error(
+                "the handler of %s event %s raised SystemExit: the worker stops as asked, its "
+                "batch rolled back; the failure could not be recorded (%s), so the event runs "
+                "again at the next start with this attempt not counted",
+                event.source,
+                event.id,
+                describe_error(error),
+            )
+            return
+        log.error(
+            "the handler of %s event %s raised SystemExit: the worker stops as asked (its batch "
+            "rolled back, the attempt counted as a failure)",
+            event.source,
+            event.id,
+        )
+
     async def _record_apart(
         self,
         conn: AsyncConnection[Any],
-        failure: _HandlerFailed,
+        event: InboxEvent,
+        error: BaseException,
         now: datetime | None,
         jitter: float | None,
     ) -> Retry | DeadLetter:
         """Record the failure of a handler whose batch rolled back, in a transaction of its own."""
         async with conn.transaction():
             return await self._record_failure(
-                conn,
-                self.sources[failure.event.source],
-                failure.event,
-                failure.error,
-                now,
-                jitter,
-                claimed=False,
+                conn, self.sources[event.source], event, error, now, jitter, claimed=False
             )
 
     async def _after_transaction_ended(
