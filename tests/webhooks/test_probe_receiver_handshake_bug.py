@@ -69,3 +69,30 @@ def test_a_handshake_that_breaks_is_a_problem_not_a_500(
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(f"SELECT event_id FROM {SCHEMA}.inbox").fetchall()
     assert rows == [("e2",)]
+
+
+class TextHandshakingScheme(HandshakingScheme):
+    """A handshake answered with text, not the bytes the protocol asks for."""
+
+    def handshake(self, body: bytes) -> bytes | None:
+        return '{"challenge": "c"}' if b"hello" in body else None  # type: ignore[return-value]
+
+
+def test_a_handshake_answered_with_text_is_a_problem_not_a_500(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver = InboxReceiver(
+        [Source(name="shop", scheme=TextHandshakingScheme())], dsn=dsn, schema=SCHEMA
+    )
+    hello = b'{"kind": "hello"}'
+    with (
+        serve(receiver) as url,
+        httpx.Client(base_url=url) as client,
+        caplog.at_level(logging.ERROR, logger="pgonce.inbox"),
+    ):
+        refused = client.post(
+            "/webhooks/shop", content=hello, headers=hmac_scheme().sign(hello, event_id="e1")
+        )
+    assert refused.status_code == 400, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert [r.name for r in caplog.records if r.name == "pgonce.inbox"] == ["pgonce.inbox"]

@@ -322,7 +322,9 @@ class InboxReceiver:
         self, source: Source, handshake: Callable[[bytes], bytes | None], body: bytes
     ) -> bytes | None:
         try:
-            return handshake(body)
+            reply = handshake(body)
+            if reply is not None and not isinstance(reply, bytes):
+                raise TypeError(f"a handshake answers bytes or None, not {describe(reply)}")
         except WebhookError:
             raise
         except Exception:
@@ -331,6 +333,7 @@ class InboxReceiver:
                 "the handshake of scheme %s of source %s failed", source.scheme.name, source.name
             )
             raise BadPayload("the delivery could not be read as a handshake") from None
+        return reply
 
     def _delivery(self, source: Source, headers: dict[str, str], body: bytes) -> Delivery:
         """The verified delivery as the inbox stores it: its event id, headers and ordering."""
