@@ -12,9 +12,11 @@ from typing import Any
 
 import psycopg
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.connection import ConnectionDoesNotExist
 from psycopg.pq import TransactionStatus
 
-from pgonce.errors import ConfigError, NotInTransaction
+from pgonce.errors import ConfigError, NotInTransaction, UsageError
 
 
 def check_backend(using: str = "default") -> None:
@@ -44,6 +46,20 @@ def check_backend(using: str = "default") -> None:
         )
 
 
+def wrapper_of(using: object) -> BaseDatabaseWrapper:
+    """Django's ``connections[using]``; a :class:`~pgonce.errors.UsageError` naming ``using``
+    when it is not an alias of ``settings.DATABASES``."""
+    try:
+        return connections[using]
+    except (ConnectionDoesNotExist, TypeError, AttributeError) as error:
+        # AttributeError, TypeError: Django's handler looks a non-string up as an attribute.
+        known = ", ".join(map(repr, connections.settings))
+        raise UsageError(
+            f"using={using!r} is not a database alias: pass the name of an entry of "
+            f"settings.DATABASES ({known})"
+        ) from error
+
+
 def psycopg_connection(using: str = "default") -> psycopg.Connection[Any]:
     """The psycopg 3 connection under Django's ``connections[using]``, inside ``atomic()``.
 
@@ -54,7 +70,7 @@ def psycopg_connection(using: str = "default") -> psycopg.Connection[Any]:
     Raises :class:`NotInTransaction` outside ``transaction.atomic()``: a write there would commit
     on its own, apart from the ORM's.
     """
-    wrapper = connections[using]
+    wrapper = wrapper_of(using)
     if not wrapper.in_atomic_block:
         raise NotInTransaction(
             "pgonce writes must commit with the ORM's: call this inside "

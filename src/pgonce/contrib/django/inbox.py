@@ -34,7 +34,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from pgonce.contrib.django.conf import store_settings
-from pgonce.contrib.django.connection import psycopg_connection
+from pgonce.contrib.django.connection import psycopg_connection, wrapper_of
 from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
 from pgonce.errors import DatabaseUnavailable, InboxHandlerError, UsageError
 from pgonce.store._sync.inbox import InboxStore
@@ -69,6 +69,7 @@ def process_batch(
     store = InboxStore(schema=schema)
 
     check_sync(handler)
+    wrapper_of(alias)  # an alias of settings.DATABASES, before atomic() looks it up
 
     def handle(event: InboxEvent, _: Any) -> object:
         try:
