@@ -50,7 +50,14 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA, own_connect_kwargs
-from pgonce.core.checks import check_bool, check_duration, check_int, check_strs, describe
+from pgonce.core.checks import (
+    check_bool,
+    check_connection,
+    check_duration,
+    check_int,
+    check_strs,
+    describe,
+)
 from pgonce.core.inbox import (
     DeadLetter,
     InboxEvent,
@@ -306,6 +313,7 @@ class InboxWorker:
         ``now`` is the clock for the claim, the backoff and the timestamps (default: the
         database's ``now()`` and :attr:`clock`); ``jitter`` fixes the backoff's random part.
         """
+        check_connection(conn, AsyncConnection, "the inbox worker")
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise UsageError("run_once needs a connection outside a transaction")
         store = self.store
@@ -814,6 +822,7 @@ class InboxWorker:
         """Dead letters of ``source`` back to pending, committed; returns the replayed ids."""
         # Checked before list() would turn a lone id into its characters.
         ids = None if event_ids is None else check_strs(event_ids, "event_ids")
+        check_connection(conn, AsyncConnection, "the inbox worker")
         async with conn.transaction():
             return await self.store.replay(conn, source, ids, now=now)
 
