@@ -204,8 +204,9 @@ class Won:
 
     ``row`` is where a claim of ``begin()`` put its row (the ctid, valid in that transaction
     only), by which ``commit()`` completes it; not part of the value, and None from ``claim()``.
-    ``conn`` is the connection whose transaction holds a claim of ``begin()``: ``commit()``
-    refuses the claim on any other connection. Not part of the value either.
+    ``conn`` is the connection whose transaction holds the claim (of ``claim()`` or
+    ``begin()``): ``complete()``, ``release()`` and ``commit()`` refuse the claim on any other
+    connection, whose transaction cannot see its row. Not part of the value either.
     """
 
     scope: str
@@ -379,15 +380,25 @@ class ClaimRow:
     body: bytes | None
 
 
-def decide(row: ClaimRow, *, scope: str, key: str, fingerprint: bytes, retry_after: int) -> Claim:
+def decide(
+    row: ClaimRow,
+    *,
+    scope: str,
+    key: str,
+    fingerprint: bytes,
+    retry_after: int,
+    conn: object = None,
+) -> Claim:
     """Map the claim statement's row to an outcome; raise :class:`KeyMismatch` on a mismatch.
+
+    ``conn``: the connection that made the claim, kept on a :class:`Won` (see there).
 
     A different fingerprint is a mismatch whether or not the original has completed: a retry with
     another request is an error the client must see, never a wait followed by a surprise.
     """
     if row.state == "won":
         assert row.claimed_at is not None
-        return won(scope, key, fingerprint, row.claimed_at)
+        return won(scope, key, fingerprint, row.claimed_at, None, conn)
     if row.state == "existing":
         assert row.fingerprint is not None
         assert row.claimed_at is not None

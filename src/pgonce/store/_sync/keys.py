@@ -34,7 +34,6 @@ from pgonce.core.checks import check_bool, check_connection
 from pgonce.core.fingerprint import FINGERPRINT_SIZE
 from pgonce.core.outcomes import (
     Claim,
-    ClaimRow,
     InFlight,
     Replay,
     Response,
@@ -207,7 +206,14 @@ class KeyStore:
             # Binary results: psycopg parses a timestamptz in text only in the ISO DateStyle.
             cur.execute(statement, params, binary=True)
             row = cur.fetchone()
-        return self._decide(claim_row(row), scope, key, fingerprint)
+        return decide(
+            claim_row(row),
+            scope=scope,
+            key=key,
+            fingerprint=fingerprint,
+            retry_after=self.retry_after,
+            conn=conn,
+        )
 
     def _checked_wait_ms(
         self,
@@ -247,11 +253,6 @@ class KeyStore:
             f"{conn.prepare_threshold}): there psycopg's prepared statements are crossed between "
             "clients, and a query runs another client's statement under its name: create the "
             "connections (or the pool's kwargs) with prepare_threshold=None"
-        )
-
-    def _decide(self, row: ClaimRow, scope: str, key: str, fingerprint: bytes) -> Claim:
-        return decide(
-            row, scope=scope, key=key, fingerprint=fingerprint, retry_after=self.retry_after
         )
 
     def begin(
@@ -428,10 +429,10 @@ class KeyStore:
                 raise UsageError(busy("commit()"))
             commands.append(_COMMIT)
         elif (owner := claim.conn) is not conn and owner is not None:
-            # A claim of begin() on another connection: its row is in that connection's
+            # A claim made on another connection: its row is in that connection's
             # transaction, which this completion cannot reach; this COMMIT would commit this
             # connection's transaction without its own claim's response.
-            raise UsageError(_OTHER_CONNECTION)
+            raise UsageError(busy("commit()") if _running(conn) else _OTHER_CONNECTION)
         elif (
             not joined
             and (txn := conn.pgconn.transaction_status) != _INTRANS
@@ -546,6 +547,11 @@ class KeyStore:
         """
         self._check_completion(conn, claim, response, won=True)
         require_free_transaction(conn, "complete()")
+        if (owner := claim.conn) is not conn and owner is not None:
+            # Its row is in that connection's open transaction, which this one cannot see: the
+            # completion updated nothing and answered False, and that transaction then
+            # committed the claim alone, in flight until the key expired.
+            raise UsageError(_OTHER_CONNECTION)
         if not self.stores(response):
             self.release(conn, claim)
             return False
@@ -576,6 +582,8 @@ class KeyStore:
         """Give up ``claim`` in the current transaction, so that a retry runs the work anew."""
         self._check_completion(conn, claim, None, won=True)
         require_free_transaction(conn, "release()")
+        if (owner := claim.conn) is not conn and owner is not None:
+            raise UsageError(_OTHER_CONNECTION)  # as in complete(): it deleted nothing
         with translate_errors("releasing a key"):
             cursor(conn).execute(self._sql.release, {"scope": claim.scope, "key": claim.key})
 
@@ -971,11 +979,11 @@ _PIPELINE_OUTSIDE = (
     "outside one: open it (with conn.transaction(): ...) in the pipeline; commit=True needs a "
     "connection outside conn.pipeline()"
 )
-# What commit() answers for a claim of begin() on another connection.
+# What complete(), release() and commit() answer for a claim made on another connection.
 _OTHER_CONNECTION = (
-    "commit() was given a claim that begin() made on another connection: the claim is in that "
-    "connection's transaction, which only commit() on that connection completes; this "
-    "connection's transaction was left as it was"
+    "the claim was made (by claim() or begin()) on another connection: its row is in that "
+    "connection's transaction, which no other connection sees; complete, release or commit it "
+    "on the connection that claimed it. This connection's transaction was left as it was"
 )
 # What a joined once() block that ended the caller's transaction is told, then how its key was
 # left (Operation._ended_in_block()).
