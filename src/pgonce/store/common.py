@@ -39,7 +39,8 @@ def require_free_transaction(conn: Any, call: str) -> None:
     """:func:`require_transaction` for the key store's calls through psycopg's cursors, which
     also refuses a connection running a statement outside psycopg's pipeline: a COPY block
     (``cur.copy()``), whose lock on the connection the call would wait for, for ever from
-    inside the block. The common case (in a transaction, autocommit off) reads two attributes."""
+    inside the block, and a transaction that has failed (its rollback is the caller's). The
+    common case (in a transaction, autocommit off) reads two attributes."""
     pgconn = conn.pgconn
     if (status := pgconn.transaction_status) == _ACTIVE:
         if pgconn.pipeline_status == _PIPELINE_OFF:
@@ -48,6 +49,14 @@ def require_free_transaction(conn: Any, call: str) -> None:
             raise NotInTransaction()
     elif status == _IDLE and conn.autocommit:
         raise NotInTransaction()
+    elif status == _INERROR and pgconn.pipeline_status == _PIPELINE_OFF:
+        # A statement before the call raised: PostgreSQL ignores everything until the
+        # transaction ends, and the call came back as a DatabaseError in its words.
+        raise UsageError(
+            f"{call} was given a connection whose transaction has failed (a statement before "
+            "it raised): roll it back (conn.rollback(), or leave its conn.transaction() block), "
+            "which also frees any key it claimed, and claim again in a new one"
+        )
 
 
 def busy(call: str) -> str:
@@ -62,6 +71,7 @@ def busy(call: str) -> str:
 
 _IDLE = TransactionStatus.IDLE
 _ACTIVE = TransactionStatus.ACTIVE
+_INERROR = TransactionStatus.INERROR
 _PIPELINE_OFF = PipelineStatus.OFF
 
 
