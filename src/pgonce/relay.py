@@ -60,7 +60,7 @@ from pgonce.errors import BrokerUnavailable, ConfigError, DatabaseError, PgonceE
 from pgonce.publishers.base import Publisher, PublishResult
 from pgonce.store._async.notify import hears
 from pgonce.store._async.outbox import AsyncOutboxStore
-from pgonce.store.errors import describe_dsn, translate_errors
+from pgonce.store.errors import describe_dsn, translate_errors, translated
 
 log = logging.getLogger("pgonce.relay")
 
@@ -566,7 +566,7 @@ class Relay:
                 except Exception as raised:
                     # The loop outlives any one failure: a database outage (PgonceError) or a
                     # bug in a publisher. Rows of the failed batch were not marked; they wait.
-                    error = _translated(raised)
+                    error = translated(raised, "beginning a batch of outbox rows")
                     self.stats.errors += 1
                     self.stats.last_error = str(error)
                     # Once per run of failures (a down database fails every loop at every
@@ -854,20 +854,6 @@ class Relay:
             return await hears(conn, sender, self.store.channel, within=LISTEN_CHECK)
         finally:
             await sender.close()
-
-
-def _translated(error: Exception) -> Exception:
-    """``error`` as the store translates it, when it is psycopg's loss of the server (a BEGIN,
-    which a batch runs outside the store's statements): DatabaseUnavailable, or the ConfigError
-    of a pooler in statement mode, which refuses every batch's transaction; no outage ends that.
-    """
-    if not isinstance(error, psycopg.OperationalError):
-        return error
-    try:
-        with translate_errors("beginning a batch of outbox rows"):
-            raise error
-    except PgonceError as translated:
-        return translated
 
 
 def _check_conninfo(what: str, conninfo: str | None) -> None:

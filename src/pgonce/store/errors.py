@@ -17,6 +17,7 @@ from pgonce.errors import (
     ConfigError,
     DatabaseError,
     DatabaseUnavailable,
+    PgonceError,
     SchemaNotMigrated,
     UsageError,
 )
@@ -81,6 +82,21 @@ def read_only_refusal(error: BaseException) -> bool:
     return isinstance(cause, pg_errors.ReadOnlySqlTransaction) or (
         isinstance(cause, pg_errors.FeatureNotSupported) and _IN_RECOVERY in str(cause)
     )
+
+
+def translated(error: Exception, what: str) -> Exception:
+    """``error`` as :class:`translate_errors` says it (``what`` failed), when it is psycopg's
+    loss of the server met outside the store's statements (a loop's BEGIN, a new connection's
+    first check): DatabaseUnavailable, or the ConfigError of a pooler in statement mode, which
+    refuses every transaction and which no reconnect ends. Any other error is returned as is.
+    """
+    if not isinstance(error, psycopg.OperationalError):
+        return error
+    try:
+        with translate_errors(what):
+            raise error
+    except PgonceError as said:
+        return said
 
 
 class translate_errors:  # named like the function it replaced: ``with translate_errors(...)``

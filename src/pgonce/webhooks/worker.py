@@ -72,6 +72,7 @@ from pgonce.core.outage import FailureRun
 from pgonce.core.throttle import Throttle
 from pgonce.database import own_prepare_threshold
 from pgonce.errors import (
+    ConfigError,
     DatabaseUnavailable,
     HandlerCancelled,
     HandlerEndedTransaction,
@@ -82,7 +83,7 @@ from pgonce.errors import (
 )
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.store._async.notify import LISTEN_CHECK, hears
-from pgonce.store.errors import describe_dsn
+from pgonce.store.errors import describe_dsn, translated
 from pgonce.webhooks.failures import report_failure
 from pgonce.webhooks.source import Source, by_name
 
@@ -165,15 +166,38 @@ class _Outage(FailureRun):
         self.what = what
         self.next_step = next_step
 
-    def lost(self, error: Exception, what: str | None = None, level: int = logging.WARNING) -> None:
-        """``what`` failed (default: the connection's own words), logged at ``level``."""
+    def lost(
+        self,
+        error: Exception,
+        what: str | None = None,
+        level: int = logging.WARNING,
+        next_step: str | None = None,
+    ) -> None:
+        """``what`` failed (default: the connection's own words), logged at ``level`` with
+        ``next_step`` (default: the connection's own)."""
         self.failed(
             error,
             "%(what)s (%(type)s: %(error)s); %(next)s",
             "%(what)s (%(count)d failures in a row): %(error)s",
-            {"what": what or self.what, "next": self.next_step},
+            {"what": what or self.what, "next": next_step or self.next_step},
             level=level,
         )
+
+    def refused(self, error: Exception, delay: timedelta) -> None:
+        """``error`` failed a batch of the claim loops, said for what it is: a ConfigError (a
+        pooler in statement mode refusing every transaction) is no lost database."""
+        if isinstance(error, ConfigError):
+            self.lost(
+                error,
+                "inbox worker cannot run a batch",
+                logging.ERROR,
+                f"it tries again every {delay.total_seconds():g} s (the setting may change "
+                "without a restart), and says so when a batch runs again",
+            )
+        elif isinstance(error, DatabaseUnavailable | psycopg.OperationalError):
+            self.lost(error)
+        else:
+            self.lost(error, "inbox worker batch failed", logging.ERROR)
 
 
 class _HandlerFailed(Exception):
@@ -686,14 +710,11 @@ class InboxWorker:
                     result = await self.run_once(conn)
                     if self.on_batch is not None and result.claimed:
                         self.on_batch(result, time.perf_counter() - started)
-                except (DatabaseUnavailable, psycopg.OperationalError) as error:
-                    self._loop_outage.lost(error)
-                    await _close(conn)
-                    conn = None
-                    await _wait(stop, None, RECONNECT_DELAY)
-                    continue
-                except PgonceError as error:
-                    self._loop_outage.lost(error, "inbox worker batch failed", logging.ERROR)
+                except (PgonceError, psycopg.OperationalError) as raised:
+                    # A batch's BEGIN runs outside the store's statements: PgBouncer in
+                    # statement mode refuses it with an OperationalError, which is no outage.
+                    error = translated(raised, "beginning an inbox batch")
+                    self._loop_outage.refused(error, RECONNECT_DELAY)
                     await _close(conn)
                     conn = None
                     await _wait(stop, None, RECONNECT_DELAY)
@@ -702,8 +723,9 @@ class InboxWorker:
                 if result.claimed < self.batch_size and not conn.closed:
                     try:
                         await self._wait_for_events(conn, stop, wake, name)
-                    except (PgonceError, psycopg.OperationalError) as error:
-                        self._loop_outage.lost(error)
+                    except (PgonceError, psycopg.OperationalError) as raised:
+                        error = translated(raised, "registering an inbox worker as waiting")
+                        self._loop_outage.refused(error, RECONNECT_DELAY)
                         await _close(conn)
                         conn = None
                         await _wait(stop, None, RECONNECT_DELAY)
@@ -801,9 +823,9 @@ class InboxWorker:
             except BaseException as error:
                 await conn.close()
                 if isinstance(error, psycopg.OperationalError):
-                    raise DatabaseUnavailable(
-                        f"connecting an inbox worker failed: {error}"
-                    ) from error
+                    # Its check runs a transaction: a pooler in statement mode refuses it, which
+                    # is the ConfigError naming the pool modes that work, not a lost database.
+                    raise translated(error, "connecting an inbox worker") from error
                 raise
             self.connect_kwargs = {**self.connect_kwargs, "prepare_threshold": threshold}
             self._pooler_checked = True
