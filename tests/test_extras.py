@@ -58,6 +58,7 @@ def loaded_optional(statement: str) -> list[str]:
         "import pgonce.cli; pgonce.cli.build_parser()",
         "import pgonce.webhooks.schemes",
         "import pgonce.store.migrate, pgonce.cli.sweep, pgonce.cli.doctor",
+        "import pgonce.service.config",
     ],
 )
 def test_the_core_loads_no_optional_library(statement: str) -> None:
@@ -79,6 +80,33 @@ def test_the_core_works_with_every_extra_missing() -> None:
     assert "migrate" in result.stdout
 
 
+def test_the_core_commands_run_with_a_configuration_file_and_no_extra(
+    direct_dsn: str, tmp_path: Path
+) -> None:
+    """A job with $PGONCE_CONFIG and only the core installed migrates and sweeps: the file's
+    database settings are read, its sources (a forward among them) are not built."""
+    config = tmp_path / "pgonce.toml"
+    config.write_text(
+        '[database]\ndsn = "env:JOB_DSN"\n\n'
+        '[sources.shop]\nscheme = "stripe"\nsecrets = "env:SHOP_SECRET"\n'
+        'forward = "https://orders.example/hooks"\n'
+    )
+    result = run_python(
+        f"""
+        import os
+        os.environ.pop("PGONCE_DSN", None)
+        os.environ["JOB_DSN"] = {direct_dsn!r}
+        os.environ["PGONCE_CONFIG"] = {str(config)!r}
+        from pgonce.cli import main
+        assert main(["migrate"]) == 0
+        sys.exit(main(["sweep"]))
+        """,
+        blocked=tuple(OPTIONAL),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("module", "extra"),
     [
@@ -86,7 +114,6 @@ def test_the_core_works_with_every_extra_missing() -> None:
         ("pgonce.http.middleware", "asgi"),
         ("pgonce.webhooks.receiver", "asgi"),
         ("pgonce.service.app", "server"),
-        ("pgonce.service.config", "server"),
         ("pgonce.publishers.rabbitmq", "rabbitmq"),
         ("pgonce.publishers.nats", "nats"),
         ("pgonce.publishers.redis_streams", "redis"),
@@ -156,7 +183,7 @@ def test_a_v1a_key_without_cryptography_names_the_ed25519_extra() -> None:
     ("argv", "extra"),
     [
         (["serve", "--dsn", "postgresql://127.0.0.1:1/x"], "server"),
-        (["send", "--source", "shop"], "server"),
+        (["send", "--source", "shop"], "http"),
         # Said before the database is reached (and migrated), not after.
         (["demo", "--dsn", "postgresql://127.0.0.1:1/x"], "server"),
         (["migrate"], "embedded"),  # no DSN: the embedded PostgreSQL is what is missing

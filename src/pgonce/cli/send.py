@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pgonce.cli.common import bounded_int, http_url, not_empty, printable
 from pgonce.core.urls import public
 from pgonce.errors import ConfigError, UsageError
-from pgonce.extras import needs
+from pgonce.extras import needs, require
 from pgonce.webhooks.schemes.base import SigningScheme
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
             # Sent as application/json: a receiver would refuse it, or store what no handler
             # reads, and the test would say nothing of the webhook it meant to try.
             args.parser.error(f"--body is not JSON ({error}); --body-file sends any bytes")
+    # Said before the configuration is read, not after a delivery was signed.
+    require("http", "pgonce send")
     from pgonce.service.config import load
 
     config = load(args.config)

@@ -46,6 +46,7 @@ from pgonce.core.retention import (
     parse_duration,
 )
 from pgonce.errors import ConfigError, PgonceError
+from pgonce.extras import needs
 from pgonce.store._async.phases import (
     DEFAULT_COMPLETE_EVERY,
     DEFAULT_COMPLETE_MAX_AGE,
@@ -53,7 +54,6 @@ from pgonce.store._async.phases import (
     Work,
 )
 from pgonce.store.errors import first_line
-from pgonce.webhooks.forward import forward_to
 from pgonce.webhooks.schemes import SCHEMES, build_scheme
 from pgonce.webhooks.source import Handler, OrderingExtractor, Source
 
@@ -435,6 +435,15 @@ def _credentials_in(url: str) -> str | None:
     )
 
 
+def _forward_to(url: str) -> Handler:
+    """forward_to(url), imported here: it needs the ``http`` extra, which the commands that read
+    only the database settings (``pgonce migrate``, ``sweep``) must not require."""
+    with needs("http", "forwarding webhooks (forward = ...)"):
+        from pgonce.webhooks.forward import forward_to
+
+    return forward_to(url)
+
+
 def _import_handler(spec: str, key: str, problems: _Problems) -> Handler | None:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
@@ -582,8 +591,8 @@ def _source(name: str, section: _Section) -> tuple[SourceConfig | None, Retentio
             (why := _credentials_in(forward)) is not None
         ):
             problems.add(section.key("forward"), why)
-        else:
-            handler = problems.check(section.key("forward"), lambda: forward_to(forward))
+        elif problems.secrets:  # a command that builds no source need not forward (core only)
+            handler = problems.check(section.key("forward"), lambda: _forward_to(forward))
     key_pointer = section.optional_text("ordering_key")
     version_pointer = section.optional_text("ordering_version")
     ordering = None
