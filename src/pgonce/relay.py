@@ -56,7 +56,13 @@ from pgonce.core.outage import FailureRun
 from pgonce.core.outbox import OutboxMessage, Refusal, RetryPolicy, refuse, settle
 from pgonce.core.throttle import Throttle, held_back
 from pgonce.database import own_prepare_threshold
-from pgonce.errors import BrokerUnavailable, ConfigError, DatabaseError, PgonceError
+from pgonce.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    DatabaseError,
+    DatabaseUnavailable,
+    PgonceError,
+)
 from pgonce.publishers.base import Publisher, PublishResult
 from pgonce.store._async.notify import hears
 from pgonce.store._async.outbox import AsyncOutboxStore
@@ -256,6 +262,11 @@ class Relay:
             "waited are published now",
         )
         self._batches = FailureRun(log, "relay: batches publish again (%(count)d failed in a row)")
+        self._registering = FailureRun(
+            log,
+            "relay: registering as a waiting relay works again (%(count)d failed in a row); "
+            "notifications wake the relay again",
+        )
         publisher_name = str(getattr(publisher, "name", type(publisher).__name__))
         self._broker = FailureRun(
             log,
@@ -566,16 +577,33 @@ class Relay:
                 except Exception as raised:
                     # The loop outlives any one failure: a database outage (PgonceError) or a
                     # bug in a publisher. Rows of the failed batch were not marked; they wait.
+                    # A registration as waiting runs between batches: no rows are involved.
+                    registering = isinstance(raised, _NotRegistered)
+                    if isinstance(raised, _NotRegistered):
+                        raised = raised.error
                     error = translated(raised, "beginning a batch of outbox rows")
                     self.stats.errors += 1
                     self.stats.last_error = str(error)
                     # Once per run of failures (a down database fails every loop at every
                     # retry), saying what happens next; once more when batches run again.
+                    again = f"the loop reconnects and tries again in {outage.total_seconds():g} s"
                     fields = {
-                        "next": "the batch's rows were not marked and wait; the loop reconnects "
-                        f"and tries again in {outage.total_seconds():g} s",
+                        "next": f"no batch was in progress; {again}, with a batch first, so "
+                        "rows are still published, found without notifications meanwhile"
+                        if registering
+                        else f"the batch's rows were not marked and wait; {again}",
                     }
-                    if isinstance(error, DatabaseError | psycopg.OperationalError):
+                    if registering and not isinstance(error, DatabaseUnavailable):
+                        # A refusal of the registration alone: the batches between succeed,
+                        # which must not end (and so repeat) the run of this one's failures.
+                        self._registering.failed(
+                            error,
+                            "relay: %(error)s; %(next)s",
+                            "relay: registering as a waiting relay still fails (%(count)d in a "
+                            "row): %(error)s",
+                            fields,
+                        )
+                    elif isinstance(error, DatabaseError | psycopg.OperationalError):
                         self._database.failed(
                             error,
                             "relay: %(error)s; %(next)s",
@@ -723,14 +751,25 @@ class Relay:
         if not self.listen or self._deaf:
             await self._sleep(stop, self.poll_interval, wake=True)
             return
-        await self.store.set_waiting(conn, name, True)
+        try:
+            await self.store.set_waiting(conn, name, True)
+        except Exception as error:
+            raise _NotRegistered(error) from error
+        self._registering.succeeded()
+        waited = False
         try:
             report = await self.run_once(conn)
             self.stats.add(report)
             if not report.claimed:
                 await self._sleep(stop, self.poll_interval, wake=True)
+            waited = True
         finally:
-            await self.store.set_waiting(conn, name, False)
+            try:
+                await self.store.set_waiting(conn, name, False)
+            except Exception as error:
+                if waited:
+                    raise _NotRegistered(error) from error
+                # Otherwise the batch's failure (or the stop) is what is said.
 
     async def drain(self, *, now: datetime | None = None) -> RelayStats:
         """Run batches until nothing is claimable, with the loops of :meth:`run`; for scripts,
@@ -854,6 +893,15 @@ class Relay:
             return await hears(conn, sender, self.store.channel, within=LISTEN_CHECK)
         finally:
             await sender.close()
+
+
+class _NotRegistered(Exception):
+    """Carries the failure of a loop's registration as a waiting relay (or of its end) out of
+    the wait for rows: a step between batches, in which no rows are involved."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _check_conninfo(what: str, conninfo: str | None) -> None:
