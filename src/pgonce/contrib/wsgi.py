@@ -503,6 +503,7 @@ class IdempotencyMiddleware:
                         # (PhasedOperation.release()).
                         op.release()
                     else:
+                        response.resumable = True
                         op.fail(not_stored_note(response.status))
         except KeyMismatch:
             return _answer(start_response, semantics.MISMATCH)
@@ -549,7 +550,7 @@ class IdempotencyMiddleware:
         if response.unavailable:
             return _answer(start_response, semantics.unavailable(self.store.retry_after))
         if response.too_large:
-            return _answer(start_response, semantics.RESPONSE_TOO_LARGE)
+            return _answer(start_response, semantics.response_too_large(response))
         if response.ended:
             return _answer(start_response, semantics.TRANSACTION_ENDED)
         if not response.answered:

@@ -23,7 +23,9 @@ Guarantees and answers:
   free): the application raised; it answered 5xx (unless the key store keeps server errors); the
   endpoint never began, i.e. never took the connection (framework validation and authentication
   failures); the response body exceeded ``max_response_bytes`` (then the client gets a 500
-  problem instead: a response that cannot be replayed must not be given out as if it could).
+  problem instead: a response that cannot be replayed must not be given out as if it could; on
+  a two-phase route it says that the phases that committed were kept, and a retry with the same
+  key resumes after them).
 - **an endpoint that ends the request's transaction itself** (a commit or rollback on its
   connection) and runs nothing after leaves no key in flight: after a commit its answer is stored
   just after; after a rollback nothing committed, and the client gets the 500 problem
@@ -419,6 +421,7 @@ class IdempotencyMiddleware:
                         # third party (PhasedOperation.release()).
                         await op.release()
                     else:
+                        captured.resumable = True
                         await op.fail(not_stored_note(captured.status))
         except KeyMismatch:
             await _send(send, semantics.MISMATCH)
@@ -543,7 +546,7 @@ class IdempotencyMiddleware:
             return
         if not captured.answered:
             if captured.too_large:
-                await _send(send, semantics.RESPONSE_TOO_LARGE)
+                await _send(send, semantics.response_too_large(captured))
             # Otherwise the application never answered: the server reports that as a 500.
             return
         extra: list[tuple[bytes, bytes]] = []

@@ -16,7 +16,9 @@ back in its framework's response type. So the answers are the same whichever ada
 422    the key was first used with another request (method, path, query or body)
 401    the key scope named no caller and the endpoint asked for the claim's transaction
 500    the response exceeded ``max_response_bytes``: it cannot be stored, so it is not given out
-       and the endpoint's work is rolled back; or the endpoint tried to commit or roll back the
+       and the endpoint's work is rolled back (on a two-phase route, the phases that committed
+       are kept, and a retry with the same key resumes after them:
+       :data:`RESPONSE_TOO_LARGE_RESUMABLE`); or the endpoint tried to commit or roll back the
        request's transaction itself (:data:`TRANSACTION_ENDED`): nothing of it committed
 503    the database unreachable, timed out or in conflict; nothing committed; ``Retry-After``
 =====  ==========================================================================================
@@ -154,6 +156,25 @@ RESPONSE_TOO_LARGE = problem(
     "Response too large to store",
     "the response exceeded the size that can be stored for replay; nothing was done",
 )
+#: The same on a two-phase route whose work ran (or an earlier holder's did): its phases
+#: committed their recovery points (a third party may have been called) and the key is kept,
+#: so only a retry with the same key is safe. See :func:`response_too_large`.
+RESPONSE_TOO_LARGE_RESUMABLE = problem(
+    500,
+    "Response too large to store",
+    "the response exceeded the size that can be stored for replay, after the request's work "
+    "had begun: its recorded steps (calls to third parties among them) were kept, and a retry "
+    "with the same Idempotency-Key resumes it without doing them again (and is answered this "
+    "way again while the response is too large); never send it with a new key, which would "
+    "do the work again",
+)
+
+
+def response_too_large(captured: CapturedResponse) -> Answer:
+    """The 500 problem for a response over ``max_response_bytes``: that nothing was done, or,
+    when its work's recorded steps were kept (:attr:`CapturedResponse.resumable`), that a retry
+    with the same key resumes it."""
+    return RESPONSE_TOO_LARGE_RESUMABLE if captured.resumable else RESPONSE_TOO_LARGE
 
 
 #: The endpoint tried to commit or roll back the request's transaction itself (refused, and
@@ -345,6 +366,10 @@ class CapturedResponse:
     #: the client is told so (:data:`TRANSACTION_ENDED`), not given the answer (see
     #: :meth:`ended_by_endpoint`).
     ended: bool = False
+    #: A two-phase request not stored whose work's recorded steps were kept for the retry with
+    #: the same key (its lease ended, not released): what a 500 problem must say instead of
+    #: "nothing was done" (see :func:`response_too_large`).
+    resumable: bool = False
 
     def add(self, chunk: bytes, more: bool) -> None:
         """One chunk of the body; ``more`` is false for the last one."""
