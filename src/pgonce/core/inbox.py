@@ -163,6 +163,12 @@ def validate_event_id(event_id: str) -> str:
     return _storable_text(event_id, "event id")
 
 
+def integer_text(value: object) -> str | None:
+    """The decimal text of an integer id (Shopify's and many providers' ids are JSON numbers),
+    ``None`` for anything else: a bool is no object's id, and a float's text is not stable."""
+    return str(value) if type(value) is int else None
+
+
 def validate_ordering(ordering: Ordering) -> Ordering:
     """The ordering itself, or :class:`BadPayload` when its key or version cannot be stored.
 
@@ -171,9 +177,9 @@ def validate_ordering(ordering: Ordering) -> Ordering:
     instead of every delivery of the source being refused.
     """
     version = ordering.version
-    key: object = ordering.key  # an untyped extractor's value
-    if type(key) is int:  # not a bool: True is no object's id
-        ordering = Ordering(str(key), version)
+    key = integer_text(ordering.key)  # an untyped extractor's value
+    if key is not None:
+        ordering = Ordering(key, version)
     _storable_text(ordering.key, "ordering key")
     if version is not None and (
         isinstance(version, bool) or not isinstance(version, int) or not -(2**63) <= version < 2**63

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
+from pgonce.core.inbox import integer_text
 from pgonce.core.outcomes import MAX_KEY_BYTES
 from pgonce.errors import (
     BadPayload,
@@ -226,8 +227,16 @@ def json_object(body: bytes) -> dict[str, object]:
     return document
 
 
-def json_event_id(document: Mapping[str, object], path: str) -> str | None:
-    """The string at a dotted ``path`` of a JSON object, ``None`` when it is absent."""
+def json_event_id(
+    document: Mapping[str, object], path: str, *, integers: bool = False
+) -> str | None:
+    """The string at a dotted ``path`` of a JSON object, ``None`` when it is absent (or null).
+
+    With ``integers`` (a configured provider's field, which may be a JSON number), an integer
+    (not a float, not a bool) is taken as its decimal text, as an integer ordering key is
+    (:func:`~pgonce.core.inbox.integer_text`). A provider whose ids are always strings (Stripe's
+    ``evt_...``, Slack's ``Ev...``) keeps refusing anything else.
+    """
     value: object = document
     for part in path.split("."):
         if not isinstance(value, dict) or part not in value:
@@ -235,9 +244,11 @@ def json_event_id(document: Mapping[str, object], path: str) -> str | None:
         value = value[part]
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise BadPayload(f"the event id at {path!r} in the body is not a string")
-    return checked_event_id(value, f"the body's {path!r}")
+    text = value if isinstance(value, str) else integer_text(value) if integers else None
+    if text is None:
+        kind = "a string or an integer" if integers else "a string"
+        raise BadPayload(f"the event id at {path!r} in the body is not {kind}")
+    return checked_event_id(text, f"the body's {path!r}")
 
 
 def text_secrets(scheme: str, secrets: Sequence[str]) -> tuple[bytes, ...]:

@@ -20,7 +20,8 @@ signed_prefix      see right      text signed before the body; ``{timestamp}`` i
                                   defaults to ``{timestamp}.`` and must contain
                                   ``{timestamp}``; without one it defaults to ``""``.
 id_header          none           a header carrying the event id
-id_field           none           a dotted path to the event id in a JSON-object body
+id_field           none           a dotted path to the event id in a JSON-object body: a
+                                  string, or an integer taken as its decimal text
 =================  =============  ======================================================
 
 Without a timestamp header nothing bounds a replay in time; the inbox's dedupe by event id is then
@@ -152,7 +153,8 @@ class GenericHmac:
         # The body's id first: it is signed, and a header is not. Were the header to win, a
         # captured delivery sent again with another id header would pass for a new event.
         if self._id_field:
-            found = json_event_id(json_object(body), self._id_field)
+            # A JSON integer is its decimal text (Shopify-like senders number their events).
+            found = json_event_id(json_object(body), self._id_field, integers=True)
             if found is not None:
                 return found
         if self._id_header:
