@@ -168,6 +168,7 @@ class InboxReceiver:
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._opening: asyncio.Future[None] | None = None
+        self._fallback_warned: set[str] = set()  # sources whose event_id_fallback broke
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -342,6 +343,8 @@ class InboxReceiver:
             event_id = source.scheme.event_id(headers, body)
             if event_id is None:
                 event_id = source.event_id_fallback(headers, body)
+                if not isinstance(event_id, str):
+                    self._fallback_not_text(source, event_id)
         except WebhookError:
             raise
         except Exception:
@@ -356,6 +359,22 @@ class InboxReceiver:
             headers=stored_headers(headers, getattr(source.scheme, "header_names", None)),
             digest=digest(body),
             ordering=ordering,
+        )
+
+    def _fallback_not_text(self, source: Source, event_id: object) -> None:
+        """The application's ``event_id_fallback`` broke its contract: the provider is answered
+        400 (by :func:`validate_event_id`), which it retries; the team hears of it once per
+        source, not at every retry."""
+        if source.name in self._fallback_warned:
+            return
+        self._fallback_warned.add(source.name)
+        log.error(
+            "the event_id_fallback of source %s returned %s, not a str: its deliveries without "
+            "an id are answered 400 and retried by the provider until the function is fixed "
+            "(logged once)",
+            source.name,
+            describe(event_id),
+            extra={"source": source.name},
         )
 
     # -- group commit --------------------------------------------------------------------------
