@@ -81,3 +81,18 @@ def test_a_claim_completes_on_its_own_connection_as_before(dsn: str, store: KeyS
         assert isinstance(claim, Won)
         assert store.commit(conn, claim, Response(201, body=b"x")) is True
     assert _row(dsn) == (201, True)
+
+
+def test_a_claim_whose_transaction_committed_is_completed_on_any_connection(
+    dsn: str, store: KeyStore
+) -> None:
+    """Once the claiming transaction ended, its claim is everyone's to see: a stuck claim (its
+    transaction committed without a response) is completed later on another connection."""
+    with psycopg.connect(dsn) as claiming, psycopg.connect(dsn) as other:
+        claim = store.claim(claiming, "s", "k", FP)
+        assert isinstance(claim, Won)
+        claiming.commit()
+        assert _row(dsn) == (None, False)  # in flight: committed without its response
+        assert store.complete(other, claim, Response(201, body=b"x")) is True
+        other.commit()
+    assert _row(dsn) == (201, True)

@@ -60,7 +60,7 @@ from pgonce.store.common import (
     require_free_transaction,
 )
 from pgonce.store.cursors import cursor
-from pgonce.store.errors import translate_errors, unencodable
+from pgonce.store.errors import translate_caller_errors, unencodable
 from pgonce.store.wire import BINARY, TEXT, Command, async_round_trip
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ class AsyncKeyStore:
             "wait_ms": wait_ms,
             "now": now if now is None else check_now(now),
         }
-        with translate_errors("claiming a key"):
+        with translate_caller_errors("claiming a key"):
             cur = cursor(conn)
             # Binary results: psycopg parses a timestamptz in text only in the ISO DateStyle.
             await cur.execute(statement, params, binary=True)
@@ -370,7 +370,7 @@ class AsyncKeyStore:
                     continue
                 if (reason := _waited_out(error)) is not None:
                     return InFlight(retry_after=self.retry_after, reason=reason)
-                with translate_errors("claiming a key"):
+                with translate_caller_errors("claiming a key"):
                     raise
         return decide(
             wire.stored_row(results[0], encoding),
@@ -484,7 +484,7 @@ class AsyncKeyStore:
             failed = wire.failure(conn, results)
         except BaseException:
             await undo(conn)
-            with translate_errors("completing a key"):
+            with translate_caller_errors("completing a key"):
                 raise
         if failed:
             await undo(conn)
@@ -501,7 +501,7 @@ class AsyncKeyStore:
                 index == len(commands) - 1 and isinstance(error, _REFUSED_AT_COMMIT)
             ):
                 raise error  # one of the caller's writes, or what COMMIT found wrong in them
-            with translate_errors("completing a key"):
+            with translate_caller_errors("completing a key"):
                 raise error
         return results
 
@@ -547,15 +547,16 @@ class AsyncKeyStore:
         """
         self._check_completion(conn, claim, response, won=True)
         require_free_transaction(conn, "complete()")
-        if (owner := claim.conn) is not conn and owner is not None:
+        if (owner := claim.conn) is not conn and owner is not None and _in_transaction(owner):
             # Its row is in that connection's open transaction, which this one cannot see: the
             # completion updated nothing and answered False, and that transaction then
-            # committed the claim alone, in flight until the key expired.
+            # committed the claim alone, in flight until the key expired. Once that transaction
+            # ended, any connection sees what it committed (a stuck claim completed later).
             raise UsageError(_OTHER_CONNECTION)
         if not self.stores(response):
             await self.release(conn, claim)
             return False
-        with translate_errors("completing a key"):
+        with translate_caller_errors("completing a key"):
             cur = await cursor(conn).execute(
                 self._sql.complete, self._completion(claim, response, now)
             )
@@ -584,9 +585,9 @@ class AsyncKeyStore:
         """Give up ``claim`` in the current transaction, so that a retry runs the work anew."""
         self._check_completion(conn, claim, None, won=True)
         require_free_transaction(conn, "release()")
-        if (owner := claim.conn) is not conn and owner is not None:
+        if (owner := claim.conn) is not conn and owner is not None and _in_transaction(owner):
             raise UsageError(_OTHER_CONNECTION)  # as in complete(): it deleted nothing
-        with translate_errors("releasing a key"):
+        with translate_caller_errors("releasing a key"):
             await cursor(conn).execute(self._sql.release, {"scope": claim.scope, "key": claim.key})
 
     async def _settle(
@@ -939,7 +940,7 @@ async def _open_transaction(conn: AsyncConnection[Row]) -> None:
     Django's ``atomic()``, the caller's own ``conn.commit()`` later) will end the transaction
     that its first statement opens. pgonce's savepoint needs that transaction to exist first.
     """
-    with translate_errors("opening the caller's transaction"):
+    with translate_caller_errors("opening the caller's transaction"):
         if wire.usable(conn):
             begin: list[Command] = [(wire.begin_statement(conn), wire.NO_PARAMS)]
             for attempt in range(1, _ATTEMPTS + 1):
@@ -1035,6 +1036,12 @@ _SAVEPOINT: Command = (wire.SAVEPOINT, wire.NO_PARAMS)
 _LEAVE: tuple[Command, ...] = ((wire.ROLLBACK_TO, wire.NO_PARAMS), (wire.RELEASE, wire.NO_PARAMS))
 # What ends begin()'s transaction when its response is not stored.
 _UNDO: tuple[Command, ...] = ((wire.ROLLBACK, wire.NO_PARAMS),)
+
+
+def _in_transaction(conn: AsyncConnection[Any]) -> bool:
+    """Whether ``conn`` (the one a claim was made on) is still in a transaction: its claim's row
+    is then invisible to any other connection."""
+    return not conn.closed and conn.pgconn.transaction_status != _IDLE
 
 
 def _running(conn: AsyncConnection[Any]) -> bool:
