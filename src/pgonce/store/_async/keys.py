@@ -1038,7 +1038,7 @@ _LEAVE: tuple[Command, ...] = ((wire.ROLLBACK_TO, wire.NO_PARAMS), (wire.RELEASE
 _UNDO: tuple[Command, ...] = ((wire.ROLLBACK, wire.NO_PARAMS),)
 
 
-def _in_transaction(conn: AsyncConnection[Any]) -> bool:
+def _in_transaction(conn: Any) -> bool:
     """Whether ``conn`` (the one a claim was made on) is still in a transaction: its claim's row
     is then invisible to any other connection."""
     return not conn.closed and conn.pgconn.transaction_status != _IDLE
