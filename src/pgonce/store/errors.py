@@ -108,6 +108,9 @@ class translate_errors:  # named like the function it replaced: ``with translate
 
     __slots__ = ("what",)
 
+    #: Whether the statement runs in the caller's transaction (:class:`translate_caller_errors`).
+    caller = False
+
     def __init__(self, what: str) -> None:
         self.what = what
 
@@ -179,8 +182,19 @@ class translate_errors:  # named like the function it replaced: ``with translate
             # A node that takes no writes: after a failover the old primary, now a standby, or a
             # DSN that reached a replica. Unavailable (a 503 with Retry-After from the
             # middleware), not a failure of the code: the primary takes the retry.
+            # Only a caller's transaction may have been opened read-only by the caller: in one
+            # pgonce owns (a relay's claim, a sweep) there is nothing of the caller's to end.
+            ending = ", or end the caller's read-only transaction" if self.caller else ""
             raise DatabaseUnavailable(
-                f"{what} failed: {first_line(error)}: {READ_ONLY_DETAIL}, or end the caller's "
-                "read-only transaction"
+                f"{what} failed: {first_line(error)}: {READ_ONLY_DETAIL}{ending}"
             ) from error
         raise DatabaseError(f"{what} failed: {first_line(error)}") from error
+
+
+class translate_caller_errors(translate_errors):
+    """:class:`translate_errors` for a statement in the caller's transaction (a claim of a key,
+    an enqueue): a read-only refusal also says the caller's own transaction may be the cause."""
+
+    __slots__ = ()
+
+    caller = True

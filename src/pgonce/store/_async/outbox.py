@@ -47,7 +47,7 @@ from pgonce.store._async.counts import changed
 from pgonce.store._async.notify import listen
 from pgonce.store.common import check_schema, require_transaction
 from pgonce.store.cursors import cursor, raw_cursor
-from pgonce.store.errors import translate_errors
+from pgonce.store.errors import translate_caller_errors, translate_errors
 
 Row = TypeVar("Row")
 
@@ -98,7 +98,7 @@ async def enqueue(
     if "\\u" in body or extra is not None:
         _check_jsonb(body, extra)
     statement, channel = _enqueue_statement(schema, ordered)
-    with translate_errors("enqueueing an outbox event"):
+    with translate_caller_errors("enqueueing an outbox event"):
         cur = raw_cursor(conn)
         await cur.execute(statement, (aggregatetype, aggregateid, type, body, extra, now, channel))
         row = await cur.fetchone()
@@ -158,7 +158,7 @@ async def enqueue_many(
     }
     queries = Queries("outbox", schema)
     statement = queries.enqueue_many if ordered else queries.enqueue_many_unordered
-    with translate_errors("enqueueing outbox events"):
+    with translate_caller_errors("enqueueing outbox events"):
         cur = cursor(conn)
         await cur.execute(statement, params)
         rows = await cur.fetchall()

@@ -49,7 +49,7 @@ from pgonce.store._sync.counts import changed
 from pgonce.store._sync.notify import listen
 from pgonce.store.common import check_schema, require_transaction
 from pgonce.store.cursors import cursor, raw_cursor
-from pgonce.store.errors import translate_errors
+from pgonce.store.errors import translate_caller_errors, translate_errors
 
 Row = TypeVar("Row")
 
@@ -100,7 +100,7 @@ def enqueue(
     if "\\u" in body or extra is not None:
         _check_jsonb(body, extra)
     statement, channel = _enqueue_statement(schema, ordered)
-    with translate_errors("enqueueing an outbox event"):
+    with translate_caller_errors("enqueueing an outbox event"):
         cur = raw_cursor(conn)
         cur.execute(statement, (aggregatetype, aggregateid, type, body, extra, now, channel))
         row = cur.fetchone()
@@ -160,7 +160,7 @@ def enqueue_many(
     }
     queries = Queries("outbox", schema)
     statement = queries.enqueue_many if ordered else queries.enqueue_many_unordered
-    with translate_errors("enqueueing outbox events"):
+    with translate_caller_errors("enqueueing outbox events"):
         cur = cursor(conn)
         cur.execute(statement, params)
         rows = cur.fetchall()
