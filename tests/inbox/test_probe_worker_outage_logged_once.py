@@ -5,15 +5,8 @@ line a second from each loop and from LISTEN for as long as the outage lasts."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,78 +14,17 @@ import pytest
 
 from pgonce.core.inbox import InboxEvent
 from pgonce.service.metrics import ServiceMetrics
-from pgonce.store.migrate import migrate
 from pgonce.webhooks.worker import InboxWorker
 from tests.inbox.conftest import source
-from tests.topology.cluster import _account
+from tests.throwaway import Server, needs_pg_ctl, throwaway_server
 
-BIN = Path("/usr/lib/postgresql/15/bin")
-
-pytestmark = pytest.mark.skipif(
-    not (BIN / "pg_ctl").exists(), reason="needs PostgreSQL 15's initdb and pg_ctl"
-)
-
-
-def _free_port() -> int:
-    for port in range(55500, 55600):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.skip("no free port in 55500-55599")
-
-
-class _Server:
-    """A PostgreSQL of this test's own, to stop as a crash would and start again (as an
-    unprivileged account when the tests run as root, which PostgreSQL refuses)."""
-
-    def __init__(self, folder: Path, port: int) -> None:
-        self.folder = folder
-        self.data = folder / "data"
-        self.port = port
-        self.dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-        self.account = _account()
-        if self.account is not None:
-            os.chown(folder, self.account.pw_uid, self.account.pw_gid)
-
-    def run(self, *command: str) -> None:
-        subprocess.run(
-            command,
-            check=True,
-            capture_output=True,
-            user=self.account.pw_uid if self.account else None,
-            group=self.account.pw_gid if self.account else None,
-            cwd=self.folder,
-        )
-
-    def _ctl(self, *args: str) -> None:
-        log = str(self.folder / "log")
-        self.run(str(BIN / "pg_ctl"), "-D", str(self.data), "-w", "-l", log, *args)
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._ctl("-o", options, "start")
-
-    def crash(self) -> None:
-        self._ctl("-m", "immediate", "stop")
+pytestmark = needs_pg_ctl
 
 
 @pytest.fixture
-def server() -> Iterator[_Server]:
-    folder = Path(tempfile.mkdtemp(prefix="pgonce-outage-", dir="/tmp"))
-    running = _Server(folder, _free_port())
-    try:
-        running.run(str(BIN / "initdb"), "-D", str(running.data), "-U", "postgres", "-A", "trust")
-        running.start()
-        with psycopg.connect(running.dsn, autocommit=True) as conn:
-            migrate(conn, "pgonce")
+def server() -> Iterator[Server]:
+    with throwaway_server("pgonce-outage-") as running:
         yield running
-    finally:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            running.crash()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def _nothing(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -108,7 +40,7 @@ async def _until(condition: Any) -> None:
 
 
 async def test_an_outage_is_one_line_when_it_starts_one_when_it_ends_and_counted(
-    server: _Server, caplog: pytest.LogCaptureFixture
+    server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="pgonce.inbox")
     metrics = ServiceMetrics()

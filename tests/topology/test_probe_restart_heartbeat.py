@@ -6,16 +6,11 @@ returns; the call then raises DatabaseUnavailable and records nothing."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -23,31 +18,17 @@ import pytest
 from pgonce.errors import DatabaseUnavailable
 from pgonce.store._async.phases import AsyncPhaseStore
 from pgonce.store._sync.phases import PhaseStore
-from pgonce.store.migrate import migrate
-from tests.inbox.test_probe_worker_outage_logged_once import BIN, _Server
-from tests.topology.cluster import _free_port  # a port of the system's choosing, per worker
+from tests.throwaway import Server, needs_pg_ctl, throwaway_server
 
-pytestmark = pytest.mark.skipif(
-    not (BIN / "pg_ctl").exists(), reason="needs PostgreSQL 15's initdb and pg_ctl"
-)
+pytestmark = needs_pg_ctl
 
 BEAT = timedelta(milliseconds=50)
 
 
 @pytest.fixture
-def server() -> Iterator[_Server]:
-    folder = Path(tempfile.mkdtemp(prefix="pgonce-restart-", dir="/tmp"))
-    running = _Server(folder, _free_port())
-    try:
-        running.run(str(BIN / "initdb"), "-D", str(running.data), "-U", "postgres", "-A", "trust")
-        running.start()
-        with psycopg.connect(running.dsn, autocommit=True) as conn:
-            migrate(conn, "pgonce")
+def server() -> Iterator[Server]:
+    with throwaway_server("pgonce-restart-") as running:
         yield running
-    finally:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            running.crash()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _heartbeat_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -55,7 +36,7 @@ def _heartbeat_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord
 
 
 async def test_a_heartbeat_whose_connection_is_gone_says_so_once_and_stops(
-    server: _Server, caplog: pytest.LogCaptureFixture
+    server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="pgonce.phases")
     store = AsyncPhaseStore(lease=timedelta(seconds=30), heartbeat=BEAT)
@@ -88,7 +69,7 @@ async def test_a_heartbeat_whose_connection_is_gone_says_so_once_and_stops(
 
 
 def test_the_thread_heartbeat_whose_connection_is_gone_says_so_once_and_stops(
-    server: _Server, caplog: pytest.LogCaptureFixture
+    server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="pgonce.phases")
     store = PhaseStore(lease=timedelta(seconds=30), heartbeat=BEAT)

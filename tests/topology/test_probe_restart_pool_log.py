@@ -7,12 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,26 +17,15 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgonce.service.config import PoolConfig
 from pgonce.service.pools import request_pool
-from tests.inbox.test_probe_worker_outage_logged_once import BIN, _Server
-from tests.topology.cluster import _free_port  # a port of the system's choosing, per worker
+from tests.throwaway import Server, needs_pg_ctl, throwaway_server
 
-pytestmark = pytest.mark.skipif(
-    not (BIN / "pg_ctl").exists(), reason="needs PostgreSQL 15's initdb and pg_ctl"
-)
+pytestmark = needs_pg_ctl
 
 
 @pytest.fixture
-def server() -> Iterator[_Server]:
-    folder = Path(tempfile.mkdtemp(prefix="pgonce-restart-", dir="/tmp"))
-    running = _Server(folder, _free_port())
-    try:
-        running.run(str(BIN / "initdb"), "-D", str(running.data), "-U", "postgres", "-A", "trust")
-        running.start()
+def server() -> Iterator[Server]:
+    with throwaway_server("pgonce-restart-", migrated=False) as running:
         yield running
-    finally:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            running.crash()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def _select_one(pool: AsyncConnectionPool[Any]) -> None:
@@ -58,7 +43,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 
 async def test_an_outage_is_one_warning_when_it_starts_and_one_line_when_it_ends(
-    server: _Server, caplog: pytest.LogCaptureFixture
+    server: Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="psycopg.pool")
     caplog.set_level(logging.DEBUG, logger="pgonce.service")  # the last sets caplog's own level
