@@ -46,7 +46,10 @@ async def test_an_event_with_a_latin_1_content_type_is_forwarded_with_it(dsn: st
                 answer = await client.post(
                     "/webhooks/shop",
                     content=body,
-                    headers=[*headers, ("content-type", sent_type)],  # type: ignore[list-item]
+                    headers=[
+                        *((k.encode(), v.encode()) for k, v in headers),
+                        (b"content-type", sent_type),
+                    ],
                 )
         assert answer.status_code == 200, answer.text
         worker = InboxWorker([shop], dsn=dsn, schema=SCHEMA)

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from pgonce.webhooks.receiver import InboxReceiver
+from pgonce.webhooks.schemes.base import Headers
 from pgonce.webhooks.source import Source
 from tests.inbox.conftest import SCHEMA, SECRET, hmac_scheme, serve
 
@@ -29,10 +30,10 @@ class HandshakingScheme:
         self.inner = hmac_scheme()
         self.header_names = self.inner.header_names
 
-    def verify(self, headers: dict[str, str], body: bytes, *, now: datetime) -> None:
+    def verify(self, headers: Headers, body: bytes, *, now: datetime) -> None:
         self.inner.verify(headers, body, now=now)
 
-    def event_id(self, headers: dict[str, str], body: bytes) -> str | None:
+    def event_id(self, headers: Headers, body: bytes) -> str | None:
         return self.inner.event_id(headers, body)
 
     def handshake(self, body: bytes) -> bytes | None:
