@@ -539,6 +539,23 @@ def _naming_failed(
         )
 
 
+def names_failed(conn: psycopg.BaseConnection[Any], error: BaseException | None) -> bool:
+    """Whether ``error`` is a prepared statement's name failing (26000, 42P05) on a statement
+    that psycopg sent for pgonce (in psycopg's pipeline, or the sweeper's); if so, it counts as
+    a batch's would (see :func:`_naming_failed`): 42P05 is another client's name on the same
+    server session, a second 26000 on one connection a pooler. For error paths only.
+    """
+    if not isinstance(error, psycopg.Error) or error.sqlstate not in (
+        _INVALID_STATEMENT_NAME,
+        _DUPLICATE_STATEMENT,
+    ):
+        return False
+    if _sessions.get(conn.pgconn) is None:
+        _follow_deallocations(conn, _sessions.add(conn.pgconn))
+    _naming_failed(conn, error)
+    return True
+
+
 def stale_plan(
     conn: psycopg.BaseConnection[Any], statement: Statement, error: BaseException
 ) -> Command | None:

@@ -237,6 +237,18 @@ class AsyncKeyStore:
         the configured one, or one found by a name another client took (42P05)."""
         if conn.prepare_threshold is None:
             return
+        if (refusal := self._pooled_refusal(conn)) is not None:
+            raise refusal
+
+    def _crossed(self, conn: AsyncConnection[Row], error: BaseException) -> UsageError | None:
+        """The refusal for ``error`` when it is psycopg's statement names meeting another
+        client's on a pooler's shared server session (42P05, 26000), counted as pgonce's own
+        batches count it (wire.names_failed()); None otherwise (the error goes on as it is)."""
+        if conn.prepare_threshold is None or not wire.names_failed(conn, _psycopg_error(error)):
+            return None
+        return self._pooled_refusal(conn)
+
+    def _pooled_refusal(self, conn: AsyncConnection[Row]) -> UsageError | None:
         if not self._named:
             why = 'the key store was given pooler="pgbouncer-transaction"'
         elif wire.statements_crossed():
@@ -245,8 +257,8 @@ class AsyncKeyStore:
                 "same server session (a transaction-mode pooler)"
             )
         else:
-            return
-        raise UsageError(
+            return None
+        return UsageError(
             f"{why}, and this connection prepares statements (prepare_threshold="
             f"{conn.prepare_threshold}): there psycopg's prepared statements are crossed between "
             "clients, and a query runs another client's statement under its name: create the "
@@ -812,18 +824,27 @@ class AsyncOperation(Generic[Row]):
                 # An autocommit pipeline outside conn.transaction(): psycopg's savepoint would
                 # be a transaction of its own, committing the claim apart from the caller.
                 raise NotInTransaction(_PIPELINE_OUTSIDE)
-            if status == _IDLE:
-                await _open_transaction(conn)
-            self._savepoint = savepoint = conn.transaction()
-            await savepoint.__aenter__()
+            store = self._store
             try:
-                store = self._store
+                if status == _IDLE:
+                    await _open_transaction(conn)
+                self._savepoint = savepoint = conn.transaction()
+                await savepoint.__aenter__()
+            except Exception as error:
+                # What psycopg's pipeline brings back here may be its own statements' names
+                # crossed by a pooler's other clients: refused as pgonce's batches are.
+                if (refusal := store._crossed(conn, error)) is not None:
+                    raise refusal from error
+                raise
+            try:
                 completed = store._sql.claim_completed
                 self._claim = await store._claim(
                     conn, scope, key, fingerprint, self._wait_ms, self._now, completed
                 )
             except BaseException as error:
                 await savepoint.__aexit__(type(error), error, error.__traceback__)
+                if (refusal := store._crossed(conn, error)) is not None:
+                    raise refusal from error
                 if (reason := _waited_out(error)) is None:
                     raise
                 # Cut while it waited for a concurrent claim (a statement_timeout shorter than
@@ -886,6 +907,8 @@ class AsyncOperation(Generic[Row]):
                 )
             except BaseException as error:
                 await savepoint.__aexit__(type(error), error, error.__traceback__)
+                if (refusal := self._store._crossed(self._conn, error)) is not None:
+                    raise refusal from error
                 raise
         try:
             return await savepoint.__aexit__(exc_type, exc, tb)
@@ -897,6 +920,10 @@ class AsyncOperation(Generic[Row]):
             # ran after that end, on its own, so it stored the response of a claim the block
             # committed, and found nothing of one it rolled back (the key is free).
             raise UsageError(_ENDED_IN_PIPELINE) from error
+        except Exception as error:
+            if error is exc or (refusal := self._store._crossed(self._conn, error)) is None:
+                raise
+            raise refusal from error
 
     async def _ended_in_block(self, conn: AsyncConnection[Row], claim: Won) -> UsageError:
         """The error for a joined block that ended the caller's transaction, with nothing run
