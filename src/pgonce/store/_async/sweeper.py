@@ -52,6 +52,7 @@ from pgonce.core.retention import (
 )
 from pgonce.errors import DatabaseError, UsageError
 from pgonce.sql import Queries
+from pgonce.store import wire
 from pgonce.store._async.health import _Watchdog
 from pgonce.store.common import check_schema
 from pgonce.store.cursors import cursor
@@ -90,6 +91,23 @@ def failure_summary(error: BaseException) -> str:
     return (
         f"sweep failed after deleting {sum(deleted.values()):,} rows ({per_target}) in batches "
         f"committed before the failure: {error}"
+    )
+
+
+def _crossed(conn: AsyncConnection[Any], error: DatabaseError) -> UsageError | None:
+    """The refusal for a run whose statements psycopg prepared met another client's names on a
+    pooler's shared server session (42P05, counted as pgonce's batches count it by
+    wire.names_failed()); None otherwise (the failure goes on as it is)."""
+    if conn.prepare_threshold is None or not wire.names_failed(conn, error.__cause__):
+        return None
+    if not wire.statements_crossed():
+        return None
+    return UsageError(
+        "the sweeper found a prepared statement's name taken by another client on the same "
+        "server session (a transaction-mode pooler), and this connection prepares statements "
+        f"(prepare_threshold={conn.prepare_threshold}): there psycopg's prepared statements are "
+        "crossed between clients, and a query runs another client's statement under its name: "
+        "create the connections (or the pool's kwargs) with prepare_threshold=None"
     )
 
 
@@ -152,7 +170,12 @@ class AsyncSweeper:
         started = monotonic()
         by_ctid = self.ctid
         if by_ctid is None:
-            by_ctid = await self._plain_postgres(conn)
+            try:
+                by_ctid = await self._plain_postgres(conn)
+            except DatabaseError as error:
+                if (refusal := _crossed(conn, error)) is not None:
+                    raise refusal from error
+                raise
         swept = []
         failure: DatabaseError | None = None
         # Every committed batch, counted as it commits: a failure later in the run takes them
@@ -169,6 +192,9 @@ class AsyncSweeper:
             try:
                 swept.append(await self._sweep_target(conn, policy, use_ctid, now, stop, counted))
             except DatabaseError as error:
+                if (refusal := _crossed(conn, error)) is not None:
+                    setattr(refusal, _SWEPT, deleted)
+                    raise refusal from error
                 # The failed batch rolled back alone: the targets after it are still swept, so
                 # that one target failing run after run (a table locked, a batch that times out)
                 # does not leave every later one to grow. Unless the connection is gone.
@@ -270,7 +296,11 @@ async def sweep_every(
                 result = await sweeper.sweep(conn, stop=stop)
         # psycopg's own errors too: the pool's timeout (PoolTimeout) and a connection that
         # breaks while the pool hands it over are raised by the pool, untranslated.
-        except (DatabaseError, psycopg.Error) as error:
+        # And the refusal of a pool whose connections prepare statements behind a pooler that
+        # crossed their names (_crossed()): the pool's kwargs may be fixed without a restart.
+        except (DatabaseError, psycopg.Error, UsageError) as error:
+            if isinstance(error, UsageError) and not isinstance(error.__cause__, DatabaseError):
+                raise
             failures.failed(
                 error,
                 "%(summary)s (%(type)s); it tries again every %(every)s",
