@@ -950,13 +950,22 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
         tx.fail()
         await session.close()
         raise
-    if tx.connection.pgconn.transaction_status == _IDLE:
+    if tx.connection.pgconn.transaction_status == _IDLE and not _sqlalchemy_open(bound):
         # A flush failed and SQLAlchemy rolled the request's transaction back (the claim with
         # it), and the endpoint caught the error and answered (a 409 for a duplicate): that
-        # answer goes out, not stored, and the retry runs again.
+        # answer goes out, not stored, and the retry runs again. A transaction ended behind
+        # SQLAlchemy's back (a COMMIT or ROLLBACK in SQL, the psycopg connection's commit()),
+        # which SQLAlchemy still sees open, is the endpoint's mistake: the middleware settles
+        # the claim it leaves, as for any endpoint (CapturedResponse.ended_by_endpoint()).
         tx.fail()
     # The last flush and the close in one call in SQLAlchemy's greenlet (each would start one).
     await session.run_sync(_flush_and_close)
+
+
+def _sqlalchemy_open(bound: SAAsyncConnection) -> bool:
+    """Whether SQLAlchemy still sees the request's transaction open on ``bound`` (no I/O)."""
+    sync = bound.sync_connection
+    return sync is not None and sync.in_transaction()
 
 
 def _flush_and_close(session: Session) -> None:
