@@ -20,6 +20,7 @@ from psycopg_pool import ConnectionPool
 
 from pgonce.contrib.flask import Idempotency, connection
 from pgonce.contrib.wsgi import IdempotencyMiddleware
+from tests.flask.test_flask_units import written
 from tests.flask.test_probe_wsgi_sqlalchemy_unavailable import serve
 
 LIMIT = 100_000
@@ -51,16 +52,6 @@ def pool(dsn: str) -> Iterator[ConnectionPool[Any]]:
         conn.execute("CREATE TABLE things (name text)")
     with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as opened:
         yield opened
-
-
-def written(dsn: str) -> tuple[int, int]:
-    """(the things written, the keys stored), as another connection sees them."""
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT (SELECT count(*) FROM things), (SELECT count(*) FROM pgonce.keys)"
-        ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
 
 
 def test_a_stream_past_the_limit_is_stopped_and_answered_too_large(
