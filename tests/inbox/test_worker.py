@@ -451,10 +451,13 @@ async def test_stop_lets_the_in_flight_handler_finish(effects_dsn: str) -> None:
 
 @pytest.mark.parametrize("swallows", [False, True], ids=["cancelled", "swallows-the-cancel"])
 async def test_stop_rolls_back_a_handler_that_outlives_the_shutdown_timeout(
-    effects_dsn: str, swallows: bool
+    effects_dsn: str, swallows: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A handler that catches the stop's cancellation and returns was cut at an arbitrary await
-    # all the same: its writes roll back with the batch, never committed as a finished run.
+    # all the same: its writes roll back with the batch, never committed as a finished run. The
+    # stop says so once, with what happens to the events (a deploy that kept cutting a slow
+    # handler used to leave no trace of it).
+    caplog.set_level(logging.INFO, "pgonce")
     await deliver(effects_dsn, delivery("e1", {}))
     started = asyncio.Event()
 
@@ -478,6 +481,12 @@ async def test_stop_rolls_back_a_handler_that_outlives_the_shutdown_timeout(
     assert effects(effects_dsn) == []
     pending = await row(effects_dsn, "e1")
     assert (pending["status"], pending["attempts"]) == ("pending", 0)
+    said = [r for r in caplog.records if "shutdown timeout" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert said[0].levelno == logging.WARNING
+    message = said[0].getMessage()
+    for words in ("1 batch", "0.2 s", "rolled back", "run again"):
+        assert words in message
 
 
 async def test_forward_sends_the_event_id_as_idempotency_key(dsn: str) -> None:
