@@ -17,7 +17,8 @@ variants:
   (the key store's statements alone, ``bench.django_app.StatementsAlone``), ``django: by hand``;
 - ``flask: alone``, ``flask: pgonce``, ``flask: statements`` (the key store's statements alone,
   ``bench.flask_app.StatementsAlone``), ``flask: by hand``;
-- ``sqlalchemy: alone``, ``sqlalchemy: pgonce`` (FastAPI on an ``AsyncEngine``);
+- ``sqlalchemy: alone``, ``sqlalchemy: pgonce``, ``sqlalchemy: statements`` (FastAPI on an
+  ``AsyncEngine``; the key store's statements alone around the same endpoint and session);
 - ``fastapi: alone``, ``fastapi: pgonce``, ``fastapi: statements``: the HTTP middleware
   benchmark's app (``bench.workloads.http_middleware.create_app()``, a psycopg pool) in the
   shape its database-cost target measures, the endpoint taking its connection through a FastAPI
@@ -78,6 +79,7 @@ VARIANTS = {
     "flask: by hand": ("flask", "hand"),
     "sqlalchemy: alone": ("sqlalchemy", "none"),
     "sqlalchemy: pgonce": ("sqlalchemy", "pgonce"),
+    "sqlalchemy: statements": ("sqlalchemy", "statements"),
     "fastapi: alone": ("fastapi", "none-dependency"),
     "fastapi: pgonce": ("fastapi", "pgonce"),
     "fastapi: statements": ("fastapi", "pgonce-floor-dependency"),

@@ -12,7 +12,7 @@ the same concurrency, each request with a new key (the path every real request t
   transaction through FastAPI's dependency (``Depends(idempotent_transaction)``), or through the
   request (``connection(request)``), which skips FastAPI's dependency resolution;
 - ``the key store's statements alone``: the floor of that design, a middleware with no logic of
-  its own around the key store's two batches (:class:`_StatementsAlone`): what the claim and the
+  its own around the key store's two batches (:class:`StatementsAlone`): what the claim and the
   stored response cost in the database, without the middleware's Python. Twice, as pgonce: the
   endpoint takes the transaction through the request, or through FastAPI's dependency (the
   limit of the database-cost target on the middleware's throughput, which is measured in that
@@ -156,7 +156,7 @@ def create_app() -> FastAPI:
             return SCOPE_PREFIX + "bench"
 
         if variant.startswith("pgonce-floor"):
-            app.add_middleware(_StatementsAlone, pool=pool)
+            app.add_middleware(StatementsAlone, pool=pool)
         else:
             app.add_middleware(IdempotencyMiddleware, pool=pool, key_scope=key_scope)
 
@@ -240,7 +240,7 @@ async def pool_connection(request: Request) -> AsyncIterator[Any]:
         yield conn
 
 
-class _StatementsAlone:
+class StatementsAlone:
     """The least a middleware that commits the key with the endpoint's writes does.
 
     The key store's two batches around the endpoint: begin() with a fixed fingerprint, the
@@ -251,9 +251,14 @@ class _StatementsAlone:
     that the one-transaction design needs (the claim and the stored response).
     """
 
-    def __init__(self, app: Any, pool: AsyncConnectionPool[Any]) -> None:
+    def __init__(
+        self, app: Any, pool: AsyncConnectionPool[Any] | Any, scope: str = SCOPE_PREFIX + "floor"
+    ) -> None:
+        # ``pool``: anything whose ``connection()`` lends a psycopg AsyncConnection, as the
+        # middleware's own ``pool`` (an AsyncConnectionPool, EngineConnections).
         self.app = app
         self.pool = pool
+        self.scope = scope
         self.store = AsyncKeyStore()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -267,7 +272,7 @@ class _StatementsAlone:
             messages.append(message)
 
         async with self.pool.connection() as conn:
-            claim = await self.store.begin(conn, SCOPE_PREFIX + "floor", key, _FLOOR_FP)
+            claim = await self.store.begin(conn, self.scope, key, _FLOOR_FP)
             if isinstance(claim, Won):
                 tx = IdempotentTransaction(conn, claim.scope, key)
                 scope["state"] = {**(scope.get("state") or {}), STATE_KEY: tx}

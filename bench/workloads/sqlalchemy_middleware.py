@@ -9,7 +9,12 @@ concurrency, each request with a new key:
   FastAPI dependency with yield (SQLAlchemy's and FastAPI's documented shape) and commits;
 - ``FastAPI + SQLAlchemy + pgonce``: the middleware on ``EngineConnections(engine)``; the
   endpoint's session is ``idempotent_session``, on the middleware's connection, and flushes; the
-  claim, the row and the stored response commit in one transaction.
+  claim, the row and the stored response commit in one transaction;
+- ``the key store's statements alone``: the same endpoint and session on the same
+  ``EngineConnections(engine)``, between the key store's begin() and commit() with none of the
+  middleware's logic (``bench.workloads.http_middleware.StatementsAlone``): what the claim and
+  the stored response cost the app with the least Python around them, the limit of the target
+  for any middleware on the one-transaction design.
 
 Every variant's server runs throughout; in each round the variants take turns of half a second
 (every other turn in the opposite order), so that a drift of the shared machine lands on all of
@@ -35,17 +40,24 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from bench.context import BenchContext
-from bench.pairs import VARIANTS, alternate, cleanup_payments, compare, prepare_payments
-from bench.report import Table
+from bench.pairs import VARIANTS as PAIR
+from bench.pairs import alternate, cleanup_payments, compare, limit_note, prepare_payments
+from bench.report import Table, statements_alone
 from bench.servers import serve_process
-from bench.workloads.http_middleware import SLICE
+from bench.workloads.http_middleware import SLICE, StatementsAlone
 from pgonce.contrib.sqlalchemy import EngineConnections, idempotent_session
 from pgonce.http import IdempotencyMiddleware
 
 TITLE = "FastAPI + SQLAlchemy: Idempotency-Key middleware on an AsyncEngine"
 
 FACTORY = "bench.workloads.sqlalchemy_middleware:create_app"
-LABELS = {"none": "FastAPI + SQLAlchemy alone", "pgonce": "FastAPI + SQLAlchemy + pgonce"}
+STATEMENTS = "statements"
+VARIANTS = (*PAIR, STATEMENTS)
+LABELS = {
+    "none": "FastAPI + SQLAlchemy alone",
+    "pgonce": "FastAPI + SQLAlchemy + pgonce",
+    STATEMENTS: "the key store's statements alone (no middleware logic)",
+}
 CONCURRENCY = 8
 POOL_SIZE = 8
 TABLE = "bench_sqlalchemy_payments"
@@ -102,10 +114,13 @@ def create_app() -> FastAPI:
         headers = {"Location": f"/payments/{payment.id}"}
         return JSONResponse(body, status_code=201, headers=headers)
 
-    if variant == "pgonce":
-        app.add_middleware(
-            IdempotencyMiddleware, pool=EngineConnections(engine), key_scope=lambda _: SCOPE
-        )
+    if variant in ("pgonce", STATEMENTS):
+        if variant == STATEMENTS:
+            app.add_middleware(StatementsAlone, pool=EngineConnections(engine), scope=SCOPE)
+        else:
+            app.add_middleware(
+                IdempotencyMiddleware, pool=EngineConnections(engine), key_scope=lambda _: SCOPE
+            )
 
         @app.post("/payments", status_code=201)
         async def create(new: NewPayment, session: IdempotentSession) -> JSONResponse:
@@ -148,4 +163,25 @@ def run(ctx: BenchContext) -> list[Table]:
         "With pgonce the request does more: BEGIN and the claim, the ORM's INSERT, the stored "
         "response and COMMIT in one transaction, against the session's INSERT and COMMIT.",
     ]
-    return compare(TITLE, LABELS, runs, probes, notes)
+    tables = compare(TITLE, LABELS, runs, probes, notes)
+    tables[0].notes.append(
+        statements_alone(
+            "an ASGI middleware",
+            "the endpoint between the key store's begin() and commit(), its AsyncSession from "
+            "idempotent_session on the claim's connection as under pgonce",
+            LABELS["none"],
+            LABELS["pgonce"],
+        )
+    )
+    tables[1].notes.append(
+        limit_note(
+            LABELS,
+            runs,
+            STATEMENTS,
+            f"The design's limit: {LABELS[STATEMENTS]}",
+            ": what the claim and the stored response cost the app in the database with the "
+            "least Python around them; no middleware on the key store does better",
+            ", what the middleware's own logic costs",
+        )
+    )
+    return tables
