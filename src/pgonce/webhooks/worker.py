@@ -123,6 +123,11 @@ DEFAULT_SHUTDOWN_TIMEOUT = timedelta(seconds=30)
 #: Pause before reconnecting after the database went away, so a restart is not hammered.
 RECONNECT_DELAY = timedelta(seconds=1)
 
+#: How long ``stop`` waits, after cancelling the batches that outlived ``shutdown_timeout``, for
+#: them to end. A batch still running then has a handler that caught the cancellation and carried
+#: on: its connection is closed (the server rolls the batch back) and the stop no longer waits.
+IGNORED_CANCEL_GRACE = timedelta(seconds=1)
+
 
 #: Batches that isolate each handler with a savepoint after a handler failed. Without one, a batch
 #: costs two round trips however large it is, but a failure rolls the whole batch back and the
@@ -322,6 +327,10 @@ class InboxWorker:
         self._turn = 0
         self._one_at_a_time = 0
         self._careful = 0
+        #: Each claim loop's connection and the event whose handler runs on it, by loop task:
+        #: what a stop closes, and names, when a handler ignores its cancellation.
+        self._loop_conns: dict[asyncio.Task[Any], AsyncConnection[Any]] = {}
+        self._running: dict[asyncio.Task[Any] | None, InboxEvent] = {}
 
     # -- one batch ------------------------------------------------------------------------------
 
@@ -610,6 +619,8 @@ class InboxWorker:
         handler = source.handler_for(event.payload, event.headers)
         if handler is None:
             return "done"  # an event type nobody handles: nothing to do, and nothing to retry
+        task = asyncio.current_task()
+        self._running[task] = event
         try:
             async with asyncio.timeout(source.handler_timeout.total_seconds()) as deadline:
                 running = handler(event, conn)
@@ -619,17 +630,23 @@ class InboxWorker:
         except TimeoutError as error:
             raise HandlerTimeout(source.handler_timeout.total_seconds()) from error
         except asyncio.CancelledError as error:
-            task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # the worker is being stopped: the batch rolls back
             # A task the handler awaited was cancelled, or the handler raised it: its failure,
             # which must not end the worker (nor stall the event, which would end it again).
             raise HandlerCancelled() from error
+        except Exception as error:
+            if task is not None and task.cancelling():
+                # The stop cancelled it, it carried on and failed (the stop may have closed its
+                # connection): a rolled-back batch like any cut one, no attempt counted.
+                raise asyncio.CancelledError() from error
+            raise
+        finally:
+            self._running.pop(task, None)
         if deadline.expired():
             # The handler caught the deadline's cancellation and returned: whatever it was doing
             # was cut at an arbitrary await, so its writes must not commit as a finished run.
             raise HandlerTimeout(source.handler_timeout.total_seconds())
-        task = asyncio.current_task()
         if task is not None and task.cancelling():
             # The same for the stop after the shutdown timeout: the batch rolls back.
             raise asyncio.CancelledError()
@@ -673,6 +690,7 @@ class InboxWorker:
         if self.listen:
             tasks.append(asyncio.create_task(self._listen(stop, wakes)))
         stopping = asyncio.create_task(stop.wait())
+        abandoned: set[asyncio.Task[None]] = set()
         try:
             done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -690,15 +708,42 @@ class InboxWorker:
                     cut,
                     self.shutdown_timeout.total_seconds(),
                 )
+            if pending:
+                grace = IGNORED_CANCEL_GRACE.total_seconds()
+                _, ignored = await asyncio.wait(pending, timeout=grace)
+                for task in ignored:
+                    await self._abandon(task)
+                    abandoned.add(task)
         finally:
             stop.set()
             stopping.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*(t for t in tasks if t not in abandoned), return_exceptions=True)
+
+    async def _abandon(self, task: asyncio.Task[None]) -> None:
+        """Stop waiting for ``task``, a loop whose handler caught the stop's cancellation and
+        carried on: its connection is closed, so the server rolls its batch back (its events
+        stay pending, no attempt counted), and the stop ends within its bound."""
+        task.add_done_callback(_forget)
+        event = self._running.get(task)
+        await _close(self._loop_conns.pop(task, None))
+        what = "a handler" if event is None else f"the handler of {event.source} event {event.id}"
+        log.warning(
+            "inbox worker: %s ignored the stop's cancellation (it caught "
+            "asyncio.CancelledError and carried on) %g s after it was cancelled: its "
+            "connection is closed, so its batch is rolled back and its events stay pending, to "
+            "run again when a worker runs (no attempt counted); the stop no longer waits for "
+            "it, and the handler may still be running in this process. A handler lets "
+            "CancelledError propagate",
+            what,
+            IGNORED_CANCEL_GRACE.total_seconds(),
+        )
 
     async def _loop(self, stop: asyncio.Event, wake: asyncio.Event) -> None:
         conn: AsyncConnection[Any] | None = None
         # Names this loop in inbox_waiting_workers; unique per loop.
         name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        task = asyncio.current_task()
+        assert task is not None  # run() creates each loop as a task
         try:
             while not stop.is_set():
                 # Cleared before the claim: a notification during the batch means "look again".
@@ -706,6 +751,7 @@ class InboxWorker:
                 try:
                     if conn is None or conn.closed:
                         conn = await self._connect(self.dsn, autocommit=False)
+                        self._loop_conns[task] = conn
                     started = time.perf_counter()
                     result = await self.run_once(conn)
                     if self.on_batch is not None and result.claimed:
@@ -730,6 +776,7 @@ class InboxWorker:
                         conn = None
                         await _wait(stop, None, RECONNECT_DELAY)
         finally:
+            self._loop_conns.pop(task, None)
             await _close(conn)
 
     async def _wait_for_events(
@@ -875,6 +922,12 @@ async def _end_savepoint(step: Awaitable[None], event: InboxEvent) -> None:
             "(conn.transaction()) and ends only those"
         )
         raise _HandlerFailed(event, ended) from error
+
+
+def _forget(task: asyncio.Task[None]) -> None:
+    """Retrieve the end of a loop the stop no longer waits for, so that asyncio logs nothing."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _close(conn: AsyncConnection[Any] | None) -> None:
