@@ -196,7 +196,7 @@ class RedisStreamsPublisher:
         pipe = client.pipeline(transaction=False)
         refused: dict[int, str] = {}
         kinds: dict[int, str] = {}
-        sent: list[OutboxMessage] = []
+        sent: list[tuple[OutboxMessage, str]] = []
         # Aggregates with a row the routing function raised for: their later rows wait behind it.
         held: set[tuple[str, str]] = set()
         for message in batch:
@@ -226,7 +226,7 @@ class RedisStreamsPublisher:
                 kinds[message.id] = "too_large"
                 held.add((message.aggregatetype, message.aggregateid))
                 continue
-            sent.append(message)
+            sent.append((message, key))
             pipe.xadd(key, fields, maxlen=self.maxlen, approximate=True)
         if not sent:
             return PublishResult(refused=refused, kinds=kinds)
@@ -240,14 +240,16 @@ class RedisStreamsPublisher:
             raise BrokerUnavailable(f"Redis: {short_error(error)}") from error
         acked: set[int] = set()
         lost: str | None = None
-        for message, reply in zip(sent, replies, strict=True):
+        for (message, key), reply in zip(sent, replies, strict=True):
             if _unavailable(reply):
                 # The server cannot take writes now (a replica after a failover, out of
                 # memory, loading): an outage, not a refusal of this row. Counted as attempts,
                 # a failover would park the whole backlog.
                 lost = f"Redis cannot take writes now: {short_error(reply)}"
             elif isinstance(reply, BaseException):
-                refused[message.id] = f"Redis refused XADD: {short_error(reply)}"
+                # The key is named: WRONGTYPE (a key of another type where the stream should
+                # be) says which kind of value, not which key, and the routing chose it.
+                refused[message.id] = f"Redis refused XADD to {key!r}: {short_error(reply)}"
             else:
                 acked.add(message.id)
         if lost:
