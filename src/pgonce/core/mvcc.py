@@ -22,6 +22,12 @@ from pgonce.core.retention import Finding, format_duration
 #: pgonce leaves meanwhile are worth a look.
 DEFAULT_HORIZON_WARN = timedelta(minutes=5)
 
+#: An xmin older than this many transaction ids is reported even when no open transaction is old:
+#: what holds it has no session (a replication slot, a standby's feedback). A busy pgonce spends a
+#: few hundred ids a second, so a stopped slot shows within the hour; a transaction of a few
+#: minutes spans this many only where thousands of ids a second are spent.
+DEFAULT_XMIN_AGE_WARN = 1_000_000
+
 
 @dataclass(frozen=True, slots=True)
 class MvccHorizon:
@@ -42,9 +48,19 @@ class MvccHorizon:
 
 
 def judge_mvcc_horizon(
-    horizon: MvccHorizon, warn_after: timedelta = DEFAULT_HORIZON_WARN
+    horizon: MvccHorizon,
+    warn_after: timedelta = DEFAULT_HORIZON_WARN,
+    xmin_warn: int = DEFAULT_XMIN_AGE_WARN,
 ) -> Finding:
-    """The doctor's line: a warning when a transaction older than ``warn_after`` is open."""
+    """The doctor's line: a warning when a transaction older than ``warn_after`` is open, or
+    when something holds an xmin older than ``xmin_warn`` transaction ids (a replication slot
+    has no session, so no age to show: only its xmin says it is there).
+
+    The detail says where to find the cause and how to end it, which differs by kind: a session
+    idle in a transaction is terminated, a running statement cancelled, a prepared transaction
+    committed or rolled back by its id (no timeout ends it, and it survives restarts), a slot
+    dropped.
+    """
     status: Literal["ok", "warn"] = "ok"
     detail = ""
     value = "none" if horizon.oldest is None else format_duration(horizon.oldest)
@@ -52,11 +68,18 @@ def judge_mvcc_horizon(
         value += f" ({horizon.state})"
     if horizon.oldest is not None and horizon.oldest > warn_after:
         status = "warn"
+        detail = _pinned_by_transaction(horizon.oldest, horizon.state)
+    elif horizon.xmin_age > xmin_warn:
+        status = "warn"
+        value += f", oldest xmin {horizon.xmin_age} transactions old"
         detail = (
-            f"a transaction open for {format_duration(horizon.oldest)} ({horizon.state}) pins "
-            "the MVCC horizon: no dead row of pgonce's tables younger than it can be reclaimed, "
-            "so they and their indexes grow until it ends; end it, and set "
-            "idle_in_transaction_session_timeout so that a forgotten one ends by itself"
+            f"an xmin {horizon.xmin_age} transactions old pins the MVCC horizon, and no "
+            f"transaction open longer than {format_duration(warn_after)} explains it: a "
+            "replication slot whose consumer stopped (or a standby with hot_standby_feedback "
+            "running a long query) holds it, so no dead row of pgonce's tables younger than it "
+            "can be reclaimed; find the slot in pg_replication_slots (slot_name, active, xmin, "
+            "catalog_xmin) and drop one that nobody consumes with "
+            "pg_drop_replication_slot(slot_name)"
         )
     elif not horizon.sees_all:
         status = "warn"
@@ -72,4 +95,32 @@ def judge_mvcc_horizon(
         value,
         f"none open longer than {format_duration(warn_after)}",
         detail,
+    )
+
+
+def _pinned_by_transaction(age: timedelta, state: str | None) -> str:
+    """What pins the horizon, where to find it, and how to end it, by the kind of transaction."""
+    pins = (
+        "pins the MVCC horizon: no dead row of pgonce's tables younger than it can be reclaimed, "
+        "so they and their indexes grow until it ends"
+    )
+    if state == "prepared":
+        return (
+            f"a prepared transaction open for {format_duration(age)} {pins}; no timeout ends it "
+            "and it survives a restart: find its gid in pg_prepared_xacts (gid, owner, prepared) "
+            "and, once its transaction manager has given up on it, end it with ROLLBACK PREPARED "
+            "(or COMMIT PREPARED) 'gid'"
+        )
+    if state is not None and not state.startswith("idle"):
+        return (
+            f"a statement running for {format_duration(age)} ({state}) {pins}; find it in "
+            "pg_stat_activity (pid, application_name, query, ordered by xact_start) and cancel "
+            "it with pg_cancel_backend(pid) if it may stop; bound such work with "
+            "statement_timeout, or give reports a replica"
+        )
+    return (
+        f"a transaction open for {format_duration(age)} ({state}) {pins}; find its session in "
+        "pg_stat_activity (pid, application_name, ordered by xact_start) and end it with "
+        "pg_terminate_backend(pid), and set idle_in_transaction_session_timeout so that a "
+        "forgotten one ends by itself"
     )

@@ -24,7 +24,12 @@ from psycopg import Connection, Cursor
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.checks import check_connection, check_duration, check_optional_time
 from pgonce.core.durability import Durability, judge_durability
-from pgonce.core.mvcc import DEFAULT_HORIZON_WARN, MvccHorizon, judge_mvcc_horizon
+from pgonce.core.mvcc import (
+    DEFAULT_HORIZON_WARN,
+    DEFAULT_XMIN_AGE_WARN,
+    MvccHorizon,
+    judge_mvcc_horizon,
+)
 from pgonce.core.retention import (
     DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_RETIRED_WINDOW,
@@ -54,7 +59,9 @@ class HealthCheck:
 
     ``stuck_after``: a claim in flight older than this is stuck. ``slack``: how far the oldest row
     may outlive its retention before the sweeper counts as stalled. ``horizon_warn``: an open
-    transaction older than this pins the MVCC horizon long enough to warn about.
+    transaction older than this pins the MVCC horizon long enough to warn about. ``xmin_warn``:
+    an xmin older than this many transaction ids is warned about even with no old transaction
+    open (a replication slot holds it, with no session to show).
     ``retired_window``: a two-phase request the completer retired within this window is a
     warning (older ones are still counted).
     """
@@ -70,6 +77,7 @@ class HealthCheck:
         timeout: timedelta = DEFAULT_HEALTH_TIMEOUT,
         horizon_warn: timedelta = DEFAULT_HORIZON_WARN,
         retired_window: timedelta = DEFAULT_RETIRED_WINDOW,
+        xmin_warn: int = DEFAULT_XMIN_AGE_WARN,
     ) -> None:
         check_schema(schema)
         # Checked here, not at the first check: a number or a negative span reached the server
@@ -82,7 +90,12 @@ class HealthCheck:
         ):
             if check_duration(span, name) < timedelta(0):
                 raise UsageError(f"{name} must not be negative, not {span}")
+        if isinstance(xmin_warn, bool) or not isinstance(xmin_warn, int) or xmin_warn < 0:
+            raise UsageError(
+                f"xmin_warn must be a count of transaction ids >= 0, not {xmin_warn!r}"
+            )
         self.horizon_warn = horizon_warn
+        self.xmin_warn = xmin_warn
         self.retired_window = retired_window
         self.policies = policies_for(policies, targets)
         self.stuck_after = stuck_after
@@ -163,7 +176,7 @@ class HealthCheck:
                 judge_schema(schema_version, migrations()[-1].version),
                 *report.findings,
                 judge_durability(durability),
-                judge_mvcc_horizon(mvcc, self.horizon_warn),
+                judge_mvcc_horizon(mvcc, self.horizon_warn, self.xmin_warn),
             ),
         )
 
