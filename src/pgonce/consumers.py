@@ -20,7 +20,10 @@ later. The same message id with a different body raises :class:`~pgonce.errors.K
 A handler that commits or rolls back the transaction itself (a COMMIT or ROLLBACK in SQL) gets a
 :class:`~pgonce.errors.UsageError`, and the claim is settled, never left in flight: after a
 COMMIT it is completed just after, so a redelivery is a duplicate; after a ROLLBACK nothing
-committed, and a redelivery runs the handler again.
+committed, and a redelivery runs the handler again. The same holds when it raises after that end:
+the UsageError says what was committed, and the handler's exception is its ``__cause__``. A
+handler that catches the cancellation of ``handle()`` and returns is rolled back as a cancelled
+one is (CancelledError, logged once): it was cut at an arbitrary await.
 
 Claims of a consumer are key-store rows with the consumer's name as scope, so the retention
 sweeper removes them like any other key; keep them longer than the broker can redeliver.
@@ -28,8 +31,10 @@ sweeper removes them like any other key; keep them longer than the broker can re
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,11 +43,14 @@ from psycopg.pq import TransactionStatus
 
 from pgonce.core.checks import describe
 from pgonce.core.fingerprint import fingerprint
+from pgonce.core.inbox import describe_error
 from pgonce.core.outcomes import Response, Won
 from pgonce.errors import DatabaseUnavailable, UsageError
 from pgonce.store._async.keys import AsyncKeyStore
 
 Handler = Callable[[AsyncConnection[Any]], Awaitable[None]]
+
+log = logging.getLogger("pgonce.consumers")
 
 _IDLE = TransactionStatus.IDLE
 _NOT_ASYNC = "a consumer's handler is an async def function of the connection"
@@ -91,34 +99,52 @@ class IdempotentConsumer:
         if not callable(handler):
             raise UsageError(f"{_NOT_ASYNC}, not {describe(handler)}")
         ran = False
+        # The handler's own exception, and whether the connection was idle when it raised (the
+        # handler had ended the claim's transaction with a COMMIT or ROLLBACK in SQL).
+        failed: Exception | None = None
+        idle_at_failure = False
         try:
             async with self.key_store.once(
                 conn, self.name, message_id, fingerprint(body), commit=True
             ) as op:
                 if op.won:
+                    task = asyncio.current_task()
+                    cancelling = 0 if task is None else task.cancelling()
                     running = handler(conn)
                     if not inspect.isawaitable(running):
                         raise UsageError(
                             f"{_NOT_ASYNC}: it returned {describe(running)}; it ran, and its "
                             "writes are rolled back with the claim (do not acknowledge)"
                         )
-                    await running
+                    try:
+                        await running
+                    except Exception as error:
+                        failed = error
+                        idle_at_failure = conn.pgconn.transaction_status == _IDLE
+                        raise
+                    if task is not None and task.cancelling() > cancelling:
+                        raise self._ignored_cancel(message_id)
                     ran = True
                     op.respond(Response())
-        except UsageError as error:
-            if (
-                ran
-                and conn.pgconn.transaction_status == _IDLE
-                and not conn.closed
-                and isinstance(claim := op.claim, Won)
-            ):
-                # The handler ended the claim's transaction itself and ran nothing after: the
-                # key store refused to complete a claim no longer in its transaction.
-                settled = await self._settle(conn, claim)
-                raise settled from settled.__cause__ or error
-            raise
-        except DatabaseUnavailable as error:
-            if conn.closed and not conn.broken:
+        except Exception as error:
+            if error is failed:
+                settled = await self._after_failure(conn, op, failed, idle_at_failure)
+                if settled is None:
+                    raise
+                raise settled from failed
+            if isinstance(error, UsageError):
+                if (
+                    ran
+                    and conn.pgconn.transaction_status == _IDLE
+                    and not conn.closed
+                    and isinstance(claim := op.claim, Won)
+                ):
+                    # The handler ended the claim's transaction itself and ran nothing after:
+                    # the key store refused to complete a claim no longer in its transaction.
+                    settled = await self._settle(conn, claim)
+                    raise settled from settled.__cause__ or error
+                raise
+            if isinstance(error, DatabaseUnavailable) and conn.closed and not conn.broken:
                 # Not an outage to retry: every redelivery would close it again.
                 raise UsageError(
                     "the handler closed the connection it was given: its writes and the claim "
@@ -131,6 +157,79 @@ class IdempotentConsumer:
         if op.replayed:
             return Outcome.DUPLICATE
         return Outcome.IN_FLIGHT
+
+    def _ignored_cancel(self, message_id: str) -> asyncio.CancelledError:
+        """The cancellation of handle() that the handler caught and returned from: whatever it
+        was doing was cut at an arbitrary await, so its writes must not commit as a finished
+        run; they roll back with the claim, as a cancellation's would."""
+        log.warning(
+            "the handler of consumer %s caught the cancellation of handle() for message %s and "
+            "returned: its writes and the claim are rolled back, as a cancellation's are (do not "
+            "acknowledge; a redelivery runs the handler again). A handler lets "
+            "asyncio.CancelledError propagate",
+            self.name,
+            message_id,
+        )
+        return asyncio.CancelledError()
+
+    async def _after_failure(
+        self, conn: AsyncConnection[Any], op: Any, failed: Exception, idle: bool
+    ) -> UsageError | None:
+        """The error for a handler that raised ``failed``, when it had ended the claim's
+        transaction first (a COMMIT or ROLLBACK in SQL); None for a plain failure, which rolled
+        back everything and goes on as it was raised.
+
+        A COMMIT committed the claim, in flight, with the writes before it: every redelivery
+        would have been answered IN_FLIGHT until the key expired, and the writes could not be
+        run again anyway. The claim is completed, so a redelivery is a duplicate. A connection
+        idle when the handler raised had its transaction ended; on a connection with autocommit
+        off, psycopg opens a new transaction at the next statement, which hides the end: its
+        claim is looked for after every failure, one round trip on the failure path only.
+        """
+        claim = op.claim
+        if (
+            not isinstance(claim, Won)
+            or conn.closed
+            or conn.pgconn.transaction_status != _IDLE
+            or not (idle or not conn.autocommit)
+        ):
+            return None
+        then = f"and then raised {describe_error(failed)}"
+        try:
+            async with conn.transaction():
+                found = await self.key_store.complete(conn, claim, Response())
+        except Exception as error:
+            if not idle:
+                return None  # nothing says the handler ended anything: its own failure
+            return UsageError(
+                f"{_ENDED}, {then}; completing the claim it may have committed failed "
+                f"({describe_error(error)}), so the key may stay in flight until it expires "
+                "(do not acknowledge)"
+            )
+        if found:
+            after = (
+                "what it wrote after the COMMIT was committed by autocommit as it ran"
+                if conn.autocommit
+                else "what it wrote after the COMMIT was rolled back"
+            )
+            return UsageError(
+                f"{_ENDED}, {then}: its COMMIT had committed the claim with the handler's "
+                f"writes before it, which are done; {after}. The claim was completed after "
+                "it, so a redelivery of the message is answered Outcome.DUPLICATE and does not "
+                "run them again"
+            )
+        if not idle:
+            return None
+        after = (
+            "; what it wrote after the ROLLBACK was committed by autocommit as it ran"
+            if conn.autocommit
+            else ""
+        )
+        return UsageError(
+            f"{_ENDED}, {then}: the claim was rolled back with the handler's writes before its "
+            f"ROLLBACK{after} (do not acknowledge), and a redelivery of the message runs the "
+            "handler again"
+        )
 
     async def _settle(self, conn: AsyncConnection[Any], claim: Won) -> UsageError:
         """The error for a handler that committed or rolled back the claim's transaction itself
