@@ -70,11 +70,13 @@ NO_RESPONDERS = "503"
 class _Pending:
     """One batch's outstanding PubAcks."""
 
-    __slots__ = ("acked", "done", "left", "refused")
+    __slots__ = ("acked", "done", "foreign", "left", "refused")
 
     def __init__(self, size: int) -> None:
         self.acked: set[int] = set()
         self.refused: dict[int, str] = {}
+        #: Rows answered by something other than JetStream, still waiting for a PubAck.
+        self.foreign: set[int] = set()
         self.left = size
         self.done = asyncio.Event()
         if not size:
@@ -93,19 +95,27 @@ class _Connection:
         self.client = client
         self.inbox = inbox
         self.tokens = itertools.count()
-        self.waiting: dict[str, tuple[_Pending, int]] = {}
+        #: By token: the batch, the row's id and its subject (named in a refusal).
+        self.waiting: dict[str, tuple[_Pending, int, str]] = {}
         self._cut = len(inbox) + 1
 
     async def on_reply(self, msg: Msg) -> None:
-        entry = self.waiting.pop(msg.subject[self._cut :], None)
+        token = msg.subject[self._cut :]
+        entry = self.waiting.pop(token, None)
         if entry is None:
             # The answer to a batch that stopped waiting: that row stays unsettled and goes
             # again with the same Nats-Msg-Id, which the stream drops as a duplicate.
             return
-        pending, message_id = entry
-        reason = _refusal(msg)
+        pending, message_id, subject = entry
+        reason = _refusal(msg, subject)
         if reason is None:
             pending.acked.add(message_id)
+        elif reason is _NOT_JETSTREAM:
+            # A subscriber of the subject answered, not a stream. One may cover the subject
+            # too, and its PubAck is still to come: the row waits for it (see publish()).
+            self.waiting[token] = entry
+            pending.foreign.add(message_id)
+            return
         else:
             pending.refused[message_id] = reason
         pending.settle()
@@ -113,22 +123,26 @@ class _Connection:
     def abandon(self) -> None:
         """The connection is gone: every batch still waiting stops waiting now."""
         waiting, self.waiting = self.waiting, {}
-        for pending, _ in waiting.values():
+        for pending, _, _ in waiting.values():
             pending.done.set()
 
 
-def _refusal(msg: Msg) -> str | None:
-    """None for a PubAck, the reason for an error answer."""
+def _refusal(msg: Msg, subject: str) -> str | None:
+    """None for a PubAck, the reason for an error answer, or for an answer that is not
+    JetStream's (``subject`` is named where the subject is the cause)."""
     headers = msg.headers or {}
     status = headers.get("Status")
     if status == NO_RESPONDERS:
-        return "JetStream refused the message: no stream covers the subject"
+        return f"JetStream refused the message: no stream covers the subject {subject!r}"
     if status is not None:
         description = headers.get("Description", "")
         return f"JetStream refused the message: status {status} {description}".rstrip()
     # A PubAck is {"stream": ..., "seq": ...}; only an answer that mentions an error is parsed.
-    if b'"error"' not in msg.data:
-        return None
+    data = msg.data
+    if b'"error"' not in data:
+        # Anything else is a subscriber of the subject answering (a core NATS service): taken
+        # for a PubAck, the row would be marked published while no stream stored it.
+        return None if b'"stream"' in data and b'"seq"' in data else _NOT_JETSTREAM
     try:
         answer = json.loads(msg.data)
     except ValueError:
@@ -138,6 +152,10 @@ def _refusal(msg: Msg) -> str | None:
         return None
     description = error.get("description", error) if isinstance(error, dict) else error
     return f"JetStream refused the message: {description}"
+
+
+#: What _refusal() returns for an answer that is not JetStream's (compared by identity).
+_NOT_JETSTREAM = "not a JetStream acknowledgement"
 
 
 #: The URL schemes nats-py connects with; a URL without one is taken as ``nats://``.
@@ -288,7 +306,7 @@ class NatsPublisher:
                 headers = message_headers(message)
                 headers[MSG_ID_HEADER] = message.message_id
                 token = str(next(next_token))
-                waiting[token] = (pending, message.id)
+                waiting[token] = (pending, message.id, subject)
                 tokens.append(token)
                 payload = body(message)
                 try:
@@ -321,9 +339,20 @@ class NatsPublisher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.ack_timeout.total_seconds()):
                     await pending.done.wait()
+        broke = lost is not None or not connection.client.is_connected
+        seconds = self.ack_timeout.total_seconds()
         for token in tokens:
-            if waiting.pop(token, None) is not None and lost is None:
-                seconds = self.ack_timeout.total_seconds()
+            entry = waiting.pop(token, None)
+            if entry is None:
+                continue
+            if entry[1] in pending.foreign and not broke:
+                # Only a subscriber answered, and no stream within the wait: a refusal (the row
+                # is parked in the end), not an outage that waits for ever, nor an ack.
+                pending.refused[entry[1]] = (
+                    f"no stream covers the subject {entry[2]!r}: a subscriber of it answered "
+                    f"the message, and no JetStream acknowledgement came within {seconds:g} s"
+                )
+            elif lost is None:
                 lost = f"no acknowledgement from JetStream within {seconds:g} s"
         if lost or not connection.client.is_connected:
             await self.close()
