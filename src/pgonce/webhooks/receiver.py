@@ -35,12 +35,14 @@ from pgonce.core.inbox import (
     Ordering,
     StoreOutcome,
     answer,
+    describe_error,
     digest,
     parse_json,
     stored_headers,
     validate_event_id,
     validate_ordering,
 )
+from pgonce.core.throttle import Throttle, held_back
 from pgonce.errors import (
     BadPayload,
     DatabaseUnavailable,
@@ -169,6 +171,10 @@ class InboxReceiver:
         self._started = False
         self._opening: asyncio.Future[None] | None = None
         self._fallback_warned: set[str] = set()  # sources whose event_id_fallback broke
+        # The failures of a source's code (its scheme, its extractors): one report a minute per
+        # source, step and cause, with the traceback the first time only.
+        self._broken = Throttle()
+        self._traced: set[tuple[str, str, str]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -314,9 +320,9 @@ class InboxReceiver:
             source.scheme.verify(headers, body, now=self.clock())
         except WebhookError:
             raise
-        except Exception:
+        except Exception as error:
             # A scheme must raise only WebhookErrors; a bug in one fails closed, never a 500.
-            log.exception("scheme %s of source %s failed", source.scheme.name, source.name)
+            self._code_failed(source, f"scheme {source.scheme.name}", error, 401)
             raise SignatureInvalid() from None
 
     def _handshake(
@@ -328,30 +334,30 @@ class InboxReceiver:
                 raise TypeError(f"a handshake answers bytes or None, not {describe(reply)}")
         except WebhookError:
             raise
-        except Exception:
+        except Exception as error:
             # A scheme's handshake reads an authentic but unexpected body; its failure is no 500.
-            log.exception(
-                "the handshake of scheme %s of source %s failed", source.scheme.name, source.name
-            )
+            self._code_failed(source, f"handshake of scheme {source.scheme.name}", error, 400)
             raise BadPayload("the delivery could not be read as a handshake") from None
         return reply
 
     def _delivery(self, source: Source, headers: dict[str, str], body: bytes) -> Delivery:
         """The verified delivery as the inbox stores it: its event id, headers and ordering."""
         payload = parse_json(body) if source.json_required else None
+        step = f"event id extraction of scheme {source.scheme.name}"
         try:
             event_id = source.scheme.event_id(headers, body)
             if event_id is None:
+                step = "event_id_fallback"
                 event_id = source.event_id_fallback(headers, body)
                 if not isinstance(event_id, str):
                     self._fallback_not_text(source, event_id)
         except WebhookError:
             raise
-        except Exception:
+        except Exception as error:
             # The scheme's or the application's extractor broke on an authentic delivery.
-            log.exception("the event id of a delivery to %s could not be read", source.name)
+            self._code_failed(source, step, error, 400)
             raise BadPayload("the event id could not be read") from None
-        ordering = _ordering(source, payload, headers)
+        ordering = self._ordering(source, payload, headers)
         return Delivery(
             source=source.name,
             event_id=validate_event_id(event_id),
@@ -359,6 +365,50 @@ class InboxReceiver:
             headers=stored_headers(headers, getattr(source.scheme, "header_names", None)),
             digest=digest(body),
             ordering=ordering,
+        )
+
+    def _ordering(self, source: Source, payload: Any, headers: dict[str, str]) -> Ordering | None:
+        if source.ordering is None:
+            return None
+        try:
+            ordering = source.ordering(payload, headers)
+        except Exception as error:
+            # The extractor is application code reading an untrusted payload; its failure is the
+            # payload's fault as far as the provider is concerned, and must not be a 500.
+            self._code_failed(source, "ordering extractor", error, 400, logging.WARNING)
+            raise BadPayload("the ordering key could not be read") from None
+        if ordering is None:
+            return None
+        if not isinstance(ordering, Ordering):
+            raise BadPayload("the ordering key could not be read")
+        return validate_ordering(ordering)
+
+    def _code_failed(
+        self, source: Source, what: str, error: Exception, status: int, level: int = logging.ERROR
+    ) -> None:
+        """Report that ``what`` (a scheme's or the application's code) raised ``error`` on a
+        delivery to ``source``, answered ``status``: once a minute per source, step and cause,
+        counting the ones held back, with the traceback the first time. A provider retries
+        every refused delivery, and a traceback per retry buried everything else in the log."""
+        kind = (source.name, what, type(error).__qualname__)
+        held = self._broken.admit(kind, _utcnow())
+        if held is None:
+            return
+        first = kind not in self._traced
+        if first and len(self._traced) < 1000:
+            self._traced.add(kind)
+        log.log(
+            level,
+            "the %s of source %s raised %s: its deliveries are answered %d, which the provider "
+            "retries, until it is fixed (reported once a minute per source and cause, the "
+            "traceback the first time)%s",
+            what,
+            source.name,
+            describe_error(error),
+            status,
+            held_back(held),
+            exc_info=error if first else None,
+            extra={"source": source.name},
         )
 
     def _fallback_not_text(self, source: Source, event_id: object) -> None:
@@ -484,23 +534,6 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
             raise PayloadTooLarge()
         if not message.get("more_body", False):
             return bytes(chunks)
-
-
-def _ordering(source: Source, payload: Any, headers: dict[str, str]) -> Ordering | None:
-    if source.ordering is None:
-        return None
-    try:
-        ordering = source.ordering(payload, headers)
-    except Exception:
-        # The extractor is application code reading an untrusted payload; its failure is the
-        # payload's fault as far as the provider is concerned, and must not be a 500.
-        log.warning("the ordering key of a delivery to %s could not be read", source.name)
-        raise BadPayload("the ordering key could not be read") from None
-    if ordering is None:
-        return None
-    if not isinstance(ordering, Ordering):
-        raise BadPayload("the ordering key could not be read")
-    return validate_ordering(ordering)
 
 
 async def _send_ok(send: Send, status: int, outcome: StoreOutcome) -> None:
