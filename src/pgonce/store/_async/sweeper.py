@@ -48,6 +48,7 @@ from pgonce.core.retention import (
     SweepResult,
     TargetSweep,
     after_batch,
+    format_duration,
     policies_for,
 )
 from pgonce.errors import DatabaseError, UsageError
@@ -109,6 +110,36 @@ def _crossed(conn: AsyncConnection[Any], error: DatabaseError) -> UsageError | N
         "crossed between clients, and a query runs another client's statement under its name: "
         "create the connections (or the pool's kwargs) with prepare_threshold=None"
     )
+
+
+def _explained(error: DatabaseError, target: str, limits: SweepLimits) -> DatabaseError:
+    """A batch cut by a timeout, saying which bound cut it and what usually holds it back.
+
+    PostgreSQL says only "canceling statement due to statement timeout" (or lock timeout): not
+    which bound (the sweeper's own, or one the role or database sets), nor its value, nor where
+    to look. Any other failure is returned as it is.
+    """
+    cause = error.__cause__
+    if isinstance(cause, psycopg.errors.LockNotAvailable):
+        detail = (
+            "a lock on the table was not granted within the lock_timeout this role or database "
+            "sets; something holds the table (a migration, a VACUUM FULL, a LOCK TABLE: see "
+            "pg_locks), and the next run tries again"
+        )
+    elif isinstance(cause, psycopg.errors.QueryCanceled) and "statement timeout" in str(cause):
+        detail = (
+            "a batch did not finish within the sweeper's statement timeout of "
+            f"{format_duration(limits.statement_timeout)}: the table is locked (a migration, "
+            "a VACUUM FULL, a LOCK TABLE: see pg_locks), or a batch of "
+            f"{limits.batch_size:,} rows is too slow for the server (a smaller batch size, or a "
+            "longer statement timeout); the next run tries again"
+        )
+    else:
+        return error
+    explained = type(error)(f"sweeping {target} failed: {detail} ({cause})")
+    # What the failure carried for its callers (a read-only refusal, a stall) goes with it.
+    explained.__dict__.update(error.__dict__)
+    return explained
 
 
 class StopSignal(Protocol):
@@ -244,8 +275,11 @@ class AsyncSweeper:
                 break
             if batches:
                 await asyncio.sleep(self.limits.pause.total_seconds())
-            with translate_errors(f"sweeping {policy.target}"):
-                count = await self._batch(conn, statement, params)
+            try:
+                with translate_errors(f"sweeping {policy.target}"):
+                    count = await self._batch(conn, statement, params)
+            except DatabaseError as error:
+                raise _explained(error, policy.target, self.limits) from error.__cause__
             batches += 1
             deleted += count
             if on_batch is not None:
