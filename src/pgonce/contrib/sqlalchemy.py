@@ -239,7 +239,7 @@ def _driver(session: Session, in_async: bool) -> tuple[Any, Any]:
         # Session(autobegin=False) outside its begin(): a write there would have no
         # transaction to commit with.
         raise NotInTransaction(
-            "pgonce writes in the session's transaction, and this session has autobegin=False "
+            "pgonce writes in the Session's transaction, and this Session has autobegin=False "
             "and no transaction begun: call it inside session.begin() (with session.begin(): "
             "..., or async with session.begin(): ... for an AsyncSession)"
         ) from error
