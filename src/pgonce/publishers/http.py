@@ -58,11 +58,17 @@ _REQUEST_HEADERS = frozenset({"content-length", "transfer-encoding", "host"})
 #: Most bytes of an answer's body read (and dropped). Only the status decides; reading a short
 #: body to its end lets the connection be reused, and a longer one is cut there.
 MAX_DISCARDED_BODY = 64 * 1024
+#: Longest the body is read for (or the request's timeout, when shorter). The status has arrived:
+#: a body that trickles in (an endpoint that streams, a slow proxy) would otherwise hold the
+#: row's acknowledgement, and the rows of its aggregate behind it, for a whole timeout more.
+MAX_DISCARD_SECONDS = 1.0
 
 
 async def _discard(response: httpx.Response, seconds: float) -> None:
     """Read and drop the body of ``response`` (up to :data:`MAX_DISCARDED_BODY`, within
-    ``seconds``) and close it. A failure here changes nothing: the status has arrived."""
+    ``seconds`` and :data:`MAX_DISCARD_SECONDS`) and close it. A failure here changes nothing:
+    the status has arrived; a body not read to its end closes the connection."""
+    seconds = min(seconds, MAX_DISCARD_SECONDS)
     try:
         async with asyncio.timeout(seconds):
             read = 0

@@ -1,0 +1,110 @@
+"""A webhook endpoint that answers 2xx at once and then sends its body slowly, or without end.
+
+Only the status decides; the body is read (and dropped) so that the connection can be used again.
+A body that trickled in held the row's acknowledgement, and the rows of its aggregate behind it,
+for a whole request timeout more (15 s by default): a hundred events of one aggregate took 25
+minutes, and a stop meanwhile cut a batch whose rows the endpoint had taken, to be sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+from pgonce.core.outbox import OutboxMessage
+from pgonce.publishers.http import MAX_DISCARD_SECONDS, HttpPublisher
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def rows(count: int) -> list[OutboxMessage]:
+    # One aggregate: its rows go one after the other, each waiting for the one before.
+    return [
+        OutboxMessage(
+            id=1 + n,
+            aggregatetype="order",
+            aggregateid="1",
+            type="order.created",
+            payload_json=json.dumps({"n": n}),
+            headers={},
+            created_at=NOW,
+            attempts=0,
+        )
+        for n in range(count)
+    ]
+
+
+@contextlib.asynccontextmanager
+async def endpoint(body: str) -> AsyncIterator[int]:
+    """A port whose endpoint answers 200 at once, then ``body``: "trickle" (a byte every 50 ms
+    of a long body) or "endless" (chunks without end, as fast as they are read)."""
+
+    writers: set[asyncio.StreamWriter] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.add(writer)
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.lower().split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                if body == "trickle":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                    while True:
+                        writer.write(b"x")
+                        await writer.drain()
+                        await asyncio.sleep(0.05)
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                while True:
+                    writer.write(b"4000\r\n" + b"x" * 0x4000 + b"\r\n")
+                    await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+
+
+async def test_a_body_that_trickles_does_not_hold_the_rows_acknowledgement() -> None:
+    timeout = timedelta(seconds=4)
+    async with endpoint("trickle") as port:
+        publisher = HttpPublisher(
+            secret=SECRET, url=f"http://127.0.0.1:{port}/hooks", timeout=timeout
+        )
+        try:
+            started = time.monotonic()
+            result = await publisher.publish(rows(3))
+            took = time.monotonic() - started
+        finally:
+            await publisher.close()
+    assert result.acked == {1, 2, 3}
+    # Each row's body is read for at most MAX_DISCARD_SECONDS; it was the whole timeout.
+    assert took < 3 * (MAX_DISCARD_SECONDS + 0.5) < 3 * timeout.total_seconds()
+
+
+async def test_a_body_without_end_is_cut_and_the_next_row_goes() -> None:
+    async with endpoint("endless") as port:
+        publisher = HttpPublisher(
+            secret=SECRET, url=f"http://127.0.0.1:{port}/hooks", timeout=timedelta(seconds=4)
+        )
+        try:
+            started = time.monotonic()
+            result = await publisher.publish(rows(3))
+            took = time.monotonic() - started
+        finally:
+            await publisher.close()
+    assert result.acked == {1, 2, 3}
+    assert took < 3 * MAX_DISCARD_SECONDS
