@@ -821,7 +821,10 @@ class InboxWorker:
                 conn = await self._connect(self.listen_dsn, autocommit=True)
                 async with conn:
                     await self.store.listen(conn)
-                    if not await self._hearing(conn):
+                    # Up to LISTEN_CHECK when no notification comes (a transaction-mode pooler):
+                    # a stop meanwhile ends the check rather than wait for it.
+                    heard = await _unless_stopped(stop, self._hearing(conn))
+                    if not heard:
                         break
                     self._listen_outage.succeeded()
                     for wake in wakes:  # whatever was stored while nobody listened
@@ -922,6 +925,21 @@ async def _end_savepoint(step: Awaitable[None], event: InboxEvent) -> None:
             "(conn.transaction()) and ends only those"
         )
         raise _HandlerFailed(event, ended) from error
+
+
+async def _unless_stopped(stop: asyncio.Event, step: Awaitable[bool]) -> bool | None:
+    """``step``'s result, or None, with ``step`` cancelled, once ``stop`` is set."""
+    running = asyncio.ensure_future(step)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    return running.result() if not running.cancelled() else None
 
 
 def _forget(task: asyncio.Task[None]) -> None:
