@@ -85,6 +85,30 @@ async def test_a_subscriber_that_answers_where_no_stream_is_refuses_the_row(
     )
 
 
+async def test_a_subscriber_that_never_answers_where_no_stream_is_is_named_as_a_cause(
+    nats_url: str, plain: Client
+) -> None:
+    subject = fresh("pgonce.silent.")
+    await plain.subscribe(subject)
+    await plain.flush()
+    publisher = NatsPublisher(
+        nats_url, routing=lambda m: subject, ack_timeout=timedelta(milliseconds=300)
+    )
+    try:
+        result = await publisher.publish(rows(1, 2))
+    finally:
+        await publisher.close()
+    # Nothing can tell it from a JetStream that does not answer: the rows wait, unsettled, and
+    # the outage the relay reports names the subject and both causes.
+    assert result.acked == frozenset()
+    assert not result.refused
+    assert result.lost == (
+        f"no acknowledgement from JetStream within 0.3 s for {subject!r}: JetStream is slow or "
+        "unavailable, or no stream covers the subject and a subscriber that is not a stream "
+        "took the message"
+    )
+
+
 async def test_a_subscriber_that_answers_beside_a_stream_leaves_the_pubacks_counted(
     nats_url: str, plain: Client
 ) -> None:

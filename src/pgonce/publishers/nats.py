@@ -353,7 +353,15 @@ class NatsPublisher:
                     f"the message, and no JetStream acknowledgement came within {seconds:g} s"
                 )
             elif lost is None:
-                lost = f"no acknowledgement from JetStream within {seconds:g} s"
+                lost = f"no acknowledgement from JetStream within {seconds:g} s for {entry[2]!r}"
+                if not pending.acked:
+                    # Nothing answered at all: the server would have said "no responders" if
+                    # nothing took the subject, so either JetStream is slow or down, or a plain
+                    # subscriber takes the subject and no stream does.
+                    lost += (
+                        ": JetStream is slow or unavailable, or no stream covers the subject "
+                        "and a subscriber that is not a stream took the message"
+                    )
         if lost or not connection.client.is_connected:
             await self.close()
         return PublishResult(frozenset(pending.acked), pending.refused, kinds, lost)
