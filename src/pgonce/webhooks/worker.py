@@ -215,10 +215,13 @@ class _HandlerFailed(Exception):
 
 
 class _HandlerExited(BaseException):
-    """Carries a handler's SystemExit out of a batch transaction, rolling the batch back."""
+    """Carries a handler's SystemExit (or another BaseException that is no cancellation, such
+    as KeyboardInterrupt or a library's own) out of a batch transaction, rolling the batch back."""
 
-    def __init__(self, event: InboxEvent, error: SystemExit) -> None:
-        super().__init__(f"the handler of {event.source}/{event.id} raised SystemExit")
+    def __init__(self, event: InboxEvent, error: BaseException) -> None:
+        super().__init__(
+            f"the handler of {event.source}/{event.id} raised {type(error).__qualname__}"
+        )
         self.event = event
         self.error = error
 
@@ -390,7 +393,11 @@ class InboxWorker:
                         failed.append(
                             await self._record_failure(conn, source, event, error, now, jitter)
                         )
-                    except SystemExit as error:
+                    except (asyncio.CancelledError, _HandlerExited):
+                        raise  # the stop's cancellation: the batch rolls back
+                    except BaseException as error:
+                        # SystemExit, KeyboardInterrupt, a library's BaseException: they end
+                        # the worker, counted first, or the same event ended every restart.
                         raise _HandlerExited(event, error) from error  # rolls the batch back
                     else:
                         finished.append((event, status))
@@ -467,27 +474,29 @@ class InboxWorker:
         now: datetime | None,
         jitter: float | None,
     ) -> None:
-        """A handler raised SystemExit, which ends the worker as it asks; its run is counted
-        first, so that an event whose handler always exits is dead-lettered in the end rather
-        than run again at every start."""
+        """A handler raised SystemExit (or another BaseException that is no cancellation), which
+        ends the worker as it asks; its run is counted first, so that an event whose handler
+        always exits is dead-lettered in the end rather than run again at every start."""
         event = exited.event
         try:
             await self._record_apart(conn, event, exited.error, now, jitter)
         except (PgonceError, psycopg.Error) as error:
             log.error(
-                "the handler of %s event %s raised SystemExit: the worker stops as asked, its "
+                "the handler of %s event %s raised %s: the worker stops as asked, its "
                 "batch rolled back; the failure could not be recorded (%s), so the event runs "
                 "again at the next start with this attempt not counted",
                 event.source,
                 event.id,
+                type(exited.error).__qualname__,
                 describe_error(error),
             )
             return
         log.error(
-            "the handler of %s event %s raised SystemExit: the worker stops as asked (its batch "
+            "the handler of %s event %s raised %s: the worker stops as asked (its batch "
             "rolled back, the attempt counted as a failure)",
             event.source,
             event.id,
+            type(exited.error).__qualname__,
         )
 
     async def _record_apart(
