@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
+import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -81,6 +83,29 @@ async def _discard(response: httpx.Response, seconds: float) -> None:
     finally:
         with contextlib.suppress(httpx.HTTPError):
             await response.aclose()
+
+
+#: Set while this publisher sends, in the sending task's context: what httpx logs then is ours.
+_SENDING: contextvars.ContextVar[bool] = contextvars.ContextVar("pgonce_webhook", default=False)
+
+
+class _OriginsOnly(logging.Filter):
+    """Shows only the origin of the URL in what httpx logs of a webhook's request.
+
+    httpx logs every request at INFO with its whole URL: a password in it, a token in its path or
+    query (many receivers authenticate so), in the logs of any application logging at INFO, once
+    per event. Requests of other httpx clients in the process are left as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _SENDING.get() and isinstance(record.args, tuple):
+            record.args = tuple(
+                url_origin(str(arg)) if isinstance(arg, httpx.URL) else arg for arg in record.args
+            )
+        return True
+
+
+_ORIGINS_ONLY = _OriginsOnly()
+logging.getLogger("httpx").addFilter(_ORIGINS_ONLY)
 
 
 class HttpPublisher:
@@ -189,6 +214,8 @@ class HttpPublisher:
         of :data:`KINDS`): the relay logs each kind of an aggregate type on its own line, and
         counts it under its name."""
         seconds = self.timeout.total_seconds()
+        # In this task's context only: the other aggregates' sends are tasks of their own.
+        _SENDING.set(True)
         try:
             content, headers = self.request(message)
             # httpx's timeout bounds each read, not the request: an endpoint that trickles its
