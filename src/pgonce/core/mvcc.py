@@ -45,6 +45,16 @@ class MvccHorizon:
     #: Whether this role sees every session (superuser, or pg_read_all_stats through pg_monitor);
     #: without it, other roles' transactions are invisible.
     sees_all: bool
+    #: The oldest transaction's session: its pid and application_name (None for a prepared
+    #: transaction, which has no session).
+    pid: int | None = None
+    application_name: str | None = None
+    #: The first 60 characters of that session's query, on one line (a query can carry values,
+    #: so never more), or the gid of a prepared transaction.
+    what: str | None = None
+    #: The replication slot with the oldest xmin, and that xmin's age in transaction ids.
+    slot: str | None = None
+    slot_xmin_age: int = 0
 
 
 def judge_mvcc_horizon(
@@ -68,19 +78,30 @@ def judge_mvcc_horizon(
         value += f" ({horizon.state})"
     if horizon.oldest is not None and horizon.oldest > warn_after:
         status = "warn"
-        detail = _pinned_by_transaction(horizon.oldest, horizon.state)
+        detail = _pinned_by_transaction(horizon.oldest, horizon)
     elif horizon.xmin_age > xmin_warn:
         status = "warn"
         value += f", oldest xmin {horizon.xmin_age} transactions old"
-        detail = (
-            f"an xmin {horizon.xmin_age} transactions old pins the MVCC horizon, and no "
-            f"transaction open longer than {format_duration(warn_after)} explains it: a "
-            "replication slot whose consumer stopped (or a standby with hot_standby_feedback "
-            "running a long query) holds it, so no dead row of pgonce's tables younger than it "
-            "can be reclaimed; find the slot in pg_replication_slots (slot_name, active, xmin, "
-            "catalog_xmin) and drop one that nobody consumes with "
-            "pg_drop_replication_slot(slot_name)"
-        )
+        if horizon.slot is not None and horizon.slot_xmin_age >= horizon.xmin_age:
+            slot = _quoted(horizon.slot)
+            value += f" (slot {slot})"
+            detail = (
+                f"the replication slot {slot} holds an xmin {horizon.xmin_age} transactions old "
+                f"and pins the MVCC horizon, so no dead row of pgonce's tables younger than it "
+                "can be reclaimed: its consumer stopped or fell behind; see it in "
+                "pg_replication_slots (active, xmin, catalog_xmin) and, if nobody consumes it, "
+                f"drop it with SELECT pg_drop_replication_slot({slot})"
+            )
+        else:
+            detail = (
+                f"an xmin {horizon.xmin_age} transactions old pins the MVCC horizon, and no "
+                f"transaction open longer than {format_duration(warn_after)} explains it: a "
+                "replication slot whose consumer stopped (or a standby with hot_standby_feedback "
+                "running a long query) holds it, so no dead row of pgonce's tables younger than it "
+                "can be reclaimed; find the slot in pg_replication_slots (slot_name, active, xmin, "
+                "catalog_xmin) and drop one that nobody consumes with "
+                "pg_drop_replication_slot(slot_name)"
+            )
     elif not horizon.sees_all:
         status = "warn"
         detail = (
@@ -98,29 +119,53 @@ def judge_mvcc_horizon(
     )
 
 
-def _pinned_by_transaction(age: timedelta, state: str | None) -> str:
+def _quoted(text: str) -> str:
+    """``text`` as an SQL string literal, to paste into the statement the detail suggests."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _holder(horizon: MvccHorizon) -> str:
+    """Which session it is: pid, application_name and the start of its query, as far as known
+    (a role that cannot see other roles' sessions reads no query)."""
+    if horizon.pid is None:
+        return ""
+    text = f"pid {horizon.pid}"
+    if horizon.application_name:
+        text += f", application_name {_quoted(horizon.application_name)}"
+    if horizon.what:
+        text += f", query {horizon.what!r}"
+    return text
+
+
+def _pinned_by_transaction(age: timedelta, horizon: MvccHorizon) -> str:
     """What pins the horizon, where to find it, and how to end it, by the kind of transaction."""
+    state = horizon.state
+    holder = _holder(horizon)
     pins = (
         "pins the MVCC horizon: no dead row of pgonce's tables younger than it can be reclaimed, "
         "so they and their indexes grow until it ends"
     )
     if state == "prepared":
+        gid = _quoted(horizon.what) if horizon.what else "'gid'"
+        named = f" {gid}" if horizon.what else ""
         return (
-            f"a prepared transaction open for {format_duration(age)} {pins}; no timeout ends it "
-            "and it survives a restart: find its gid in pg_prepared_xacts (gid, owner, prepared) "
-            "and, once its transaction manager has given up on it, end it with ROLLBACK PREPARED "
-            "(or COMMIT PREPARED) 'gid'"
+            f"a prepared transaction{named} open for {format_duration(age)} {pins}; no timeout "
+            "ends it and it survives a restart: see it in pg_prepared_xacts (gid, owner, "
+            "prepared) and, once its transaction manager has given up on it, end it with "
+            f"ROLLBACK PREPARED {gid} (or COMMIT PREPARED {gid})"
         )
+    pid = str(horizon.pid) if horizon.pid is not None else "pid"
     if state is not None and not state.startswith("idle"):
         return (
-            f"a statement running for {format_duration(age)} ({state}) {pins}; find it in "
-            "pg_stat_activity (pid, application_name, query, ordered by xact_start) and cancel "
-            "it with pg_cancel_backend(pid) if it may stop; bound such work with "
-            "statement_timeout, or give reports a replica"
+            f"a statement running for {format_duration(age)} ({state}"
+            f"{': ' + holder if holder else ''}) {pins}; see it in pg_stat_activity (pid, "
+            "application_name, query, ordered by xact_start) and cancel it with "
+            f"pg_cancel_backend({pid}) if it may stop; bound such work with statement_timeout, "
+            "or give reports a replica"
         )
     return (
-        f"a transaction open for {format_duration(age)} ({state}) {pins}; find its session in "
-        "pg_stat_activity (pid, application_name, ordered by xact_start) and end it with "
-        "pg_terminate_backend(pid), and set idle_in_transaction_session_timeout so that a "
-        "forgotten one ends by itself"
+        f"a transaction open for {format_duration(age)} ({state}"
+        f"{': ' + holder if holder else ''}) {pins}; see its session in pg_stat_activity (pid, "
+        f"application_name, ordered by xact_start) and end it with pg_terminate_backend({pid}), "
+        "and set idle_in_transaction_session_timeout so that a forgotten one ends by itself"
     )

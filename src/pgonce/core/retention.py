@@ -729,3 +729,91 @@ def judge_schema(current: int, latest: int) -> Finding:
             "or expect it to miss what the newer migrations changed"
         )
     return Finding("schema version", "database", None, status, str(current), f"{latest}", detail)
+
+
+#: A timeout shorter than this cuts pgonce's own work in ordinary operation, so it is warned about.
+#: Each of pgonce's statements is an index probe or a small batch (milliseconds when quiet), but
+#: under load one waits: a claim on the row lock of a concurrent claim of the same key, any
+#: statement on a checkpoint's I/O or a lock that a migration or vacuum holds for a moment; and a
+#: handler's transaction sits idle while the handler works. Under a second, statement_timeout and
+#: lock_timeout cut those waits (each cut delivery answered 503, each cut batch retried, again and
+#: again), and idle_in_transaction_session_timeout ends the session of a handler that takes longer.
+#: A bound of seconds or more is a deliberate choice this check leaves alone.
+SHORT_TIMEOUT = timedelta(seconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTimeout:
+    """One timeout as a new connection of this role to this database gets it, and where it is
+    set (``pg_db_role_setting``): what an application's connections run under, not the health
+    check's own."""
+
+    #: statement_timeout, lock_timeout or idle_in_transaction_session_timeout.
+    name: str
+    #: Its value in milliseconds; 0 is none.
+    ms: int
+    #: Who sets it: the role of ``ALTER ROLE ... SET`` and the database of ``ALTER DATABASE ...
+    #: SET`` (both for ``ALTER ROLE ... IN DATABASE ... SET``); both None when neither does
+    #: (postgresql.conf, or the connection's own options).
+    role: str | None = None
+    database: str | None = None
+    #: The value as it was written there (``'1ms'``).
+    configured: str | None = None
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _where_set(t: SessionTimeout) -> tuple[str, str]:
+    """Where the setting comes from, and the statement that removes it there."""
+    if t.role is not None and t.database is not None:
+        return (
+            f"set for role {t.role!r} in database {t.database!r}",
+            f"ALTER ROLE {_ident(t.role)} IN DATABASE {_ident(t.database)} RESET {t.name}",
+        )
+    if t.role is not None:
+        return f"set for role {t.role!r}", f"ALTER ROLE {_ident(t.role)} RESET {t.name}"
+    if t.database is not None:
+        return (
+            f"set for database {t.database!r}",
+            f"ALTER DATABASE {_ident(t.database)} RESET {t.name} (or give pgonce's role a "
+            f"longer one, which overrides the database's: ALTER ROLE ... IN DATABASE "
+            f"{_ident(t.database)} SET {t.name} = '30s')",
+        )
+    return (
+        "set neither for the database nor for the role, so by postgresql.conf or the "
+        "connection's options (PGOPTIONS, options= in the DSN)",
+        f"raise it there, or give pgonce's role its own with ALTER ROLE ... SET {t.name} = '30s'",
+    )
+
+
+def judge_session_timeouts(
+    timeouts: Iterable[SessionTimeout], short: timedelta = SHORT_TIMEOUT
+) -> Finding:
+    """The timeouts line: a warning for each timeout that a new connection gets and that is
+    shorter than ``short``, with its value, where it is set and how to change it.
+
+    The health check sets its own statement timeout, so its figures read fine under a database's
+    ``statement_timeout = '1ms'`` that cuts every statement of the service: this line reads what
+    the service's connections get.
+    """
+    limit = f"none under {format_duration(short)}"
+    cut = [t for t in timeouts if 0 < t.ms < short.total_seconds() * 1000]
+    if not cut:
+        return Finding("session timeouts", "database", None, "ok", "none short", limit, "")
+    value = ", ".join(f"{t.name} {t.ms}ms" for t in cut)
+    parts = []
+    for t in cut:
+        where, change = _where_set(t)
+        shown = t.configured not in (None, f"{t.ms}ms", str(t.ms))
+        written = f" (set as {t.configured!r})" if shown else ""
+        parts.append(f"{t.name} is {t.ms}ms{written}, {where}: {change}")
+    detail = (
+        "; ".join(parts)
+        + f". Under {format_duration(short)} it cuts pgonce's own statements in ordinary "
+        "operation (a claim waiting on a concurrent claim's row lock, a batch waiting on I/O, a "
+        "handler's transaction idle while the handler works): deliveries are answered 503 and "
+        "batches retried while this check, under its own timeout, reads fine"
+    )
+    return Finding("session timeouts", "database", None, "warn", value, limit, detail)

@@ -144,15 +144,28 @@ SELECT current_setting('synchronous_standby_names') <> '' AS configured,
 -- is left out. Ages run to clock_timestamp(), not to the reader's now(): a transaction that began
 -- after the reader's own is young, never negative. Other roles' sessions are visible to
 -- superusers and pg_read_all_stats only.
+-- Who holds it: the oldest transaction's pid, application_name and `what` (the first 60
+-- characters of its query on one line -- a query can carry values, so never more -- or the gid
+-- of a prepared transaction, whose pid and application_name are NULL); and the replication slot
+-- with the oldest xmin, with that xmin's age.
 WITH open AS (
-    SELECT a.xact_start AS since, a.state
+    SELECT a.xact_start AS since, a.state, a.pid, a.application_name,
+           left(regexp_replace(left(a.query, 240), '[[:space:][:cntrl:]]+', ' ', 'g'), 60) AS what
       FROM pg_stat_activity AS a
      WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
        AND (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
     UNION ALL
-    SELECT p.prepared, 'prepared'
+    SELECT p.prepared, 'prepared', NULL, NULL,
+           left(regexp_replace(p.gid, '[[:space:][:cntrl:]]+', ' ', 'g'), 60)
       FROM pg_prepared_xacts AS p
      WHERE p.database = current_database()
+),
+slot AS (
+    SELECT s.slot_name, greatest(age(s.xmin), age(s.catalog_xmin)) AS xmin_age
+      FROM pg_replication_slots AS s
+     WHERE s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL
+     ORDER BY 2 DESC, 1
+     LIMIT 1
 )
 SELECT clock_timestamp() - o.since AS oldest,
        o.state,
@@ -160,13 +173,45 @@ SELECT clock_timestamp() - o.since AS oldest,
            (SELECT max(greatest(age(a.backend_xid), age(a.backend_xmin)))
               FROM pg_stat_activity AS a
              WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()),
-           (SELECT max(greatest(age(s.xmin), age(s.catalog_xmin))) FROM pg_replication_slots AS s),
+           (SELECT xmin_age FROM slot),
            (SELECT max(age(p.transaction)) FROM pg_prepared_xacts AS p)
        ), 0) AS xmin_age,
        (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-           OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') AS sees_all
+           OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') AS sees_all,
+       o.pid,
+       o.application_name,
+       o.what,
+       (SELECT slot_name FROM slot) AS slot,
+       coalesce((SELECT xmin_age FROM slot), 0) AS slot_xmin_age
   FROM (SELECT 1) AS one
-  LEFT JOIN LATERAL (SELECT since, state FROM open ORDER BY since LIMIT 1) AS o ON true
+  LEFT JOIN LATERAL (
+      SELECT since, state, pid, application_name, what FROM open ORDER BY since LIMIT 1
+  ) AS o ON true
+
+-- name: session_timeouts
+-- The timeouts a new connection of this login role to this database gets, as pgonce's own
+-- connections get them: reset_val is the session's value before any SET (the health check's own
+-- SET LOCAL statement_timeout does not change it), in milliseconds, 0 for none. With it, where it
+-- is set, from pg_db_role_setting: the most specific entry for this database and role (role in
+-- database, then role, then database, PostgreSQL's own order), its role and database names
+-- (NULL for all) and the value as written; all NULL when neither sets it (postgresql.conf, or
+-- the connection's own options).
+SELECT s.name, s.reset_val::bigint AS ms, w.rolname, w.datname, w.value
+  FROM pg_settings AS s
+  LEFT JOIN LATERAL (
+      SELECT r.rolname, d.datname, substr(c.item, length(s.name) + 2) AS value
+        FROM pg_db_role_setting AS x
+        LEFT JOIN pg_roles AS r ON r.oid = x.setrole
+        LEFT JOIN pg_database AS d ON d.oid = x.setdatabase
+       CROSS JOIN LATERAL unnest(x.setconfig) AS c(item)
+       WHERE x.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
+         AND x.setrole IN (0, (SELECT oid FROM pg_roles WHERE rolname = session_user))
+         AND split_part(c.item, '=', 1) = s.name
+       ORDER BY (x.setrole <> 0 AND x.setdatabase <> 0) DESC, (x.setrole <> 0) DESC
+       LIMIT 1
+  ) AS w ON true
+ WHERE s.name IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout')
+ ORDER BY s.name
 
 -- name: schema_version
 -- The last migration applied (the ledger `pgonce migrate` writes); judged against the last one

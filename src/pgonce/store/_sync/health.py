@@ -39,10 +39,12 @@ from pgonce.core.retention import (
     GroupFacts,
     HealthReport,
     RetentionPolicy,
+    SessionTimeout,
     StuckFacts,
     SweepLimits,
     assess,
     judge_schema,
+    judge_session_timeouts,
     policies_for,
 )
 from pgonce.errors import DatabaseUnavailable, UsageError
@@ -161,6 +163,9 @@ class HealthCheck:
                     stuck.append(facts)
             durability = self._durability(cur)
             mvcc = self._mvcc_horizon(cur)
+            # reset_val: what the session started with, before this check's SET LOCAL.
+            cur.execute(self._sql.session_timeouts)
+            timeouts = [SessionTimeout(*row) for row in cur.fetchall()]
             cur.execute(self._sql.schema_version)
             version_row = cur.fetchone()
             schema_version = int(version_row[0]) if version_row else 0
@@ -177,6 +182,7 @@ class HealthCheck:
                 *report.findings,
                 judge_durability(durability),
                 judge_mvcc_horizon(mvcc, self.horizon_warn, self.xmin_warn),
+                judge_session_timeouts(timeouts),
             ),
         )
 
@@ -210,8 +216,21 @@ class HealthCheck:
 
     def _mvcc_horizon(self, cur: Cursor[tuple[Any, ...]]) -> MvccHorizon:
         cur.execute(self._sql.mvcc_horizon)
-        oldest, state, xmin_age, sees_all = cur.fetchone() or (None, None, 0, False)
-        return MvccHorizon(oldest, state, int(xmin_age), bool(sees_all))
+        row = cur.fetchone()
+        if row is None:
+            return MvccHorizon(None, None, 0, False)
+        oldest, state, xmin_age, sees_all, pid, application_name, what, slot, slot_age = row
+        return MvccHorizon(
+            oldest,
+            state,
+            int(xmin_age),
+            bool(sees_all),
+            pid=pid,
+            application_name=application_name,
+            what=what,
+            slot=slot,
+            slot_xmin_age=int(slot_age),
+        )
 
 
 def _group_facts(
