@@ -188,9 +188,13 @@ class _Outage(FailureRun):
             level=level,
         )
 
-    def refused(self, error: Exception, delay: timedelta) -> None:
+    def refused(
+        self, error: Exception, delay: timedelta, values: dict[str, str] | None = None
+    ) -> None:
         """``error`` failed a batch of the claim loops, said for what it is: a ConfigError (a
-        pooler in statement mode refusing every transaction) is no lost database."""
+        pooler in statement mode refusing every transaction) is no lost database, nor is a
+        statement cut by a server-set statement_timeout or lock_timeout (``values``: those
+        settings as the connection showed them, when known)."""
         if isinstance(error, ConfigError):
             self.lost(
                 error,
@@ -199,10 +203,58 @@ class _Outage(FailureRun):
                 f"it tries again every {delay.total_seconds():g} s (the setting may change "
                 "without a restart), and says so when a batch runs again",
             )
+        elif (setting := _cut_by(error)) is not None:
+            value = (values or {}).get(setting)
+            shown = f" ({value})" if value else ""
+            self.lost(
+                error,
+                f"inbox worker batch was cut by the server's {setting}{shown}, not by a lost "
+                "connection",
+                next_step=f"it is likely set on the database or the role (ALTER DATABASE or "
+                f"ALTER ROLE ... SET {setting}) or in the dsn's options; the batch is rolled "
+                f"back and retried every {delay.total_seconds():g} s, its events stay pending "
+                "(no attempt counted), and it says so when a batch runs again",
+            )
         elif isinstance(error, DatabaseUnavailable | psycopg.OperationalError):
             self.lost(error)
         else:
             self.lost(error, "inbox worker batch failed", logging.ERROR)
+
+
+#: The errors of a statement cut by a server setting, and the setting: the connection is fine.
+_CUT_BY = (
+    (psycopg.errors.QueryCanceled, "statement_timeout"),
+    (psycopg.errors.LockNotAvailable, "lock_timeout"),
+)
+
+
+def _cut_by(error: BaseException | None) -> str | None:
+    """The setting (statement_timeout, lock_timeout) that cut the statement behind ``error``
+    (the store translates its QueryCanceled or LockNotAvailable into a DatabaseUnavailable, the
+    psycopg error kept as the cause), or None."""
+    seen = 0
+    while error is not None and seen < 5:
+        for kind, setting in _CUT_BY:
+            if isinstance(error, kind):
+                return setting
+        error, seen = error.__cause__, seen + 1
+    return None
+
+
+async def _settings(conn: AsyncConnection[Any] | None, setting: str | None) -> dict[str, str]:
+    """``setting``'s value as ``conn`` sees it ({} when there is none, or no answer): asked only
+    after a statement it cut, to name it in the report."""
+    if conn is None or conn.closed or setting is None:
+        return {}
+    try:
+        async with asyncio.timeout(1):
+            await conn.rollback()
+            cur = await conn.execute(f"SHOW {setting}")
+            row = await cur.fetchone()
+            await conn.rollback()
+    except (psycopg.Error, TimeoutError):
+        return {}
+    return {} if row is None else {setting: str(row[0])}
 
 
 class _HandlerFailed(Exception):
@@ -769,7 +821,8 @@ class InboxWorker:
                     # A batch's BEGIN runs outside the store's statements: PgBouncer in
                     # statement mode refuses it with an OperationalError, which is no outage.
                     error = translated(raised, "beginning an inbox batch")
-                    self._loop_outage.refused(error, RECONNECT_DELAY)
+                    values = await self._cut_settings(conn, error)
+                    self._loop_outage.refused(error, RECONNECT_DELAY, values)
                     await _close(conn)
                     conn = None
                     await _wait(stop, None, RECONNECT_DELAY)
@@ -780,13 +833,23 @@ class InboxWorker:
                         await self._wait_for_events(conn, stop, wake, name)
                     except (PgonceError, psycopg.OperationalError) as raised:
                         error = translated(raised, "registering an inbox worker as waiting")
-                        self._loop_outage.refused(error, RECONNECT_DELAY)
+                        values = await self._cut_settings(conn, error)
+                        self._loop_outage.refused(error, RECONNECT_DELAY, values)
                         await _close(conn)
                         conn = None
                         await _wait(stop, None, RECONNECT_DELAY)
         finally:
             self._loop_conns.pop(task, None)
             await _close(conn)
+
+    async def _cut_settings(
+        self, conn: AsyncConnection[Any] | None, error: Exception
+    ) -> dict[str, str]:
+        """The server setting that cut ``error``'s statement, with its value, asked for only at
+        the first failure of a run (the one that is logged)."""
+        if self._loop_outage.in_a_row:
+            return {}
+        return await _settings(conn, _cut_by(error))
 
     async def _wait_for_events(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, wake: asyncio.Event, name: str
