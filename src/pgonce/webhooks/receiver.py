@@ -171,9 +171,10 @@ class InboxReceiver:
         self._started = False
         self._opening: asyncio.Future[None] | None = None
         self._fallback_warned: set[str] = set()  # sources whose event_id_fallback broke
-        # The failures of a source's code (its scheme, its extractors): one report a minute per
-        # source, step and cause, with the traceback the first time only.
-        self._broken = Throttle()
+        # The failures of a source's code (its scheme, its extractors) and the deliveries that
+        # could not be stored: one report a minute per source, step and cause (with the
+        # traceback the first time only, for the source's code).
+        self._reports = Throttle()
         self._traced: set[tuple[str, str, str]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -288,7 +289,7 @@ class InboxReceiver:
         try:
             outcome = await self._submit(delivery)
         except PgonceError as error:
-            log.warning("storing a delivery of %s failed: %s", source.name, error)
+            self._not_stored(source, error)
             await send_problem(
                 send,
                 503,
@@ -391,7 +392,7 @@ class InboxReceiver:
         counting the ones held back, with the traceback the first time. A provider retries
         every refused delivery, and a traceback per retry buried everything else in the log."""
         kind = (source.name, what, type(error).__qualname__)
-        held = self._broken.admit(kind, _utcnow())
+        held = self._reports.admit(kind, _utcnow())
         if held is None:
             return
         first = kind not in self._traced
@@ -408,6 +409,25 @@ class InboxReceiver:
             status,
             held_back(held),
             exc_info=error if first else None,
+            extra={"source": source.name},
+        )
+
+    def _not_stored(self, source: Source, error: PgonceError) -> None:
+        """Report that a delivery to ``source`` could not be stored (answered 503 with
+        Retry-After): once a minute per source and cause, counting the ones held back. An
+        overloaded pool refuses every delivery beyond it, and a line per refusal flooded the
+        log under exactly the load where it matters; the metrics count every answer."""
+        cause = type(error.__cause__ or error).__qualname__
+        held = self._reports.admit((source.name, "store", cause), _utcnow())
+        if held is None:
+            return
+        log.warning(
+            "storing a delivery of %s failed: %s; it is answered 503 with Retry-After %d s, "
+            "which the provider retries (reported once a minute per source and cause)%s",
+            source.name,
+            error,
+            RETRY_AFTER_SECONDS,
+            held_back(held),
             extra={"source": source.name},
         )
 
@@ -484,7 +504,9 @@ class InboxReceiver:
             for item in batch:
                 await self._store_batch([item])
         except Exception as error:  # the pool's timeouts and lost connections
-            _settle(batch, error=DatabaseUnavailable(f"the inbox could not store: {error}"))
+            unavailable = DatabaseUnavailable(f"the inbox could not store: {error}")
+            unavailable.__cause__ = error  # the cause its report is held back by
+            _settle(batch, error=unavailable)
         else:
             _settle(batch, outcomes=outcomes)
 
