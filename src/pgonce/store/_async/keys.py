@@ -314,9 +314,14 @@ class AsyncKeyStore:
         # (only when no transaction is open yet), SAVEPOINT and the claim's INSERT in one round
         # trip; a duplicate's read with the savepoint rolled back and released in a second. A
         # failure rolls back to the savepoint, so the caller's transaction goes on as it was.
+        pgconn = conn.pgconn
         if joined:
             end: Sequence[Command] = _LEAVE
-        elif conn.pgconn.transaction_status != _IDLE or not wire.usable(conn):
+        elif (
+            pgconn.transaction_status != _IDLE
+            or pgconn.status != _CONNECTION_OK
+            or pgconn.pipeline_status != _PIPELINE_OFF
+        ):  # not idle, or not wire.usable()
             if conn.closed:
                 raise DatabaseUnavailable("claiming a key failed: the connection is closed")
             if _running(conn):
@@ -324,7 +329,7 @@ class AsyncKeyStore:
             raise UsageError(refusal)
         else:
             end = (_COMMIT,)
-        if not self._named or wire.statements_crossed():
+        if not self._named or wire._naming.crossed:  # wire.statements_crossed(), written out
             self._check_pooled(conn)
         encoding = wire.encoding(conn)
         try:
@@ -384,6 +389,9 @@ class AsyncKeyStore:
                     return InFlight(retry_after=self.retry_after, reason=reason)
                 with translate_caller_errors("claiming a key"):
                     raise
+        replayed = wire.replayed(results[0], encoding, fingerprint)
+        if replayed is not None:  # the common case of decide(), decoded for it alone
+            return replayed
         return decide(
             wire.stored_row(results[0], encoding),
             scope=scope,
@@ -783,7 +791,8 @@ class AsyncOperation(Generic[Row]):
                 conn, scope, key, fingerprint, self._wait_ms, self._now, _OWNED_REFUSAL
             )
             if isinstance(claimed, tuple):
-                self._claim = _won(claimed, fingerprint, conn)
+                # _won(), written out: this runs for every fresh key.
+                self._claim = won(scope, key, fingerprint, *wire.claimed(claimed[2]), conn)
                 hold(conn, 1)  # released first thing at the block's end
                 self._held = True
             else:
@@ -890,6 +899,8 @@ class AsyncOperation(Generic[Row]):
         if savepoint is None:
             if exc is not None:
                 await rollback_quietly(self._conn)
+            elif type(claim) is not Won and self._conn.pgconn.transaction_status == _IDLE:
+                pass  # _commit() would answer False: _begin() ended the transaction
             else:
                 self.stored = await self._store._commit(
                     self._conn, claim, self.response, self._writes, self._now
@@ -1084,6 +1095,7 @@ _INTRANS = TransactionStatus.INTRANS
 _INERROR = TransactionStatus.INERROR
 _ACTIVE = TransactionStatus.ACTIVE
 _PIPELINE_OFF = psycopg.pq.PipelineStatus.OFF
+_CONNECTION_OK = psycopg.pq.ConnStatus.OK
 
 
 def _won(owned: Owned, fingerprint: bytes, conn: AsyncConnection[Row]) -> Won:
