@@ -13,9 +13,10 @@ from typing import Any
 
 import aio_pika
 import pytest
+from pamqp.header import ContentHeader
 
 from faults.proxy import Proxy
-from pgonce.publishers.rabbitmq import RabbitMQPublisher
+from pgonce.publishers.rabbitmq import RabbitMQPublisher, _Outgoing, amqp_message
 from tests.outbox.conftest import fresh
 from tests.outbox.test_probe_rabbitmq_connect_shared import message
 
@@ -99,3 +100,16 @@ async def test_the_confirmed_messages_of_a_batch_that_timed_out_are_acknowledged
         assert again.acked == {7002}, again
     finally:
         await publisher.close()
+
+
+def test_the_publisher_sends_what_amqp_message_describes() -> None:
+    """The publisher builds the AMQP properties itself: the same bytes on the wire as the aio-pika
+    message of amqp_message, headers of the caller's and all."""
+    for headers in ({}, {"traceparent": "00-ab-cd-01", "type": "caller's, overridden"}):
+        row = message(3)._replace(headers=headers)
+        ours, theirs = _Outgoing(row), amqp_message(row)
+        assert ours.body == theirs.body
+        assert (
+            ContentHeader(0, len(ours.body), ours.properties).marshal()
+            == ContentHeader(0, len(theirs.body), theirs.properties).marshal()
+        )

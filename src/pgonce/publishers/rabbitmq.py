@@ -29,7 +29,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 from pgonce.core.outbox import OutboxMessage
@@ -374,7 +374,7 @@ class RabbitMQPublisher:
         # the batch: a timeout of each message's own armed and cancelled a timer per message,
         # some 7 % of the publisher's CPU time per message.
         sends = [
-            asyncio.ensure_future(exchange.publish(amqp, key, mandatory=True))
+            asyncio.ensure_future(exchange.publish(cast(Any, amqp), key, mandatory=True))
             for _, amqp, key in sendable
         ]
         results: list[object]
@@ -472,7 +472,7 @@ class RabbitMQPublisher:
             if key is None:
                 held.add((message.aggregatetype, message.aggregateid))
                 continue
-            amqp = amqp_message(message)
+            amqp = _Outgoing(message)
             reason = None
             if len(amqp.body) > self.max_message_size:
                 reason = _too_large(len(amqp.body), self.max_message_size)
@@ -549,7 +549,32 @@ async def _close_quietly(connection: AbstractConnection) -> None:
 #: The connection a batch publishes on, its confirm-mode channel and the exchange.
 _Link = tuple[AbstractConnection, AbstractChannel, AbstractExchange]
 #: A message AMQP can carry, and its routing key.
-_Sendable = tuple[OutboxMessage, aio_pika.Message, str]
+_Sendable = tuple[OutboxMessage, "_Outgoing", str]
+
+
+class _Outgoing:
+    """What :func:`amqp_message` sends for an outbox row, its body and its AMQP properties, without
+    the aio-pika message around them: that message sets each of its sixteen fields through a
+    checking ``__setattr__`` and builds the properties again when read, some 6 % of the
+    publisher's CPU time per message. aio-pika's publish reads only these two."""
+
+    __slots__ = ("body", "properties")
+
+    def __init__(self, message: OutboxMessage) -> None:
+        headers: dict[str, Any] = message_headers(message)
+        self.body = body(message)
+        self.properties = Basic.Properties(
+            content_type="application/json",
+            delivery_mode=2,
+            headers=headers,
+            message_id=message.message_id,
+            message_type=message.type,
+            priority=0,
+            timestamp=message.created_at,
+        )
+
+    def __repr__(self) -> str:
+        return f"<AMQP message {self.properties.message_id}>"
 
 
 def _answer(send: asyncio.Future[Any]) -> object:
