@@ -13,14 +13,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.cli.doctor import render
-from pgonce.core.retention import Finding, SessionTimeout, judge_session_timeouts
+from pgonce.core.retention import Finding, ServerTimeout, judge_server_timeouts
 from pgonce.store._sync.health import HealthCheck
 
 
 def _line(dsn: str) -> tuple[Finding, str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         report = HealthCheck().check(conn)
-    return {f.check: f for f in report.findings}["session timeouts"], render(report)
+    return {f.check: f for f in report.findings}["server timeouts"], render(report)
 
 
 def _database(dsn: str) -> str:
@@ -45,7 +45,7 @@ def test_a_database_statement_timeout_that_cuts_every_statement_is_warned_about(
     assert f"set for database {name!r}" in line.detail
     assert f'ALTER DATABASE "{name}" RESET statement_timeout' in line.detail
     assert "1s" in line.detail  # the threshold, said
-    assert "WARN session timeouts" in doctor
+    assert "WARN server timeouts" in doctor
 
 
 def test_a_role_lock_timeout_in_the_database_is_warned_about_with_its_role(
@@ -91,7 +91,7 @@ def test_a_timeout_of_seconds_is_left_alone(direct_dsn: str) -> None:
     ("ms", "status"), [(0, "ok"), (1, "warn"), (999, "warn"), (1000, "ok"), (60_000, "ok")]
 )
 def test_the_threshold(ms: int, status: str) -> None:
-    line = judge_session_timeouts([SessionTimeout("statement_timeout", ms)])
+    line = judge_server_timeouts([ServerTimeout("statement_timeout", ms)])
     assert line.status == status
     if status == "warn":
         assert "postgresql.conf" in line.detail
@@ -99,6 +99,6 @@ def test_the_threshold(ms: int, status: str) -> None:
 
 
 def test_a_shorter_threshold_can_be_asked_for() -> None:
-    timeouts = [SessionTimeout("idle_in_transaction_session_timeout", 500, database="app")]
-    assert judge_session_timeouts(timeouts, timedelta(milliseconds=100)).status == "ok"
-    assert judge_session_timeouts(timeouts).status == "warn"
+    timeouts = [ServerTimeout("idle_in_transaction_session_timeout", 500, database="app")]
+    assert judge_server_timeouts(timeouts, timedelta(milliseconds=100)).status == "ok"
+    assert judge_server_timeouts(timeouts).status == "warn"

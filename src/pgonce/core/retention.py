@@ -737,13 +737,13 @@ def judge_schema(current: int, latest: int) -> Finding:
 #: statement on a checkpoint's I/O or a lock that a migration or vacuum holds for a moment; and a
 #: handler's transaction sits idle while the handler works. Under a second, statement_timeout and
 #: lock_timeout cut those waits (each cut delivery answered 503, each cut batch retried, again and
-#: again), and idle_in_transaction_session_timeout ends the session of a handler that takes longer.
-#: A bound of seconds or more is a deliberate choice this check leaves alone.
+#: again), and idle_in_transaction_session_timeout closes the connection of a handler that takes
+#: longer. A bound of seconds or more is a deliberate choice this check leaves alone.
 SHORT_TIMEOUT = timedelta(seconds=1)
 
 
 @dataclass(frozen=True, slots=True)
-class SessionTimeout:
+class ServerTimeout:
     """One timeout as a new connection of this role to this database gets it, and where it is
     set (``pg_db_role_setting``): what an application's connections run under, not the health
     check's own."""
@@ -765,7 +765,7 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _where_set(t: SessionTimeout) -> tuple[str, str]:
+def _where_set(t: ServerTimeout) -> tuple[str, str]:
     """Where the setting comes from, and the statement that removes it there."""
     if t.role is not None and t.database is not None:
         return (
@@ -788,8 +788,8 @@ def _where_set(t: SessionTimeout) -> tuple[str, str]:
     )
 
 
-def judge_session_timeouts(
-    timeouts: Iterable[SessionTimeout], short: timedelta = SHORT_TIMEOUT
+def judge_server_timeouts(
+    timeouts: Iterable[ServerTimeout], short: timedelta = SHORT_TIMEOUT
 ) -> Finding:
     """The timeouts line: a warning for each timeout that a new connection gets and that is
     shorter than ``short``, with its value, where it is set and how to change it.
@@ -801,7 +801,7 @@ def judge_session_timeouts(
     limit = f"none under {format_duration(short)}"
     cut = [t for t in timeouts if 0 < t.ms < short.total_seconds() * 1000]
     if not cut:
-        return Finding("session timeouts", "database", None, "ok", "none short", limit, "")
+        return Finding("server timeouts", "database", None, "ok", "none short", limit, "")
     value = ", ".join(f"{t.name} {t.ms}ms" for t in cut)
     parts = []
     for t in cut:
@@ -816,4 +816,4 @@ def judge_session_timeouts(
         "handler's transaction idle while the handler works): deliveries are answered 503 and "
         "batches retried while this check, under its own timeout, reads fine"
     )
-    return Finding("session timeouts", "database", None, "warn", value, limit, detail)
+    return Finding("server timeouts", "database", None, "warn", value, limit, detail)

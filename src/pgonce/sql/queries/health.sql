@@ -188,9 +188,9 @@ SELECT clock_timestamp() - o.since AS oldest,
       SELECT since, state, pid, application_name, what FROM open ORDER BY since LIMIT 1
   ) AS o ON true
 
--- name: session_timeouts
+-- name: server_timeouts
 -- The timeouts a new connection of this login role to this database gets, as pgonce's own
--- connections get them: reset_val is the session's value before any SET (the health check's own
+-- connections get them: reset_val is a connection's value before any SET (the health check's own
 -- SET LOCAL statement_timeout does not change it), in milliseconds, 0 for none. With it, where it
 -- is set, from pg_db_role_setting: the most specific entry for this database and role (role in
 -- database, then role, then database, PostgreSQL's own order), its role and database names

@@ -39,12 +39,12 @@ from pgonce.core.retention import (
     GroupFacts,
     HealthReport,
     RetentionPolicy,
-    SessionTimeout,
+    ServerTimeout,
     StuckFacts,
     SweepLimits,
     assess,
     judge_schema,
-    judge_session_timeouts,
+    judge_server_timeouts,
     policies_for,
 )
 from pgonce.errors import DatabaseUnavailable, UsageError
@@ -164,8 +164,8 @@ class HealthCheck:
             durability = self._durability(cur)
             mvcc = self._mvcc_horizon(cur)
             # reset_val: what the session started with, before this check's SET LOCAL.
-            cur.execute(self._sql.session_timeouts)
-            timeouts = [SessionTimeout(*row) for row in cur.fetchall()]
+            cur.execute(self._sql.server_timeouts)
+            timeouts = [ServerTimeout(*row) for row in cur.fetchall()]
             cur.execute(self._sql.schema_version)
             version_row = cur.fetchone()
             schema_version = int(version_row[0]) if version_row else 0
@@ -182,7 +182,7 @@ class HealthCheck:
                 *report.findings,
                 judge_durability(durability),
                 judge_mvcc_horizon(mvcc, self.horizon_warn, self.xmin_warn),
-                judge_session_timeouts(timeouts),
+                judge_server_timeouts(timeouts),
             ),
         )
 
