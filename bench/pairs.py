@@ -26,6 +26,10 @@ from bench.workloads.http_middleware import SLICE, Result, load, paired, probe, 
 VARIANTS = ("none", "pgonce")
 #: The variant that does pgonce's writes by hand (bench.by_hand), where a workload has one.
 LIMIT = "hand"
+#: The app between the key store's begin() and commit() with none of the middleware's logic,
+#: where a workload has it: the limit of any middleware on the one-transaction design.
+STATEMENTS = "statements"
+STATEMENTS_LABEL = "the key store's statements alone (no middleware logic)"
 TARGET = 0.85
 
 
@@ -298,4 +302,21 @@ def limit_note(
     return (
         f"{subject} runs at {against(runs, limit, 'none', labels['none'])}{why}. "
         f"{labels['pgonce']} against it: {against(runs, 'pgonce', limit)}{mine}."
+    )
+
+
+def design_limit(
+    labels: Mapping[str, str],
+    runs: Sequence[Mapping[str, Result]],
+    adds: str = "cost the app in the database",
+) -> str:
+    """The target's note on the :data:`STATEMENTS` variant: the app's ratio to it, and pgonce's."""
+    return limit_note(
+        labels,
+        runs,
+        STATEMENTS,
+        f"The design's limit: {labels[STATEMENTS]}",
+        f": what the claim and the stored response {adds} with the least Python around them; no "
+        "middleware on the key store does better",
+        ", what the middleware's own logic costs",
     )

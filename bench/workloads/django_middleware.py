@@ -35,9 +35,12 @@ from bench.context import BenchContext
 from bench.django_app import SCOPE, TABLE
 from bench.pairs import (
     LIMIT,
+    STATEMENTS,
+    STATEMENTS_LABEL,
     alternate,
     cleanup_payments,
     compare,
+    design_limit,
     gunicorn,
     limit_note,
     prepare_payments,
@@ -49,13 +52,12 @@ from bench.report import Table, statements_alone
 TITLE = "Django: Idempotency-Key middleware under a WSGI server"
 
 #: The pair every adapter's workload compares, and the app in a transaction of its own beside them.
-STATEMENTS = "statements"
 VARIANTS = ("atomic", *PAIR, STATEMENTS, LIMIT)
 LABELS = {
     "atomic": "Django alone, ATOMIC_REQUESTS",
     "none": "Django alone",
     "pgonce": "Django + pgonce",
-    STATEMENTS: "the key store's statements alone (no middleware logic)",
+    STATEMENTS: STATEMENTS_LABEL,
     LIMIT: "Django alone + a key by hand",
 }
 CONCURRENCY = 8
@@ -114,15 +116,5 @@ def run(ctx: BenchContext) -> list[Table]:
             "view's own transaction",
         )
     )
-    tables[-1].notes.append(
-        limit_note(
-            LABELS,
-            runs,
-            STATEMENTS,
-            f"The design's limit: {LABELS[STATEMENTS]}",
-            ": what the claim and the stored response add to that transaction with the least "
-            "Python around them; no middleware on the key store does better",
-            ", what the middleware's own logic costs",
-        )
-    )
+    tables[-1].notes.append(design_limit(LABELS, runs, "add to that transaction"))
     return tables

@@ -37,11 +37,13 @@ from bench.context import BenchContext
 from bench.flask_app import SCOPE, TABLE
 from bench.pairs import (
     LIMIT,
+    STATEMENTS,
+    STATEMENTS_LABEL,
     alternate,
     cleanup_payments,
     compare,
+    design_limit,
     gunicorn,
-    limit_note,
     prepare_payments,
     served,
 )
@@ -51,13 +53,12 @@ from bench.workloads.http_middleware import paired
 
 TITLE = "Flask: Idempotency-Key middleware under a WSGI server"
 
-STATEMENTS = "statements"
 VARIANTS = ("autocommit", *PAIR, STATEMENTS, LIMIT)
 LABELS = {
     "autocommit": "Flask alone, autocommit pool",
     "none": "Flask alone",
     "pgonce": "Flask + pgonce",
-    STATEMENTS: "the key store's statements alone (no middleware logic)",
+    STATEMENTS: STATEMENTS_LABEL,
     LIMIT: "Flask alone + a key by hand",
 }
 CONCURRENCY = 8
@@ -112,15 +113,5 @@ def run(ctx: BenchContext) -> list[Table]:
             "Flask + pgonce",
         )
     )
-    tables[1].notes.append(
-        limit_note(
-            LABELS,
-            runs,
-            STATEMENTS,
-            f"The design's limit: {LABELS[STATEMENTS]}",
-            ": what the claim and the stored response cost the app in the database with the "
-            "least Python around them; no middleware on the key store does better",
-            ", what the middleware's own logic costs",
-        )
-    )
+    tables[1].notes.append(design_limit(LABELS, runs))
     return tables

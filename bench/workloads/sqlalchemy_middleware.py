@@ -40,8 +40,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from bench.context import BenchContext
+from bench.pairs import (
+    STATEMENTS,
+    STATEMENTS_LABEL,
+    alternate,
+    cleanup_payments,
+    compare,
+    design_limit,
+    prepare_payments,
+)
 from bench.pairs import VARIANTS as PAIR
-from bench.pairs import alternate, cleanup_payments, compare, limit_note, prepare_payments
 from bench.report import Table, statements_alone
 from bench.servers import serve_process
 from bench.workloads.http_middleware import SLICE, StatementsAlone
@@ -51,12 +59,11 @@ from pgonce.http import IdempotencyMiddleware
 TITLE = "FastAPI + SQLAlchemy: Idempotency-Key middleware on an AsyncEngine"
 
 FACTORY = "bench.workloads.sqlalchemy_middleware:create_app"
-STATEMENTS = "statements"
 VARIANTS = (*PAIR, STATEMENTS)
 LABELS = {
     "none": "FastAPI + SQLAlchemy alone",
     "pgonce": "FastAPI + SQLAlchemy + pgonce",
-    STATEMENTS: "the key store's statements alone (no middleware logic)",
+    STATEMENTS: STATEMENTS_LABEL,
 }
 CONCURRENCY = 8
 POOL_SIZE = 8
@@ -173,15 +180,5 @@ def run(ctx: BenchContext) -> list[Table]:
             LABELS["pgonce"],
         )
     )
-    tables[1].notes.append(
-        limit_note(
-            LABELS,
-            runs,
-            STATEMENTS,
-            f"The design's limit: {LABELS[STATEMENTS]}",
-            ": what the claim and the stored response cost the app in the database with the "
-            "least Python around them; no middleware on the key store does better",
-            ", what the middleware's own logic costs",
-        )
-    )
+    tables[1].notes.append(design_limit(LABELS, runs))
     return tables
