@@ -52,7 +52,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA, own_connect_kwargs
-from pgonce.core.outage import FailureRun
+from pgonce.core.outage import FailureRun, cut_by, server_setting
 from pgonce.core.outbox import OutboxMessage, Refusal, RetryPolicy, refuse, settle
 from pgonce.core.throttle import Throttle, held_back
 from pgonce.database import own_prepare_threshold
@@ -262,6 +262,11 @@ class Relay:
             "waited are published now",
         )
         self._batches = FailureRun(log, "relay: batches publish again (%(count)d failed in a row)")
+        self._cut_runs = FailureRun(
+            log,
+            "relay: batches run again, no longer cut by a server-set timeout (%(count)d cut in "
+            "a row)",
+        )
         self._registering = FailureRun(
             log,
             "relay: registering as a waiting relay works again (%(count)d failed in a row); "
@@ -558,6 +563,7 @@ class Relay:
                         return
                     self.stats.add(report)
                     self._database.succeeded()
+                    self._cut_runs.succeeded()
                     if report.claimed:
                         # A loop that found no rows says nothing of a publisher that fails.
                         self._batches.succeeded()
@@ -602,6 +608,32 @@ class Relay:
                             "relay: registering as a waiting relay still fails (%(count)d in a "
                             "row): %(error)s",
                             fields,
+                        )
+                    elif (setting := cut_by(error)) is not None:
+                        # A statement the server's own timeout cut: the connection is fine, the
+                        # database is not away.
+                        values = (
+                            {} if self._cut_runs.in_a_row else await server_setting(conn, setting)
+                        )
+                        value = values.get(setting)
+                        self._cut_runs.failed(
+                            error,
+                            "relay: %(error)s: the statement was cut by the server's "
+                            "%(setting)s%(shown)s, not by a lost connection; it is likely set "
+                            "on the database or the role (ALTER DATABASE or ALTER ROLE ... SET "
+                            "%(setting)s) or in the dsn's options; %(what)s rolled back and "
+                            "retried in %(delay)g s, its rows stay pending, and the relay says "
+                            "so when batches run again",
+                            "relay: statements still cut by %(setting)s (%(count)d in a row): "
+                            "%(error)s",
+                            {
+                                "setting": setting,
+                                "shown": f" ({value})" if value else "",
+                                "what": "the registration as waiting is"
+                                if registering
+                                else "the batch is",
+                                "delay": outage.total_seconds(),
+                            },
                         )
                     elif isinstance(error, DatabaseError | psycopg.OperationalError):
                         self._database.failed(

@@ -68,7 +68,7 @@ from pgonce.core.inbox import (
     needs_watermark,
     parse_json,
 )
-from pgonce.core.outage import FailureRun
+from pgonce.core.outage import FailureRun, cut_by, server_setting
 from pgonce.core.throttle import Throttle
 from pgonce.database import own_prepare_threshold
 from pgonce.errors import (
@@ -203,7 +203,7 @@ class _Outage(FailureRun):
                 f"it tries again every {delay.total_seconds():g} s (the setting may change "
                 "without a restart), and says so when a batch runs again",
             )
-        elif (setting := _cut_by(error)) is not None:
+        elif (setting := cut_by(error)) is not None:
             value = (values or {}).get(setting)
             shown = f" ({value})" if value else ""
             self.lost(
@@ -219,42 +219,6 @@ class _Outage(FailureRun):
             self.lost(error)
         else:
             self.lost(error, "inbox worker batch failed", logging.ERROR)
-
-
-#: The errors of a statement cut by a server setting, and the setting: the connection is fine.
-_CUT_BY = (
-    (psycopg.errors.QueryCanceled, "statement_timeout"),
-    (psycopg.errors.LockNotAvailable, "lock_timeout"),
-)
-
-
-def _cut_by(error: BaseException | None) -> str | None:
-    """The setting (statement_timeout, lock_timeout) that cut the statement behind ``error``
-    (the store translates its QueryCanceled or LockNotAvailable into a DatabaseUnavailable, the
-    psycopg error kept as the cause), or None."""
-    seen = 0
-    while error is not None and seen < 5:
-        for kind, setting in _CUT_BY:
-            if isinstance(error, kind):
-                return setting
-        error, seen = error.__cause__, seen + 1
-    return None
-
-
-async def _settings(conn: AsyncConnection[Any] | None, setting: str | None) -> dict[str, str]:
-    """``setting``'s value as ``conn`` sees it ({} when there is none, or no answer): asked only
-    after a statement it cut, to name it in the report."""
-    if conn is None or conn.closed or setting is None:
-        return {}
-    try:
-        async with asyncio.timeout(1):
-            await conn.rollback()
-            cur = await conn.execute(f"SHOW {setting}")
-            row = await cur.fetchone()
-            await conn.rollback()
-    except (psycopg.Error, TimeoutError):
-        return {}
-    return {} if row is None else {setting: str(row[0])}
 
 
 class _HandlerFailed(Exception):
@@ -849,7 +813,7 @@ class InboxWorker:
         the first failure of a run (the one that is logged)."""
         if self._loop_outage.in_a_row:
             return {}
-        return await _settings(conn, _cut_by(error))
+        return await server_setting(conn, cut_by(error))
 
     async def _wait_for_events(
         self, conn: AsyncConnection[Any], stop: asyncio.Event, wake: asyncio.Event, name: str
