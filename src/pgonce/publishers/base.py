@@ -160,9 +160,16 @@ def check_timeout(what: str, timeout: object) -> None:
 
 
 def short_error(error: BaseException) -> str:
-    """A one-line reason for ``last_error``: the class and the first line of the message."""
+    """A one-line reason for ``last_error``: the class and the first line of the message,
+    without a closing period (redis-py's "Connection closed by server."): the reason is joined
+    with "; " into longer lines, which would read ".;"."""
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    first = text[0].rstrip()
+    if first.endswith(".") and not first.endswith(".."):
+        first = first[:-1]
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def url_origin(url: str) -> str:
