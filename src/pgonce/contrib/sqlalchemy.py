@@ -27,8 +27,7 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
-from weakref import WeakKeyDictionary
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -66,6 +65,9 @@ from pgonce.store._sync.keys import KeyStore, Operation
 from pgonce.store._sync.outbox import enqueue as _enqueue
 from pgonce.store.common import require_transaction
 from pgonce.webhooks.batch import DEFAULT_LIMIT, run_batch
+
+if TYPE_CHECKING:
+    from pgonce.http.transaction import IdempotentTransaction
 
 __all__ = [
     "BlockCommitRefused",
@@ -799,10 +801,10 @@ _BATCH_OWNED: Mapping[str, Callable[[], None]] = {
 
 # -- the HTTP path ----------------------------------------------------------------------------
 
-# The SQLAlchemy connection under each psycopg connection that EngineConnections handed out.
-_checked_out: WeakKeyDictionary[psycopg.AsyncConnection[Any], SAAsyncConnection] = (
-    WeakKeyDictionary()
-)
+# The SQLAlchemy connection under each psycopg connection that EngineConnections handed out,
+# while it is out. A plain dict: EngineConnections.connection() removes its entry when the
+# connection goes back, and a WeakKeyDictionary makes a weak reference at every lookup.
+_checked_out: dict[psycopg.AsyncConnection[Any], SAAsyncConnection] = {}
 
 
 class EngineConnections:
@@ -929,11 +931,9 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
     response is stored): flush instead. Asking for the session marks the endpoint as begun, so
     its response is stored. Needs the middleware on :class:`EngineConnections`.
     """
-    # Imported here: the sync parts of this module (used by WSGI apps) need no ASGI library.
-    from pgonce.http.transaction import transaction_of
-
-    tx = transaction_of(request)
-    bound = _checked_out.get(tx.connection)
+    tx = (_transaction_of or _load_transaction_of())(request)
+    conn = tx.connection
+    bound = _checked_out.get(conn)
     if bound is None:
         raise UsageError(
             "idempotent_session needs the idempotency middleware on EngineConnections(engine): "
@@ -950,7 +950,7 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
         tx.fail()
         await session.close()
         raise
-    if tx.connection.pgconn.transaction_status == _IDLE and not _sqlalchemy_open(bound):
+    if conn.pgconn.transaction_status == _IDLE and not _sqlalchemy_open(bound):
         # A flush failed and SQLAlchemy rolled the request's transaction back (the claim with
         # it), and the endpoint caught the error and answered (a 409 for a duplicate): that
         # answer goes out, not stored, and the retry runs again. A transaction ended behind
@@ -960,6 +960,19 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
         tx.fail()
     # The last flush and the close in one call in SQLAlchemy's greenlet (each would start one).
     await session.run_sync(_flush_and_close)
+
+
+# pgonce.http.transaction.transaction_of, imported at the first request (the sync parts of this
+# module, used by WSGI apps, need no ASGI library), not by an import statement at every request.
+_transaction_of: Callable[[Request], IdempotentTransaction] | None = None
+
+
+def _load_transaction_of() -> Callable[[Request], IdempotentTransaction]:
+    global _transaction_of
+    from pgonce.http.transaction import transaction_of
+
+    _transaction_of = transaction_of
+    return transaction_of
 
 
 def _sqlalchemy_open(bound: SAAsyncConnection) -> bool:
