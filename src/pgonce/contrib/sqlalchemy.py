@@ -39,7 +39,7 @@ with needs("sqlalchemy", "pgonce.contrib.sqlalchemy"):
     from sqlalchemy import event
     from sqlalchemy.dialects import registry
     from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Connection, Engine, Transaction
     from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
     from sqlalchemy.ext.asyncio import (
         AsyncEngine,
@@ -942,6 +942,9 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
     session = AsyncSession(
         bind=bound, join_transaction_mode="rollback_only", sync_session_class=_RequestSession
     )
+    joined = bound.sync_connection
+    assert joined is not None
+    began = joined.get_transaction()  # the middleware's, which the session joins
     try:
         yield session
     except BaseException:
@@ -958,8 +961,13 @@ async def idempotent_session(request: Request) -> AsyncIterator[AsyncSession]:
         # which SQLAlchemy still sees open, is the endpoint's mistake: the middleware settles
         # the claim it leaves, as for any endpoint (CapturedResponse.ended_by_endpoint()).
         tx.fail()
-    # The last flush and the close in one call in SQLAlchemy's greenlet (each would start one).
-    await session.run_sync(_flush_and_close)
+    sync = session.sync_session
+    if _closes_quietly(sync, joined, began):
+        sync.close()  # sends nothing: no hop into SQLAlchemy's greenlet
+    else:
+        # The last flush and the close in one call in SQLAlchemy's greenlet (each would start
+        # one).
+        await session.run_sync(_flush_and_close)
 
 
 # pgonce.http.transaction.transaction_of, imported at the first request (the sync parts of this
@@ -979,6 +987,28 @@ def _sqlalchemy_open(bound: SAAsyncConnection) -> bool:
     """Whether SQLAlchemy still sees the request's transaction open on ``bound`` (no I/O)."""
     sync = bound.sync_connection
     return sync is not None and sync.in_transaction()
+
+
+def _closes_quietly(session: Session, joined: Connection, began: Transaction | None) -> bool:
+    """Whether ``session``'s last flush would find nothing to write and its close would send
+    nothing, so that neither needs SQLAlchemy's greenlet (where a statement would wait for the
+    database): no object added, deleted or changed since the endpoint's last flush; no savepoint
+    left open (the close rolls it back); the session still in the middleware's transaction
+    (``began``, on ``joined``), which its close leaves alone, not in one it began itself after a
+    failed flush (its close rolls that back); and no listener of the events that the close fires
+    (one might use the database)."""
+    if began is None or not began.is_active or joined.get_transaction() is not began:
+        return False
+    dispatch = session.dispatch
+    return not (
+        session.new
+        or session.deleted
+        or session.dirty
+        or session.get_nested_transaction() is not None
+        or dispatch.after_transaction_end
+        or dispatch.persistent_to_detached
+        or dispatch.deleted_to_detached
+    )
 
 
 def _flush_and_close(session: Session) -> None:
