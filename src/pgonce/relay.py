@@ -523,7 +523,14 @@ class Relay:
             try:
                 finished, _ = await self._unless_stopped(prepare(), stop, cut=False)
             except BrokerUnavailable as error:
-                log.warning("relay: %s; the rows wait until it is fixed", error)
+                # The outage's first report: the batches that find the broker away next are
+                # the same outage, counted on, and its end is said once.
+                self._broker.failed(
+                    error,
+                    "relay: %(error)s; the rows wait until it is fixed",
+                    "relay: %(error)s (%(count)d in a row)",
+                    {},
+                )
             else:
                 if not finished:
                     await self.publisher.close()
