@@ -50,7 +50,11 @@ class Response:
             _check_status(status)
         if type(body) is not bytes:
             body = _body(body)
-        plain = type(headers) is tuple and _new_pairs(headers)
+        # The headers that passed last are the same object again when the application answers
+        # with a constant (a tuple of str tuples cannot change): not walked again.
+        plain = headers is _last_plain[0] or (type(headers) is tuple and _new_pairs(headers))
+        if plain:
+            _last_plain[0] = headers
         _response_status(self, status)
         _response_headers(self, headers if plain else _headers(headers))
         _response_body(self, body)
@@ -84,6 +88,9 @@ class Response:
             return _checked_response(status, tuple(pairs), body)
         return cls(status, tuple(pairs), body)
 
+
+#: The headers of the last new Response that held them as given (see Response.__init__).
+_last_plain: list[Any] = [()]
 
 #: The stored status is an ``integer`` column.
 _MIN_STATUS = -(2**31)

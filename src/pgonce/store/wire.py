@@ -643,7 +643,14 @@ async def async_round_trip(
     lock = conn.lock
     await lock.acquire()
     try:
-        session = _begin_batch(conn)
+        # _begin_batch(), its common case written out.
+        pgconn = conn.pgconn
+        if (
+            pgconn.status != _CONNECTION_OK
+            or pgconn.pipeline_status != _PIPELINE_OFF
+            or (session := _by_id.get(id(pgconn))) is None
+        ):
+            session = _begin_batch(conn)
         try:
             count, preparing = _queue(conn, session, commands, named, always)
             results = await _drive(exchange(conn.pgconn, count), conn.pgconn, session)
@@ -725,7 +732,12 @@ async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn, session: _Session) 
         wait = next(gen)
         while True:
             future: asyncio.Future[Ready] = loop.create_future()
-            if wait is _WAIT_R and (watch := _watch(pgconn, session, loop)) is not None:
+            watch = session.watch
+            if wait is _WAIT_R and (
+                # _watch(), its common case written out: the connection's watch, on this loop.
+                (watch is not None and watch.source == pgconn.socket and watch.loop is loop)
+                or (watch := _watch(pgconn, session, loop)) is not None
+            ):
                 watch.wait(future)
                 try:
                     ready = await future
@@ -884,7 +896,11 @@ def caller_command(
     # being collected; it would also keep dumpers chosen before the caller registered others.
     transformer = Transformer.from_context(conn)
     if params is not None and type(query) in _CACHED_KINDS:
-        converted = _converted(transformer, query)
+        # _converted()'s lookup first, with the transformer's encoding (conn_encoding(conn))
+        # read from the connection: two Python calls fewer per queued write.
+        converted = _CONVERTED.get((query, conn.pgconn._encoding))  # type: ignore[arg-type]
+        if converted is None:
+            converted = _converted(transformer, query)
         if converted is not None:
             # psycopg's check of the parameters against the placeholders, without its two calls
             # where it passes: a list or tuple for as many positional placeholders. Anything
@@ -1001,6 +1017,9 @@ def headers_json(headers: Iterable[tuple[str, str]]) -> bytes:
     value: an application answers with few distinct sets of headers, and the lookup costs a
     fifth of the encoding.
     """
+    last = _last_headers[0]  # one read: another thread may replace it
+    if headers is last[0]:  # the same tuple as the last response's: its encoding
+        return last[1]
     if type(headers) is tuple:
         try:
             known = _HEADERS_JSON.get(headers)
@@ -1008,6 +1027,7 @@ def headers_json(headers: Iterable[tuple[str, str]]) -> bytes:
             known = None
             headers = list(headers)
         if known is not None:
+            _last_headers[0] = (headers, known)
             return known
     try:
         pairs = ",".join([f"[{_quote(name)},{_quote(value)}]" for name, value in headers])
@@ -1023,6 +1043,9 @@ def headers_json(headers: Iterable[tuple[str, str]]) -> bytes:
     return encoded
 
 
+#: The last tuple of headers found in _HEADERS_JSON (only such tuples: of str pairs, which
+#: cannot change), and its encoding.
+_last_headers: list[tuple[Any, bytes]] = [((), b"[]")]
 #: The encoded headers by the tuple of pairs they encode; at most MAX_HEADER_SETS, then anew.
 _HEADERS_JSON: dict[tuple[tuple[str, str], ...], bytes] = {}
 MAX_HEADER_SETS = 256

@@ -349,14 +349,14 @@ class KeyStore:
             ),
         )
         for attempt in range(1, _ATTEMPTS + 1):
-            claim: list[Command] = []
             # Each attempt: a failed one may have left the transaction open (joined: it rolled
             # back to the savepoint) or not begun it.
-            if not joined or conn.pgconn.transaction_status == _IDLE:
-                claim.append((wire.begin_statement(conn), wire.NO_PARAMS))
-            if joined:
-                claim.append(_SAVEPOINT)
-            claim.append(insert)
+            if not joined:
+                claim: list[Command] = [(wire.begin_statement(conn), wire.NO_PARAMS), insert]
+            elif conn.pgconn.transaction_status == _IDLE:
+                claim = [(wire.begin_statement(conn), wire.NO_PARAMS), _SAVEPOINT, insert]
+            else:
+                claim = [_SAVEPOINT, insert]
             try:
                 results = round_trip(conn, claim, named=self._named, always=self._always)
                 if failed := wire.failure(conn, results):
@@ -683,9 +683,8 @@ class KeyStore:
             # A truthy "false" (a setting read as text) owned and committed the transaction the
             # caller meant to join; a falsy one joined where it was meant to commit.
             check_bool(commit, "once()'s commit")
-        return Operation(
-            self, conn, scope, key, fingerprint, commit=commit, wait_ms=wait_ms, now=now
-        )
+        # Positional: keywords cost the call a dict of them to bind.
+        return Operation(self, conn, scope, key, fingerprint, commit, wait_ms, now)
 
 
 class Operation(Generic[Row]):
@@ -698,7 +697,6 @@ class Operation(Generic[Row]):
         scope: str,
         key: str,
         fingerprint: bytes,
-        *,
         commit: bool,
         wait_ms: int,
         now: datetime | None,
