@@ -112,6 +112,10 @@ STOP_WAIT = timedelta(seconds=1)
 #: run.
 _NOTHING_SENT = frozenset({"queued", "connecting"})
 
+#: A batch loop's doings whose rows were sent: waiting for the broker's answers ("settling"),
+#: or marking them in the database ("marking"); a stop gives them the stop grace.
+_AT_BROKER = frozenset({"settling", "marking"})
+
 #: How long the LISTEN connection's first notification (one the relay sends itself) may take
 #: before the relay concludes that notifications do not reach it.
 LISTEN_CHECK = timedelta(seconds=5)
@@ -289,7 +293,8 @@ class Relay:
         #: What each batch loop's task is doing, for a stop: "claiming" (a statement, nothing at
         #: the broker), "queued" (claimed, waiting for its turn at the broker behind other
         #: batches), "connecting" (waiting for the publisher's connection, nothing at the
-        #: broker) or "settling" (rows at the broker, that many), from run_once().
+        #: broker), "settling" (rows at the broker, that many) or "marking" (answered, the
+        #: rows being marked), from run_once().
         self._doing: dict[asyncio.Task[Any], tuple[str, int]] = {}
         #: What a stop cancelled, one per loop: (the task's doing, rows at the broker).
         self._cut: list[tuple[str, int]] = []
@@ -357,6 +362,9 @@ class Relay:
                         if task is not None:
                             self._doing[task] = ("settling", len(batch))
                         result = await self.publisher.publish(batch)
+                        if task is not None:
+                            # Answered: what waits now is the database's marking of the rows.
+                            self._doing[task] = ("marking", len(batch))
                     except BrokerUnavailable as error:
                         result, broker_down = PublishResult(lost=str(error)), True
                     if result.lost is not None:
@@ -701,7 +709,7 @@ class Relay:
                 self._stopping = True
                 doing, _ = self._doing.get(task, ("", 0))
                 if doing not in _NOTHING_SENT:
-                    grace = self.stop_grace if doing == "settling" else STOP_WAIT
+                    grace = self.stop_grace if doing in _AT_BROKER else STOP_WAIT
                     await asyncio.wait({task}, timeout=grace.total_seconds())
             if task.done():
                 return True, task.result()
@@ -727,7 +735,8 @@ class Relay:
         if not self._cut:
             return
         claiming = sum(1 for doing, _ in self._cut if doing == "claiming")
-        settling = [rows for doing, rows in self._cut if doing == "settling"]
+        settling = [rows for doing, rows in self._cut if doing in _AT_BROKER]
+        marking = sum(1 for doing, _ in self._cut if doing == "marking")
         other = len(self._cut) - claiming - len(settling)
         what = []
         if claiming:
@@ -746,12 +755,20 @@ class Relay:
                 f"{other} registration(s) as a waiting relay, not done within "
                 f"{STOP_WAIT.total_seconds():g} s"
             )
-        log.warning(
-            "relay: stopping without waiting for database statements that did not finish "
-            "(a lock another session holds, or a server that does not answer): cancelled %s; "
-            "the rows of a cancelled batch wait for the next run",
-            "; ".join(what),
-        )
+        if claiming or other or marking:
+            log.warning(
+                "relay: stopping without waiting for database statements that did not finish "
+                "(a lock another session holds, or a server that does not answer): cancelled "
+                "%s; the rows of a cancelled batch wait for the next run",
+                "; ".join(what),
+            )
+        else:
+            # Only batches the broker had not answered: no database statement was cut.
+            log.warning(
+                "relay: stopping without waiting for the broker's answers: cancelled %s; "
+                "their rows stay pending and are sent again by the next relay",
+                "; ".join(what),
+            )
 
     async def _connect_unless_stopped(self, stop: asyncio.Event) -> AsyncConnection[Any] | None:
         """A connection to the relay's database, or None once ``stop`` is set.
