@@ -535,9 +535,11 @@ class Relay:
                 # the same outage, counted on, and its end is said once.
                 self._broker.failed(
                     error,
-                    "relay: %(error)s; the rows wait until it is fixed",
-                    "relay: %(error)s (%(count)d in a row)",
-                    {},
+                    "relay: %(publisher)s is unavailable for the outbox rows at the start: "
+                    "%(error)s; the rows wait until it is fixed, without an attempt counted, "
+                    "and a line says when it answers",
+                    "relay: %(publisher)s still unavailable (%(count)d in a row): %(error)s",
+                    {"publisher": self.publisher.name},
                 )
             else:
                 if not finished:
