@@ -52,7 +52,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA, own_connect_kwargs
-from pgonce.core.outage import FailureRun, cut_by, server_setting
+from pgonce.core.outage import FailureRun
 from pgonce.core.outbox import OutboxMessage, Refusal, RetryPolicy, refuse, settle
 from pgonce.core.throttle import Throttle, held_back
 from pgonce.database import own_prepare_threshold
@@ -67,6 +67,7 @@ from pgonce.publishers.base import Publisher, PublishResult
 from pgonce.store._async.notify import hears
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store.errors import describe_dsn, translate_errors, translated
+from pgonce.store.timeouts import cut_by, server_setting
 
 log = logging.getLogger("pgonce.relay")
 

@@ -13,14 +13,10 @@ are formatted by logging only when a line is written, and ``count`` is the failu
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
 
-import psycopg
-
-__all__ = ["FailureRun", "cut_by", "server_setting"]
+__all__ = ["FailureRun"]
 
 
 class FailureRun:
@@ -75,41 +71,3 @@ class FailureRun:
         """Ends a run without its success line (the caller says how it ended); its length."""
         count, self.in_a_row = self.in_a_row, 0
         return count
-
-
-#: The errors of a statement cut by a server setting, and the setting: the connection is fine.
-_CUT_BY = (
-    (psycopg.errors.QueryCanceled, "statement_timeout"),
-    (psycopg.errors.LockNotAvailable, "lock_timeout"),
-)
-
-
-def cut_by(error: BaseException | None) -> str | None:
-    """The setting (statement_timeout, lock_timeout) that cut the statement behind ``error``
-    (the store translates its QueryCanceled or LockNotAvailable into a DatabaseUnavailable, the
-    psycopg error kept as the cause), or None."""
-    seen = 0
-    while error is not None and seen < 5:
-        for kind, setting in _CUT_BY:
-            if isinstance(error, kind):
-                return setting
-        error, seen = error.__cause__, seen + 1
-    return None
-
-
-async def server_setting(
-    conn: psycopg.AsyncConnection[Any] | None, setting: str | None
-) -> dict[str, str]:
-    """``setting``'s value as ``conn`` sees it ({} when there is none, or no answer): asked only
-    after a statement it cut, to name it in the report."""
-    if conn is None or conn.closed or setting is None:
-        return {}
-    try:
-        async with asyncio.timeout(1):
-            await conn.rollback()
-            cur = await conn.execute(f"SHOW {setting}")
-            row = await cur.fetchone()
-            await conn.rollback()
-    except (psycopg.Error, TimeoutError):
-        return {}
-    return {} if row is None else {setting: str(row[0])}

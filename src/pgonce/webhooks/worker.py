@@ -68,7 +68,7 @@ from pgonce.core.inbox import (
     needs_watermark,
     parse_json,
 )
-from pgonce.core.outage import FailureRun, cut_by, server_setting
+from pgonce.core.outage import FailureRun
 from pgonce.core.throttle import Throttle
 from pgonce.database import own_prepare_threshold
 from pgonce.errors import (
@@ -84,6 +84,7 @@ from pgonce.errors import (
 from pgonce.store._async.inbox import AsyncInboxStore
 from pgonce.store._async.notify import LISTEN_CHECK, hears
 from pgonce.store.errors import describe_dsn, translated
+from pgonce.store.timeouts import cut_by, server_setting
 from pgonce.webhooks.failures import report_failure
 from pgonce.webhooks.source import Source, by_name
 

@@ -217,3 +217,8 @@ SELECT s.name, s.reset_val::bigint AS ms, w.rolname, w.datname, w.value
 -- The last migration applied (the ledger `pgonce migrate` writes); judged against the last one
 -- this code ships, so that a pending migration is a failed check, not a healthy report.
 SELECT coalesce(max(version), 0) FROM {schema}.schema_migrations
+
+-- name: setting
+-- A setting's value as this connection has it: asked after a statement the setting cut (a
+-- statement_timeout or lock_timeout the database or role sets), to name the value in the report.
+SELECT current_setting(%(name)s)
