@@ -7,6 +7,7 @@ is skipped with the reason, except under ``PGONCE_REQUIRE_SERVICES=1`` (CI), whe
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import threading
@@ -14,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -22,6 +24,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from pgonce.core.outbox import OutboxMessage
 
 RABBITMQ = ("127.0.0.1", 5672)
 NATS = ("127.0.0.1", 4222)
@@ -137,3 +141,26 @@ async def wait_until(predicate: Callable[[], Any], within: float = 10.0) -> None
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {within} s")
         await asyncio.sleep(0.02)
+
+
+#: When the rows of outbox_rows() were created.
+ROWS_CREATED = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def outbox_rows(count: int, *, first: int = 1, one_aggregate: bool = False) -> list[OutboxMessage]:
+    """``count`` outbox rows as a relay hands them to a publisher: ids from ``first``, payload
+    ``{"n": id}``; each of its own order aggregate, or all of order 1 (each then waits for the
+    one before it)."""
+    return [
+        OutboxMessage(
+            id=first + n,
+            aggregatetype="order",
+            aggregateid="1" if one_aggregate else str(n),
+            type="order.created",
+            payload_json=json.dumps({"n": first + n}),
+            headers={},
+            created_at=ROWS_CREATED,
+            attempts=0,
+        )
+        for n in range(count)
+    ]

@@ -10,33 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-from pgonce.core.outbox import OutboxMessage
 from pgonce.publishers.http import MAX_DISCARD_SECONDS, HttpPublisher
+from tests.outbox.conftest import outbox_rows
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def rows(count: int) -> list[OutboxMessage]:
-    # One aggregate: its rows go one after the other, each waiting for the one before.
-    return [
-        OutboxMessage(
-            id=1 + n,
-            aggregatetype="order",
-            aggregateid="1",
-            type="order.created",
-            payload_json=json.dumps({"n": n}),
-            headers={},
-            created_at=NOW,
-            attempts=0,
-        )
-        for n in range(count)
-    ]
 
 
 @contextlib.asynccontextmanager
@@ -86,7 +67,7 @@ async def test_a_body_that_trickles_does_not_hold_the_rows_acknowledgement() -> 
         )
         try:
             started = time.monotonic()
-            result = await publisher.publish(rows(3))
+            result = await publisher.publish(outbox_rows(3, one_aggregate=True))
             took = time.monotonic() - started
         finally:
             await publisher.close()
@@ -102,7 +83,7 @@ async def test_a_body_without_end_is_cut_and_the_next_row_goes() -> None:
         )
         try:
             started = time.monotonic()
-            result = await publisher.publish(rows(3))
+            result = await publisher.publish(outbox_rows(3, one_aggregate=True))
             took = time.monotonic() - started
         finally:
             await publisher.close()

@@ -5,35 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
 import httpx
 import pytest
 
-from pgonce.core.outbox import OutboxMessage
 from pgonce.publishers.http import HttpPublisher
+from tests.outbox.conftest import outbox_rows
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def rows(count: int) -> list[OutboxMessage]:
-    return [
-        OutboxMessage(
-            id=1 + n,
-            aggregatetype="order",
-            aggregateid=str(n),
-            type="order.created",
-            payload_json=json.dumps({"n": n}),
-            headers={},
-            created_at=NOW,
-            attempts=0,
-        )
-        for n in range(count)
-    ]
 
 
 @contextlib.asynccontextmanager
@@ -72,7 +53,7 @@ async def test_a_url_with_credentials_is_logged_by_its_origin_only(
         url = f"http://hooks:pass-in-url@127.0.0.1:{port}/t/token-in-path?key=token-in-query"
         publisher = HttpPublisher(secret=SECRET, url=url)
         try:
-            result = await publisher.publish(rows(3))
+            result = await publisher.publish(outbox_rows(3))
         finally:
             await publisher.close()
         # Another httpx client in the process is not the publisher's to change.

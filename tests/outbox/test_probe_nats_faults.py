@@ -10,7 +10,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import nats
 import psycopg
@@ -19,31 +19,12 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from pgonce.core.outbox import OutboxMessage
 from pgonce.publishers.nats import NatsPublisher
 from pgonce.relay import Relay
 from pgonce.store._sync.outbox import enqueue
 from tests.outbox.brokers import nats_read, nats_stream
-from tests.outbox.conftest import fresh, wait_until
+from tests.outbox.conftest import fresh, outbox_rows, wait_until
 from tests.outbox.stops import running
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def rows(first: int, count: int) -> list[OutboxMessage]:
-    return [
-        OutboxMessage(
-            id=first + n,
-            aggregatetype="order",
-            aggregateid=str(n),
-            type="order.created",
-            payload_json=json.dumps({"n": first + n}),
-            headers={},
-            created_at=NOW,
-            attempts=0,
-        )
-        for n in range(count)
-    ]
 
 
 @pytest.fixture
@@ -71,7 +52,7 @@ async def test_a_subscriber_that_answers_where_no_stream_is_refuses_the_row(
         nats_url, routing=lambda m: subject, ack_timeout=timedelta(milliseconds=500)
     )
     try:
-        result = await publisher.publish(rows(1, 2))
+        result = await publisher.publish(outbox_rows(2))
     finally:
         await publisher.close()
     # Its answer is no PubAck: acknowledged, the rows would be marked published while no stream
@@ -95,7 +76,7 @@ async def test_a_subscriber_that_never_answers_where_no_stream_is_is_named_as_a_
         nats_url, routing=lambda m: subject, ack_timeout=timedelta(milliseconds=300)
     )
     try:
-        result = await publisher.publish(rows(1, 2))
+        result = await publisher.publish(outbox_rows(2))
     finally:
         await publisher.close()
     # Nothing can tell it from a JetStream that does not answer: the rows wait, unsettled, and
@@ -119,7 +100,7 @@ async def test_a_subscriber_that_answers_beside_a_stream_leaves_the_pubacks_coun
         await plain.flush()
         publisher = NatsPublisher(nats_url, routing=lambda m: subject)
         try:
-            result = await publisher.publish(rows(1, 3))
+            result = await publisher.publish(outbox_rows(3))
         finally:
             await publisher.close()
         stored = await nats_read(js, stream)

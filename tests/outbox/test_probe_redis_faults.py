@@ -8,38 +8,18 @@ name unique to the test: the Redis server is shared.
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
 
-from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable
 from pgonce.publishers.redis_streams import RedisStreamsPublisher
 from tests.outbox.brokers import redis_delete, redis_read
-from tests.outbox.conftest import fresh, wait_until
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def rows(first: int, count: int) -> list[OutboxMessage]:
-    return [
-        OutboxMessage(
-            id=first + n,
-            aggregatetype="order",
-            aggregateid=str(n),
-            type="order.created",
-            payload_json=json.dumps({"n": first + n}),
-            headers={},
-            created_at=NOW,
-            attempts=0,
-        )
-        for n in range(count)
-    ]
+from tests.outbox.conftest import fresh, outbox_rows, wait_until
 
 
 async def test_a_key_of_another_type_is_named_in_the_refusal(redis_url: str) -> None:
@@ -48,7 +28,7 @@ async def test_a_key_of_another_type_is_named_in_the_refusal(redis_url: str) -> 
     client = Redis.from_url(redis_url)
     try:
         await client.set(key, "not a stream")
-        result = await publisher.publish(rows(1, 1))
+        result = await publisher.publish(outbox_rows(1))
     finally:
         await client.delete(key)
         await client.aclose()
@@ -81,13 +61,13 @@ async def test_connections_the_server_killed_are_replaced_and_each_row_goes_once
     publisher = RedisStreamsPublisher(f"{redis_url}?client_name={name}", routing=lambda m: key)
     try:
         await publisher.prepare()
-        assert (await publisher.publish(rows(1, 2))).acked == {1, 2}
+        assert (await publisher.publish(outbox_rows(2))).acked == {1, 2}
         assert await kill_own(redis_url, name) >= 1
         # The relay reads this before the batch: False sends it through prepare() first.
         await wait_until(lambda: not publisher.connected)
         await publisher.prepare()
         assert publisher.connected
-        assert (await publisher.publish(rows(3, 2))).acked == {3, 4}
+        assert (await publisher.publish(outbox_rows(2, first=3))).acked == {3, 4}
         received = await redis_read(redis_url, key)
     finally:
         await publisher.close()
@@ -100,7 +80,7 @@ async def test_a_capped_stream_acknowledges_and_keeps_about_maxlen(redis_url: st
     publisher = RedisStreamsPublisher(redis_url, routing=lambda m: key, maxlen=10)
     try:
         for first in range(1, 1001, 100):
-            result = await publisher.publish(rows(first, 100))
+            result = await publisher.publish(outbox_rows(100, first=first))
             assert len(result.acked) == 100
             assert not result.refused
         received = await redis_read(redis_url, key)
@@ -133,7 +113,7 @@ async def test_a_server_that_never_answers_is_unavailable_within_the_timeout(
         f"redis://127.0.0.1:{silent_port}/0", timeout=timedelta(milliseconds=300)
     )
     try:
-        for attempt in (publisher.prepare, lambda: publisher.publish(rows(1, 1))):
+        for attempt in (publisher.prepare, lambda: publisher.publish(outbox_rows(1))):
             started = time.monotonic()
             with pytest.raises(BrokerUnavailable, match="Timeout"):
                 await attempt()
