@@ -14,7 +14,7 @@ from pgonce.cli.doctor import render
 from pgonce.core.mvcc import MvccHorizon, judge_mvcc_horizon
 from pgonce.core.retention import Finding
 from pgonce.store._sync.health import HealthCheck
-from tests.throwaway import BIN, Server, throwaway_server
+from tests.throwaway import Server, decoding_server
 
 
 def _line(check: HealthCheck, dsn: str) -> tuple[Finding, str]:
@@ -61,14 +61,7 @@ def test_the_holder_is_said_with_its_session() -> None:
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     """A server with logical decoding and prepared transactions, which the shared ones may lack."""
-    if not (BIN / "pg_ctl").exists():
-        pytest.skip("needs PostgreSQL 15's initdb and pg_ctl")
-    with throwaway_server("pgonce-holders-") as running:
-        with psycopg.connect(running.dsn, autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET wal_level = 'logical'")
-            conn.execute("ALTER SYSTEM SET max_prepared_transactions = 2")
-        running.crash()
-        running.start()
+    with decoding_server("pgonce-holders-") as running:
         yield running
 
 

@@ -16,7 +16,7 @@ import pytest
 from pgonce.core.retention import Finding
 from pgonce.errors import UsageError
 from pgonce.store._sync.health import HealthCheck
-from tests.throwaway import BIN, Server, throwaway_server
+from tests.throwaway import Server, decoding_server
 
 
 def _line(check: HealthCheck, dsn: str) -> Finding:
@@ -28,14 +28,7 @@ def _line(check: HealthCheck, dsn: str) -> Finding:
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     """A server with logical decoding and prepared transactions, which the shared ones may lack."""
-    if not (BIN / "pg_ctl").exists():
-        pytest.skip("needs PostgreSQL 15's initdb and pg_ctl")
-    with throwaway_server("pgonce-mvcc-") as running:
-        with psycopg.connect(running.dsn, autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET wal_level = 'logical'")
-            conn.execute("ALTER SYSTEM SET max_prepared_transactions = 2")
-        running.crash()
-        running.start()
+    with decoding_server("pgonce-mvcc-") as running:
         yield running
 
 

@@ -80,3 +80,18 @@ def throwaway_server(prefix: str, *, migrated: bool = True) -> Iterator[Server]:
         with contextlib.suppress(subprocess.CalledProcessError):
             running.crash()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def decoding_server(prefix: str) -> Iterator[Server]:
+    """A throwaway server with logical decoding and prepared transactions (for a replication
+    slot, a prepared transaction), which the shared servers may lack; skips without pg_ctl."""
+    if not (BIN / "pg_ctl").exists():
+        pytest.skip("needs PostgreSQL 15's initdb and pg_ctl")
+    with throwaway_server(prefix) as running:
+        with psycopg.connect(running.dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET wal_level = 'logical'")
+            conn.execute("ALTER SYSTEM SET max_prepared_transactions = 2")
+        running.crash()
+        running.start()
+        yield running
