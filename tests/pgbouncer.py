@@ -9,12 +9,15 @@ Without the binary the tests that need it skip with the reason, except under
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import psycopg
 import pytest
@@ -92,3 +95,18 @@ def admin(bouncer: PgBouncer, command: str) -> None:
     ``bouncer``'s admin console (any user may, under the suite's ``auth_type = any``)."""
     with psycopg.connect(bouncer.dsn("pgbouncer"), autocommit=True, prepare_threshold=None) as c:
         c.execute(command)
+
+
+def listen_check_started(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> asyncio.Event:
+    """An event set when ``module`` (the inbox worker's, the relay's) starts its LISTEN check, the
+    self-notification that tells a pooled LISTEN from a direct one."""
+    checking = asyncio.Event()
+    hears = module.hears
+
+    async def observed(*args: Any, **kwargs: Any) -> bool:
+        checking.set()
+        result: bool = await hears(*args, **kwargs)
+        return result
+
+    monkeypatch.setattr(module, "hears", observed)
+    return checking

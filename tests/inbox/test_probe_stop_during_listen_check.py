@@ -7,29 +7,21 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgonce.store._async import notify
 from pgonce.webhooks import worker as worker_module
 from pgonce.webhooks.worker import InboxWorker
 from tests.inbox.conftest import SCHEMA, source
+from tests.pgbouncer import listen_check_started
 
 
 async def test_a_stop_during_the_listen_check_is_prompt(
     direct_dsn: str, pgbouncer_server_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pooled = make_conninfo(pgbouncer_server_dsn, dbname=conninfo_to_dict(direct_dsn)["dbname"])
-    checking = asyncio.Event()
-    hears = notify.hears
-
-    async def observed(*args: Any, **kwargs: Any) -> bool:
-        checking.set()
-        return await hears(*args, **kwargs)
-
-    monkeypatch.setattr(worker_module, "hears", observed)
+    checking = listen_check_started(monkeypatch, worker_module)
     worker = InboxWorker(
         [source()],
         dsn=direct_dsn,

@@ -8,7 +8,6 @@ import asyncio
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -17,7 +16,7 @@ from pgonce import relay as relay_module
 from pgonce.core.outbox import OutboxMessage
 from pgonce.publishers.base import PublishResult
 from pgonce.relay import Relay
-from pgonce.store._async import notify
+from tests.pgbouncer import listen_check_started
 
 
 class Acking:
@@ -34,14 +33,7 @@ async def test_a_stop_during_the_relays_listen_check_is_prompt(
     direct_dsn: str, pgbouncer_server_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pooled = make_conninfo(pgbouncer_server_dsn, dbname=conninfo_to_dict(direct_dsn)["dbname"])
-    checking = asyncio.Event()
-    hears = notify.hears
-
-    async def observed(*args: Any, **kwargs: Any) -> bool:
-        checking.set()
-        return await hears(*args, **kwargs)
-
-    monkeypatch.setattr(relay_module, "hears", observed)
+    checking = listen_check_started(monkeypatch, relay_module)
     relay = Relay(pooled, Acking(), concurrency=1, poll_interval=timedelta(milliseconds=100))
     stop = asyncio.Event()
     running = asyncio.create_task(relay.run(stop))
