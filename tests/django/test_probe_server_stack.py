@@ -215,10 +215,11 @@ def serve(adapter: Adapter, app_dsn: str, tmp_path: Path) -> Iterator[Any]:
     """Start this module's project with a ``MIDDLEWARE`` list; every server stops at teardown."""
     servers: list[Server] = []
 
-    def start(*middleware: str, urlconf: str = __name__) -> Server:
+    def start(*middleware: str, urlconf: str = __name__, **pgonce: Any) -> Server:
+        """``urlconf``: another module's routes; ``pgonce``: PGONCE settings, in lower case."""
         log = tmp_path / f"server-{len(servers)}.log"
         env = {"PROBE_MIDDLEWARE": ",".join(middleware), "PROBE_URLCONF": urlconf}
-        server = start_server(app_dsn, log, {}, adapter.argv, env)
+        server = start_server(app_dsn, log, pgonce, adapter.argv, env)
         servers.append(server)
         return server
 
