@@ -19,9 +19,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
+import nats
 import psycopg
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from faults.proxy import Proxy
 from pgonce.publishers.nats import NatsPublisher
@@ -136,15 +139,51 @@ async def redis_received(url: str, name: str) -> AsyncIterator[Read]:
         await redis_delete(url, stream)
 
 
+#: Whether the publisher's newest connection waits for the broker's first answer, read when called.
+Waiting = Callable[[], bool]
+
+
+def connected_by_then(monkeypatch: pytest.MonkeyPatch) -> Waiting:
+    """For a publisher whose connect runs in a task of its own, which a cancelled batch leaves at
+    once (RabbitMQ's, and Redis's reconnect): the broker's accept is the moment to stop."""
+    return lambda: True
+
+
+def nats_waiting(monkeypatch: pytest.MonkeyPatch) -> Waiting:
+    """nats-py's clients made from here on, the newest one read: "connecting" once its TCP
+    connect returned, as it waits for the server's INFO.
+
+    The NATS publisher awaits nats-py's connect in the batch itself, and asyncio.wait_for (which
+    nats-py's TCP connect runs in) keeps the result of a connect that completed as the batch was
+    cancelled, and drops the cancel (Python 3.11): the stop then waits for the connect timeout.
+    That instant, which the broker's accept comes just before, is the race that
+    test_probe_stop_at_nats_connect.py holds; stopped while the batch waits for an answer that
+    does not come, as here, the stop must be at once.
+    """
+    clients: list[NatsClient] = []
+
+    async def connect(servers: str | list[str], **options: Any) -> NatsClient:
+        # What nats.connect() does, keeping the client.
+        client = NatsClient()
+        clients.append(client)
+        await client.connect(servers, **options)
+        return client
+
+    monkeypatch.setattr(nats, "connect", connect)
+    return lambda: bool(clients) and clients[-1].is_connecting
+
+
 @dataclass(frozen=True)
 class Broker:
-    """How a test reaches a broker: its address, its publisher at a URL, and what it received
-    for an aggregate type, as a queue or stream of that name."""
+    """How a test reaches a broker: its address, its publisher at a URL, what it received for an
+    aggregate type, as a queue or stream of that name, and when the publisher's reconnect waits
+    for the broker's answer."""
 
     address: tuple[str, int]
     url: Callable[[int], str]
     publisher: Callable[[str], RabbitMQPublisher | NatsPublisher | RedisStreamsPublisher]
     received: Callable[[str, str], contextlib.AbstractAsyncContextManager[Read]]
+    waiting: Callable[[pytest.MonkeyPatch], Waiting]
 
 
 BROKERS = {
@@ -153,25 +192,41 @@ BROKERS = {
         lambda port: f"amqp://guest:guest@127.0.0.1:{port}/",
         RabbitMQPublisher,
         rabbitmq_received,
+        connected_by_then,
     ),
     # nats-py sees the cut and says it is no longer connected; the publisher's next batch
     # connects afresh, which used to count as rows at the broker.
-    "nats": Broker(NATS, lambda port: f"nats://127.0.0.1:{port}", NatsPublisher, nats_received),
+    "nats": Broker(
+        NATS,
+        lambda port: f"nats://127.0.0.1:{port}",
+        NatsPublisher,
+        nats_received,
+        nats_waiting,
+    ),
     # redis-py learns of the cut only in its next command; the publisher reads it from what
     # asyncio already received on the idle connection (its end of file, or a reset).
     "redis": Broker(
-        REDIS, lambda port: f"redis://127.0.0.1:{port}/0", RedisStreamsPublisher, redis_received
+        REDIS,
+        lambda port: f"redis://127.0.0.1:{port}/0",
+        RedisStreamsPublisher,
+        redis_received,
+        connected_by_then,
     ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(BROKERS))
 async def test_stop_cancels_a_batch_reconnecting_after_an_idle_connection_was_cut(
-    name: str, direct_dsn: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+    name: str,
+    direct_dsn: str,
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     broker = BROKERS[name]
     url = request.getfixturevalue(f"{name}_url")
     aggregatetype = fresh("stop")
+    waiting = broker.waiting(monkeypatch)
     async with broker.received(url, aggregatetype) as received:
         with Proxy(tcp=broker.address) as proxy:
             publisher = broker.publisher(broker.url(proxy.port))
@@ -190,7 +245,9 @@ async def test_stop_cancels_a_batch_reconnecting_after_an_idle_connection_was_cu
                 with psycopg.connect(direct_dsn) as conn:
                     enqueue(conn, aggregatetype, "2", "created", {"n": 2})
                 await wait_until(
-                    lambda: proxy.accepted > accepted and in_transaction(direct_dsn) == 1
+                    lambda: (
+                        proxy.accepted > accepted and waiting() and in_transaction(direct_dsn) == 1
+                    )
                 )
                 await run.stop_within(BOUND, "the relay did not stop while its batch reconnected")
         # The second row's batch sent nothing: it is pending, with no attempt counted, and no
