@@ -264,18 +264,36 @@ class IdempotencyMiddleware:
         app_scope = dict(scope)
         app_scope["state"] = {**(scope.get("state") or {}), STATE_KEY: semantics.UNSCOPED}
         started = False
+        held: list[Message] = []  # a 5xx answer, held until the application is done
 
         async def watched(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if held:
+                held.append(message)
+                return
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] >= 500:
+                    # Starlette's error middleware (inside this one when it wraps the whole
+                    # application) answers MissingKeyScope with its 500 and then raises it:
+                    # held back, so that the 401 replaces it.
+                    held.append(message)
+                    return
             await send(message)
 
         try:
             await self.app(app_scope, receive, watched)
         except MissingKeyScope:
-            if started:
+            if started and not held:
                 raise
             await _send(send, semantics.MISSING_SCOPE)
+            return
+        except Exception:
+            for message in held:
+                await send(message)
+            raise
+        for message in held:
+            await send(message)
 
     async def _read_body(
         self, receive: Receive, send: Send, declared: bytes | None
