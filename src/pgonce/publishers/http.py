@@ -1,11 +1,12 @@
 """Outgoing webhooks signed per Standard Webhooks (httpx).
 
 Each row is one ``POST`` to the endpoint ``routing(message)``, with the body
-``{"type": ..., "timestamp": ..., "data": <payload>}`` and the headers ``webhook-id`` (the outbox
-id: receivers dedupe on it), ``webhook-timestamp`` and ``webhook-signature`` (HMAC-SHA256 over
-``id.timestamp.body`` with a ``whsec_`` secret, or Ed25519 with a ``whsk_`` one). The signing is
-the one :class:`~pgonce.webhooks.schemes.standard_webhooks.StandardWebhooks` scheme the inbox
-verifies with, so the two sides cannot disagree.
+``{"type": ..., "timestamp": ..., "data": <payload>}`` (the timestamp is the event's
+``created_at``, so a row sent again has the same body) and the headers ``webhook-id`` (the outbox
+id: receivers dedupe on it), ``webhook-timestamp`` (the time of sending) and ``webhook-signature``
+(HMAC-SHA256 over ``id.timestamp.body`` with a ``whsec_`` secret, or Ed25519 with a ``whsk_``
+one). The signing is the one :class:`~pgonce.webhooks.schemes.standard_webhooks.StandardWebhooks`
+scheme the inbox verifies with, so the two sides cannot disagree.
 
 A 2xx answer acknowledges the row; anything else, a timeout, a refused connection or a routing
 function that raised for the row is a refusal:
@@ -154,14 +155,18 @@ class HttpPublisher:
 
     def request(self, message: OutboxMessage) -> tuple[bytes, dict[str, str]]:
         """The body and headers of ``message``'s delivery (public for tests and receivers' docs)."""
-        now = self._clock()
+        # The envelope's timestamp is the event's, the same at every delivery: a row sent again
+        # (its published mark lost) has the same body, which receivers that tell a duplicate
+        # from a conflict by the body's digest (pgonce's inbox does) answer as a duplicate. The
+        # signature's timestamp is the time of sending, which receivers hold to a tolerance.
+        created = message.created_at.astimezone(UTC)
         envelope = {
             "type": message.type,
-            "timestamp": now.isoformat().replace("+00:00", "Z"),
+            "timestamp": created.isoformat().replace("+00:00", "Z"),
             "data": message.payload,
         }
         content = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
-        headers = self._signer.sign(content, event_id=message.message_id, timestamp=now)
+        headers = self._signer.sign(content, event_id=message.message_id, timestamp=self._clock())
         headers["content-type"] = "application/json"
         # The caller's outbox headers travel too, but never over the signature's own headers,
         # nor over those that frame or address the request: the receiver would read another
