@@ -7,7 +7,8 @@ the producer guarantees stable across redeliveries) and calls :meth:`IdempotentC
    connection;
 2. if the claim is won, the handler runs on that connection, so its writes belong to the same
    transaction;
-3. the claim is completed and the transaction **commits**; only then does ``handle`` return.
+3. the claim is completed and the transaction **commits**, its WAL flushed even where
+   ``synchronous_commit`` is off; only then does ``handle`` return.
 
 The caller acknowledges the broker message only after ``handle`` returned :attr:`Outcome.PROCESSED`
 or :attr:`Outcome.DUPLICATE`. A crash before the commit leaves neither the effects nor the claim,
@@ -53,6 +54,15 @@ Handler = Callable[[AsyncConnection[Any]], Awaitable[None]]
 log = logging.getLogger("pgonce.consumers")
 
 _IDLE = TransactionStatus.IDLE
+
+#: The caller acknowledges the broker once handle() returned: its COMMIT must be durable then.
+#: Where the database or role sets ``synchronous_commit = off``, COMMIT returns before the commit
+#: record is written, and a server crash after the ack lost the claim and the handler's writes,
+#: a message the broker never delivers again. Stronger settings are kept as they are.
+_DURABLE_COMMIT = (
+    "SELECT CASE WHEN current_setting('synchronous_commit') = 'off' "
+    "THEN set_config('synchronous_commit', 'on', true) END"
+)
 _NOT_ASYNC = "a consumer's handler is an async def function of the connection"
 
 
@@ -126,6 +136,9 @@ class IdempotentConsumer:
                         raise self._ignored_cancel(message_id)
                     ran = True
                     op.respond(Response())
+                    # Sent with the completion and COMMIT, in their round trip (no parameters: the
+                    # cached conversion of a queued write).
+                    op.execute(_DURABLE_COMMIT, ())
         except Exception as error:
             if error is failed:
                 settled = await self._after_failure(conn, op, failed, idle_at_failure)

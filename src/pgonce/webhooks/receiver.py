@@ -8,7 +8,8 @@ a duplicate with the same body are answered 200; the same event id with another 
 and no payload; bad input never becomes a 500.
 
 Guarantee: a 200 is sent only after the transaction holding the delivery has committed, so an
-acknowledged event is never lost. Concurrent deliveries share transactions (group commit): while
+acknowledged event is never lost (that commit waits for its WAL to be flushed even where
+``synchronous_commit`` is off). Concurrent deliveries share transactions (group commit): while
 the first delivery's transaction is being committed, the ones that arrive meanwhile queue up and are
 stored together by the next one, a single statement and a single commit for the whole batch.
 
@@ -98,7 +99,20 @@ OWN_POOL_TIMEOUT = timedelta(seconds=5)
 STORE_LOCK_TIMEOUT = timedelta(seconds=5)
 
 #: Sent in the same pipeline as the transaction's BEGIN and the store: no round trip of its own.
-_BOUND_LOCK_WAIT = "SELECT set_config('lock_timeout', %s, true)"
+#: It also makes the batch's COMMIT wait for its WAL to be flushed where the database or role
+#: sets ``synchronous_commit = off``: that COMMIT returns before the commit record is written, and
+#: a server crash then loses deliveries already answered 200, which their providers never send
+#: again. Stronger settings (``remote_apply``, ``remote_write``, ``local``) are kept as they are.
+_BOUND_LOCK_WAIT = (
+    "SELECT set_config('lock_timeout', %s, true), "
+    "CASE WHEN current_setting('synchronous_commit') = 'off' "
+    "THEN set_config('synchronous_commit', 'on', true) END"
+)
+#: The durability part alone, for a libpq without pipeline mode.
+_DURABLE_COMMIT = (
+    "SELECT CASE WHEN current_setting('synchronous_commit') = 'off' "
+    "THEN set_config('synchronous_commit', 'on', true) END"
+)
 
 
 def _utcnow() -> datetime:
@@ -482,8 +496,10 @@ class InboxReceiver:
             async with self.pool.connection() as conn:
                 if not AsyncPipeline.is_supported():
                     # A libpq before 14 has no pipeline (conn.pipeline() raises): the bound
-                    # would cost a round trip of its own, so it goes without.
+                    # would cost a round trip of its own, so it goes without; the durable
+                    # commit does not (a 200 promises the delivery is kept), a round trip there.
                     async with conn.transaction():
+                        await conn.execute(_DURABLE_COMMIT)
                         outcomes = await self.store.store(conn, [d for d, _ in batch])
                 else:
                     async with conn.pipeline(), conn.transaction():
