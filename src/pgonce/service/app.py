@@ -42,16 +42,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-#: The outcome label of a receiver's answer, by status, when the body does not name one.
-_OUTCOME_BY_STATUS = {
-    400: "bad_payload",
-    401: "rejected_signature",
-    404: "unknown_source",
-    405: "bad_method",
-    409: "conflict",
-    413: "too_large",
-    503: "unavailable",
-}
 WEBHOOK_PREFIX = "/webhooks/"
 log = logging.getLogger("pgonce.service")
 T = TypeVar("T")
@@ -161,21 +151,20 @@ class ServiceApp:
         name = scope["path"][len(WEBHOOK_PREFIX) :]
         # Only configured names become labels: a scan of random paths must not grow the metrics.
         source = name if name in self.receiver.sources else "unknown"
-        answer: dict[str, Any] = {}
+        # As the receiver names it; "error" when it raised instead (the server answers 500).
+        outcome = "error"
+        answered = False
 
         async def watch(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                answer["status"] = message["status"]
-            elif message["type"] == "http.response.body" and answer.get("status") == 200:
-                body = bytes(message.get("body", b""))
-                answer["outcome"] = "duplicate" if b'"duplicate"' in body else "stored"
+            nonlocal answered
+            answered = answered or message["type"] == "http.response.start"
             await send(message)
 
         try:
             try:
-                await self.receiver(scope, receive, watch)
+                outcome = await self.receiver.respond(scope, receive, watch)
             except asyncio.CancelledError:
-                if "status" in answer:
+                if answered:
                     raise
                 # The stop's bound ran out while this delivery waited (SIGTERM). Whether or not its
                 # row commits behind the cut, a retry is safe (a stored one is answered as a
@@ -190,9 +179,8 @@ class ServiceApp:
                     detail="the service stopped before the delivery was answered; retry later",
                     headers=[("retry-after", str(RETRY_AFTER_SECONDS))],
                 )
+                outcome = "unavailable"
         finally:
-            status = answer.get("status", 500)
-            outcome = answer.get("outcome") or _OUTCOME_BY_STATUS.get(status, f"http_{status}")
             self.metrics.deliveries.labels(source, outcome).inc()
             self.metrics.delivery_seconds.labels(source).observe(time.perf_counter() - started)
 

@@ -83,9 +83,11 @@ class ServiceMetrics:
         r = self.registry
         self.deliveries = Counter(
             "pgonce_webhook_deliveries",
-            "Webhook deliveries answered, by source and outcome (stored, duplicate, conflict, "
-            "rejected_signature, rejected_timestamp, unknown_source, too_large, bad_payload, "
-            "unavailable)",
+            "Webhook deliveries received, by source and outcome (stored, duplicate, handshake, "
+            "conflict, unavailable, rejected_signature, rejected_timestamp, bad_payload, "
+            "too_large, unknown_source, bad_method, disconnected, error); handshake: a provider's "
+            "URL check answered, nothing stored; unavailable: a 503 with Retry-After; "
+            "disconnected: the sender went away before its body was read; error: a 500",
             ["source", "outcome"],
             registry=r,
         )

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Iterable, MutableMapping
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from psycopg import AsyncPipeline
 
@@ -51,6 +51,7 @@ from pgonce.errors import (
     PayloadTooLarge,
     PgonceError,
     SignatureInvalid,
+    TimestampOutOfTolerance,
     UnknownSource,
     UsageError,
     WebhookError,
@@ -71,6 +72,31 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Any]
 Send = Callable[[Message], Any]
+
+#: What became of a request, as :meth:`InboxReceiver.respond` names it (the service's metrics
+#: count it): ``unavailable`` is a 503 (the database, or an event being swept), ``disconnected``
+#: a sender that went away before its body was read (nobody is answered).
+Outcome = Literal[
+    "stored",
+    "duplicate",
+    "handshake",
+    "conflict",
+    "unavailable",
+    "rejected_signature",
+    "rejected_timestamp",
+    "bad_payload",
+    "too_large",
+    "unknown_source",
+    "bad_method",
+    "disconnected",
+]
+_REFUSALS: tuple[tuple[type[WebhookError], Outcome], ...] = (
+    (TimestampOutOfTolerance, "rejected_timestamp"),
+    (SignatureInvalid, "rejected_signature"),
+    (PayloadTooLarge, "too_large"),
+    (UnknownSource, "unknown_source"),
+    (EventConflict, "conflict"),
+)
 
 #: Deliveries stored by one statement at most. Beyond a few hundred a batch gains nothing (the
 #: commit is already shared) and only makes the statement's parameters large.
@@ -243,12 +269,20 @@ class InboxReceiver:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] != "http":
-            return
+        if scope["type"] == "http":
+            await self.respond(scope, receive, send)
+
+    async def respond(self, scope: Scope, receive: Receive, send: Send) -> Outcome:
+        """Answer one HTTP request and name what became of it."""
         try:
-            await self._handle(scope, receive, send)
+            return await self._handle(scope, receive, send)
         except WebhookError as error:
             await send_problem(send, error.status, error.title, str(error))
+            # A scheme's own WebhookError is named by its status, as the sender sees it.
+            return next(
+                (outcome for kind, outcome in _REFUSALS if isinstance(error, kind)),
+                "rejected_signature" if error.status == 401 else "bad_payload",
+            )
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -278,15 +312,15 @@ class InboxReceiver:
             raise UnknownSource()
         return source
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> Outcome:
         source = self._source_of(scope)
         if scope.get("method") != "POST":
             await send_problem(send, 405, headers=[("allow", "POST")])
-            return
+            return "bad_method"
         headers = _headers(scope)
         body = await _read_body(receive, headers, source.body_limit)
         if body is None:
-            return  # the client went away; nobody is left to answer
+            return "disconnected"  # the client went away; nobody is left to answer
         self._verify(source, headers, body)
         handshake: Callable[[bytes], bytes | None] | None = getattr(
             source.scheme, "handshake", None
@@ -298,7 +332,7 @@ class InboxReceiver:
             # Before the event's id and ordering are read: a handshake is no event, and the
             # application's extractors, written for events, may well fail on it.
             await _send_json(send, 200, reply)
-            return
+            return "handshake"
         delivery = self._delivery(source, headers, body)
         try:
             outcome = await self._submit(delivery)
@@ -310,7 +344,7 @@ class InboxReceiver:
                 detail="the delivery could not be stored; retry later",
                 headers=[("retry-after", str(RETRY_AFTER_SECONDS))],
             )
-            return
+            return "unavailable"
         if outcome == "conflict":
             # A provider bug or a spoofed replay with a valid signature: never a silent 200.
             log.warning(
@@ -327,8 +361,9 @@ class InboxReceiver:
                 detail="the event is being cleaned up; retry later",
                 headers=[("retry-after", "1")],
             )
-            return
+            return "unavailable"
         await _send_ok(send, answer(outcome), outcome)
+        return outcome
 
     def _verify(self, source: Source, headers: dict[str, str], body: bytes) -> None:
         try:
