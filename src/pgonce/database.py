@@ -557,7 +557,12 @@ _SAID_POOLED: set[tuple[str, str]] = set()
 
 
 def _listens_on(row: tuple[Any, ...] | None, conn: psycopg.BaseConnection[Any]) -> bool:
-    return row is not None and str(row[0]) == str(conn.info.port)
+    if row is None:
+        return False
+    port = row[0]
+    if isinstance(port, bytes):  # psycopg loads text as bytes on SQL_ASCII
+        port = port.decode("ascii", "replace")
+    return str(port) == str(conn.info.port)
 
 
 def _backend_pid(conn: psycopg.Connection[Any]) -> int | None:

@@ -17,13 +17,18 @@ JSON is read in the connection's client_encoding, in which PostgreSQL sends json
 and binary alike: binary jsonb is a version byte, then the text), where psycopg's loaders assume
 UTF-8. Each loader picks its decoding when the cursor makes it, once per cursor: on a UTF-8
 connection it is ``json.loads`` on the bytes, as psycopg's, at the same set-up cost.
+
+Text is read as ``str`` whatever the client_encoding: on ``SQL_ASCII`` (a SQL_ASCII database's
+default), where psycopg's text loaders return bytes, it is decoded as UTF-8, the encoding in which
+pgonce wrote it (``wire.encoding``'s rule). On any other encoding the loader is psycopg's own,
+chosen when the cursor makes it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any, ClassVar, overload
 
 from psycopg import (
     AsyncConnection,
@@ -33,12 +38,14 @@ from psycopg import (
     Connection,
     Cursor,
     RawCursor,
+    abc,
     dbapi20,
     postgres,
 )
 from psycopg._encodings import conn_encoding
 from psycopg.abc import AdaptContext
-from psycopg.adapt import AdaptersMap
+from psycopg.adapt import AdaptersMap, Buffer, Loader
+from psycopg.pq import Format
 from psycopg.rows import TupleRow, tuple_row
 from psycopg.types import array
 from psycopg.types.json import (
@@ -64,6 +71,16 @@ def _pinned_adapters() -> AdaptersMap:
     set_json_dumps(json.dumps, adapters)
     for name, loader in _JSON_LOADERS:
         adapters.register_loader(name, loader)
+    for text in (_TextLoader, _TextBinaryLoader):
+        # psycopg's own text loader (its optimised class where it has one), kept for the
+        # connections that are not SQL_ASCII.
+        own = adapters.get_loader(25, text.format)
+        assert own is not None, "psycopg registers no text loader"
+        text._psycopg = own
+    for oid in _TEXT_OIDS:
+        adapters.register_loader(oid, _TextLoader)
+        if oid:  # the unknown oid 0 in binary is bytea's (psycopg's map)
+            adapters.register_loader(oid, _TextBinaryLoader)
     return adapters
 
 
@@ -120,6 +137,37 @@ _JSON_LOADERS = (
     ("jsonb", _JsonbLoader),
     ("jsonb", _JsonbBinaryLoader),
 )
+
+
+# The text types psycopg loads as str: the unknown oid, bpchar, name, text, varchar, "char".
+_TEXT_OIDS = (0, 1042, 19, 25, 1043, 18)
+
+
+class _TextLoader(Loader):
+    """Text as str: psycopg's own loader (its C one where psycopg has it), or on a ``SQL_ASCII``
+    connection, where psycopg's returns bytes, this one, which decodes UTF-8. Decided when the
+    cursor makes the loader, once per cursor: each value of any other connection is loaded as by
+    psycopg's own map."""
+
+    _psycopg: ClassVar[type[abc.Loader]]
+
+    def __new__(cls, oid: int, context: AdaptContext | None = None) -> abc.Loader:  # type: ignore[misc]
+        # No super(): about a microsecond more than psycopg's own loader costs to make, once
+        # per cursor that reads text.
+        if (
+            context is not None
+            and (conn := context.connection) is not None
+            and conn.pgconn.parameter_status(b"client_encoding") == b"SQL_ASCII"
+        ):
+            return object.__new__(cls)  # then Loader.__init__
+        return cls._psycopg(oid, context)
+
+    def load(self, data: Buffer) -> str:
+        return str(data, "utf-8")
+
+
+class _TextBinaryLoader(_TextLoader):
+    format = Format.BINARY
 
 
 #: The adapters of every statement the store runs.

@@ -298,7 +298,9 @@ class AsyncOutboxStore:
         params = {"limit": limit, "per_aggregate": per_aggregate, "now": now}
         with translate_errors("claiming outbox rows"):
             cur = cursor(conn)
-            await cur.execute(self._sql.claim, params)
+            # Binary results, here and wherever a statement returns a timestamp: psycopg parses
+            # a timestamptz in text only in the ISO DateStyle (and binary is the cheaper load).
+            await cur.execute(self._sql.claim, params, binary=True)
             rows = await cur.fetchall()
         return [OutboxMessage(r[0], r[1], r[2], r[3], r[4], r[5] or {}, r[6], r[7]) for r in rows]
 
@@ -417,7 +419,7 @@ class AsyncOutboxStore:
         check_connection(conn, AsyncConnection, self)
         with translate_errors("counting outbox rows"):
             cur = cursor(conn)
-            await cur.execute(statement, {"now": now})
+            await cur.execute(statement, {"now": now}, binary=True)
             row = await cur.fetchone()
         assert row is not None
         return row

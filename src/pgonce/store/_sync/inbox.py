@@ -97,7 +97,9 @@ class InboxStore:
         }
         with translate_errors("storing webhook deliveries"):
             cur = cursor(conn)
-            cur.execute(self._sql.store, params)
+            # Binary results, here and wherever a statement returns a timestamp: psycopg parses a
+            # timestamptz in text only in the ISO DateStyle (and binary is the cheaper load).
+            cur.execute(self._sql.store, params, binary=True)
             rows = cur.fetchall()
         outcomes: list[StoreOutcome | None] = [None] * len(deliveries)
         for ord_, outcome in rows:
@@ -132,7 +134,7 @@ class InboxStore:
         params = {"source": source, "blocking": blocking, "limit": limit, "now": now}
         with translate_errors("claiming inbox events"):
             cur = cursor(conn)
-            cur.execute(self._sql.claim, params)
+            cur.execute(self._sql.claim, params, binary=True)
             rows = cur.fetchall()
         # UPDATE ... RETURNING does not keep the claim's order: due first, then arrival.
         rows.sort(key=lambda row: (row[8], row[9]))
@@ -224,7 +226,7 @@ class InboxStore:
         params = {"source": event.source, "event_id": event.id}
         with translate_errors("reading an inbox event's claim"):
             cur = cursor(conn)
-            cur.execute(self._sql.claim_committed, params)
+            cur.execute(self._sql.claim_committed, params, binary=True)
             row = cur.fetchone()
         return row is not None and bool(row[0])
 
@@ -321,7 +323,7 @@ class InboxStore:
         check_str(event_id, "the event id")
         with translate_errors("reading an inbox event"):
             cur = cursor(conn)
-            cur.execute(self._sql.get, {"source": source, "event_id": event_id})
+            cur.execute(self._sql.get, {"source": source, "event_id": event_id}, binary=True)
             row = cur.fetchone()
             names = [c.name for c in cur.description or ()]
         return dict(zip(names, row, strict=True)) if row else None

@@ -300,7 +300,9 @@ class OutboxStore:
         params = {"limit": limit, "per_aggregate": per_aggregate, "now": now}
         with translate_errors("claiming outbox rows"):
             cur = cursor(conn)
-            cur.execute(self._sql.claim, params)
+            # Binary results, here and wherever a statement returns a timestamp: psycopg parses
+            # a timestamptz in text only in the ISO DateStyle (and binary is the cheaper load).
+            cur.execute(self._sql.claim, params, binary=True)
             rows = cur.fetchall()
         return [OutboxMessage(r[0], r[1], r[2], r[3], r[4], r[5] or {}, r[6], r[7]) for r in rows]
 
@@ -415,7 +417,7 @@ class OutboxStore:
         check_connection(conn, Connection, self)
         with translate_errors("counting outbox rows"):
             cur = cursor(conn)
-            cur.execute(statement, {"now": now})
+            cur.execute(statement, {"now": now}, binary=True)
             row = cur.fetchone()
         assert row is not None
         return row
