@@ -1,6 +1,7 @@
 """An endpoint that ends the request's transaction: pgonce never answers as if it stored the
-response. Both cases are misuse (the endpoint owns its writes, the middleware the transaction);
-the first is refused before anything commits, the second can only be said after the fact."""
+response. Both cases are misuse (the endpoint owns its writes, the middleware the transaction),
+and both are refused before anything of the request commits: the second's writes after the end,
+in the transaction psycopg opened for them, are rolled back by the completion's guard."""
 
 from __future__ import annotations
 
@@ -63,15 +64,15 @@ async def test_an_ended_transaction_is_refused_before_anything_commits(
     assert stored(dsn) == (0, 0)
 
 
-async def test_a_transaction_ended_and_written_anew_is_logged_as_not_stored(
+async def test_a_transaction_ended_and_written_anew_is_refused_before_anything_commits(
     client: httpx.AsyncClient, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="pgonce.http"):
         answer = await client.post("/ended-then-written", headers={"Idempotency-Key": "k"})
-    # The endpoint's second transaction committed without the key: its answer goes out (a 5xx
-    # would ask for the retry that runs it again), and the log says what happened.
-    assert answer.status_code == 200
-    assert stored(dsn) == (0, 1)
-    (record,) = [r for r in caplog.records if "not stored" in r.getMessage()]
+    # The endpoint's second transaction is rolled back with the failed completion: nothing of
+    # the request committed, the client is told so, and its retry runs the work once, whole.
+    assert answer.status_code == 500
+    assert answer.json()["title"] == "Transaction ended by the endpoint"
+    assert stored(dsn) == (0, 0)
+    (record,) = [r for r in caplog.records if "rolled back the claim" in r.getMessage()]
     assert record.levelno == logging.ERROR
-    assert "rolled back the request's transaction" in record.getMessage()

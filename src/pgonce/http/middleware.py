@@ -88,7 +88,7 @@ from pgonce.http.semantics import (
 from pgonce.http.semantics import IDLE as _IDLE
 from pgonce.http.setup import SCHEMA_NOT_GIVEN, middleware_pool, middleware_stores
 from pgonce.http.transaction import PHASED_KEY, STATE_KEY, IdempotentTransaction
-from pgonce.store._async.keys import AsyncKeyStore, rollback_quietly
+from pgonce.store._async.keys import AsyncKeyStore, EndedThenWrote, rollback_quietly
 from pgonce.store._async.phases import AsyncPhasedOperation, AsyncPhaseStore
 
 with needs("asgi", "the Idempotency-Key middleware"):
@@ -351,10 +351,21 @@ class IdempotencyMiddleware:
                             await self._settle(conn, claim, captured)
                         elif not captured.commits(status):
                             await conn.rollback()
-                        elif not await self.store.commit(conn, claim, captured.response()):
-                            # The completion and COMMIT in one round trip (a failed completion
-                            # raises, and the transaction is rolled back).
-                            captured.claim_lost(claim)
+                        else:
+                            try:
+                                committed = await self.store.commit(
+                                    conn, claim, captured.response()
+                                )
+                            except EndedThenWrote:
+                                # The endpoint ended the request's transaction and wrote on in
+                                # the one psycopg opened next: commit() found the end and
+                                # rolled back what ran after it. Settled as above.
+                                await self._settle(conn, claim, captured)
+                            else:
+                                if not committed:
+                                    # The completion and COMMIT in one round trip (a failed
+                                    # completion raises, and the transaction is rolled back).
+                                    captured.claim_lost(claim)
                     except _UNAVAILABLE as error:
                         await rollback_quietly(conn)
                         if captured is None:

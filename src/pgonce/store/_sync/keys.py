@@ -145,6 +145,13 @@ class KeyStore:
         self._complete_claimed = wire.Statement(
             positional(complete_claimed(schema), _COMPLETE_PARAMS), (*formats, BINARY)
         )
+        # The completion of a claim in the transaction begin() opened (commit(), once(commit=True),
+        # @idempotent): it fails when that transaction is over, so that the COMMIT after it does
+        # not commit what ran after the end (see _ENDED_THEN_WROTE).
+        self._complete_guarded = wire.Statement(
+            positional(complete_claimed(schema) + _OWNED_GUARD, _COMPLETE_PARAMS),
+            (*formats, BINARY),
+        )
         self._wait_ms = wait_ms
         #: The wait as begin()'s claim sends it, made once.
         self._wait_param = b"%d" % wait_ms
@@ -441,7 +448,7 @@ class KeyStore:
         # respond(). ``joined``: once()'s block in the caller's transaction, which ends its
         # savepoint instead of the transaction (RELEASE, or ROLLBACK TO and RELEASE).
         commands: list[Command] = []
-        completing = False
+        completing = guarded = False
         if not isinstance(claim, Won):
             if joined or conn.pgconn.transaction_status == _IDLE:
                 return False  # _begin() already ended it
@@ -482,22 +489,31 @@ class KeyStore:
                 raise
             if claim.row is None:  # a claim() of this transaction, not begin()'s
                 commands.append((self._complete_batched, completion))
-            else:
+            elif joined:
                 commands.append((self._complete_claimed, (*completion, claim.row)))
+            else:
+                commands.append((self._complete_guarded, (*completion, claim.row)))
+                guarded = True
             commands.append((wire.RELEASE, wire.NO_PARAMS) if joined else _COMMIT)
-        results = self._finish(conn, commands, joined=joined)
+        results = self._finish(conn, commands, joined=joined, owned=guarded)
         # The completion's answer, just before COMMIT's (or RELEASE's).
         return completing and results[-2].command_tuples == 1
 
     def _finish(
-        self, conn: Connection[Row], commands: list[Command], *, joined: bool = False
+        self,
+        conn: Connection[Row],
+        commands: list[Command],
+        *,
+        joined: bool = False,
+        owned: bool = False,
     ) -> list[PGresult]:
         """Send the commands that end a transaction (the caller's writes, the completion,
         COMMIT or ROLLBACK) in one round trip; ``joined``, once()'s savepoint instead. If
         anything fails, the transaction (the savepoint) is rolled back and the error raised: a
         write's own error as psycopg raised it, and so COMMIT's refusal of the transaction's
         writes (a deferred constraint, a serialization failure); the completion's, or COMMIT's
-        otherwise, as a pgonce error."""
+        otherwise, as a pgonce error. ``owned``: the completion before COMMIT is
+        _complete_guarded, whose guard's failure is raised as :data:`_ENDED_THEN_WROTE`."""
         undo = leave_quietly if joined else rollback_quietly
         try:
             results = round_trip(conn, commands, named=self._named, always=self._always)
@@ -511,6 +527,12 @@ class KeyStore:
             index, error = failed
             if joined and isinstance(error, psycopg.errors.InvalidSavepointSpecification):
                 raise UsageError(_SAVEPOINT_GONE) from error
+            if (
+                owned
+                and index == len(commands) - 2
+                and isinstance(error, psycopg.errors.DivisionByZero)
+            ):
+                raise EndedThenWrote(_ENDED_THEN_WROTE) from error
             if (forget := wire.stale_plan(conn, commands[index][0], error)) is not None:
                 # A caller's statement whose result type changed since it was prepared here
                 # (an ALTER TABLE elsewhere, RETURNING *) fails so at every run: prepared anew
@@ -549,7 +571,7 @@ class KeyStore:
             None,
             wire.row(inserted),
         )
-        self._finish(conn, [(self._complete_claimed, completion), _COMMIT])
+        self._finish(conn, [(self._complete_guarded, completion), _COMMIT], owned=True)
 
     def complete(
         self,
@@ -1002,6 +1024,33 @@ _ENDED_BEFORE_COMMIT = (
     "connection in between), so the response was not stored; a claim committed that way stays "
     "in flight until its key expires"
 )
+
+
+class EndedThenWrote(UsageError):
+    """commit()'s (once(commit=True)'s, @idempotent's) refusal of a transaction that ended
+    before it and had statements run after the end (:data:`_ENDED_THEN_WROTE`): everything
+    since the end was rolled back, and the connection is idle. The HTTP middleware settles the
+    claim after it, as after an endpoint that ended the transaction and ran nothing since."""
+
+
+# What commit() (once(commit=True), @idempotent) answers when that transaction ended and
+# statements ran after the end: on a connection with autocommit off psycopg opened a new
+# transaction for them, which hides the end until the completion's guard finds it.
+_ENDED_THEN_WROTE = (
+    f"{_ENDED_BEFORE_COMMIT}. Statements ran after that end, in a new transaction (psycopg opens "
+    "one for the next statement on a connection with autocommit off): they were rolled back "
+    "with it, and nothing of that new transaction committed. A rollback had taken the claim "
+    "with the writes before it, so the key is free and a retry runs the work again, whole; a "
+    "commit had committed the claim with the writes before it"
+)
+# The guard that _complete_guarded adds to the completion by the row's ctid: a one-time filter,
+# evaluated whether or not the row is found. The claim's INSERT (claim_insert) set
+# pgonce.lock_timeout for its transaction (set_config(..., true)), to the caller's lock_timeout,
+# never empty; once that transaction has ended, the setting is back to empty, and the division
+# fails the batch before its COMMIT. The completion finding no row is not enough: it finds none
+# after complete() or release() in the same transaction too, and it finds a claim that a
+# COMMIT of the block committed. It costs the server a setting's lookup and a division.
+_OWNED_GUARD = b" AND 1 / length(current_setting('pgonce.lock_timeout')) >= 0"
 _CLAIM_TYPES = (Won, Replay, InFlight)
 # What once() on a connection busy with a statement outside psycopg's pipeline is told.
 _BUSY = (
