@@ -263,19 +263,20 @@ def test_a_view_that_swallows_its_failed_statement_is_answered_rolled_back_and_n
     assert stored_keys(key) == 0
 
 
-def test_a_view_that_ends_the_transaction_and_writes_anew_is_said_not_stored(
+def test_a_view_that_ends_the_transaction_and_writes_anew_commits_nothing_and_is_500(
     client: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Too late to refuse (its write committed): the answer goes out without the expiry of a
-    # stored key, and the log says why a retry runs it again.
+    # The write after the end went into a transaction psycopg opened anew: the commit found the
+    # claim's transaction ended and rolled it back, and the log says what the view did.
     key = new_key()
     with caplog.at_level(logging.ERROR, logger="pgonce.http"):
         first = post(client, "/rollback-and-write-anew", key)
-    assert first.status_code == 201
+    assert first.status_code == 500
+    assert first.headers["Content-Type"] == "application/problem+json"
     assert "Idempotency-Key-Expires" not in first.headers
-    assert any("not stored" in record.getMessage() for record in caplog.records)
+    assert any("ended by its endpoint" in record.getMessage() for record in caplog.records)
     assert stored_keys(key) == 0
-    assert Payment.objects.count() == 1
+    assert Payment.objects.count() == 0
 
 
 @pytest.mark.parametrize("path", ["/stream?chunks=5&size=1000", "/payments"])

@@ -130,7 +130,7 @@ def swallow_db_error(request: HttpRequest) -> HttpResponse:
 
 def rollback_and_write_anew(request: HttpRequest) -> HttpResponse:
     # Misuse: ends the request's transaction on the psycopg connection itself (the claim goes
-    # with it), then writes in a new one, which the middleware's COMMIT commits without the key.
+    # with it), then writes in a new one, which the middleware's commit finds and rolls back.
     begin(request)
     connection.connection.rollback()
     return JsonResponse({"id": insert_payment()}, status=201)

@@ -70,7 +70,7 @@ from pgonce.http.semantics import (
 )
 from pgonce.http.semantics import IDLE as _IDLE
 from pgonce.http.setup import SCHEMA_NOT_GIVEN, middleware_pool, middleware_stores
-from pgonce.store._sync.keys import KeyStore, rollback_quietly
+from pgonce.store._sync.keys import EndedThenWrote, KeyStore, rollback_quietly
 from pgonce.store._sync.phases import PhasedOperation, PhaseStore
 
 if TYPE_CHECKING:
@@ -399,10 +399,19 @@ class IdempotencyMiddleware:
                             self._settle(conn, claim, response)
                         elif not response.commits(status):
                             conn.rollback()
-                        elif not self.store.commit(conn, claim, response.response()):
-                            # The completion and COMMIT in one round trip (a failed completion
-                            # raises, and the transaction is rolled back).
-                            response.claim_lost(claim)
+                        else:
+                            try:
+                                committed = self.store.commit(conn, claim, response.response())
+                            except EndedThenWrote:
+                                # The view ended the request's transaction and wrote on in the
+                                # one psycopg opened next: commit() found the end and rolled
+                                # back what ran after it. Settled as above.
+                                self._settle(conn, claim, response)
+                            else:
+                                if not committed:
+                                    # The completion and COMMIT in one round trip (a failed
+                                    # completion raises, and the transaction is rolled back).
+                                    response.claim_lost(claim)
                     except self._unavailable as error:
                         rollback_quietly(conn)
                         if captured is None:

@@ -93,7 +93,7 @@ from pgonce.errors import (
 )
 from pgonce.http import semantics
 from pgonce.http.semantics import IDLE, NO_WAIT, Answer, CapturedResponse, IdempotencyRules
-from pgonce.store._sync.keys import KeyStore
+from pgonce.store._sync.keys import EndedThenWrote, KeyStore
 
 #: Where the request's claim is kept for :func:`begin` (``request.pgonce``).
 REQUEST_ATTRIBUTE = "pgonce"
@@ -530,12 +530,19 @@ class IdempotencyMiddleware:
                 # of the block then finds the transaction over and sends nothing. What COMMIT
                 # finds wrong in the view's writes (a deferred foreign key) is raised as Django
                 # raises it from its own COMMIT: django.db.IntegrityError, not psycopg's.
-                with wrapper.wrap_database_errors:
-                    found = (
-                        store.commit(conn, claim, captured.response())
-                        if owned
-                        else store.complete(conn, claim, captured.response())
-                    )
+                try:
+                    with wrapper.wrap_database_errors:
+                        found = (
+                            store.commit(conn, claim, captured.response())
+                            if owned
+                            else store.complete(conn, claim, captured.response())
+                        )
+                except EndedThenWrote:
+                    # The view ended the request's transaction on the psycopg connection and
+                    # wrote on in the one psycopg opened next: commit() found the end and
+                    # rolled back what ran after it. Settled as above.
+                    _settle(store, conn, claim, captured)
+                    found = True
                 if not found:
                     # The view ended the transaction on the psycopg connection itself and
                     # wrote in a new one: no claim was left to complete.
