@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.urls import path
@@ -34,15 +33,12 @@ def pay(request: HttpRequest) -> HttpResponse:
 urlpatterns = [path("pay", pay)]
 
 
-@pytest.fixture
-def atomic_requests_on() -> Iterator[None]:
-    previous = connection.settings_dict["ATOMIC_REQUESTS"]
-    connection.settings_dict["ATOMIC_REQUESTS"] = True
-    yield
-    connection.settings_dict["ATOMIC_REQUESTS"] = previous
+# conftest's `atomic_requests`, with ATOMIC_REQUESTS on only.
+atomic_requests_on = pytest.mark.parametrize("atomic_requests", [True], indirect=True)
 
 
-@pytest.mark.usefixtures("atomic_requests_on")
+@atomic_requests_on
+@pytest.mark.usefixtures("atomic_requests")
 def test_a_non_atomic_view_commits_with_the_stored_answer_once() -> None:
     client = Client()
     key = uuid.uuid4().hex
@@ -55,7 +51,8 @@ def test_a_non_atomic_view_commits_with_the_stored_answer_once() -> None:
     assert stored_keys(key) == 1
 
 
-@pytest.mark.usefixtures("atomic_requests_on")
+@atomic_requests_on
+@pytest.mark.usefixtures("atomic_requests")
 def test_a_non_atomic_view_marked_for_rollback_keeps_nothing_and_stores_nothing() -> None:
     client = Client()
     key = uuid.uuid4().hex

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import psycopg
@@ -37,10 +39,19 @@ async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
         return {}
 
     wrapped = IdempotencyMiddleware(app, pool=pool, key_scope=lambda scope: "s")
+    async with asgi_client(wrapped, pool) as client:
+        yield client
+
+
+@asynccontextmanager
+async def asgi_client(
+    app: Any, pool: AsyncConnectionPool[Any], base_url: str = "http://test"
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of `app` in process, with `pool` open for as long as it is."""
     await pool.open()
     try:
-        transport = httpx.ASGITransport(app=wrapped)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=base_url) as client:
             yield client
     finally:
         await pool.close()

@@ -24,6 +24,7 @@ from pgonce.http import (
     header_scope,
     idempotent_transaction,
 )
+from tests.http.test_ended_transactions import asgi_client
 
 Tx = IdempotentTransaction
 transaction = Depends(idempotent_transaction)
@@ -72,13 +73,8 @@ async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE written (what text)")
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, open=False, min_size=1, max_size=2)
-    await pool.open()
-    try:
-        transport = httpx.ASGITransport(app=create_app(pool))
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-            yield client
-    finally:
-        await pool.close()
+    async with asgi_client(create_app(pool), pool, base_url="http://api") as client:
+        yield client
 
 
 def stored(dsn: str) -> tuple[list[str], list[str]]:

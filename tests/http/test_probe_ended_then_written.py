@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from psycopg_pool import AsyncConnectionPool
 
 from pgonce.http import IdempotencyMiddleware, connection
+from tests.http.test_ended_transactions import asgi_client
 
 
 @pytest.fixture
@@ -37,13 +38,8 @@ async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
         return {"done": end}
 
     wrapped = IdempotencyMiddleware(app, pool=pool, key_scope=lambda scope: "s")
-    await pool.open()
-    try:
-        transport = httpx.ASGITransport(app=wrapped)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield client
-    finally:
-        await pool.close()
+    async with asgi_client(wrapped, pool) as client:
+        yield client
 
 
 def state(dsn: str) -> tuple[list[str], list[bool]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -23,7 +24,14 @@ log_format = "json"
 
 @pytest.fixture
 def service(direct_dsn: str, tmp_path: Path) -> Iterator[Service]:
-    running = start(direct_dsn, tmp_path, CONFIG)
+    with serving(direct_dsn, tmp_path, CONFIG) as running:
+        yield running
+
+
+@contextmanager
+def serving(dsn: str, tmp_path: Path, config: str) -> Iterator[Service]:
+    """`pgonce serve` with `config`, stopped on the way out unless it has already ended."""
+    running = start(dsn, tmp_path, config)
     try:
         yield running
     finally:

@@ -21,7 +21,8 @@ from pgonce.service.metrics import ServiceMetrics
 from pgonce.webhooks.receiver import InboxReceiver, Outcome
 from pgonce.webhooks.schemes import build_scheme
 from pgonce.webhooks.source import Source
-from tests.service.test_serve import SECRET, Service, metric, start
+from tests.service.test_app_probes import serving
+from tests.service.test_serve import SECRET, Service, metric
 
 CONFIG = """
 [server]
@@ -40,12 +41,8 @@ DELIVERIES = "pgonce_webhook_deliveries_total"
 
 @pytest.fixture
 def service(direct_dsn: str, tmp_path: Path) -> Iterator[Service]:
-    running = start(direct_dsn, tmp_path, CONFIG)
-    try:
+    with serving(direct_dsn, tmp_path, CONFIG) as running:
         yield running
-    finally:
-        if running.process.poll() is None:
-            running.stop()
 
 
 def shop(client: httpx.Client, body: bytes, headers: dict[str, str]) -> httpx.Response:
