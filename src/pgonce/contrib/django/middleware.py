@@ -65,8 +65,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -591,14 +590,19 @@ def _capture(response: HttpResponseBase, captured: CapturedResponse) -> Captured
     # Text as Django keeps them, already checked (ASCII names, latin-1 or MIME-encoded values).
     captured.text_headers = list(response.items())
     if response.streaming:
+        # The view's own iterator, not Django's wrapper of it (a map, or an async generator
+        # of its own, whose closing never reaches the view's): a body cut at the limit closes
+        # it here, inside the transaction, so that what its ``finally`` writes rolls back with
+        # the rest instead of committing on its own after it.
+        content = response._iterator
         if getattr(response, "is_async", False):
             # An async iterator (``async def`` generator) is read on the event loop; its ORM
             # calls (``acreate()``, ``sync_to_async``) come back to this thread, into the
             # transaction, as the view's do.
-            chunks = async_to_sync(_read_async)(response.streaming_content, captured)
+            chunks = async_to_sync(_read_async)(content, response.make_bytes, captured)
             response.streaming_content = _replay_async(chunks)
         else:
-            chunks = _read(response.streaming_content, captured)
+            chunks = _read(content, response.make_bytes, captured)
             response.streaming_content = chunks
         captured.add(b"", more=False)
     else:
@@ -606,24 +610,39 @@ def _capture(response: HttpResponseBase, captured: CapturedResponse) -> Captured
     return captured
 
 
-def _read(content: Iterable[Any], captured: CapturedResponse) -> list[bytes]:
+def _read(
+    content: Iterator[Any], make_bytes: Callable[[Any], bytes], captured: CapturedResponse
+) -> list[bytes]:
     chunks: list[bytes] = []
-    for chunk in content:
-        captured.add(bytes(chunk), more=True)
-        if captured.too_large:
-            break
-        chunks.append(bytes(chunk))
+    try:
+        for part in content:
+            chunk = make_bytes(part)
+            captured.add(chunk, more=True)
+            if captured.too_large:
+                break
+            chunks.append(chunk)
+    finally:
+        close = getattr(content, "close", None)
+        if close is not None:
+            close()
     return chunks
 
 
-async def _read_async(content: AsyncIterator[Any], captured: CapturedResponse) -> list[bytes]:
+async def _read_async(
+    content: AsyncIterator[Any], make_bytes: Callable[[Any], bytes], captured: CapturedResponse
+) -> list[bytes]:
     chunks: list[bytes] = []
-    async with aclosing(content):  # type: ignore[type-var]  # an async generator
-        async for chunk in content:
-            captured.add(bytes(chunk), more=True)
+    try:
+        async for part in content:
+            chunk = make_bytes(part)
+            captured.add(chunk, more=True)
             if captured.too_large:
                 break
-            chunks.append(bytes(chunk))
+            chunks.append(chunk)
+    finally:
+        close = getattr(content, "aclose", None)
+        if close is not None:
+            await close()
     return chunks
 
 
