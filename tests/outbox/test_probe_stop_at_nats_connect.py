@@ -1,13 +1,12 @@
 """A relay asked to stop as its batch's connection to NATS is made stops at once, too.
 
-The NATS publisher awaits nats-py's connect in the batch itself, and nats-py makes its TCP
-connection inside asyncio.wait_for(). On Python 3.11, wait_for() returns the result of a connect
-that completed while its caller was being cancelled, and the cancel is lost: the batch goes on to
-wait for the server's INFO, and a stop that lands at that instant waits for the publisher's
-connect timeout (5 s) against a broker that accepts and does not answer, instead of cancelling
-the batch at once as "connecting". The RabbitMQ publisher (its connect in a task of its own,
-awaited through asyncio.wait) and the Redis publisher (its reconnect through a shield) return at
-once from such a cancel.
+nats-py makes its TCP connection inside asyncio.wait_for(). On Python 3.11, wait_for() returns the
+result of a connect that completed while its caller was being cancelled, and the cancel is lost.
+The NATS publisher used to await nats-py's connect in the batch itself: the batch then went on to
+wait for the server's INFO, and a stop that landed at that instant waited for the publisher's
+connect timeout (5 s) against a broker that accepts and does not answer. The connect now runs in
+a task of its own that the batches await through asyncio.wait(), as the RabbitMQ publisher's
+does, and a cancelled batch returns at once ("connecting").
 
 Under load the moment is hit by chance (test_probe_stop_while_connecting.py's NATS case stopped
 at the broker's accept, which comes just before it); here the stop is made at that instant, every
@@ -32,11 +31,6 @@ from tests.outbox.stops import Run, silent_server
 BOUND = STOP_WAIT.total_seconds() + 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the NATS publisher's connect loses a cancel that lands as its TCP connect completes "
-    "(asyncio.wait_for on Python 3.11): the stop waits for the connect timeout",
-)
 async def test_a_stop_as_the_batch_connects_to_nats_ends_the_relay_at_once(
     direct_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

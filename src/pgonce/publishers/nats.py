@@ -210,7 +210,10 @@ class NatsPublisher:
         self.routing = routing or by_aggregatetype("outbox.")
         self.ack_timeout = ack_timeout
         self._connection: _Connection | None = None
-        self._connecting = asyncio.Lock()
+        #: The connect in progress, which every batch without a connection waits for.
+        self._opening: asyncio.Task[_Connection] | None = None
+        #: Counts the closes: a connect that finishes after one keeps no connection.
+        self._closes = 0
 
     async def prepare(self) -> None:
         """Connect now, so that a server that is down or a wrong address is said at the relay's
@@ -225,14 +228,57 @@ class NatsPublisher:
         return connection is not None and connection.client.is_connected
 
     async def _connect(self) -> _Connection:
-        # The relay's concurrent batch loops share this publisher: one of them connects.
-        async with self._connecting:
-            connection = self._connection
-            if connection is not None and connection.client.is_connected:
-                return connection
-            await self.close()
-            self._connection = await self._open()
-            return self._connection
+        connection = self._connection
+        if connection is not None and connection.client.is_connected:
+            return connection
+        return await self._wait_for_connect()
+
+    async def _wait_for_connect(self) -> _Connection:
+        """The connection of the connect in progress, or of a new one.
+
+        The relay's concurrent batch loops share this publisher: one connect serves every batch
+        without a connection. It runs in a task of its own, awaited through
+        :func:`asyncio.wait`: a batch cancelled at a stop returns at once. Awaited directly,
+        the cancel could be lost -- nats-py makes its TCP connection inside
+        ``asyncio.wait_for()``, which on Python 3.11 returns the result of a connect that
+        completed while its caller was being cancelled, and the stop then waited for the
+        connect timeout against a server that accepts and does not answer.
+        """
+        opening = self._opening
+        if opening is None or opening.done():
+            opening = self._opening = asyncio.create_task(self._reopen())
+            opening.add_done_callback(self._opened)
+        # Not awaited directly (see above); close() is what cancels the connect.
+        await asyncio.wait({opening})
+        if opening.cancelled():
+            raise BrokerUnavailable("NATS: the publisher was closed while it connected")
+        error = opening.exception()
+        if isinstance(error, BrokerUnavailable):
+            # One of its own for each batch: they are raised at once, in as many tasks.
+            raise BrokerUnavailable(str(error)) from error.__cause__
+        if error is not None:
+            raise error
+        return opening.result()
+
+    def _opened(self, opening: asyncio.Task[_Connection]) -> None:
+        if self._opening is opening:
+            self._opening = None
+        if not opening.cancelled():
+            # Said by the batches that waited for it, if any did.
+            opening.exception()
+
+    async def _reopen(self) -> _Connection:
+        closes = self._closes
+        await self._forget()
+        connection = await self._open()
+        if closes != self._closes:
+            # close() came while this connect was on its way (and its cancel did not reach it):
+            # the publisher is closed, and keeps no connection.
+            with contextlib.suppress(Exception):
+                await connection.client.close()
+            raise BrokerUnavailable("NATS: the publisher was closed while it connected")
+        self._connection = connection
+        return connection
 
     async def _open(self) -> _Connection:
         connection: _Connection | None = None
@@ -270,10 +316,13 @@ class NatsPublisher:
         connection = _Connection(client, client.new_inbox())
         try:
             await client.subscribe(f"{connection.inbox}.*", cb=connection.on_reply)
-        except (OSError, nats.errors.Error) as error:
+        except BaseException as error:
+            # A cancel (close() at a stop) leaves no connection open behind it either.
             with contextlib.suppress(Exception):
                 await client.close()
-            raise BrokerUnavailable(f"NATS: {short_error(error)}") from error
+            if isinstance(error, (OSError, nats.errors.Error)):
+                raise BrokerUnavailable(f"NATS: {short_error(error)}") from error
+            raise
         return connection
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
@@ -363,15 +412,37 @@ class NatsPublisher:
                         "and a subscriber that is not a stream took the message"
                     )
         if lost or not connection.client.is_connected:
-            await self.close()
+            await self._drop(connection)
         return PublishResult(frozenset(pending.acked), pending.refused, kinds, lost)
 
+    async def _drop(self, connection: _Connection) -> None:
+        """Close a batch's connection that broke; the publisher's own only if it is still that
+        one (another batch may have connected since)."""
+        if connection is self._connection:
+            self._connection = None
+        await _close_quietly(connection)
+
     async def close(self) -> None:
+        """Close the connection; a connect in progress is cancelled, not waited for (the relay's
+        stop must not wait for a server that does not answer), and keeps no connection."""
+        self._closes += 1
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            opening.cancel()
+        await self._forget()
+
+    async def _forget(self) -> None:
+        """Close the publisher's connection, the connect in progress left alone."""
         connection, self._connection = self._connection, None
-        if connection is not None and not connection.client.is_closed:
-            # Closing a broken connection may fail; it is gone either way.
-            with contextlib.suppress(Exception):
-                await connection.client.close()
+        if connection is not None:
+            await _close_quietly(connection)
+
+
+async def _close_quietly(connection: _Connection) -> None:
+    if not connection.client.is_closed:
+        # Closing a broken connection may fail; it is gone either way.
+        with contextlib.suppress(Exception):
+            await connection.client.close()
 
 
 #: What nats-py raises for one message it refuses to send: its payload, subject or headers.
