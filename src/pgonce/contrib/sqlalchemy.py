@@ -419,7 +419,59 @@ def _finish(session: Session, nested: SessionTransaction, won: bool, driver: Any
         )
     if won:
         session.flush()
+        _refuse_writes_elsewhere(session, driver)
     return False
+
+
+def _refuse_writes_elsewhere(session: Session, driver: Any) -> None:
+    """Refuse a block whose session wrote on a connection other than the claim's (``driver``):
+    an engine per mapper or table (``binds=``), a ``get_bind()`` that routes, a
+    ``session.connection(bind_arguments=...)``. Those writes are in another transaction, which
+    the session's commit ends apart from the claim's: a failure between the two commits stores
+    the response without them (or them without the claim), and the retry replays it."""
+    if _wrote_elsewhere(session, driver):
+        raise UsageError(
+            "the session of once()'s block (or async_once()'s) wrote on a connection other "
+            "than the claim's (an engine per mapper or table with binds=, or a get_bind() "
+            "that routes writes elsewhere): those writes would commit in another "
+            "transaction, apart from the claim and its stored response. Give the session one "
+            "engine for everything the block writes (bind= and binds= on the same engine). "
+            "Nothing of the block was stored and the key is free"
+        )
+
+
+def _refuse_handler_writes_elsewhere(session: Session, driver: Any) -> None:
+    """Refuse a handler whose session wrote on a connection other than the batch's (``driver``):
+    its ``commit()`` would commit those writes on their own, whether or not the batch then
+    marks the event done, and a redelivery would run the handler again."""
+    if _wrote_elsewhere(session, driver):
+        raise UsageError(
+            "the inbox handler's session wrote on a connection other than the batch's (its "
+            "session_factory has an engine per mapper or table, binds=, or a get_bind() that "
+            "routes writes elsewhere): those writes would commit on their own, apart from the "
+            "event being marked done. Make the sessions with no engine of their own for what "
+            "the handler writes (the session is given the batch's connection as bind=)"
+        )
+
+
+def _wrote_elsewhere(session: Session, driver: Any) -> bool:
+    """Whether ``session``'s transaction has written on a connection other than ``driver``.
+
+    Reads there (a replica through ``binds=``) are no writes: only a connection whose
+    transaction PostgreSQL has given a transaction id counts. A session on one connection, the
+    usual case, sends nothing here.
+    """
+    # SessionTransaction._connections: what the session's transaction joined, each connection
+    # under its own key and its engine's (SQLAlchemy has no public view of it).
+    joined = getattr(session.get_transaction(), "_connections", None) or {}
+    others = {
+        entry[0] for entry in joined.values() if entry[0].connection.driver_connection is not driver
+    }
+    return any(other.exec_driver_sql(_WROTE).scalar() for other in others)
+
+
+# Whether the connection's transaction has written (PostgreSQL assigns a transaction id then).
+_WROTE = "SELECT txid_current_if_assigned() IS NOT NULL"
 
 
 def _inside(current: SessionTransaction, nested: SessionTransaction) -> bool:
@@ -662,6 +714,8 @@ def inbox_handler(
                                     "handler runs with process_batch(), on a sync engine)"
                                 )
                             await returned
+                            await session.flush()
+                            await session.run_sync(_refuse_handler_writes_elsewhere, conn)
                             await session.commit()  # releases the handler's savepoint
                         except BaseException:
                             await session.rollback()
@@ -744,7 +798,9 @@ def process_batch(
             ):
                 try:
                     yield session
-                    session.commit()  # flushes, and releases the savepoint
+                    session.flush()
+                    _refuse_handler_writes_elsewhere(session, conn)
+                    session.commit()  # releases the savepoint
                     # A write that breaks a deferred constraint would fail the batch's COMMIT,
                     # every event of it, batch after batch: checked now, it fails this event's
                     # savepoint only. Both statements in one round trip (no parameters: the
