@@ -18,13 +18,14 @@ and inside the same transaction.
 
 The endpoint *began*, and its answer is stored, once the view ran a query on the connection (or
 called :func:`begin`, or took the psycopg connection with
-:func:`~pgonce.contrib.django.connection.psycopg_connection`, as ``enqueue()`` does); the
-savepoints of Django's own ``atomic()`` blocks (``ATOMIC_REQUESTS`` opens one around every view)
-are not queries of the view. A ``transaction.on_commit()`` hook the view registered counts as one:
-it runs once, with the stored answer, never dropped with an answer that was not kept. A view that
-refuses a request before touching the database answers normally and its answer is not kept: the
-corrected retry runs. A streamed body is produced inside
-the transaction, so its queries count as the view's and its writes commit with the stored response.
+:func:`~pgonce.contrib.django.connection.psycopg_connection`, as ``enqueue()`` does); the savepoints
+of Django's own ``atomic()`` blocks (``ATOMIC_REQUESTS`` opens one around every view) are not
+queries of the view. A ``transaction.on_commit()`` hook the view registered counts as one: it runs
+once, with the stored answer, never dropped with an answer that was not kept. A success (a status
+under 400) counts as begun too. A view that refuses a request (400 or more) before touching the
+database answers normally and its answer is not kept: the corrected retry runs. A streamed body is
+produced inside the transaction, so its queries count as the view's and its writes commit with the
+stored response.
 
 A view that raises is never stored, whatever answer Django makes of the exception (404 for
 ``Http404``, 403, 400, 500): :meth:`IdempotencyMiddleware.process_exception` notes it, and its
@@ -52,13 +53,16 @@ left in flight.
 
 Not supported: writes on any other connection, which commit on their own (and a retry after a
 failure makes them again): another thread's (``sync_to_async(..., thread_sensitive=False)`` in an
-async view, a thread the view starts) or another database alias's. A view that writes on Django's
-psycopg connection itself (``connection.connection``) must call :func:`begin` (or take it with
-``psycopg_connection()``): else its answer is not kept and those writes roll back. A response body
-over ``MAX_RESPONSE_BYTES`` (answered 500, rolled back); a repeated Idempotency-Key header is
-indistinguishable from one key containing a comma, because WSGI and Django's ASGI handler join
-repeated headers with a comma before the middleware sees them; a header repeated in a response
-(Django keeps one value per header name).
+async view, a thread the view starts) or another database alias's.
+
+Statements that Django's execute wrappers never see (``cursor.callproc()``, ``cursor.copy()``, the
+psycopg connection's own ``execute()``) do not make the view begin; a success it then answers (a
+status under 400) is kept anyway, with those writes, and a refusal rolls them back: call
+:func:`begin` (or take the connection with ``psycopg_connection()``) to keep a refusal made after
+such writes. A response body over ``MAX_RESPONSE_BYTES`` (answered 500, rolled back); a repeated
+Idempotency-Key header is indistinguishable from one key containing a comma, because WSGI and
+Django's ASGI handler join repeated headers with a comma before the middleware sees them; a header
+repeated in a response (Django keeps one value per header name).
 """
 
 from __future__ import annotations
@@ -499,8 +503,17 @@ class IdempotencyMiddleware:
             # to its savepoint), must not commit; nor one that caught the error of its own
             # statement and answered (the transaction is aborted). Its answer goes out, not
             # stored, and the key stays free.
+            # A success (a status under 400) counts as begun even when Django saw no query of
+            # the view: psycopg runs statements that Django's execute wrappers never see
+            # (cursor.callproc(), cursor.copy(), the psycopg connection's own execute()), and
+            # a success rolled back over such writes would tell the client they were made while
+            # the retry made them again. A refusal before the first query is a 4xx: not kept.
             began = (
-                (claimed.began or len(wrapper.run_on_commit) > hooks)
+                (
+                    claimed.began
+                    or len(wrapper.run_on_commit) > hooks
+                    or (captured.status is not None and captured.status < 400)
+                )
                 and not claimed.raised
                 and not claimed.undone
                 and not wrapper.get_rollback()
