@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from typing import ClassVar
 
 from pgonce.core.leases import CompleterPass
 from pgonce.core.outbox import OutboxBacklog
@@ -34,6 +35,7 @@ with needs("server", "the pgonce service"):
         generate_latest,
     )
     from prometheus_client.core import CounterMetricFamily, Metric
+    from prometheus_client.metrics import MetricWrapperBase
     from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -46,6 +48,16 @@ _STATUS_VALUE = {"ok": 0, "warn": 1, "fail": 2}
 class _RelayCollector(Collector):
     """Relay totals, read from the running relays' own counters at scrape time."""
 
+    #: The label names of the families this collector builds, by family name: the one place they
+    #: are defined (:meth:`ServiceMetrics.label_names` reads them for the reference).
+    LABELS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "pgonce_relay_published": (),
+        "pgonce_relay_refused": (),
+        "pgonce_relay_parked": (),
+        "pgonce_relay_errors": (),
+        "pgonce_relay_failures": ("reason",),
+    }
+
     def __init__(self, stats: Callable[[], list[RelayStats]]) -> None:
         self._stats = stats
 
@@ -57,14 +69,16 @@ class _RelayCollector(Collector):
             ("parked", "Outbox rows parked after their last attempt"),
             ("errors", "Relay batches that failed (database or broker trouble)"),
         ):
-            family = CounterMetricFamily(f"pgonce_relay_{name}", doc)
+            family = CounterMetricFamily(
+                f"pgonce_relay_{name}", doc, labels=self.LABELS[f"pgonce_relay_{name}"]
+            )
             family.add_metric([], sum(getattr(s, name) for s in stats))
             yield family
         failures = CounterMetricFamily(
             "pgonce_relay_failures",
             "Outbox rows that failed to publish, by reason (unroutable, nacked, refused, "
             "no_answer, unavailable, ...); a row counts once per failed attempt",
-            labels=["reason"],
+            labels=self.LABELS["pgonce_relay_failures"],
         )
         totals: dict[str, int] = {}
         for s in stats:
@@ -84,10 +98,12 @@ class ServiceMetrics:
         self.deliveries = Counter(
             "pgonce_webhook_deliveries",
             "Webhook deliveries received, by source and outcome (stored, duplicate, handshake, "
-            "conflict, unavailable, rejected_signature, rejected_timestamp, bad_payload, "
+            "conflict, unavailable, swept, rejected_signature, rejected_timestamp, bad_payload, "
             "too_large, unknown_source, bad_method, disconnected, error); handshake: a provider's "
-            "URL check answered, nothing stored; unavailable: a 503 with Retry-After; "
-            "disconnected: the sender went away before its body was read; error: a 500",
+            "URL check answered, nothing stored; unavailable: a 503 with Retry-After, the "
+            "delivery could not be stored (the database); swept: a 503 with Retry-After, its "
+            "event was being deleted by the sweeper; disconnected: the sender went away before "
+            "its body was read; error: a 500",
             ["source", "outcome"],
             registry=r,
         )
@@ -354,6 +370,17 @@ class ServiceMetrics:
 
     def record_completer_failure(self, error: Exception) -> None:
         self.completer_failures.labels(type(error).__name__).inc()
+
+    def label_names(self) -> dict[str, tuple[str, ...]]:
+        """Every metric family's label names, by family name (without ``_total``): the counters',
+        gauges' and histograms' of this registry and the relay collector's."""
+        names = {
+            metric._name: tuple(metric._labelnames)
+            for metric in vars(self).values()
+            if isinstance(metric, MetricWrapperBase)
+        }
+        names.update(_RelayCollector.LABELS)
+        return names
 
     def answered(self) -> list[tuple[str, str, int]]:
         """Webhook deliveries answered since the process started: (source, outcome, count)."""

@@ -74,14 +74,16 @@ Receive = Callable[[], Any]
 Send = Callable[[Message], Any]
 
 #: What became of a request, as :meth:`InboxReceiver.respond` names it (the service's metrics
-#: count it): ``unavailable`` is a 503 (the database, or an event being swept), ``disconnected``
-#: a sender that went away before its body was read (nobody is answered).
+#: count it): ``unavailable`` is a 503 because the delivery could not be stored (the database),
+#: ``swept`` a 503 because its event was being deleted by the sweeper as it came (retry later),
+#: ``disconnected`` a sender that went away before its body was read (nobody is answered).
 Outcome = Literal[
     "stored",
     "duplicate",
     "handshake",
     "conflict",
     "unavailable",
+    "swept",
     "rejected_signature",
     "rejected_timestamp",
     "bad_payload",
@@ -361,7 +363,7 @@ class InboxReceiver:
                 detail="the event is being cleaned up; retry later",
                 headers=[("retry-after", "1")],
             )
-            return "unavailable"
+            return "swept"
         await _send_ok(send, answer(outcome), outcome)
         return outcome
 
