@@ -187,6 +187,29 @@ def _ends_transaction(error: TransactionManagementError) -> bool:
     return _raised_in(error, _NO_ATOMIC_BLOCK)
 
 
+def _savepoint_gone(error: BaseException) -> bool:
+    """Whether ``error`` is Django's for a savepoint that no longer exists, which in the request's
+    transaction only a view that ended that transaction makes (a block's RELEASE or ROLLBACK TO
+    at its end, in the transaction psycopg opened after the end)."""
+    cause = error.__cause__
+    return isinstance(cause, psycopg.errors.InvalidSavepointSpecification)
+
+
+def _ended_in_block(error: BaseException) -> UsageError:
+    """What a view did wrong when it ended the request's transaction inside an ``atomic()``
+    block and ran on."""
+    return UsageError(
+        "the view runs in the idempotent request's transaction, which the Idempotency-Key "
+        "middleware commits once the response is stored, and ended it inside an atomic() block "
+        "(ATOMIC_REQUESTS' or its own) with a ROLLBACK or COMMIT of its own (raw SQL, or the "
+        f"psycopg connection's rollback() or commit()); at the block's end (Django: {error}) "
+        "everything it ran after that end was rolled back and its answer was not sent. A "
+        "rollback took the claim with it, so the key is free; a commit committed the claim with "
+        "the writes before it, unanswered, so the key stays in flight until it expires and no "
+        "retry makes those writes again. Let the middleware end the transaction"
+    )
+
+
 class ClaimedRequest:
     """The key a request claimed; ``began`` turns true at the view's first query, ``raised``
     when the view raised (whatever response Django made of it), ``undone`` when the view's
@@ -379,6 +402,13 @@ class IdempotencyMiddleware:
         if not isinstance(claimed, ClaimedRequest):
             return None
         claimed.raised = True
+        if _savepoint_gone(exception):
+            # Django's atomic() block around the view (ATOMIC_REQUESTS', or the view's own)
+            # found its savepoint gone at its end: the view ended the request's transaction
+            # itself and ran on in the one psycopg opened next. Not a lost database: the
+            # middleware rolls that transaction back, and the client is told what happened.
+            semantics.log_transaction_ended(claimed.scope, _ended_in_block(exception))
+            return to_django(semantics.TRANSACTION_ENDED)
         if isinstance(exception, _UNAVAILABLE):
             semantics.log_unavailable(claimed.scope, exception)
             return to_django(semantics.unavailable(self.store.retry_after))
