@@ -1,11 +1,15 @@
 """NATS JetStream publisher (nats-py), deduplicated by ``Nats-Msg-Id``.
 
-Each message carries the outbox id in ``Nats-Msg-Id``: JetStream drops a second message with the
-same id inside the stream's duplicate window (2 minutes by default), so a relay that published a
-batch and died before marking it does not even create a duplicate on the stream when the next relay
-publishes again within the window. A batch is pipelined on one connection (the stream stores it in
-order) and a message counts as acknowledged when its PubAck arrived (a PubAck flagged
-``duplicate`` is an acknowledgement too: the stream has the message). An error answer (no stream
+Each message carries the outbox id in ``Nats-Msg-Id``, after the publisher's ``msg_id_prefix``:
+JetStream drops a second message with the same id inside the stream's duplicate window (2 minutes
+by default), so a relay that published a batch and died before marking it does not even create a
+duplicate on the stream when the next relay publishes again within the window. The outbox id is
+unique within one outbox only: outboxes that publish into one stream need a prefix each, or the
+stream drops one's event as a duplicate of the other's (and acknowledges it).
+
+A batch is pipelined on one connection (the stream stores it in order) and a message counts as
+acknowledged when its PubAck arrived (a PubAck flagged ``duplicate`` is an acknowledgement too:
+the stream has the message). An error answer (no stream
 for the subject, a stream limit) is a refusal, and so is a message the client cannot send (a
 payload above the server's ``max_payload``, an invalid subject or header) or one the routing
 function raised for, refused before it is sent (the rows of its aggregate behind it in the batch
@@ -203,9 +207,23 @@ class NatsPublisher:
         *,
         routing: Routing | None = None,
         ack_timeout: timedelta = DEFAULT_ACK_TIMEOUT,
+        msg_id_prefix: str = "",
     ) -> None:
         check_timeout("the NATS publisher's ack_timeout", ack_timeout)
         _check_servers(servers)
+        if not isinstance(msg_id_prefix, str) or any(
+            c.isspace() or not c.isprintable() for c in msg_id_prefix
+        ):
+            shown = (
+                repr(msg_id_prefix) if isinstance(msg_id_prefix, str) else describe(msg_id_prefix)
+            )
+            raise ConfigError(
+                "the NATS publisher's msg_id_prefix must be a str without spaces or control "
+                f"characters, not {shown}"
+            )
+        #: Put before the outbox id in ``Nats-Msg-Id``: the outbox id is unique within one
+        #: outbox only, and JetStream drops a second message with an id it already stored.
+        self.msg_id_prefix = msg_id_prefix
         self.servers = servers
         self.routing = routing or by_aggregatetype("outbox.")
         self.ack_timeout = ack_timeout
@@ -340,6 +358,7 @@ class NatsPublisher:
         # Aggregates with a row refused before it was sent: their later rows wait behind it.
         held: set[tuple[str, str]] = set()
         max_payload = client.max_payload
+        msg_id_prefix = self.msg_id_prefix
         try:
             for message in batch:
                 if held and (message.aggregatetype, message.aggregateid) in held:
@@ -353,7 +372,7 @@ class NatsPublisher:
                     pending.settle()
                     continue
                 headers = message_headers(message)
-                headers[MSG_ID_HEADER] = message.message_id
+                headers[MSG_ID_HEADER] = msg_id_prefix + message.message_id
                 token = str(next(next_token))
                 waiting[token] = (pending, message.id, subject)
                 tokens.append(token)
