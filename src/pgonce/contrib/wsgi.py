@@ -127,7 +127,7 @@ class IdempotentTransaction:
     __slots__ = ("_connection", "began", "failed", "key", "scope")
 
     def __init__(self, connection: Connection[Any], scope: str, key: str) -> None:
-        self._connection = connection
+        self._connection: Connection[Any] | None = connection
         self.scope = scope
         self.key = key
         #: True once the application took the connection or called :meth:`begin`.
@@ -140,8 +140,17 @@ class IdempotentTransaction:
         """The connection, inside the claim's transaction; taking it marks the endpoint as begun.
 
         Never commit or roll back on it: the middleware commits after storing the response.
+        Raises :class:`UsageError` once the request's transaction ended (in the response
+        iterable's ``close()``, a Flask ``call_on_close`` function): the connection went back to
+        the pool.
         """
         self.began = True
+        if self._connection is None:
+            raise UsageError(
+                "the request's idempotent transaction has ended: its connection went back to the "
+                "pool once the response was stored and committed (the response's close() and "
+                "Flask's call_on_close functions run after that); use a connection of your own"
+            )
         return self._connection
 
     def begin(self) -> None:
@@ -278,6 +287,7 @@ class IdempotencyMiddleware:
         self.wait = wait if wait is not None else NO_WAIT
         # None: the store's own wait, which it checked once, not at every claim.
         self._claim_wait = None if self.wait == self.store.wait else self.wait
+        self._status_kept = self.store.stores_status
         # What the view's database going away looks like: answered 503 (with Retry-After), as
         # Flask's Idempotency answers it, never the server's 500. Looked up here, once.
         self._unavailable: tuple[type[Exception], ...] = (
@@ -387,11 +397,18 @@ class IdempotencyMiddleware:
             with self.pool.connection() as conn:
                 claim = self.store.begin(conn, caller, key, fingerprint, wait=self._claim_wait)
                 if isinstance(claim, Won):
+                    tx = IdempotentTransaction(conn, claim.scope, claim.key)
+                    environ[ENVIRON_KEY] = tx
                     try:
-                        captured = self._run(environ, conn, claim)
+                        # The application runs in the claim's transaction; an exception from it
+                        # propagates (the transaction rolls back, and the server answers 500).
+                        captured = self._capture(environ)
                         response = captured.response
+                        response.keep(
+                            began=tx.began and not tx.failed, status_kept=self._status_kept
+                        )
                         status = conn.pgconn.transaction_status
-                        if status == _IDLE and (response.stored or not _failed(environ)):
+                        if status == _IDLE and (response.stored or not tx.failed):
                             # The view committed or rolled back the request's transaction
                             # itself and ran nothing since: the claim is settled on its own,
                             # never left in flight, and the log says what was wrong. (Not a
@@ -420,11 +437,19 @@ class IdempotencyMiddleware:
                         semantics.log_unavailable(claim.scope, error)
                     except BaseException:
                         rollback_quietly(conn)
+                        if captured is not None:
+                            captured.close()
                         raise
+                    finally:
+                        # The connection goes back to the pool: the response's close() (run by
+                        # the server after sending) must not write on it.
+                        tx._connection = None
         except KeyMismatch:
             return _answer(start_response, semantics.MISMATCH)
         except self._unavailable:
             # Before the endpoint began: the claim (or the pool) could not reach the database.
+            if captured is not None:
+                captured.close()
             return _answer(start_response, semantics.unavailable(self.store.retry_after))
         # After the commit (or the rollback): the client never sees an answer that did not
         # commit.
@@ -456,20 +481,6 @@ class IdempotencyMiddleware:
             else:
                 self.store.release(conn, claim)
         response.ended_by_endpoint(claim, found=found)
-
-    def _run(self, environ: Environ, conn: Connection[Any], claim: Won) -> _Captured:
-        """Run the application in the claim's transaction and capture its whole response.
-
-        An exception from the application propagates (the transaction rolls back, and the
-        server answers 500).
-        """
-        tx = IdempotentTransaction(conn, claim.scope, claim.key)
-        environ[ENVIRON_KEY] = tx
-        captured = self._capture(environ)
-        captured.response.keep(
-            began=tx.began and not tx.failed, status_kept=self.store.stores_status
-        )
-        return captured
 
     def _handle_phased(
         self,
@@ -518,10 +529,18 @@ class IdempotencyMiddleware:
             return _answer(start_response, semantics.MISMATCH)
         except LeaseLost:
             # Taken over by a retry: the answer is the new holder's.
+            if captured is not None:
+                captured.close()
             leased = InFlight(self.phases.retry_after, "leased")
             return _answer(start_response, semantics.in_flight(leased))
         except self._unavailable:
+            if captured is not None:
+                captured.close()
             return _answer(start_response, semantics.unavailable(self.phases.retry_after))
+        except BaseException:
+            if captured is not None:
+                captured.close()
+            raise
         return self._reply(start_response, captured, op.claim)
 
     def _capture(self, environ: Environ) -> _Captured:
@@ -529,7 +548,12 @@ class IdempotencyMiddleware:
 
         A body past ``max_response_bytes`` has its answer decided (the 500 problem, nothing
         kept): the rest of it is not read, and the iterable is closed, as a stream that never
-        ends (server-sent events) would otherwise hold the request and its key for ever.
+        ends (server-sent events) would otherwise hold the request and its key for ever. So is
+        the iterable of an application that raised. Otherwise the iterable is closed later
+        (:meth:`_Captured.close`): by the server, after sending the answer (PEP 3333), which is
+        after the commit -- a Flask ``call_on_close`` function that starts a job finds the
+        request's writes committed -- or by the middleware, once the transaction ended, when
+        the answer is another (a replay, a 503).
         """
         captured = _Captured(self.rules.capture())
         response = captured.response
@@ -537,18 +561,21 @@ class IdempotencyMiddleware:
             result = self.app(environ, captured.start_response)
         except _ResponseTooLarge:  # from write(): see _Captured._write
             return captured
+        captured.close_app = getattr(result, "close", None)
+        add = response.add
         try:
             for chunk in result:
-                response.add(chunk, more=True)
+                add(chunk, True)
                 if response.too_large:
+                    captured.close()
                     return captured
         except _ResponseTooLarge:  # write() called by a generator application
+            captured.close()
             return captured
-        finally:
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
-        response.add(b"", more=False)
+        except BaseException:
+            captured.close()
+            raise
+        add(b"", False)
         return captured
 
     def _give(
@@ -556,19 +583,26 @@ class IdempotencyMiddleware:
     ) -> Iterable[bytes]:
         """The application's own answer, after its transaction committed or rolled back."""
         response = captured.response
-        if response.unavailable:
-            return _answer(start_response, semantics.unavailable(self.store.retry_after))
-        if response.too_large:
-            return _answer(start_response, semantics.response_too_large(response))
-        if response.ended:
-            return _answer(start_response, semantics.TRANSACTION_ENDED)
-        if not response.answered:
+        if response.unavailable or response.too_large or response.ended or not response.answered:
+            # Another answer than the application's: its iterable is closed now, after the
+            # transaction ended, not left to a server that never sees it.
+            captured.close()
+            if response.unavailable:
+                return _answer(start_response, semantics.unavailable(self.store.retry_after))
+            if response.too_large:
+                return _answer(start_response, semantics.response_too_large(response))
+            if response.ended:
+                return _answer(start_response, semantics.TRANSACTION_ENDED)
             raise UsageError("the WSGI application returned without calling start_response()")
-        headers = list(captured.headers)
+        headers = captured.headers
         if response.stored:
-            headers.append(self.rules.expires_text_header(claim.claimed_at))
+            headers = [*headers, self.rules.expires_text_header(claim.claimed_at)]
         start_response(captured.status_line, headers)
-        return response.body
+        close = captured.close_app
+        if close is None:
+            return response.body
+        # The server closes it after sending the answer (PEP 3333), after the commit.
+        return _Body(response.body, close)
 
 
 class _IncompleteBody(Exception):
@@ -588,12 +622,20 @@ class _IncompleteBody(Exception):
 class _Captured:
     """The application's ``start_response`` call and body, held back until the commit."""
 
-    __slots__ = ("headers", "response", "status_line")
+    __slots__ = ("close_app", "headers", "response", "status_line")
 
     def __init__(self, response: CapturedResponse) -> None:
         self.response = response
         self.status_line = ""
         self.headers: Headers = []
+        #: The ``close()`` of the application's iterable, until it is called.
+        self.close_app: Callable[[], object] | None = None
+
+    def close(self) -> None:
+        """Close the application's iterable (once)."""
+        close, self.close_app = self.close_app, None
+        if close is not None:
+            close()
 
     def start_response(
         self, status: str, headers: Headers, exc_info: ExcInfo | None = None
@@ -616,6 +658,17 @@ class _Captured:
         if self.response.too_large:
             # Its answer is decided: stop the application rather than take the rest.
             raise _ResponseTooLarge
+
+
+class _Body(list[bytes]):
+    """The application's captured body, given to the server with the ``close()`` of its iterable,
+    which the server calls after sending it (PEP 3333)."""
+
+    __slots__ = ("close",)
+
+    def __init__(self, body: list[bytes], close: Callable[[], object]) -> None:
+        super().__init__(body)
+        self.close = close
 
 
 class _ResponseTooLarge(Exception):
@@ -646,12 +699,6 @@ def _unscoped_body(
         close = getattr(result, "close", None)
         if close is not None:
             close()
-
-
-def _failed(environ: Environ) -> bool:
-    """Whether the view of a claimed request failed (see :meth:`IdempotentTransaction.fail`)."""
-    tx = environ.get(ENVIRON_KEY)
-    return isinstance(tx, IdempotentTransaction) and tx.failed
 
 
 def _status_line(status: int) -> str:
