@@ -582,9 +582,17 @@ def enqueue(
     schema: str = DEFAULT_SCHEMA,
     now: datetime | None = None,
 ) -> int:
-    """Write an outbox event in the session's transaction; its id (see ``store.outbox.enqueue``)."""
-    return _enqueue(
-        driver_connection(session),
+    """Write an outbox event in the session's transaction; its id (see ``store.outbox.enqueue``).
+
+    The session's commit then refuses (:class:`~pgonce.errors.UsageError`, nothing committed)
+    when the session wrote on another connection than the event's (``binds=`` per mapper): the
+    event would commit apart from the writes it tells of.
+    """
+    if isinstance(session, scoped_session):
+        session = session()
+    conn = driver_connection(session)
+    written = _enqueue(
+        conn,
         aggregatetype,
         aggregateid,
         type,
@@ -593,6 +601,8 @@ def enqueue(
         schema=schema,
         now=now,
     )
+    _watch_outbox(session, conn)
+    return written
 
 
 async def async_enqueue(
@@ -607,8 +617,11 @@ async def async_enqueue(
     now: datetime | None = None,
 ) -> int:
     """:func:`enqueue` for an ``AsyncSession``."""
-    return await _async_enqueue(
-        await async_driver_connection(session),
+    if isinstance(session, async_scoped_session):
+        session = session()
+    conn = await async_driver_connection(session)
+    written = await _async_enqueue(
+        conn,
         aggregatetype,
         aggregateid,
         type,
@@ -617,6 +630,48 @@ async def async_enqueue(
         schema=schema,
         now=now,
     )
+    _watch_outbox(session.sync_session, conn)
+    return written
+
+
+# The session's transaction that holds outbox events, and the psycopg connection they are on.
+_OUTBOX = "pgonce_outbox"
+
+
+def _watch_outbox(session: Session, driver: Any) -> None:
+    """Have ``session``'s commit check that its writes are on ``driver``, the connection of the
+    outbox events just enqueued (see :func:`_check_outbox`).
+
+    An endpoint's session (idempotent_session(), Flask's session()) is left alone: it is bound
+    to the request's connection, and its commit is refused anyway.
+    """
+    if type(session) is _RequestSession:
+        return
+    session.info[_OUTBOX] = (session.get_transaction(), driver)
+    if not event.contains(session, "before_commit", _check_outbox):
+        event.listen(session, "before_commit", _check_outbox)
+
+
+def _check_outbox(session: Session) -> None:
+    """Refuse the commit of a transaction with outbox events whose session wrote on another
+    connection too: the session commits each connection's transaction apart, and the events
+    would commit without the writes they tell of (or these without them)."""
+    watched = session.info.get(_OUTBOX)
+    if watched is None or session.in_nested_transaction():  # a savepoint's release
+        return
+    transaction, driver = watched
+    if transaction is not session.get_transaction():  # an earlier transaction's
+        del session.info[_OUTBOX]
+        return
+    session.flush()  # what the commit would flush next
+    if _wrote_elsewhere(session, driver):
+        raise UsageError(
+            "the session enqueued outbox events and wrote on another connection too (an engine "
+            "per mapper or table with binds=, or a get_bind() that routes writes elsewhere): "
+            "the events would commit apart from the writes they tell of. Give the session one "
+            "engine for everything it writes with the events. Nothing was committed"
+        )
+    del session.info[_OUTBOX]
 
 
 # -- inbox handlers ---------------------------------------------------------------------------

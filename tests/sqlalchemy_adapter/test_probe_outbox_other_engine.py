@@ -1,0 +1,86 @@
+"""An outbox event enqueued from a session whose writes go through another engine (``binds=``
+per mapper): the event is on the session's own engine, the writes it tells of on the other's,
+and the session's commit ends the two transactions apart, so the event can be published for
+writes that never committed. The commit of such a session is a UsageError, and nothing of it
+commits; a session on one engine commits both as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
+
+from pgonce.contrib.sqlalchemy import async_enqueue, enqueue
+from pgonce.errors import UsageError
+from tests.keys.helpers import sqlalchemy_url
+from tests.sqlalchemy_adapter.models import Order
+
+REFUSED = "enqueued outbox events and wrote on another connection"
+
+
+@pytest.fixture
+def other(engine: Engine, dsn: str) -> Iterator[Engine]:
+    other = create_engine(sqlalchemy_url(dsn))
+    yield other
+    other.dispose()
+
+
+@pytest.fixture
+async def async_other(async_engine: AsyncEngine, dsn: str) -> AsyncIterator[AsyncEngine]:
+    other = create_async_engine(sqlalchemy_url(dsn))
+    yield other
+    await other.dispose()
+
+
+def committed(dsn: str) -> tuple[list[str], int]:
+    """The orders' keys and the number of outbox events, as another connection sees them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        orders = [r[0] for r in conn.execute("SELECT key FROM orders ORDER BY key")]
+        row = conn.execute("SELECT count(*) FROM pgonce.outbox").fetchone()
+    assert row is not None
+    return orders, int(row[0])
+
+
+def test_an_event_and_writes_on_two_engines_do_not_commit(
+    engine: Engine, other: Engine, dsn: str
+) -> None:
+    with Session(bind=engine, binds={Order: other}) as session:
+        session.add(Order(key="k"))
+        enqueue(session, "order", "k", "order.created", {})
+        with pytest.raises(UsageError, match=REFUSED):
+            session.commit()
+    assert committed(dsn) == ([], 0)
+    # The writes flushed before the event count as much as those after it.
+    scoped = scoped_session(sessionmaker(bind=engine, binds={Order: other}))
+    with pytest.raises(UsageError, match=REFUSED), scoped.begin():
+        enqueue(scoped(), "order", "k", "order.created", {})
+        scoped.add(Order(key="k"))
+    scoped.remove()
+    assert committed(dsn) == ([], 0)
+
+
+def test_one_engine_commits_the_event_with_the_writes(engine: Engine, dsn: str) -> None:
+    with Session(bind=engine, binds={Order: engine}) as session:
+        session.add(Order(key="k"))
+        enqueue(session, "order", "k", "order.created", {})
+        session.commit()
+        # The next transaction, without events, is not checked.
+        session.add(Order(key="l"))
+        session.commit()
+    assert committed(dsn) == (["k", "l"], 1)
+
+
+async def test_async_an_event_and_writes_on_two_engines_do_not_commit(
+    async_engine: AsyncEngine, async_other: AsyncEngine, dsn: str
+) -> None:
+    async with AsyncSession(bind=async_engine, binds={Order: async_other}) as session:
+        session.add(Order(key="k"))
+        await async_enqueue(session, "order", "k", "order.created", {})
+        with pytest.raises(UsageError, match=REFUSED):
+            await session.commit()
+    assert committed(dsn) == ([], 0)
