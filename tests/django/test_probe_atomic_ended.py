@@ -67,3 +67,21 @@ def test_writes_after_the_view_ended_the_transaction_are_refused_loudly(
     # stays in flight, so that no retry makes that write again.
     assert Payment.objects.filter(principal="before").count() == int(committed)
     assert stored_keys(key) == int(committed)
+
+
+@pytest.mark.parametrize("how", ["COMMIT", "commit"])
+def test_without_atomic_requests_a_commit_then_writes_is_never_answered_as_a_success(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The writes after the end roll back: the view's 201 names a row that was never made, so it
+    # is neither sent nor stored; the claim committed with the first write stays in flight.
+    client = Client(raise_request_exception=False)
+    key = uuid.uuid4().hex
+    with caplog.at_level(logging.ERROR, logger="pgonce"):
+        first = post(client, f"/end-then-write?how={how}", key)
+    assert first.status_code == 500
+    assert json.loads(first.content)["title"] == "Transaction ended by the endpoint"
+    assert "EndedThenWrote" in caplog.text  # a UsageError
+    assert not Payment.objects.filter(principal="after").exists()
+    assert Payment.objects.filter(principal="before").count() == 1
+    assert stored_keys(key) == 1

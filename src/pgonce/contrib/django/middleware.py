@@ -579,11 +579,17 @@ class IdempotencyMiddleware:
                             if owned
                             else store.complete(conn, claim, captured.response())
                         )
-                except EndedThenWrote:
+                except EndedThenWrote as error:
                     # The view ended the request's transaction on the psycopg connection and
                     # wrote on in the one psycopg opened next: commit() found the end and
-                    # rolled back what ran after it. Settled as above.
-                    _settle(store, conn, claim, captured)
+                    # rolled back what ran after it. The view's answer was made after those
+                    # writes, which are gone (a 201 may name a row never made): neither sent
+                    # nor stored. The claim stays as the end left it: rolled back (the key is
+                    # free), or committed with the writes before the end and in flight until
+                    # it expires, so that no retry makes those again.
+                    semantics.log_transaction_ended(caller, error)
+                    captured.stored = False
+                    captured.ended = True
                     found = True
                 if not found:
                     # The view ended the transaction on the psycopg connection itself and
