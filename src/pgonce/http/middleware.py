@@ -20,9 +20,10 @@ Guarantees and answers:
 - **mismatch** (same key, another method, path, query or body): 422.
 - **missing or malformed key**: 400. **Request body over** ``max_request_bytes``: 413.
 - **not stored** (the transaction rolls back, the endpoint's writes with it, and the key stays
-  free): the application raised; it answered 5xx (unless the key store keeps server errors); the
-  endpoint never began, i.e. never took the connection (framework validation and authentication
-  failures); the response body exceeded ``max_response_bytes`` (then the client gets a 500
+  free): the application raised; it answered 5xx (unless the key store keeps server errors) or
+  429 (a rate limit refused it: the retry after ``Retry-After`` runs); the endpoint never
+  began, i.e. never took the connection (framework validation and authentication failures); the
+  response body exceeded ``max_response_bytes`` (then the client gets a 500
   problem instead: a response that cannot be replayed must not be given out as if it could; on
   a two-phase route it says that the phases that committed were kept, and a retry with the same
   key resumes after them).

@@ -31,7 +31,8 @@ A replay answers the stored status, the byte-identical body and the stored heade
 
 What is stored: the endpoint's complete response, if the endpoint *began* (it took the claim's
 transaction; framework validation and authentication that refuse a request before the endpoint
-runs are not stored, so the corrected retry runs), the body fits ``max_response_bytes``, and the key
+runs are not stored, so the corrected retry runs), the body fits ``max_response_bytes``, the status
+is not 429 (a rate limit refused the request: the retry after ``Retry-After`` must run), and the key
 store keeps the status (a 5xx is not kept unless the store is configured to). Whatever is not
 stored is rolled back together with the endpoint's writes, and the key stays free.
 """
@@ -103,6 +104,10 @@ _EXPIRES = EXPIRES_HEADER.encode()
 _INERROR = TransactionStatus.INERROR
 #: The status of a connection whose transaction the endpoint ended (see ended_by_endpoint()).
 IDLE = TransactionStatus.IDLE
+
+#: 429 Too Many Requests: a refusal before the work (a rate limit), never stored for replay,
+#: whatever the key store keeps (see :meth:`CapturedResponse.keep`).
+TOO_MANY_REQUESTS = 429
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,10 +397,18 @@ class CapturedResponse:
         """Decide (and remember) whether the response is stored for replays.
 
         Stored only when the endpoint began (framework validation and authentication failures
-        never do), answered completely within the size limit, and the key store keeps the status
-        (``status_kept``: the store's ``stores_status``; a 5xx is not kept unless configured).
+        never do), answered completely within the size limit, the status is not 429, and the key
+        store keeps the status (``status_kept``: the store's ``stores_status``; a 5xx is not
+        kept unless configured). A 429 (a throttle that refused the request, even one that read
+        the database first) is never kept: the work was refused, not done, and the retry after
+        ``Retry-After`` must run it rather than replay the refusal.
         """
-        self.stored = began and self.answered and status_kept(self.status)
+        self.stored = (
+            began
+            and self.status != TOO_MANY_REQUESTS
+            and self.answered
+            and status_kept(self.status)
+        )
         return self.stored
 
     def commits(self, transaction_status: int) -> bool:
