@@ -52,6 +52,7 @@ import hashlib
 import inspect
 import logging
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -161,7 +162,8 @@ class IdempotencyMiddleware:
     required: it names whose key a request carries, so that the same key from two callers never
     meets (:func:`header_scope` makes one from a header). ``routes`` maps path prefixes to the
     methods that need idempotency there (the longest prefix wins; an empty collection turns a
-    route off); other paths use ``methods``.
+    route off); other paths use ``methods``. The prefixes of ``routes`` and ``two_phase`` name
+    paths inside the application, without the ``root_path`` it is mounted under.
     ``require_key`` answers 400 to such a request without a key (else it passes, unprotected).
     ``wait`` lets a duplicate wait that long for the original, then replay; ``None`` answers 409
     at once (see :data:`NO_WAIT`). ``store`` defaults to an :class:`AsyncKeyStore` on
@@ -224,10 +226,22 @@ class IdempotencyMiddleware:
         self.wait = wait if wait is not None else NO_WAIT
         # None: the store's own wait, which it checked once, not at every claim.
         self._claim_wait = None if self.wait == self.store.wait else self.wait
+        #: Whether a prefix written as a full path (root_path included) was reported yet.
+        self._warned_full_path = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rules = self.rules
-        if scope["type"] != "http" or scope["method"] not in rules.methods_for(scope["path"]):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        root_path = scope.get("root_path")
+        if root_path and (rules.routes or rules.two_phase):
+            methods, phased = self._mounted(path, root_path)
+        else:
+            methods = rules.methods_for(path)
+            phased = bool(rules.two_phase) and rules.is_two_phase(path)
+        if scope["method"] not in methods:
             await self.app(scope, receive, send)
             return
         keys, content_type, content_length = _request_headers(scope["headers"])
@@ -251,13 +265,59 @@ class IdempotencyMiddleware:
         body = await self._read_body(receive, send, content_length)
         if body is None:
             return
+        # The full path, root_path included, as every fingerprint stored so far was taken.
         fingerprint = rules.fingerprint(
-            scope["method"], scope["path"], scope.get("query_string", b""), body, content_type
+            scope["method"], path, scope.get("query_string", b""), body, content_type
         )
-        if rules.two_phase and rules.is_two_phase(scope["path"]):
+        if phased:
             await self._handle_phased(scope, receive, send, caller, key, fingerprint, body)
         else:
             await self._handle(scope, receive, send, caller, key, fingerprint, body)
+
+    def _mounted(self, path: str, root_path: str) -> tuple[frozenset[str], bool]:
+        """The methods that need idempotency on a request to an application mounted under
+        ``root_path`` (Starlette's ``Mount``, uvicorn's ``--root-path``), and whether it is served
+        in two-phase mode.
+
+        ``routes`` and ``two_phase`` name paths inside the application, as under the WSGI and
+        Django adapters (``PATH_INFO``): ASGI's ``path`` includes ``root_path``, which is taken
+        off first. A prefix written as the full path still matches when no prefix matches the
+        path inside (deprecated, logged once).
+        """
+        rules = self.rules
+        inside = _inside_path(path, root_path)
+        if inside is None:
+            return rules.methods_for(path), bool(rules.two_phase) and rules.is_two_phase(path)
+        methods = rules.route_methods(inside)
+        if methods is None:
+            methods = rules.route_methods(path)
+            if methods is None:
+                methods = rules.methods
+            else:
+                self._matched_full_path("routes", path, root_path)
+        phased = False
+        if rules.two_phase:
+            phased = rules.is_two_phase(inside)
+            if not phased and rules.is_two_phase(path):
+                phased = True
+                self._matched_full_path("two_phase", path, root_path)
+        return methods, phased
+
+    def _matched_full_path(self, option: str, path: str, root_path: str) -> None:
+        """Say once that a prefix of ``option`` matched only the full path (``root_path``
+        included): deprecated, as prefixes name the path inside the application."""
+        if self._warned_full_path:
+            return
+        self._warned_full_path = True
+        message = (
+            f"IdempotencyMiddleware: a {option} prefix matched the request's full path {path!r}, "
+            f"which includes the root_path {root_path!r} the application is mounted under. "
+            "Prefixes name the path inside the application (as under the WSGI and Django "
+            "adapters): write them without the root_path. Full paths still match when no "
+            "prefix matches the path inside, but will stop matching in a future release"
+        )
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        _log.warning(message)
 
     async def _unscoped(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the application without a claim: the key scope named no caller. An endpoint that
@@ -599,6 +659,19 @@ def _app_scope(scope: Scope, name: str, value: object) -> Scope:
 
 
 _log = logging.getLogger("pgonce.http")
+
+
+def _inside_path(path: str, root_path: str) -> str | None:
+    """``path`` without the ``root_path`` it starts with (``"/"`` for the root itself): the path
+    inside the application; ``None`` when ``path`` is not under ``root_path`` (e.g. a server
+    that leaves ``root_path`` out of ``path``, as the ASGI specification once had it)."""
+    root = root_path.rstrip("/")
+    if not path.startswith(root):
+        return None
+    inside = path[len(root) :]
+    if not inside:
+        return "/"
+    return inside if inside[0] == "/" else None
 
 
 async def _awaited_scope(value: object) -> str | None:

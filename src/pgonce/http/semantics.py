@@ -593,6 +593,14 @@ class IdempotencyRules:
                 return methods
         return self.methods
 
+    def route_methods(self, path: str) -> frozenset[str] | None:
+        """The methods of the ``routes`` entry that matches ``path``; ``None`` when none does
+        (then :meth:`methods_for` is ``methods``)."""
+        for prefix, methods in self.routes:
+            if path == prefix or path.startswith(prefix + "/") or not prefix:
+                return methods
+        return None
+
     def is_two_phase(self, path: str) -> bool:
         """Whether ``path`` is served in two-phase mode (a prefix of ``two_phase`` matches).
 
