@@ -209,13 +209,14 @@ def config_from(args: argparse.Namespace) -> ServiceConfig | None:
     """The configuration file (--config or $PGONCE_CONFIG) as loaded, or None without one.
 
     Its database and retention settings only: the commands that take them never read the
-    sources' secrets, the broker's URL or the admin token, so a job that runs ``pgonce migrate``
-    or ``pgonce sweep`` need not be given them (see :func:`pgonce.service.config.load`).
+    sources' secrets, the broker's URL or the admin token, and run no handler, so a job that runs
+    ``pgonce migrate`` or ``pgonce sweep`` need not be given them nor the application's code (see
+    :func:`pgonce.service.config.load`).
     """
     if getattr(args, "config", None) is not None or os.environ.get("PGONCE_CONFIG"):
         from pgonce.service.config import load
 
-        return load(getattr(args, "config", None), secrets=False)
+        return load(getattr(args, "config", None), secrets=False, handlers=False)
     return None
 
 

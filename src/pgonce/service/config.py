@@ -210,12 +210,21 @@ class ServiceConfig:
 class _Problems:
     """Collects every problem of a configuration, so that all are reported at once."""
 
-    def __init__(self, origin: str, environ: Mapping[str, str], *, secrets: bool = True) -> None:
+    def __init__(
+        self,
+        origin: str,
+        environ: Mapping[str, str],
+        *,
+        secrets: bool = True,
+        handlers: bool = True,
+    ) -> None:
         self.origin = origin
         #: Where env:NAME references are looked up.
         self.environ = environ
         #: False: a reference to a variable that is not set is no problem (see load()).
         self.secrets = secrets
+        #: False: "module:function" references are checked for their form, not imported.
+        self.handlers = handlers
         self.items: list[str] = []
         #: The keys ``PGONCE__...`` variables set (by the variable's name), and the file's keys.
         self.overrides: dict[str, str] = {}
@@ -449,6 +458,8 @@ def _import_handler(spec: str, key: str, problems: _Problems) -> Handler | None:
     if not sep or not module_name or not attribute:
         problems.add(key, f"{spec!r} is not of the form module:function")
         return None
+    if not problems.handlers:
+        return None  # a command that runs no handler need not have the application's code
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
@@ -591,7 +602,7 @@ def _source(name: str, section: _Section) -> tuple[SourceConfig | None, Retentio
             (why := _credentials_in(forward)) is not None
         ):
             problems.add(section.key("forward"), why)
-        elif problems.secrets:  # a command that builds no source need not forward (core only)
+        elif problems.secrets and problems.handlers:  # nor need a command that runs none
             handler = problems.check(section.key("forward"), lambda: _forward_to(forward))
     key_pointer = section.optional_text("ordering_key")
     version_pointer = section.optional_text("ordering_version")
@@ -748,7 +759,11 @@ def _unless_env(environ: Mapping[str, str], name: str, value: T | None) -> T | N
 
 
 def load(
-    path: Path | None = None, environ: Mapping[str, str] | None = None, *, secrets: bool = True
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    secrets: bool = True,
+    handlers: bool = True,
 ) -> ServiceConfig:
     """Read the configuration; raise :class:`ConfigError` listing every problem found.
 
@@ -758,12 +773,17 @@ def load(
     to a variable that is not set is then no problem, the sources are left out of ``sources``
     (their retention is in ``source_retention``) and the outbox's URL is empty; the DSN is still
     read, and everything else is checked as ``pgonce serve`` checks it.
+
+    ``handlers=False`` is for the commands that run no handler and no completer operation (the
+    ones above, and ``send``, which only signs): an operator's machine need not have the
+    application's code. The ``module:function`` references are checked for their form only, and
+    left out (no source has a handler; ``completer`` is None).
     """
     env = os.environ if environ is None else environ
     if path is None and env.get("PGONCE_CONFIG"):
         path = Path(env["PGONCE_CONFIG"])
     origin = str(path) if path else "environment"
-    problems = _Problems(origin, env, secrets=secrets)
+    problems = _Problems(origin, env, secrets=secrets, handlers=handlers)
     data: dict[str, Any] = {}
     if path is not None:
         try:
