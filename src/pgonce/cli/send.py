@@ -76,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
 
     config = load(args.config, handlers=False)  # it signs: the handlers' code is not needed
     source = next((s.source for s in config.sources if s.source.name == args.source), None)
+    if source is None and not config.sources and config.origin == "environment":
+        raise ConfigError(
+            f"no source {args.source!r}: no configuration file was given (--config or "
+            "$PGONCE_CONFIG) and the environment configures no source"
+        )
     if source is None:
         known = ", ".join(s.source.name for s in config.sources) or "none"
         raise ConfigError(f"no source {args.source!r} in {config.origin} (configured: {known})")
