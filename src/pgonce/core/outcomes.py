@@ -309,6 +309,27 @@ def replay(response: Response, claimed_at: datetime, completed_at: datetime) -> 
     return made
 
 
+def stored_replay(
+    status: int | None,
+    headers: tuple[Header, ...],
+    body: bytes,
+    claimed_at: datetime,
+    completed_at: datetime,
+) -> Replay:
+    """``replay(_checked_response(status, headers, body), claimed_at, completed_at)`` in one call:
+    the key store's replay of a stored response whose values it checked (see wire.replayed())."""
+    response: Response = _new(Response)
+    _response_status(response, status)
+    _response_headers(response, headers)
+    _response_body(response, body)
+    made: Replay = _new(Replay)
+    _replay_response(made, response)
+    _replay_claimed_at(made, claimed_at)
+    _replay_completed_at(made, completed_at)
+    _replay_kind(made, "replay")
+    return made
+
+
 def _checked_response(status: int | None, headers: tuple[Header, ...], body: bytes) -> Response:
     """``Response(status, headers, body)`` for values that already pass its checks (an int or
     None; a tuple of (str, str) tuples; bytes), made without running them again."""
@@ -319,14 +340,19 @@ def _checked_response(status: int | None, headers: tuple[Header, ...], body: byt
     return made
 
 
+#: At most 4 UTF-8 bytes a character: a scope or key up to this many characters needs no encoding
+#: to be known within MAX_KEY_BYTES (a module constant: ``MAX_KEY_BYTES // 4`` at each use is a
+#: division per check).
+QUICK_KEY_CHARS = MAX_KEY_BYTES // 4
+
+
 def validate_key(scope: str, key: str) -> None:
     """Raise :class:`UsageError` for a scope or key PostgreSQL cannot store or pgonce refuses."""
     if (
         type(scope) is str
         and type(key) is str
-        # At most 4 UTF-8 bytes a character: up to a quarter of the limit needs no encoding.
-        and 0 < len(scope) <= MAX_KEY_BYTES // 4
-        and 0 < len(key) <= MAX_KEY_BYTES // 4
+        and 0 < len(scope) <= QUICK_KEY_CHARS
+        and 0 < len(key) <= QUICK_KEY_CHARS
         and "\x00" not in scope
         and "\x00" not in key
     ):

@@ -63,7 +63,7 @@ from psycopg.adapt import Transformer
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Ready, Wait
 
-from pgonce.core.outcomes import ClaimRow, Replay, _checked_response, _str_pairs, replay
+from pgonce.core.outcomes import ClaimRow, Replay, _str_pairs, stored_replay
 
 log = logging.getLogger("pgonce.store")
 
@@ -233,6 +233,8 @@ def begin_statement(conn: psycopg.BaseConnection[Any]) -> Statement:
     if _PLAIN.get(type(conn)) or _plain(type(conn)):
         # psycopg's own properties, which return these attributes: three Python calls fewer
         # for every transaction the store opens.
+        if conn._isolation_level is None and conn._read_only is None and conn._deferrable is None:
+            return _PLAIN_BEGIN  # the default settings: no tuple made, hashed and looked up
         settings = (conn._isolation_level, conn._read_only, conn._deferrable)
     else:
         settings = (conn.isolation_level, conn.read_only, conn.deferrable)
@@ -292,6 +294,8 @@ def _simple(sql: bytes) -> Statement:
 
 
 COMMIT = _simple(b"COMMIT")
+#: What begin_statement() gives a connection with psycopg's default transaction settings.
+_PLAIN_BEGIN = _simple(b"BEGIN")
 ROLLBACK = _simple(b"ROLLBACK")
 
 # once()'s savepoint in the caller's transaction, never prepared: the SAVEPOINT runs before
@@ -1130,11 +1134,10 @@ def replayed(stored: PGresult, encoding: str, fingerprint: bytes) -> Replay | No
     status, body, claimed = value(0, 3), value(0, 5), value(0, 1)
     if type(body) is not bytes or claimed is None:
         return None
-    response = _checked_response(
-        None if status is None else int.from_bytes(status, "big", signed=True), known, body
-    )
-    return replay(
-        response,
+    return stored_replay(
+        None if status is None else int.from_bytes(status, "big", signed=True),
+        known,
+        body,
         _EPOCH + _MICROSECOND * _INT64(claimed)[0],
         _EPOCH + _MICROSECOND * _INT64(completed_at)[0],
     )

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
@@ -31,6 +31,7 @@ from pgonce.config import (
 from pgonce.core.checks import check_bool, check_connection
 from pgonce.core.fingerprint import FINGERPRINT_SIZE
 from pgonce.core.outcomes import (
+    QUICK_KEY_CHARS,
     Claim,
     InFlight,
     Replay,
@@ -55,7 +56,6 @@ from pgonce.store.common import (
     check_writes,
     claim_row,
     complete_claimed,
-    hold,
     outside_blocks,
     require_free_transaction,
 )
@@ -232,7 +232,15 @@ class AsyncKeyStore:
         # The checks' own tests first, so that the common case makes no call for them.
         if not isinstance(conn, AsyncConnection):
             check_connection(conn, AsyncConnection, self)
-        validate_key(scope, key)
+        if not (  # validate_key()'s common case, without its call
+            type(scope) is str
+            and type(key) is str
+            and 0 < len(scope) <= QUICK_KEY_CHARS
+            and 0 < len(key) <= QUICK_KEY_CHARS
+            and "\x00" not in scope
+            and "\x00" not in key
+        ):
+            validate_key(scope, key)
         if type(fingerprint) is not bytes or len(fingerprint) != FINGERPRINT_SIZE:
             validate_fingerprint(fingerprint)
         if wait is None:
@@ -338,7 +346,9 @@ class AsyncKeyStore:
             end = (_COMMIT,)
         if not self._named or wire._naming.crossed:  # wire.statements_crossed(), written out
             self._check_pooled(conn)
-        encoding = wire.encoding(conn)
+        encoding: str = pgconn._encoding  # wire.encoding(conn), written out
+        if encoding == "ascii":
+            encoding = "utf-8"
         try:
             scope_param, key_param = scope.encode(encoding), key.encode(encoding)
         except UnicodeEncodeError as error:
@@ -366,7 +376,8 @@ class AsyncKeyStore:
                 results = await async_round_trip(
                     conn, claim, named=self._named, always=self._always
                 )
-                if failed := wire.failure(conn, results):
+                # wire.failure(), called only where its first test would not pass.
+                if results[-1].status in _FAILED and (failed := wire.failure(conn, results)):
                     raise failed[1]
                 inserted = results[-1]
                 if inserted.ntuples == 1:  # the INSERT returned the row: this caller won
@@ -379,7 +390,8 @@ class AsyncKeyStore:
                     named=self._named,
                     always=self._always,
                 )
-                if failed := wire.failure(conn, results):
+                # wire.failure(), called only where its first test would not pass.
+                if results[-1].status in _FAILED and (failed := wire.failure(conn, results)):
                     raise failed[1]
                 break
             except BaseException as error:
@@ -495,7 +507,15 @@ class AsyncKeyStore:
                 commands.append((self._complete_guarded, (*completion, claim.row)))
                 guarded = True
             commands.append((wire.RELEASE, wire.NO_PARAMS) if joined else _COMMIT)
-        results = await self._finish(conn, commands, joined=joined, owned=guarded)
+        # _finish(), written out: one coroutine fewer between the block and its round trip.
+        try:
+            results = await async_round_trip(conn, commands, named=self._named, always=self._always)
+        except BaseException:
+            await (leave_quietly if joined else rollback_quietly)(conn)
+            with translate_caller_errors("completing a key"):
+                raise
+        if results[-1].status in _FAILED and (failed := wire.failure(conn, results)):
+            await self._failed(conn, commands, failed, joined=joined, owned=guarded)
         # The completion's answer, just before COMMIT's (or RELEASE's).
         return completing and results[-2].command_tuples == 1
 
@@ -514,38 +534,49 @@ class AsyncKeyStore:
         writes (a deferred constraint, a serialization failure); the completion's, or COMMIT's
         otherwise, as a pgonce error. ``owned``: the completion before COMMIT is
         _complete_guarded, whose guard's failure is raised as :data:`_ENDED_THEN_WROTE`."""
-        undo = leave_quietly if joined else rollback_quietly
         try:
             results = await async_round_trip(conn, commands, named=self._named, always=self._always)
-            failed = wire.failure(conn, results)
         except BaseException:
-            await undo(conn)
+            await (leave_quietly if joined else rollback_quietly)(conn)
             with translate_caller_errors("completing a key"):
                 raise
-        if failed:
-            await undo(conn)
-            index, error = failed
-            if joined and isinstance(error, psycopg.errors.InvalidSavepointSpecification):
-                raise UsageError(_SAVEPOINT_GONE) from error
-            if (
-                owned
-                and index == len(commands) - 2
-                and isinstance(error, psycopg.errors.DivisionByZero)
-            ):
-                raise EndedThenWrote(_ENDED_THEN_WROTE) from error
-            if (forget := wire.stale_plan(conn, commands[index][0], error)) is not None:
-                # A caller's statement whose result type changed since it was prepared here
-                # (an ALTER TABLE elsewhere, RETURNING *) fails so at every run: prepared anew
-                # at the next one.
-                with contextlib.suppress(psycopg.Error):
-                    await async_round_trip(conn, (forget,), named=False)
-            if index < len(commands) - 2 or (
-                index == len(commands) - 1 and isinstance(error, _REFUSED_AT_COMMIT)
-            ):
-                raise error  # one of the caller's writes, or what COMMIT found wrong in them
-            with translate_caller_errors("completing a key"):
-                raise error
+        if results[-1].status in _FAILED and (failed := wire.failure(conn, results)):
+            await self._failed(conn, commands, failed, joined=joined, owned=owned)
         return results
+
+    async def _failed(
+        self,
+        conn: AsyncConnection[Row],
+        commands: list[Command],
+        failed: tuple[int, psycopg.Error],
+        *,
+        joined: bool,
+        owned: bool,
+    ) -> NoReturn:
+        """_finish()'s answer to a batch in which ``failed`` (the index and error of the first
+        command that failed): roll back, and raise what _finish() says."""
+        await (leave_quietly if joined else rollback_quietly)(conn)
+        index, error = failed
+        if joined and isinstance(error, psycopg.errors.InvalidSavepointSpecification):
+            raise UsageError(_SAVEPOINT_GONE) from error
+        if (
+            owned
+            and index == len(commands) - 2
+            and isinstance(error, psycopg.errors.DivisionByZero)
+        ):
+            raise EndedThenWrote(_ENDED_THEN_WROTE) from error
+        if (forget := wire.stale_plan(conn, commands[index][0], error)) is not None:
+            # A caller's statement whose result type changed since it was prepared here
+            # (an ALTER TABLE elsewhere, RETURNING *) fails so at every run: prepared anew
+            # at the next one.
+            with contextlib.suppress(psycopg.Error):
+                await async_round_trip(conn, (forget,), named=False)
+        if index < len(commands) - 2 or (
+            index == len(commands) - 1 and isinstance(error, _REFUSED_AT_COMMIT)
+        ):
+            raise error  # one of the caller's writes, or what COMMIT found wrong in them
+        with translate_caller_errors("completing a key"):
+            raise error
 
     async def _complete_owned(
         self, conn: AsyncConnection[Row], owned: Owned, headers: bytes, body: bytes
@@ -813,7 +844,9 @@ class AsyncOperation(Generic[Row]):
             if isinstance(claimed, tuple):
                 # _won(), written out: this runs for every fresh key.
                 self._claim = won(scope, key, fingerprint, *wire.claimed(claimed[2]), conn)
-                hold(conn, 1)  # released first thing at the block's end
+                # hold(conn, 1), written out; released first thing at the block's end.
+                if hasattr(conn, "_num_transactions"):
+                    conn._num_transactions += 1
                 self._held = True
             else:
                 self._claim = claimed
@@ -897,7 +930,8 @@ class AsyncOperation(Generic[Row]):
         self._ended = True
         if self._held:
             self._held = False
-            hold(self._conn, -1)
+            if hasattr(conn := self._conn, "_num_transactions"):  # hold(conn, -1), written out
+                conn._num_transactions -= 1
         if self._joined:
             if not isinstance(claim, Won):
                 return None  # the savepoint ended with the claim
@@ -1142,6 +1176,10 @@ _INTRANS = TransactionStatus.INTRANS
 _INERROR = TransactionStatus.INERROR
 _ACTIVE = TransactionStatus.ACTIVE
 _PIPELINE_OFF = psycopg.pq.PipelineStatus.OFF
+# A batch's last result in one of these: a command failed (see wire.failure()).
+_FAILED = frozenset(
+    (int(psycopg.pq.ExecStatus.FATAL_ERROR), int(psycopg.pq.ExecStatus.PIPELINE_ABORTED))
+)
 _CONNECTION_OK = psycopg.pq.ConnStatus.OK
 
 
@@ -1157,17 +1195,21 @@ def _completion_params(
 ) -> tuple[wire.Param, ...]:
     """The completion's parameters but the claim's row: scope and key in the connection's
     encoding now (the work may have changed it), status, headers as stored, body, clock."""
-    encoding = wire.encoding(conn)
+    encoding: str = conn.pgconn._encoding  # wire.encoding(conn), written out
+    if encoding == "ascii":
+        encoding = "utf-8"
     try:
         scope_param, key_param = claim.scope.encode(encoding), claim.key.encode(encoding)
     except UnicodeEncodeError as error:
         raise UsageError(unencodable("completing a key", error)) from error
-    status = stored.status
+    status, headers = stored.status, stored.headers
+    # wire.headers_json()'s first test, without its call: the last response's headers again.
+    last = wire._last_headers[0]
     return (
         scope_param,
         key_param,
         None if status is None else b"%d" % status,  # wire.number(), written out
-        wire.headers_json(stored.headers),
+        last[1] if headers is last[0] else wire.headers_json(headers),
         stored.body,
         None if now is None else wire.timestamp(check_now(now)),
     )
