@@ -296,11 +296,23 @@ class IdempotencyMiddleware:
         )
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        checked = self._check(environ)
-        if checked is None:
+        # The request's key, or an answer to give at once, or the request passed through. (One
+        # method on the path every request takes: each environ entry is looked up once.)
+        rules = self.rules
+        method = environ["REQUEST_METHOD"]
+        path = environ.get("PATH_INFO", "")
+        if not rules.applies(method, path):
             return self.app(environ, start_response)
-        if isinstance(checked, Answer):
-            return _answer(start_response, checked)
+        try:
+            key = rules.joined_key(environ.get("HTTP_IDEMPOTENCY_KEY"))
+        except InvalidIdempotencyKey as error:
+            return _answer(start_response, semantics.invalid_key(error))
+        if key is None:
+            if rules.require_key:
+                return _answer(start_response, semantics.MISSING_KEY)
+            return self.app(environ, start_response)
+        if rules.declared_too_large(environ.get("CONTENT_LENGTH")):
+            return _answer(start_response, rules.request_too_large)
         caller = self.key_scope(environ)
         if caller is None:
             return self._unscoped(environ, start_response)
@@ -309,34 +321,19 @@ class IdempotencyMiddleware:
         except _IncompleteBody as cut:
             return _answer(start_response, cut.answer)
         if body is None:
-            return _answer(start_response, self.rules.request_too_large)
-        fingerprint = self.rules.fingerprint(
-            environ["REQUEST_METHOD"],
-            environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""),
+            return _answer(start_response, rules.request_too_large)
+        fingerprint = rules.fingerprint(
+            method,
+            environ.get("SCRIPT_NAME", "") + path,
             environ.get("QUERY_STRING", "").encode("latin-1"),
             body,
             environ.get("CONTENT_TYPE"),
         )
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
-        if self.rules.two_phase and self.rules.is_two_phase(environ.get("PATH_INFO", "")):
-            return self._handle_phased(environ, start_response, caller, checked, fingerprint)
-        return self._handle(environ, start_response, caller, checked, fingerprint)
-
-    def _check(self, environ: Environ) -> str | Answer | None:
-        """The request's key; an answer to give at once; ``None``: pass the request through."""
-        rules = self.rules
-        if not rules.applies(environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")):
-            return None
-        try:
-            key = rules.joined_key(environ.get("HTTP_IDEMPOTENCY_KEY"))
-        except InvalidIdempotencyKey as error:
-            return semantics.invalid_key(error)
-        if key is None:
-            return semantics.MISSING_KEY if rules.require_key else None
-        if rules.declared_too_large(environ.get("CONTENT_LENGTH")):
-            return rules.request_too_large
-        return key
+        if rules.two_phase and rules.is_two_phase(path):
+            return self._handle_phased(environ, start_response, caller, key, fingerprint)
+        return self._handle(environ, start_response, caller, key, fingerprint)
 
     def _read_body(self, environ: Environ) -> bytes | None:
         """The whole request body; ``None`` when it exceeds ``max_request_bytes``.
@@ -352,7 +349,7 @@ class IdempotencyMiddleware:
         stream = environ["wsgi.input"]
         declared = environ.get("CONTENT_LENGTH")
         if declared and declared.isascii() and declared.isdigit():
-            # Not over max_request_bytes: _check() answered 413 to a declared size over it.
+            # Not over max_request_bytes: __call__() answered 413 to a declared size over it.
             body: bytes = stream.read(size := int(declared))
             if len(body) == size:
                 return body
@@ -453,6 +450,8 @@ class IdempotencyMiddleware:
             return _answer(start_response, semantics.unavailable(self.store.retry_after))
         # After the commit (or the rollback): the client never sees an answer that did not
         # commit.
+        if captured is not None:
+            return self._give(start_response, captured, claim)  # type: ignore[arg-type]
         return self._reply(start_response, captured, claim)
 
     def _reply(
