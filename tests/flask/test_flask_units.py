@@ -124,7 +124,9 @@ def test_a_bare_wsgi_app_with_write_and_close_is_captured_whole(
             "HTTP_IDEMPOTENCY_KEY": "job-1",
             "wsgi.input": io.BytesIO(b"{}"),
         }
-        body = b"".join(wrapped(environ, start_response))
+        result = wrapped(environ, start_response)
+        body = b"".join(result)
+        getattr(result, "close", lambda: None)()  # as a PEP 3333 server does, after sending
         answers.append((seen["status"], body, seen["headers"]))
     (status, body, headers), (status2, body2, headers2) = answers
     assert (status, body) == (status2, body2) == ("202 Accepted", b"head-tail")
