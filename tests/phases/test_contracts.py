@@ -82,6 +82,22 @@ def test_the_completer_counts_an_answer_it_could_not_store_as_failed(
     assert done.errors == ["t/k: not stored: answered 503"]
 
 
+@pytest.mark.parametrize("store_server_errors", [False, True])
+def test_a_provider_429_is_never_stored_and_the_next_pass_runs_again(
+    db: psycopg.Connection[Any], store_server_errors: bool
+) -> None:
+    # A rate limit is "not now": kept, it would answer every retry with it for the key's life.
+    store = PhaseStore(store_server_errors=store_server_errors)
+    store.start(db, "t", "k", FP, operation="pay", now=at(0))
+    limited = store.complete(db, {"pay": lambda op: Response(429, (), b"slow down")}, now=at(120))
+    assert (limited.finished, limited.failed) == (0, 1)
+    assert limited.errors == ["t/k: not stored: answered 429"]
+    assert one(db, "SELECT response_status FROM pgonce.keys WHERE key = 'k'") is None
+    paid = store.complete(db, {"pay": lambda op: Response(201, (), b"paid")}, now=at(240))
+    assert (paid.finished, paid.failed) == (1, 0)
+    assert one(db, "SELECT response_status FROM pgonce.keys WHERE key = 'k'") == 201
+
+
 async def test_the_completer_loop_outlives_a_pool_timeout(
     dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:

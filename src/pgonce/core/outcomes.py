@@ -21,6 +21,10 @@ MAX_KEY_BYTES = 512
 
 Header = tuple[str, str]
 
+#: 429 Too Many Requests: a refusal before the work (a rate limit, a provider's "not now"),
+#: never stored for replay, whatever else is kept: the retry after Retry-After must run.
+TOO_MANY_REQUESTS = 429
+
 
 @dataclass(frozen=True, slots=True, init=False)
 class Response:

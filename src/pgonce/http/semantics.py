@@ -51,7 +51,7 @@ from typing import Generic, TypeVar
 from psycopg.pq import TransactionStatus
 
 from pgonce.core.checks import describe
-from pgonce.core.outcomes import InFlight, Replay, Response, Won
+from pgonce.core.outcomes import TOO_MANY_REQUESTS, InFlight, Replay, Response, Won
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import InvalidIdempotencyKey, UsageError
 from pgonce.http.keys import key_of, parse_key
@@ -104,10 +104,6 @@ _EXPIRES = EXPIRES_HEADER.encode()
 _INERROR = TransactionStatus.INERROR
 #: The status of a connection whose transaction the endpoint ended (see ended_by_endpoint()).
 IDLE = TransactionStatus.IDLE
-
-#: 429 Too Many Requests: a refusal before the work (a rate limit), never stored for replay,
-#: whatever the key store keeps (see :meth:`CapturedResponse.keep`).
-TOO_MANY_REQUESTS = 429
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from pgonce.core.leases import (
 )
 from pgonce.core.outage import FailureRun
 from pgonce.core.outcomes import (
+    TOO_MANY_REQUESTS,
     Claim,
     ClaimRow,
     InFlight,
@@ -151,12 +152,22 @@ class AsyncPhaseStore:
         self._wait_ms = str(wait_ms)
 
     def stores(self, response: Response) -> bool:
-        """Whether ``response`` is kept for replays (a 5xx is not, unless configured)."""
+        """Whether ``response`` is kept for replays (a 5xx is not, unless configured; a 429
+        never is)."""
         return self.stores_status(response.status)
 
     def stores_status(self, status: int | None) -> bool:
-        """Whether a response with ``status`` is kept for replays."""
-        return status is None or status < 500 or self.store_server_errors
+        """Whether a response with ``status`` is kept for replays.
+
+        A 429 never is: the provider (or a rate limiter) refused the work for now, and a kept
+        429 would answer every retry with it for as long as the key is kept; as a 5xx, the
+        lease ends and the next retry (or completer pass) resumes from the recovery point.
+        """
+        if status is None:
+            return True
+        if status < 500:
+            return status != TOO_MANY_REQUESTS
+        return self.store_server_errors
 
     async def start(
         self,
