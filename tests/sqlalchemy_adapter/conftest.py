@@ -29,6 +29,22 @@ async def async_engine(engine: Engine, dsn: str) -> AsyncIterator[AsyncEngine]:
     await async_engine.dispose()
 
 
+@pytest.fixture
+def other(engine: Engine, dsn: str) -> Iterator[Engine]:
+    """A second engine on the same database (``engine`` made the tables)."""
+    other = create_engine(sqlalchemy_url(dsn))
+    yield other
+    other.dispose()
+
+
+@pytest.fixture
+async def async_other(async_engine: AsyncEngine, dsn: str) -> AsyncIterator[AsyncEngine]:
+    """A second async engine on the same database."""
+    other = create_async_engine(sqlalchemy_url(dsn))
+    yield other
+    await other.dispose()
+
+
 def stored(dsn: str) -> tuple[list[str], list[tuple[str, int | None]]]:
     """(the orders' keys, each stored key with its response status), as another connection
     sees them."""

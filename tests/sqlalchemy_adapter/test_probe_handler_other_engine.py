@@ -9,16 +9,13 @@ event commits unless it is marked done with it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-
 import psycopg
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
-    create_async_engine,
 )
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,26 +23,11 @@ from pgonce.contrib.sqlalchemy import inbox_handler, process_batch
 from pgonce.core.inbox import InboxEvent
 from pgonce.webhooks.worker import InboxWorker
 from tests.inbox.conftest import SCHEMA, source
-from tests.keys.helpers import sqlalchemy_url
 from tests.sqlalchemy_adapter.models import Order
 from tests.sqlalchemy_adapter.test_inbox import T0, deliver, orders
 from tests.sqlalchemy_adapter.test_inbox_sync import POLICY, inbox
 
 REFUSED = "UsageError"
-
-
-@pytest.fixture
-def other(engine: Engine, dsn: str) -> Iterator[Engine]:
-    other = create_engine(sqlalchemy_url(dsn))
-    yield other
-    other.dispose()
-
-
-@pytest.fixture
-async def async_other(async_engine: AsyncEngine, dsn: str) -> AsyncIterator[AsyncEngine]:
-    other = create_async_engine(sqlalchemy_url(dsn))
-    yield other
-    await other.dispose()
 
 
 def last_error(dsn: str, event_id: str) -> str:

@@ -7,34 +7,17 @@ commits; a session on one engine commits both as before.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-
 import psycopg
 import pytest
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from pgonce.contrib.sqlalchemy import async_enqueue, enqueue
 from pgonce.errors import UsageError
-from tests.keys.helpers import sqlalchemy_url
 from tests.sqlalchemy_adapter.models import Order
 
 REFUSED = "enqueued outbox events and wrote on another connection"
-
-
-@pytest.fixture
-def other(engine: Engine, dsn: str) -> Iterator[Engine]:
-    other = create_engine(sqlalchemy_url(dsn))
-    yield other
-    other.dispose()
-
-
-@pytest.fixture
-async def async_other(async_engine: AsyncEngine, dsn: str) -> AsyncIterator[AsyncEngine]:
-    other = create_async_engine(sqlalchemy_url(dsn))
-    yield other
-    await other.dispose()
 
 
 def committed(dsn: str) -> tuple[list[str], int]:

@@ -8,38 +8,20 @@ reads through the other engine (a replica, say) goes on as usual.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-
 import pytest
-from sqlalchemy import Engine, create_engine, insert, select, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy import Engine, insert, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from pgonce import Response, fingerprint
 from pgonce.contrib.sqlalchemy import async_once, once
 from pgonce.errors import UsageError
-from tests.keys.helpers import sqlalchemy_url
 from tests.sqlalchemy_adapter.conftest import stored
 from tests.sqlalchemy_adapter.models import Order
 
 FP = fingerprint("POST", "/orders", b"{}")
 CREATED = Response(201, body=b"created")
 REFUSED = "connection other than the claim's"
-
-
-@pytest.fixture
-def other(engine: Engine, dsn: str) -> Iterator[Engine]:
-    """A second engine on the same database (``engine`` made the tables)."""
-    other = create_engine(sqlalchemy_url(dsn))
-    yield other
-    other.dispose()
-
-
-@pytest.fixture
-async def async_other(async_engine: AsyncEngine, dsn: str) -> AsyncIterator[AsyncEngine]:
-    other = create_async_engine(sqlalchemy_url(dsn))
-    yield other
-    await other.dispose()
 
 
 def test_orm_writes_through_another_engine_are_refused_and_nothing_commits(
