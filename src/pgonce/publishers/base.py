@@ -14,14 +14,17 @@ record key or a header) means writing one class with :meth:`Publisher.publish` a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from pgonce.core.outbox import OutboxMessage
-from pgonce.errors import ConfigError
+from pgonce.errors import BrokerUnavailable, ConfigError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,3 +187,53 @@ def url_origin(url: str) -> str:
         return "an invalid URL"
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
+class SharedConnect(Generic[T]):
+    """One connect in progress at a time, shared by the relay's concurrent batch loops: every
+    batch without a connection waits for the same one, and when it fails they all fail with it,
+    at once (each used to wait its turn and then its own connect timeout).
+
+    The connect runs in a task of its own, awaited through :func:`asyncio.wait`, never directly:
+    a batch cancelled at a stop returns at once and leaves the connect to the others. (Awaited
+    directly, a cancel could be lost: a client that connects inside ``asyncio.wait_for()``
+    returns, on Python 3.11, the result of a connect that completed while its caller was being
+    cancelled.) :meth:`cancel` -- the publisher's ``close()`` -- is what cancels the connect.
+    """
+
+    __slots__ = ("_broker", "_task")
+
+    def __init__(self, broker: str) -> None:
+        self._broker = broker
+        self._task: asyncio.Task[T] | None = None
+
+    async def wait(self, connect: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """The result of the connect in progress, or of ``connect()`` started now."""
+        task = self._task
+        if task is None or task.done():
+            task = self._task = asyncio.create_task(connect())
+            task.add_done_callback(self._done)
+        await asyncio.wait({task})
+        if task.cancelled():
+            raise BrokerUnavailable(f"{self._broker}: the publisher was closed while it connected")
+        error = task.exception()
+        if isinstance(error, BrokerUnavailable):
+            # One of its own for each batch: they are raised at once, in as many tasks.
+            raise BrokerUnavailable(str(error)) from error.__cause__
+        if error is not None:
+            raise error
+        return task.result()
+
+    def cancel(self) -> None:
+        """Cancel the connect in progress, if any; it keeps no connection (the publisher sees
+        to that)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
+    def _done(self, task: asyncio.Task[T]) -> None:
+        if self._task is task:
+            self._task = None
+        if not task.cancelled():
+            # Said by the batches that waited for it, if any did.
+            task.exception()

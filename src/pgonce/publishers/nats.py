@@ -43,6 +43,7 @@ from pgonce.extras import needs
 from pgonce.publishers.base import (
     PublishResult,
     Routing,
+    SharedConnect,
     body,
     by_aggregatetype,
     check_timeout,
@@ -229,7 +230,7 @@ class NatsPublisher:
         self.ack_timeout = ack_timeout
         self._connection: _Connection | None = None
         #: The connect in progress, which every batch without a connection waits for.
-        self._opening: asyncio.Task[_Connection] | None = None
+        self._opening = SharedConnect[_Connection]("NATS")
         #: Counts the closes: a connect that finishes after one keeps no connection.
         self._closes = 0
 
@@ -252,38 +253,11 @@ class NatsPublisher:
         return await self._wait_for_connect()
 
     async def _wait_for_connect(self) -> _Connection:
-        """The connection of the connect in progress, or of a new one.
-
-        The relay's concurrent batch loops share this publisher: one connect serves every batch
-        without a connection. It runs in a task of its own, awaited through
-        :func:`asyncio.wait`: a batch cancelled at a stop returns at once. Awaited directly,
-        the cancel could be lost -- nats-py makes its TCP connection inside
-        ``asyncio.wait_for()``, which on Python 3.11 returns the result of a connect that
-        completed while its caller was being cancelled, and the stop then waited for the
-        connect timeout against a server that accepts and does not answer.
-        """
-        opening = self._opening
-        if opening is None or opening.done():
-            opening = self._opening = asyncio.create_task(self._reopen())
-            opening.add_done_callback(self._opened)
-        # Not awaited directly (see above); close() is what cancels the connect.
-        await asyncio.wait({opening})
-        if opening.cancelled():
-            raise BrokerUnavailable("NATS: the publisher was closed while it connected")
-        error = opening.exception()
-        if isinstance(error, BrokerUnavailable):
-            # One of its own for each batch: they are raised at once, in as many tasks.
-            raise BrokerUnavailable(str(error)) from error.__cause__
-        if error is not None:
-            raise error
-        return opening.result()
-
-    def _opened(self, opening: asyncio.Task[_Connection]) -> None:
-        if self._opening is opening:
-            self._opening = None
-        if not opening.cancelled():
-            # Said by the batches that waited for it, if any did.
-            opening.exception()
+        """The connection of the connect in progress, or of a new one (:class:`SharedConnect`:
+        nats-py makes its TCP connection inside ``asyncio.wait_for()``, which on Python 3.11
+        could otherwise lose a stop's cancel, which then waited for the connect timeout against
+        a server that accepts and does not answer)."""
+        return await self._opening.wait(self._reopen)
 
     async def _reopen(self) -> _Connection:
         closes = self._closes
@@ -445,9 +419,7 @@ class NatsPublisher:
         """Close the connection; a connect in progress is cancelled, not waited for (the relay's
         stop must not wait for a server that does not answer), and keeps no connection."""
         self._closes += 1
-        opening, self._opening = self._opening, None
-        if opening is not None:
-            opening.cancel()
+        self._opening.cancel()
         await self._forget()
 
     async def _forget(self) -> None:

@@ -38,6 +38,7 @@ from pgonce.extras import needs
 from pgonce.publishers.base import (
     PublishResult,
     Routing,
+    SharedConnect,
     body,
     by_aggregatetype,
     check_timeout,
@@ -155,7 +156,7 @@ class RabbitMQPublisher:
         self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
         #: The connect in progress, which every batch without a connection waits for.
-        self._opening: asyncio.Task[_Link] | None = None
+        self._opening = SharedConnect[_Link]("RabbitMQ")
         #: Counts the closes: a connect that finishes after one keeps no connection.
         self._closes = 0
 
@@ -190,37 +191,13 @@ class RabbitMQPublisher:
         return await self._wait_for_connect()
 
     async def _wait_for_connect(self) -> _Link:
-        """The link of the connect in progress, or of a new one.
+        """The link of the connect in progress, or of a new one (:class:`SharedConnect`).
 
-        The relay's concurrent batch loops share this publisher: one connect serves every batch
-        without a connection, and when it fails they all fail with it, at once (each used to
-        wait its turn and then its own connect timeout). Each batch keeps the connection it got:
+        Each batch keeps the connection it got:
         a broker cut seen by another batch must neither leave it without one nor make it close
         the connection made since.
         """
-        opening = self._opening
-        if opening is None or opening.done():
-            opening = self._opening = asyncio.create_task(self._open())
-            opening.add_done_callback(self._opened)
-        # Not awaited directly: a batch cancelled (at a stop) leaves the connect to the others;
-        # close() is what cancels it.
-        await asyncio.wait({opening})
-        if opening.cancelled():
-            raise BrokerUnavailable("RabbitMQ: the publisher was closed while it connected")
-        error = opening.exception()
-        if isinstance(error, BrokerUnavailable):
-            # One of its own for each batch: they are raised at once, in as many tasks.
-            raise BrokerUnavailable(str(error)) from error.__cause__
-        if error is not None:
-            raise error
-        return opening.result()
-
-    def _opened(self, opening: asyncio.Task[_Link]) -> None:
-        if self._opening is opening:
-            self._opening = None
-        if not opening.cancelled():
-            # Said by the batches that waited for it, if any did.
-            opening.exception()
+        return await self._opening.wait(self._open)
 
     async def _open(self) -> _Link:
         """Connect, open the confirm-mode channel and find the exchange, within
@@ -522,9 +499,7 @@ class RabbitMQPublisher:
         """Close the connection; a connect in progress is cancelled, not waited for (the relay's
         stop must not wait for a broker that does not answer), and keeps no connection."""
         self._closes += 1
-        opening, self._opening = self._opening, None
-        if opening is not None:
-            opening.cancel()
+        self._opening.cancel()
         await self._forget()
 
     async def _forget(self) -> None:
