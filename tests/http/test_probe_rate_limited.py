@@ -21,6 +21,7 @@ from examples.payments import app as payments
 from pgonce.http import idempotent_transaction
 from tests.http.app import Tx, insert_payment, middleware_options
 from tests.http.conftest import ServerFactory, servers_of
+from tests.http.test_probe_starlette_edges import payments_count
 
 APP = (
     sys.executable,
@@ -55,12 +56,6 @@ def create_app() -> FastAPI:
 def make_app(dsn: str, tmp_path: Path) -> Iterator[ServerFactory]:
     with servers_of(dsn, tmp_path, APP) as make:
         yield make
-
-
-def payments_count(db: psycopg.Connection[Any]) -> int:
-    row = db.execute("SELECT count(*) FROM payments").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 @pytest.mark.parametrize("store_server_errors", [False, True])
