@@ -886,7 +886,7 @@ def _fresh_trips(store: AsyncKeyStore) -> Trips:
             (_BEGIN, wire.NO_PARAMS),
             (store._claim_insert, (scope, key, FP, None, wait)),
         ]
-        row = wire.row(claimed[1])
+        row, _ = wire.row(claimed[1])
         yield [
             (insert, (key,)),
             (store._complete_claimed, (scope, key, b"201", headers, BODY, None, row)),

@@ -214,7 +214,9 @@ class Won:
     """This caller holds the claim: do the work, then complete with the response.
 
     ``row`` is where a claim of ``begin()`` put its row (the ctid, valid in that transaction
-    only), by which ``commit()`` completes it; not part of the value, and None from ``claim()``.
+    only), by which ``commit()`` completes it, and ``xact`` the id of that transaction, by which
+    ``commit()`` knows it is still the one open; neither is part of the value, and both are None
+    from ``claim()``.
     ``conn`` is the connection whose transaction holds the claim (of ``claim()`` or
     ``begin()``): ``complete()``, ``release()`` and ``commit()`` refuse the claim on any other
     connection, whose transaction cannot see its row. Not part of the value either.
@@ -226,6 +228,7 @@ class Won:
     claimed_at: datetime
     kind: Literal["won"] = field(default="won", init=False)
     row: bytes | None = field(default=None, repr=False, compare=False)
+    xact: bytes | None = field(default=None, repr=False, compare=False)
     conn: object = field(default=None, repr=False, compare=False)
 
 
@@ -273,6 +276,7 @@ _won_fingerprint = _slot(Won, "fingerprint")
 _won_claimed_at = _slot(Won, "claimed_at")
 _won_kind = _slot(Won, "kind")
 _won_row = _slot(Won, "row")
+_won_xact = _slot(Won, "xact")
 _won_conn = _slot(Won, "conn")
 _replay_response = _slot(Replay, "response")
 _replay_claimed_at = _slot(Replay, "claimed_at")
@@ -289,9 +293,10 @@ def won(
     fingerprint: bytes,
     claimed_at: datetime,
     row: bytes | None = None,
+    xact: bytes | None = None,
     conn: object = None,
 ) -> Won:
-    """``Won(scope, key, fingerprint, claimed_at, row=row)``, made faster."""
+    """``Won(scope, key, fingerprint, claimed_at, row=row, xact=xact)``, made faster."""
     made: Won = _new(Won)
     _won_scope(made, scope)
     _won_key(made, key)
@@ -299,6 +304,7 @@ def won(
     _won_claimed_at(made, claimed_at)
     _won_kind(made, "won")
     _won_row(made, row)
+    _won_xact(made, xact)
     _won_conn(made, conn)
     return made
 
@@ -435,7 +441,7 @@ def decide(
     """
     if row.state == "won":
         assert row.claimed_at is not None
-        return won(scope, key, fingerprint, row.claimed_at, None, conn)
+        return won(scope, key, fingerprint, row.claimed_at, None, None, conn)
     if row.state == "existing":
         assert row.fingerprint is not None
         assert row.claimed_at is not None

@@ -1070,18 +1070,20 @@ def claimed_at(inserted: PGresult) -> datetime:
     return value
 
 
-def claimed(inserted: PGresult) -> tuple[datetime, bytes | None]:
-    """:func:`claimed_at` and :func:`row` in one call (begin()'s won claim reads both)."""
+def claimed(inserted: PGresult) -> tuple[datetime, bytes | None, bytes | None]:
+    """:func:`claimed_at` and :func:`row` in one call (begin()'s won claim reads them all)."""
     value = inserted.get_value
     stamp = value(0, 0)
     assert stamp is not None  # claimed_at NOT NULL
     microseconds: int = _INT64(stamp)[0]
-    return _EPOCH + _MICROSECOND * microseconds, value(0, 2)
+    return _EPOCH + _MICROSECOND * microseconds, value(0, 2), value(0, 3)
 
 
-def row(inserted: PGresult) -> bytes | None:
-    """Where a won claim's INSERT put its row (its ctid, as PostgreSQL sends it in binary)."""
-    return inserted.get_value(0, 2)
+def row(inserted: PGresult) -> tuple[bytes | None, bytes | None]:
+    """Where a won claim's INSERT put its row (its ctid) and the id of the transaction it was
+    made in, as PostgreSQL sends them in binary."""
+    value = inserted.get_value
+    return value(0, 2), value(0, 3)
 
 
 def stored_row(stored: PGresult, encoding: str) -> ClaimRow:

@@ -39,7 +39,8 @@ SELECT state, fingerprint, claimed_at, completed_at, response_status, response_h
 -- on the row's page (the table's fillfactor keeps room for it, 0013).
 -- Whether a response was stored is response_headers IS NULL or not (see the keys table).
 --
--- RETURNING also gives the row's ctid: commit() completes the row by it (see complete).
+-- RETURNING also gives the row's ctid: commit() completes the row by it (see complete); and the
+-- id of the transaction, by which commit()'s guard knows that transaction is still the one open.
 --
 -- What the bound costs the server (python -m bench.instructions, PostgreSQL 18, one connection,
 -- BEGIN + this INSERT + COMMIT): 162,000 instructions against 135,000 for the INSERT without it;
@@ -58,7 +59,7 @@ SELECT %(scope)s, %(key)s, %(fingerprint)s, wait.at, wait.at
                set_config('lock_timeout', %(wait_ms)s, true)) AS wait
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING claimed_at, set_config('lock_timeout', current_setting('pgonce.lock_timeout'), true),
-          ctid
+          ctid, pg_current_xact_id()
 
 -- name: claim_read
 -- The stored row, after begin()'s INSERT did nothing; sent with COMMIT. A statement of its own has
@@ -86,8 +87,9 @@ SELECT k.fingerprint::bytea, k.claimed_at, k.completed_at, k.response_status,
 -- runs 17,000 fewer instructions of the 295,000 that BEGIN, the claim, the completion and COMMIT
 -- cost it; the TID scan adds one system call (an lseek for the table's length, 1 to 2 us).
 -- In the transaction begin() opened (not once()'s savepoint) it appends a guard too, a one-time
--- filter that fails the batch before its COMMIT when that transaction has ended and psycopg
--- opened a new one for the statements after the end (_OWNED_GUARD in store/_async/keys.py).
+-- filter that fails the batch before its COMMIT when that transaction has ended and another is
+-- open: one psycopg opened for the statements after the end, or another begin()'s
+-- (_OWNED_GUARD in store/_async/keys.py).
 UPDATE {schema}.keys
    SET completed_at = coalesce(%(now)s::timestamptz, completed_at, now()),
        response_status = %(status)s,

@@ -75,6 +75,7 @@ Row = TypeVar("Row")
 _INSERT_PARAMS = ("scope", "key", "fingerprint", "now", "wait_ms")
 _READ_PARAMS = ("scope", "key")
 _COMPLETE_PARAMS = ("scope", "key", "status", "headers", "body", "now", "row")
+_GUARDED_PARAMS = (*_COMPLETE_PARAMS, "xact")
 
 # What a connection that cannot begin a transaction of pgonce's own is told.
 _BEGIN_REFUSAL = (
@@ -149,8 +150,8 @@ class KeyStore:
         # @idempotent): it fails when that transaction is over, so that the COMMIT after it does
         # not commit what ran after the end (see _ENDED_THEN_WROTE).
         self._complete_guarded = wire.Statement(
-            positional(complete_claimed(schema) + _OWNED_GUARD, _COMPLETE_PARAMS),
-            (*formats, BINARY),
+            positional(complete_claimed(schema) + _OWNED_GUARD, _GUARDED_PARAMS),
+            (*formats, BINARY, BINARY),
         )
         self._wait_ms = wait_ms
         #: The wait as begin()'s claim sends it, made once.
@@ -504,7 +505,7 @@ class KeyStore:
             elif joined:
                 commands.append((self._complete_claimed, (*completion, claim.row)))
             else:
-                commands.append((self._complete_guarded, (*completion, claim.row)))
+                commands.append((self._complete_guarded, (*completion, claim.row, claim.xact)))
                 guarded = True
             commands.append((wire.RELEASE, wire.NO_PARAMS) if joined else _COMMIT)
         # _finish(), written out: one coroutine fewer between the block and its round trip.
@@ -600,7 +601,7 @@ class KeyStore:
             headers,
             body,
             None,
-            wire.row(inserted),
+            *wire.row(inserted),
         )
         self._finish(conn, [(self._complete_guarded, completion), _COMMIT], owned=True)
 
@@ -1078,13 +1079,18 @@ _ENDED_THEN_WROTE = (
     "commit had committed the claim with the writes before it"
 )
 # The guard that _complete_guarded adds to the completion by the row's ctid: a one-time filter,
-# evaluated whether or not the row is found. The claim's INSERT (claim_insert) set
-# pgonce.lock_timeout for its transaction (set_config(..., true)), to the caller's lock_timeout,
-# never empty; once that transaction has ended, the setting is back to empty, and the division
-# fails the batch before its COMMIT. The completion finding no row is not enough: it finds none
-# after complete() or release() in the same transaction too, and it finds a claim that a
-# COMMIT of the block committed. It costs the server a setting's lookup and a division.
-_OWNED_GUARD = b" AND 1 / length(current_setting('pgonce.lock_timeout')) >= 0"
+# evaluated whether or not the row is found. The claim's INSERT (claim_insert) returned the id of
+# its transaction (Won.xact); once that transaction has ended, the one open has another id, or
+# none yet (no write since the end), and the division fails the batch before its COMMIT. The
+# completion finding no row is not enough: it finds none after complete() or release() in the
+# same transaction too, and it finds a claim that a COMMIT of the block committed. A setting the
+# INSERT set for its transaction was not enough either: another begin() on the connection after
+# the end sets it again, and this claim's commit() then committed that claim without its
+# response, with what its transaction wrote. It costs the server a function call, a comparison
+# and a division.
+_OWNED_GUARD = (
+    b" AND 1 / coalesce((pg_current_xact_id_if_assigned() = %(xact)s::xid8)::int, 0) >= 0"
+)
 _CLAIM_TYPES = (Won, Replay, InFlight)
 # What once() on a connection busy with a statement outside psycopg's pipeline is told.
 _BUSY = (
