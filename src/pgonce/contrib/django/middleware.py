@@ -69,9 +69,9 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
@@ -115,6 +115,7 @@ _ATOMIC_EXIT = transaction.Atomic.__exit__.__code__
 _FRAMES = 20
 
 GetResponse = Callable[[HttpRequest], Any]
+_T = TypeVar("_T")
 
 #: Where Django refuses a commit, a rollback or a change of autocommit inside ``atomic()``.
 _NO_ATOMIC_BLOCK = BaseDatabaseWrapper.validate_no_atomic_block.__code__
@@ -648,10 +649,10 @@ def _capture(response: HttpResponseBase, captured: CapturedResponse) -> Captured
             # An async iterator (``async def`` generator) is read on the event loop; its ORM
             # calls (``acreate()``, ``sync_to_async``) come back to this thread, into the
             # transaction, as the view's do.
-            chunks = async_to_sync(_read_async)(content, response.make_bytes, captured)
+            chunks = async_to_sync(_read)(content, response.make_bytes, captured)
             response.streaming_content = _replay_async(chunks)
         else:
-            chunks = _read(content, response.make_bytes, captured)
+            chunks = _at_once(_read(_Synchronous(content), response.make_bytes, captured))
             response.streaming_content = chunks
         captured.add(b"", more=False)
     else:
@@ -659,27 +660,12 @@ def _capture(response: HttpResponseBase, captured: CapturedResponse) -> Captured
     return captured
 
 
-def _read(
-    content: Iterator[Any], make_bytes: Callable[[Any], bytes], captured: CapturedResponse
-) -> list[bytes]:
-    chunks: list[bytes] = []
-    try:
-        for part in content:
-            chunk = make_bytes(part)
-            captured.add(chunk, more=True)
-            if captured.too_large:
-                break
-            chunks.append(chunk)
-    finally:
-        close = getattr(content, "close", None)
-        if close is not None:
-            close()
-    return chunks
-
-
-async def _read_async(
+async def _read(
     content: AsyncIterator[Any], make_bytes: Callable[[Any], bytes], captured: CapturedResponse
 ) -> list[bytes]:
+    """Read a streamed body into ``captured`` until it ends or outgrows the limit, then close the
+    view's iterator: the one reader of both kinds of body, an async one awaited on the event
+    loop, a synchronous one (wrapped in :class:`_Synchronous`) run at once by :func:`_at_once`."""
     chunks: list[bytes] = []
     try:
         async for part in content:
@@ -693,6 +679,44 @@ async def _read_async(
         if close is not None:
             await close()
     return chunks
+
+
+_END = object()
+
+
+class _Synchronous:
+    """A synchronous iterator as an async one whose steps never suspend (for :func:`_read`)."""
+
+    __slots__ = ("_content", "_parts")
+
+    def __init__(self, content: Iterable[Any]) -> None:
+        self._content = content
+
+    def __aiter__(self) -> _Synchronous:
+        self._parts = iter(self._content)
+        return self
+
+    async def __anext__(self) -> Any:
+        part = next(self._parts, _END)
+        if part is _END:
+            raise StopAsyncIteration
+        return part
+
+    async def aclose(self) -> None:
+        close = getattr(self._content, "close", None)
+        if close is not None:
+            close()
+
+
+def _at_once(steps: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``steps``, which awaits nothing that suspends, to its end in this thread."""
+    try:
+        steps.send(None)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+    steps.close()
+    raise RuntimeError("a synchronous body's reader suspended")
 
 
 async def _replay_async(chunks: list[bytes]) -> AsyncIterator[bytes]:
