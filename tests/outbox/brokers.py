@@ -20,11 +20,14 @@ from redis.asyncio import Redis
 
 @dataclass(frozen=True)
 class Received:
-    """One message as a broker holds it: the message id, the aggregate id and the body."""
+    """One message as a broker holds it: the message id (the outbox id), the aggregate id, the
+    body, and the id the broker deduplicates by where it is another (JetStream's
+    ``Nats-Msg-Id``, which names the outbox too)."""
 
     message_id: str
     aggregateid: str
     body: bytes
+    dedupe_id: str = ""
 
     @property
     def payload(self) -> Any:
@@ -98,7 +101,8 @@ async def nats_stream(
 
 
 async def nats_read(js: Any, stream: str) -> list[Received]:
-    """Every message stored in ``stream``, in stream order."""
+    """Every message stored in ``stream``, in stream order: the outbox id from the
+    ``message-id`` header, ``Nats-Msg-Id`` as the ``dedupe_id``."""
     info = await js.stream_info(stream)
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
@@ -107,7 +111,12 @@ async def nats_read(js: Any, stream: str) -> list[Received]:
         msg = await js.get_msg(stream, seq)
         headers = msg.headers or {}
         out.append(
-            Received(headers["Nats-Msg-Id"], headers.get("aggregateid", ""), msg.data or b"")
+            Received(
+                headers["message-id"],
+                headers.get("aggregateid", ""),
+                msg.data or b"",
+                headers["Nats-Msg-Id"],
+            )
         )
     return out
 

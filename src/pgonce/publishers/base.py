@@ -15,12 +15,14 @@ record key or a header) means writing one class with :meth:`Publisher.publish` a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
+from pgonce.core.checks import describe
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable, ConfigError
 
@@ -56,6 +58,13 @@ class Publisher(Protocol):
     :meth:`publish` as rows at the broker, which a stop waits for. It is read once per batch and
     must not wait or do I/O. A publisher without it is taken for connected until a batch reports
     ``lost``.
+
+    ``def set_origin(self, origin: str) -> None``, when present, is called by the relay before
+    its first batch with the outbox's origin (:func:`outbox_origin`): a short text naming the
+    outbox the rows come from, the same for the same outbox whatever relay publishes it. A
+    publisher whose broker deduplicates by a message id (JetStream's ``Nats-Msg-Id``) puts it in
+    the id, so that two outboxes' row 1 do not take each other for a redelivery. A publisher
+    serves one outbox: the origin is the last one given.
     """
 
     #: Short name for logs and metrics: "rabbitmq", "nats", "redis", "http".
@@ -87,6 +96,33 @@ def message_headers(message: OutboxMessage) -> dict[str, str]:
         "aggregatetype": message.aggregatetype,
         "aggregateid": message.aggregateid,
     }
+
+
+#: Hex digits of the hash kept in an outbox's origin: 48 bits, for a handful of outboxes sharing
+#: a destination.
+ORIGIN_DIGITS = 12
+
+
+def outbox_origin(system_identifier: str, database: str, schema: str) -> str:
+    """The origin of an outbox: a hash of the PostgreSQL cluster's system identifier
+    (``pg_control_system()``, the same on a physical standby, so a failover keeps it), the
+    database's name and the pgonce schema's, as :data:`ORIGIN_DIGITS` hex digits.
+
+    The outbox id is unique within one outbox only; the origin and the id together are unique
+    across outboxes, and the same again when another relay (after a crash, a restart or a
+    failover) publishes the same row.
+    """
+    text = "\0".join((system_identifier, database, schema))
+    return hashlib.sha256(text.encode()).hexdigest()[:ORIGIN_DIGITS]
+
+
+def msg_id_prefix_problem(prefix: object) -> str | None:
+    """Why ``prefix`` cannot start a message id in a header (a str without spaces or control
+    characters), or None when it can."""
+    if isinstance(prefix, str) and not any(c.isspace() or not c.isprintable() for c in prefix):
+        return None
+    shown = repr(prefix) if isinstance(prefix, str) else describe(prefix)
+    return f"must be a string without spaces or control characters, not {shown}"
 
 
 def by_aggregatetype(prefix: str) -> Routing:

@@ -1,11 +1,17 @@
 """NATS JetStream publisher (nats-py), deduplicated by ``Nats-Msg-Id``.
 
-Each message carries the outbox id in ``Nats-Msg-Id``, after the publisher's ``msg_id_prefix``:
-JetStream drops a second message with the same id inside the stream's duplicate window (2 minutes
-by default), so a relay that published a batch and died before marking it does not even create a
-duplicate on the stream when the next relay publishes again within the window. The outbox id is
-unique within one outbox only: outboxes that publish into one stream need a prefix each, or the
-stream drops one's event as a duplicate of the other's (and acknowledges it).
+Each message carries the outbox id in ``Nats-Msg-Id``, after the outbox's origin and a colon
+(``3f2a9c01b7de:42``): JetStream drops a second message with the same id inside the stream's
+duplicate window (2 minutes by default), so a relay that published a batch and died before
+marking it does not even create a duplicate on the stream when the next relay publishes again
+within the window. The outbox id is unique within one outbox only; the origin
+(:func:`~pgonce.publishers.base.outbox_origin`, which the relay reads from the database when it
+starts: the cluster's system identifier, the database and the schema) puts each outbox's ids
+apart, so that two outboxes publishing into one stream do not have one's event dropped as a
+duplicate of the other's (and acknowledged). The same row keeps its id whatever relay publishes
+it, a physical standby's after a failover included. An explicit ``msg_id_prefix`` replaces the
+origin and its colon (``billing:42``); a publisher used without a relay and without a prefix
+sends the bare outbox id.
 
 A batch is pipelined on one connection (the stream stores it in order) and a message counts as
 acknowledged when its PubAck arrived (a PubAck flagged ``duplicate`` is an acknowledgement too:
@@ -48,6 +54,7 @@ from pgonce.publishers.base import (
     by_aggregatetype,
     check_timeout,
     message_headers,
+    msg_id_prefix_problem,
     route_or_refuse,
     short_error,
     url_origin,
@@ -212,19 +219,16 @@ class NatsPublisher:
     ) -> None:
         check_timeout("the NATS publisher's ack_timeout", ack_timeout)
         _check_servers(servers)
-        if not isinstance(msg_id_prefix, str) or any(
-            c.isspace() or not c.isprintable() for c in msg_id_prefix
-        ):
-            shown = (
-                repr(msg_id_prefix) if isinstance(msg_id_prefix, str) else describe(msg_id_prefix)
-            )
-            raise ConfigError(
-                "the NATS publisher's msg_id_prefix must be a str without spaces or control "
-                f"characters, not {shown}"
-            )
-        #: Put before the outbox id in ``Nats-Msg-Id``: the outbox id is unique within one
-        #: outbox only, and JetStream drops a second message with an id it already stored.
+        problem = msg_id_prefix_problem(msg_id_prefix)
+        if problem is not None:
+            raise ConfigError(f"the NATS publisher's msg_id_prefix {problem}")
+        #: Put before the outbox id in ``Nats-Msg-Id`` instead of the outbox's origin: the outbox
+        #: id is unique within one outbox only, and JetStream drops a second message with an id
+        #: it already stored.
         self.msg_id_prefix = msg_id_prefix
+        #: What comes before the outbox id in ``Nats-Msg-Id``: the prefix, else the origin the
+        #: relay gives (see set_origin()) and a colon, else nothing.
+        self._id_prefix = msg_id_prefix
         self.servers = servers
         self.routing = routing or by_aggregatetype("outbox.")
         self.ack_timeout = ack_timeout
@@ -233,6 +237,16 @@ class NatsPublisher:
         self._opening = SharedConnect[_Connection]("NATS")
         #: Counts the closes: a connect that finishes after one keeps no connection.
         self._closes = 0
+
+    def set_origin(self, origin: str) -> None:
+        """Put the outbox's origin (see :func:`~pgonce.publishers.base.outbox_origin`) before
+        the outbox id in ``Nats-Msg-Id``, unless a ``msg_id_prefix`` was given: the relay calls
+        it before its first batch."""
+        problem = msg_id_prefix_problem(origin)
+        if problem is not None or not origin:
+            raise ConfigError(f"the outbox's origin {problem or 'must not be empty'}")
+        if not self.msg_id_prefix:
+            self._id_prefix = f"{origin}:"
 
     async def prepare(self) -> None:
         """Connect now, so that a server that is down or a wrong address is said at the relay's
@@ -332,7 +346,7 @@ class NatsPublisher:
         # Aggregates with a row refused before it was sent: their later rows wait behind it.
         held: set[tuple[str, str]] = set()
         max_payload = client.max_payload
-        msg_id_prefix = self.msg_id_prefix
+        msg_id_prefix = self._id_prefix
         try:
             for message in batch:
                 if held and (message.aggregatetype, message.aggregateid) in held:
