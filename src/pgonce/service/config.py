@@ -47,6 +47,7 @@ from pgonce.core.retention import (
 )
 from pgonce.errors import ConfigError, PgonceError
 from pgonce.extras import needs
+from pgonce.publishers.base import msg_id_prefix_problem
 from pgonce.store._async.phases import (
     DEFAULT_COMPLETE_EVERY,
     DEFAULT_COMPLETE_MAX_AGE,
@@ -114,6 +115,10 @@ class OutboxConfig:
     #: default in RabbitMQ 3.x, 16 MiB in 4.x (a lower limit of the broker's is learnt from its
     #: first refusal).
     max_message_size: int = 128 * 1024 * 1024
+    #: NATS: what ``Nats-Msg-Id`` starts with before the outbox id, instead of the outbox's
+    #: origin (a hash of the cluster's system identifier, the database and the schema); ""
+    #: keeps the origin.
+    msg_id_prefix: str = ""
     #: Relays in this process; several share the rows without double publishing.
     relays: int = 1
     #: How long published rows are kept before the sweeper deletes them.
@@ -126,6 +131,7 @@ _PUBLISHER_OPTIONS = {
     "exchange": "rabbitmq",
     "declare": "rabbitmq",
     "max_message_size": "rabbitmq",
+    "msg_id_prefix": "nats",
     "secret": "http",
 }
 #: The brokers' usual local addresses; the RabbitMQ one carries its well-known default login.
@@ -725,9 +731,12 @@ def _outbox(section: _Section) -> OutboxConfig | None:
         max_message_size=section.integer(
             "max_message_size", OutboxConfig.max_message_size, high=512 * 1024 * 1024
         ),
+        msg_id_prefix=section.text("msg_id_prefix", ""),
         relays=section.integer("relays", 1, high=64),
         retention=section.duration("retention", timedelta(days=7)),
     )
+    if (problem := msg_id_prefix_problem(config.msg_id_prefix)) is not None:
+        problems.add(section.key("msg_id_prefix"), problem)
     section.unknown()
     return config if len(problems.items) == before else None
 

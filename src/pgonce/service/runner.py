@@ -76,7 +76,7 @@ def build_publisher(config: ServiceConfig) -> Publisher:
     if outbox.publisher == "nats":
         from pgonce.publishers.nats import NatsPublisher
 
-        return NatsPublisher(outbox.url)
+        return NatsPublisher(outbox.url, msg_id_prefix=outbox.msg_id_prefix)
     if outbox.publisher == "redis":
         from pgonce.publishers.redis_streams import RedisStreamsPublisher
 
