@@ -299,11 +299,15 @@ class NatsPublisher:
             reported[:] = [error]
             await _log_error(error)
 
+        # Built here rather than by nats.connect(), which drops the client when its connect
+        # fails or is cancelled: after the TCP connection is made (nats-py then waits for the
+        # server's INFO), that left the socket open until the garbage collector found it.
+        client = Client()
         try:
             # No background reconnect: a lost connection must surface as unsettled messages now,
             # and the next batch connects afresh.
             # (max_reconnect_attempts=0 would make the first connect retry forever.)
-            client = await nats.connect(
+            await client.connect(
                 self.servers,
                 allow_reconnect=False,
                 max_reconnect_attempts=1,
@@ -313,7 +317,11 @@ class NatsPublisher:
                 disconnected_cb=closed,
                 closed_cb=closed,
             )
-        except (OSError, TimeoutError, nats.errors.Error) as error:
+        except BaseException as error:
+            # A cancel (close() at a stop) as much as a failure: the half-made connection goes.
+            _close_transport(client)
+            if not isinstance(error, (OSError, TimeoutError, nats.errors.Error)):
+                raise
             if isinstance(error, nats.errors.NoServersError) and reported:
                 raise BrokerUnavailable(
                     f"NATS: no server could be reached ({short_error(reported[0])})"
@@ -441,6 +449,15 @@ class NatsPublisher:
         connection, self._connection = self._connection, None
         if connection is not None:
             await _close_quietly(connection)
+
+
+def _close_transport(client: Client) -> None:
+    """Close the socket of a client whose connect did not complete, at once and without a wait
+    (a cancelled task must not wait; nats-py's close() expects a connected client)."""
+    transport = getattr(client, "_transport", None)
+    if transport is not None:
+        with contextlib.suppress(Exception):
+            transport.close()
 
 
 async def _close_quietly(connection: _Connection) -> None:
