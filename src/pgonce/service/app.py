@@ -166,12 +166,16 @@ class ServiceApp:
             except asyncio.CancelledError:
                 if answered:
                     raise
-                # The stop's bound ran out while this delivery waited (SIGTERM). Whether or not its
-                # row commits behind the cut, a retry is safe (a stored one is answered as a
-                # duplicate): the sender is told to retry, not handed uvicorn's bare 500.
+                # The stop's bound ran out while this delivery waited (SIGTERM), or a second
+                # signal cut the wait. Whether or not its row commits behind the cut, a retry is
+                # safe (a stored one is answered as a duplicate): the sender is told to retry, not
+                # handed uvicorn's bare 500. Named "stopping", not "unavailable": the database
+                # may be fine, and an alert on unreachable storage must not fire for a deploy.
+                outcome = "stopping"
                 log.warning(
                     "a delivery to %s was cut by the stop before it was answered; answered 503",
                     source,
+                    extra={"source": source, "outcome": outcome},
                 )
                 await send_problem(
                     watch,
@@ -179,7 +183,6 @@ class ServiceApp:
                     detail="the service stopped before the delivery was answered; retry later",
                     headers=[("retry-after", str(RETRY_AFTER_SECONDS))],
                 )
-                outcome = "unavailable"
         finally:
             self.metrics.deliveries.labels(source, outcome).inc()
             self.metrics.delivery_seconds.labels(source).observe(time.perf_counter() - started)

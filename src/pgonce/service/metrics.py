@@ -98,12 +98,14 @@ class ServiceMetrics:
         self.deliveries = Counter(
             "pgonce_webhook_deliveries",
             "Webhook deliveries received, by source and outcome (stored, duplicate, handshake, "
-            "conflict, unavailable, swept, rejected_signature, rejected_timestamp, bad_payload, "
-            "too_large, unknown_source, bad_method, disconnected, error); handshake: a provider's "
-            "URL check answered, nothing stored; unavailable: a 503 with Retry-After, the "
-            "delivery could not be stored (the database); swept: a 503 with Retry-After, its "
-            "event was being deleted by the sweeper; disconnected: the sender went away before "
-            "its body was read; error: a 500",
+            "conflict, unavailable, swept, stopping, rejected_signature, rejected_timestamp, "
+            "bad_payload, too_large, unknown_source, bad_method, disconnected, error); handshake: "
+            "a provider's URL check answered, nothing stored; unavailable: a 503 with "
+            "Retry-After, the delivery could not be stored (the database); swept: a 503 with "
+            "Retry-After, its event was being deleted by the sweeper; stopping: a 503 with "
+            "Retry-After, the service's stop (SIGTERM) cut the delivery before it was answered, "
+            "the provider redelivers it; disconnected: the sender went away before its body was "
+            "read; error: a 500",
             ["source", "outcome"],
             registry=r,
         )
