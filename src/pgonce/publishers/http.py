@@ -14,6 +14,11 @@ the endpoint belongs to someone else, so its downtime counts against the retry p
 parking rather than in rows that wait forever. The rows of one aggregate are sent one after the
 other, and an aggregate stops at its first failure (its later rows wait, unsettled), so a receiver
 never gets an aggregate's events out of order; different aggregates are sent concurrently.
+
+With a fixed ``url``, the TCP connect to its origin is made before a batch (:meth:`prepare`)
+whenever no connection to it is likely open: a relay's stop cancels that connect at once (nothing
+of the batch went out), where a connect inside :meth:`publish` counted as rows at the endpoint and
+held the stop for its whole grace.
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ import contextlib
 import contextvars
 import json
 import logging
+import time
+import urllib.request
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import ConfigError
@@ -47,6 +56,10 @@ with needs("http", "the signed HTTP publisher"):
 DEFAULT_TIMEOUT = timedelta(seconds=15)
 #: Aggregates sent at once; bounds the connections opened to one receiver.
 DEFAULT_CONCURRENCY = 16
+#: How long httpx keeps an idle connection for the next request (its own default). A fixed url
+#: answered within this (less a second of margin) is taken for connected: the next batch goes out
+#: on the kept connection, with no connect of its own (see :attr:`HttpPublisher.connected`).
+KEEPALIVE_SECONDS = 5.0
 
 
 #: The kinds of refusal, as the relay counts and logs them: no answer in time, no connection (or
@@ -145,13 +158,65 @@ class HttpPublisher:
         self.concurrency = concurrency
         self._clock = clock or (lambda: datetime.now(UTC))
         self._client: httpx.AsyncClient | None = None
+        #: The fixed url, when one was given and httpx reaches it directly (no proxy): its
+        #: origin is connected to before a batch (see prepare()).
+        self._direct = url if url is not None and not _proxied(url) else None
+        #: When the fixed url last answered (time.monotonic()): its connection is kept by httpx.
+        self._answered_at: float | None = None
+        #: What prepare()'s connect to the fixed url met, by the batch's task (the relay calls
+        #: prepare() and then publish() in it; batches of other tasks prepare on their own).
+        self._unreachable: weakref.WeakKeyDictionary[asyncio.Task[Any], tuple[str, str]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def connected(self) -> bool:
-        """Always True: each row is a request of its own, whose connect (a new one, or a pooled
-        one httpx finds closed) is part of that request and its timeout; there is no connection
-        for the relay to open before a batch."""
-        return True
+        """Whether the next batch needs no connect before its rows go out.
+
+        With a fixed url, True while it answered within httpx's keep-alive (its connection is
+        kept): otherwise the relay calls :meth:`prepare` first, whose connect a stop cancels at
+        once. With a routing function (or a url reached through a proxy) always True: each row's
+        connect is part of its request and its timeout."""
+        if self._direct is None:
+            return True
+        answered = self._answered_at
+        return answered is not None and time.monotonic() - answered < KEEPALIVE_SECONDS - 1
+
+    async def prepare(self) -> None:
+        """Connect to the fixed url's origin (TCP), and close the connection.
+
+        A relay calls this before a batch when the publisher is not :attr:`connected`, as
+        "connecting": a stop cancels it at once, and the batch's rows wait for the next run
+        (nothing of them went out), instead of the stop waiting out its grace for an endpoint
+        that never accepts (a host that drops SYNs). A failure is not raised: the endpoint's
+        downtime is a refusal of its rows, counted against the retry policy, not an outage they
+        wait out. The batch's rows to the url (publish() in the same task) are refused with it,
+        without a connect of their own: it was their attempt.
+        """
+        task = asyncio.current_task()
+        if task is not None:
+            self._unreachable.pop(task, None)
+        if self._direct is None:
+            return
+        url = httpx.URL(self._direct)
+        origin = url_origin(self._direct)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        seconds = self.timeout.total_seconds()
+        failure: tuple[str, str]
+        try:
+            async with asyncio.timeout(seconds):
+                _, writer = await asyncio.open_connection(url.host, port)
+        except TimeoutError:
+            failure = f"webhook to {origin} gave no answer within {seconds:g} s", "timeout"
+        except OSError as error:
+            failure = f"webhook to {origin} failed: {short_error(error)}", "unreachable"
+        else:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+        if task is not None:
+            self._unreachable[task] = failure
 
     def request(self, message: OutboxMessage) -> tuple[bytes, dict[str, str]]:
         """The body and headers of ``message``'s delivery (public for tests and receivers' docs)."""
@@ -183,8 +248,18 @@ class HttpPublisher:
 
     async def publish(self, batch: Sequence[OutboxMessage]) -> PublishResult:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout.total_seconds())
+            self._client = httpx.AsyncClient(
+                timeout=self.timeout.total_seconds(),
+                limits=httpx.Limits(
+                    max_connections=100,
+                    max_keepalive_connections=20,
+                    keepalive_expiry=KEEPALIVE_SECONDS,
+                ),
+            )
         client = self._client
+        # prepare()'s failure to connect stands for this batch's attempt at the url.
+        task = asyncio.current_task()
+        unreachable = self._unreachable.pop(task, None) if task is not None else None
         by_aggregate: dict[tuple[str, str], list[OutboxMessage]] = {}
         for message in batch:
             by_aggregate.setdefault((message.aggregatetype, message.aggregateid), []).append(
@@ -203,7 +278,11 @@ class HttpPublisher:
                     url = route_or_refuse(self._routing, message, refused, kinds)
                     if url is None:
                         return
-                    failure = await self._send(client, message, url)
+                    failure = (
+                        unreachable
+                        if unreachable is not None and url == self._direct
+                        else await self._send(client, message, url)
+                    )
                     if failure is not None:
                         refused[message.id], kinds[message.id] = failure
                         return
@@ -229,8 +308,10 @@ class HttpPublisher:
                 request = client.build_request("POST", url, content=content, headers=headers)
                 response = await client.send(request, stream=True)
         except TimeoutError:
+            self._answered(url, None)
             return f"webhook to {url_origin(url)} gave no answer within {seconds:g} s", "timeout"
         except httpx.HTTPError as error:
+            self._answered(url, None)
             kind = (
                 "timeout"
                 if isinstance(error, httpx.TimeoutException)
@@ -252,6 +333,7 @@ class HttpPublisher:
             return f"webhook to {url_origin(url)} could not be sent: {short_error(error)}", (
                 "unsendable"
             )
+        self._answered(url, time.monotonic())
         await _discard(response, seconds)
         status = response.status_code
         if 200 <= status < 300:
@@ -270,7 +352,23 @@ class HttpPublisher:
             ), "redirected"
         return f"webhook to {url_origin(url)} answered {status}", f"http_{status // 100}xx"
 
+    def _answered(self, url: str, at: float | None) -> None:
+        """Note when the fixed url answered; None: it did not (its connection is not kept)."""
+        if url == self._direct:
+            self._answered_at = at
+
     async def close(self) -> None:
+        self._answered_at = None
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+
+def _proxied(url: str) -> bool:
+    """Whether httpx sends to ``url`` through a proxy of the environment (HTTP_PROXY, ...,
+    NO_PROXY): the publisher then cannot connect to its origin itself."""
+    try:
+        host = httpx.URL(url).host
+        return bool(urllib.request.getproxies()) and not urllib.request.proxy_bypass(host)
+    except (httpx.InvalidURL, ValueError, OSError):
+        return True
