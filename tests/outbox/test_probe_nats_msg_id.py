@@ -206,3 +206,22 @@ async def test_a_relay_on_a_plain_role_gives_the_same_origin_as_the_owner(
 def test_a_prefix_no_header_can_carry_is_refused(prefix: object) -> None:
     with pytest.raises(ConfigError, match="msg_id_prefix"):
         NatsPublisher(msg_id_prefix=prefix)  # type: ignore[arg-type]
+
+
+async def test_without_the_control_data_the_origin_names_the_database_and_schema(
+    direct_dsn: str, plain_role_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that lets no one read pg_control_system(): the relay still starts, says so, and
+    names the outbox by its database and schema."""
+    with psycopg.connect(direct_dsn, autocommit=True) as admin:
+        # pg_proc is the database's own: the revoke ends with the test's database.
+        admin.execute("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+        database = admin.execute("SELECT current_database()").fetchone()
+    assert database is not None
+    enqueue_in(direct_dsn, "pgonce", 1)
+    publisher = Origins()
+    stats = await Relay(plain_role_dsn, publisher).drain()
+    assert stats.published == 1
+    assert publisher.origins == [outbox_origin("", database[0], "pgonce")]
+    assert publisher.origins != [origin_of(direct_dsn, "pgonce")]
+    assert "the cluster's system identifier cannot be read" in caplog.text
