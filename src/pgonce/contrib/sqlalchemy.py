@@ -27,6 +27,7 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
@@ -39,7 +40,7 @@ with needs("sqlalchemy", "pgonce.contrib.sqlalchemy"):
     from sqlalchemy import event
     from sqlalchemy.dialects import registry
     from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
-    from sqlalchemy.engine import Connection, Engine, Transaction
+    from sqlalchemy.engine import Connection, Engine, RootTransaction, Transaction
     from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
     from sqlalchemy.ext.asyncio import (
         AsyncEngine,
@@ -64,6 +65,7 @@ from pgonce.store._sync.inbox import InboxStore
 from pgonce.store._sync.keys import KeyStore, Operation
 from pgonce.store._sync.outbox import enqueue as _enqueue
 from pgonce.store.common import require_transaction
+from pgonce.store.errors import first_line
 from pgonce.webhooks.batch import DEFAULT_LIMIT, run_batch
 
 if TYPE_CHECKING:
@@ -248,6 +250,36 @@ def _driver(session: Session, in_async: bool) -> tuple[Any, Any]:
     return connection.connection.driver_connection, connection.dialect
 
 
+def _lost(error: sqlalchemy.exc.DBAPIError) -> bool:
+    """Whether SQLAlchemy's ``error`` is psycopg's loss of the connection (or another
+    OperationalError, which the core store says as DatabaseUnavailable too)."""
+    return error.connection_invalidated or isinstance(error.orig, psycopg.OperationalError)
+
+
+class _translated:
+    """Re-raise SQLAlchemy's error for a lost connection, in a statement that pgonce sends
+    through the session, as :class:`~pgonce.errors.DatabaseUnavailable` naming ``what`` failed,
+    as the core store says psycopg's (SQLAlchemy's error is its ``__cause__``)."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(error, sqlalchemy.exc.DBAPIError) and _lost(error):
+            cause = error.orig if error.orig is not None else error
+            raise DatabaseUnavailable(f"{self.what} failed: {first_line(cause)}") from error
+
+
 _Store = TypeVar("_Store", KeyStore, AsyncKeyStore)
 
 # A module constant: an enum class's attribute lookup at each use otherwise.
@@ -307,6 +339,7 @@ def once(
     conn = driver_connection(session)
     operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
     require_transaction(conn)  # before the savepoint, which autocommit would refuse untyped
+    _refuse_autocommit(session)
     nested, held = _savepoint(session, conn)
     try:
         try:
@@ -343,12 +376,13 @@ def _savepoint(session: Session, driver: Any) -> tuple[SessionTransaction, _Refu
     inside the block would put it after pgonce's savepoint, and pgonce's rollback would end it).
     The ``commit()`` of the session, of its connection and of the psycopg connection under them
     (``driver``) are refused until the block's end."""
-    nested = session.begin_nested()
-    try:
-        connection = session.connection()
-    except BaseException:
-        _leave(nested, driver)
-        raise
+    with _translated("beginning once()'s savepoint"):
+        nested = session.begin_nested()
+        try:
+            connection = session.connection()
+        except BaseException:
+            _leave(nested, driver)
+            raise
     return nested, _Refusals((session, connection, driver), _BLOCK_OWNED)
 
 
@@ -418,8 +452,9 @@ def _finish(session: Session, nested: SessionTransaction, won: bool, driver: Any
             "block was stored and the key is free"
         )
     if won:
-        session.flush()
-        _refuse_writes_elsewhere(session, driver)
+        with _translated("flushing once()'s block"):
+            session.flush()
+            _refuse_writes_elsewhere(session, driver)
     return False
 
 
@@ -474,6 +509,49 @@ def _wrote_elsewhere(session: Session, driver: Any) -> bool:
 _WROTE = "SELECT txid_current_if_assigned() IS NOT NULL"
 
 
+# The session's transaction (or _EVERY_TRANSACTION) in which a connection in autocommit is
+# refused (see _refuse_autocommit).
+_NO_AUTOCOMMIT = "pgonce_no_autocommit"
+_EVERY_TRANSACTION = object()
+
+
+def _refuse_autocommit(session: Session, every: bool = False) -> None:
+    """Refuse a connection in autocommit in ``session``'s transaction (in each of its
+    transactions with ``every``), one already joined and any it joins later: an engine created
+    with ``isolation_level="AUTOCOMMIT"`` (in ``binds=``, or chosen by a ``get_bind()``) commits
+    each statement at once, apart from the claim, the outbox events or the inbox event that the
+    session's writes go with, and PostgreSQL gives such a connection no transaction that
+    :func:`_wrote_elsewhere` could find. The refusal comes before a write reaches it: SQLAlchemy
+    joins the connection when the flush first needs it."""
+    transaction = session.get_transaction()
+    for entry in getattr(transaction, "_connections", {}).values():
+        _refuse_in_autocommit(entry[0])
+    session.info[_NO_AUTOCOMMIT] = _EVERY_TRANSACTION if every else transaction
+    if not event.contains(session, "after_begin", _joined_in_autocommit):
+        event.listen(session, "after_begin", _joined_in_autocommit)
+
+
+def _joined_in_autocommit(
+    session: Session, transaction: SessionTransaction, connection: Connection
+) -> None:
+    watched = session.info.get(_NO_AUTOCOMMIT)
+    if watched is _EVERY_TRANSACTION or (
+        watched is not None and watched is session.get_transaction()
+    ):
+        _refuse_in_autocommit(connection)
+
+
+def _refuse_in_autocommit(connection: Connection) -> None:
+    if getattr(connection.connection.driver_connection, "autocommit", False):
+        raise UsageError(
+            "a connection of the session's transaction is in autocommit (an engine created "
+            'with isolation_level="AUTOCOMMIT", given in binds= or chosen by get_bind()): its '
+            "writes would commit at once, apart from pgonce's claim, outbox events or inbox "
+            'event. Create that engine without isolation_level="AUTOCOMMIT" (and the '
+            "session's writes on one engine with pgonce's), or leave it out of this session"
+        )
+
+
 def _inside(current: SessionTransaction, nested: SessionTransaction) -> bool:
     parent = current.parent
     while parent is not None and parent is not nested:
@@ -493,7 +571,18 @@ def _leave(nested: SessionTransaction, driver: Any) -> None:
     to: SQLAlchemy's ROLLBACK TO would fail, in a new transaction psycopg opens for it. The
     session's connection is invalidated instead (the pool replaces it), and the session's
     transaction rolled back, with no SQL sent.
+
+    A connection lost meanwhile has no savepoint left to roll back either: SQLAlchemy's error
+    for it is dropped, and the failure the caller sees (DatabaseUnavailable) stays.
     """
+    try:
+        _leave_savepoint(nested, driver)
+    except sqlalchemy.exc.DBAPIError as error:
+        if not _lost(error):
+            raise
+
+
+def _leave_savepoint(nested: SessionTransaction, driver: Any) -> None:
     if driver.pgconn.transaction_status == _IDLE:
         session = nested.session
         if nested.is_active:
@@ -519,10 +608,11 @@ _ENDED_IN_BLOCK = (
 def _end(nested: SessionTransaction, undone: bool) -> None:
     """End the block's savepoint: rolled back when the claim won and nothing was stored (a 5xx
     that is not stored: pgonce has undone its part, the session's objects go with it)."""
-    if undone:
-        nested.rollback()
-    else:
-        nested.commit()
+    with _translated("ending once()'s savepoint"):
+        if undone:
+            nested.rollback()
+        else:
+            nested.commit()
 
 
 @asynccontextmanager
@@ -543,6 +633,7 @@ async def async_once(
     conn = await async_driver_connection(session)
     operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
     require_transaction(conn)
+    _refuse_autocommit(session.sync_session)
     nested, held = await session.run_sync(_savepoint, conn)
     try:
         try:
@@ -591,16 +682,21 @@ def enqueue(
     if isinstance(session, scoped_session):
         session = session()
     conn = driver_connection(session)
-    written = _enqueue(
-        conn,
-        aggregatetype,
-        aggregateid,
-        type,
-        payload,
-        headers=headers,
-        schema=schema,
-        now=now,
-    )
+    try:
+        written = _enqueue(
+            conn,
+            aggregatetype,
+            aggregateid,
+            type,
+            payload,
+            headers=headers,
+            schema=schema,
+            now=now,
+        )
+    except DatabaseUnavailable:
+        if conn.closed:  # lost: SQLAlchemy, which has not seen it, would fail the session's end
+            session.connection().invalidate()
+        raise
     _watch_outbox(session, conn)
     return written
 
@@ -620,36 +716,74 @@ async def async_enqueue(
     if isinstance(session, async_scoped_session):
         session = session()
     conn = await async_driver_connection(session)
-    written = await _async_enqueue(
-        conn,
-        aggregatetype,
-        aggregateid,
-        type,
-        payload,
-        headers=headers,
-        schema=schema,
-        now=now,
-    )
+    try:
+        written = await _async_enqueue(
+            conn,
+            aggregatetype,
+            aggregateid,
+            type,
+            payload,
+            headers=headers,
+            schema=schema,
+            now=now,
+        )
+    except DatabaseUnavailable:
+        if conn.closed:  # see enqueue()
+            await (await session.connection()).invalidate()
+        raise
     _watch_outbox(session.sync_session, conn)
     return written
 
 
 # The session's transaction that holds outbox events, and the psycopg connection they are on.
 _OUTBOX = "pgonce_outbox"
+# The session's listener of its connections' commits (one per session, see _watch_connections).
+_OUTBOX_COMMITS = "pgonce_outbox_commits"
 
 
 def _watch_outbox(session: Session, driver: Any) -> None:
     """Have ``session``'s commit check that its writes are on ``driver``, the connection of the
-    outbox events just enqueued (see :func:`_check_outbox`).
+    outbox events just enqueued (see :func:`_check_outbox`), and so the commit of each connection
+    of its transaction, however it is reached (see :func:`_watch_connections`).
 
     An endpoint's session (idempotent_session(), Flask's session()) is left alone: it is bound
     to the request's connection, and its commit is refused anyway.
     """
     if type(session) is _RequestSession:
         return
-    session.info[_OUTBOX] = (session.get_transaction(), driver)
+    _refuse_autocommit(session)
+    transaction = session.get_transaction()
+    session.info[_OUTBOX] = (transaction, driver)
     if not event.contains(session, "before_commit", _check_outbox):
         event.listen(session, "before_commit", _check_outbox)
+    _watch_connections(session, transaction)
+
+
+def _watch_connections(session: Session, transaction: SessionTransaction | None) -> None:
+    """Check each commit of a connection of ``session``'s transaction while it holds outbox
+    events, those it joins later too: the session's commit checks before it flushes (see
+    :func:`_check_outbox`), and a commit of one of its connections (``session.connection()
+    .commit()``, the commit of a ``session.begin()`` block left with a savepoint open, which
+    SQLAlchemy begins while the savepoint is still the session's transaction) would otherwise
+    commit that connection's transaction apart from the others'."""
+    check = session.info.get(_OUTBOX_COMMITS)
+    if check is None:
+
+        def check(connection: Connection) -> None:
+            _check_outbox_commit(session)
+
+        session.info[_OUTBOX_COMMITS] = check
+
+        def joined(_: Session, __: SessionTransaction, connection: Connection) -> None:
+            if session.info.get(_OUTBOX) is not None and not event.contains(
+                connection, "commit", check
+            ):
+                event.listen(connection, "commit", check)
+
+        event.listen(session, "after_begin", joined)
+    for entry in getattr(transaction, "_connections", {}).values():
+        if not event.contains(entry[0], "commit", check):
+            event.listen(entry[0], "commit", check)
 
 
 def _check_outbox(session: Session) -> None:
@@ -665,13 +799,41 @@ def _check_outbox(session: Session) -> None:
         return
     session.flush()  # what the commit would flush next
     if _wrote_elsewhere(session, driver):
-        raise UsageError(
-            "the session enqueued outbox events and wrote on another connection too (an engine "
-            "per mapper or table with binds=, or a get_bind() that routes writes elsewhere): "
-            "the events would commit apart from the writes they tell of. Give the session one "
-            "engine for everything it writes with the events. Nothing was committed"
-        )
+        raise UsageError(_OUTBOX_ELSEWHERE)
     del session.info[_OUTBOX]
+
+
+def _check_outbox_commit(session: Session) -> None:
+    """Before a connection of ``session``'s transaction with outbox events commits: refuse it
+    when another connection of that transaction, not committed yet, has written (the outbox
+    events' own, or another engine's), and roll back every connection of the transaction
+    first, so that nothing of it commits whatever is called next."""
+    watched = session.info.get(_OUTBOX)
+    if watched is None:
+        return
+    transaction, driver = watched
+    if transaction is not session.get_transaction():  # an earlier transaction's
+        return
+    joined = getattr(transaction, "_connections", None) or {}
+    active = {entry[0] for entry in joined.values() if entry[1].is_active}
+    others = [c for c in active if c.connection.driver_connection is not driver]
+    if not any(other.exec_driver_sql(_WROTE).scalar() for other in others):
+        return
+    for entry in joined.values():
+        # The transactions the session began (not one it joined in a savepoint, whose owner
+        # ends it), through SQLAlchemy's DBAPI connection: the async dialect's waits in
+        # SQLAlchemy's greenlet.
+        if entry[1].is_active and isinstance(entry[1], RootTransaction):
+            entry[0].connection.dbapi_connection.rollback()
+    raise UsageError(_OUTBOX_ELSEWHERE)
+
+
+_OUTBOX_ELSEWHERE = (
+    "the session enqueued outbox events and wrote on another connection too (an engine "
+    "per mapper or table with binds=, or a get_bind() that routes writes elsewhere): "
+    "the events would commit apart from the writes they tell of. Give the session one "
+    "engine for everything it writes with the events. Nothing was committed"
+)
 
 
 # -- inbox handlers ---------------------------------------------------------------------------
@@ -739,6 +901,7 @@ def inbox_handler(
     for the application's session options); it is called with ``bind`` and
     ``join_transaction_mode``.
     """
+    _refuse_scoped(session_factory, async_scoped_session, "async_sessionmaker", "inbox_handler")
     engine: AsyncEngine | None = None
 
     async def run(event: InboxEvent, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -756,6 +919,7 @@ def inbox_handler(
                 await bound.begin()  # SQLAlchemy's view of the worker's transaction; no SQL
                 owned = _batch_owned(bound.sync_connection, conn)
                 session = session_factory(bind=bound, join_transaction_mode="create_savepoint")
+                _refuse_autocommit(session.sync_session, every=True)
                 try:
                     async with session:
                         try:
@@ -769,9 +933,10 @@ def inbox_handler(
                                     "handler runs with process_batch(), on a sync engine)"
                                 )
                             await returned
-                            await session.flush()
-                            await session.run_sync(_refuse_handler_writes_elsewhere, conn)
-                            await session.commit()  # releases the handler's savepoint
+                            with _translated("ending the inbox handler's savepoint"):
+                                await session.flush()
+                                await session.run_sync(_refuse_handler_writes_elsewhere, conn)
+                                await session.commit()  # releases the handler's savepoint
                         except BaseException:
                             await session.rollback()
                             raise
@@ -781,6 +946,19 @@ def inbox_handler(
             _borrowed.reset(token)
 
     return run
+
+
+def _refuse_scoped(factory: object, scoped: type, maker: str, call: str) -> None:
+    """Refuse a scoped session registry as ``session_factory``: it hands each event the same
+    session (per thread or task), which refuses the second event's ``bind=``, and every event
+    after the first would fail, then be dead-lettered."""
+    if isinstance(factory, scoped):
+        raise UsageError(
+            f"{call}() makes a new session for each event, bound to the event's transaction, and "
+            f"a {scoped.__name__} hands out the same one each time: pass its {maker} as "
+            f"session_factory (the {scoped.__name__}'s .session_factory), not the "
+            f"{scoped.__name__}"
+        )
 
 
 #: A handler for :func:`process_batch`: the event (``payload`` parsed when the body is JSON) and a
@@ -831,12 +1009,13 @@ def process_batch(
             "this one is on postgresql+psycopg_async://: its handlers run in the async inbox "
             "worker, through inbox_handler()"
         )
+    _refuse_scoped(session_factory, scoped_session, "sessionmaker", "process_batch")
     store = InboxStore(schema=schema)
     try:
         connected = engine.connect()
     except (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError) as error:
         raise DatabaseUnavailable(f"connecting through the engine failed: {error}") from error
-    with connected as bound, bound.begin():
+    with _translated("an inbox batch"), connected as bound, bound.begin():
         conn = bound.connection.driver_connection
         if not isinstance(conn, psycopg.Connection):  # a custom creator's
             raise NotPsycopgSession(_dialect_name(engine.dialect))
@@ -852,6 +1031,7 @@ def process_batch(
                 session_factory(bind=bound, join_transaction_mode="create_savepoint") as session,
             ):
                 try:
+                    _refuse_autocommit(session, every=True)
                     yield session
                     session.flush()
                     _refuse_handler_writes_elsewhere(session, conn)
