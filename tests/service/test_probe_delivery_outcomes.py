@@ -110,8 +110,9 @@ def test_the_help_text_lists_exactly_the_outcomes_the_receiver_names() -> None:
     help_text = ServiceMetrics().deliveries._documentation
     listed = re.search(r"outcome \(([^)]*)\)", help_text)
     assert listed is not None, help_text
-    # The service names one more: "error", an answer the receiver never gave (a 500).
-    assert set(listed.group(1).split(", ")) == {*get_args(Outcome), "error"}
+    # The service names two more, answers the receiver never gave: "error" (a 500) and
+    # "stopping" (a delivery the service's stop cut, answered 503).
+    assert set(listed.group(1).split(", ")) == {*get_args(Outcome), "error", "stopping"}
 
 
 def test_a_sender_gone_before_its_body_is_read_is_disconnected_and_not_answered(
