@@ -46,7 +46,7 @@ import psycopg
 from psycopg import Connection
 
 from pgonce.core.leases import failure_note, not_stored_note
-from pgonce.core.outcomes import Claim, InFlight, Replay, Won
+from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won
 from pgonce.errors import (
     DatabaseUnavailable,
     InvalidIdempotencyKey,
@@ -416,11 +416,15 @@ class IdempotencyMiddleware:
                         else:
                             try:
                                 committed = self.store.commit(conn, claim, response.response())
-                            except EndedThenWrote:
+                            except EndedThenWrote as error:
                                 # The view ended the request's transaction and wrote on in the
                                 # one psycopg opened next: commit() found the end and rolled
-                                # back what ran after it. Settled as above.
-                                self._settle(conn, claim, response)
+                                # back what ran after it, and the view's answer was made after
+                                # it (a 201 may name a row never made): neither sent nor stored.
+                                # The claim stays as the end left it.
+                                response.ended_then_wrote(
+                                    claim, error, committed=self._claim_committed(conn, claim)
+                                )
                             else:
                                 if not committed:
                                     # The completion and COMMIT in one round trip (a failed
@@ -480,6 +484,13 @@ class IdempotencyMiddleware:
             else:
                 self.store.release(conn, claim)
         response.ended_by_endpoint(claim, found=found)
+
+    def _claim_committed(self, conn: Connection[Any], claim: Won) -> bool:
+        """Whether ``claim`` committed, on the idle ``conn`` of a view that ended the request's
+        transaction: its completion finds it, in a transaction rolled back at once, so that
+        nothing is stored and the claim stays in flight."""
+        with conn.transaction(force_rollback=True):
+            return self.store.complete(conn, claim, _NOTHING)
 
     def _handle_phased(
         self,
@@ -591,7 +602,7 @@ class IdempotencyMiddleware:
             if response.too_large:
                 return _answer(start_response, semantics.response_too_large(response))
             if response.ended:
-                return _answer(start_response, semantics.TRANSACTION_ENDED)
+                return _answer(start_response, response.ended_answer)
             raise UsageError("the WSGI application returned without calling start_response()")
         headers = captured.headers
         if response.stored:
@@ -602,6 +613,10 @@ class IdempotencyMiddleware:
             return response.body
         # The server closes it after sending the answer (PEP 3333), after the commit.
         return _Body(response.body, close)
+
+
+#: What the probe of :meth:`IdempotencyMiddleware._claim_committed` completes (rolled back).
+_NOTHING = Response()
 
 
 class _IncompleteBody(Exception):

@@ -18,8 +18,10 @@ back in its framework's response type. So the answers are the same whichever ada
 500    the response exceeded ``max_response_bytes``: it cannot be stored, so it is not given out
        and the endpoint's work is rolled back (on a two-phase route, the phases that committed
        are kept, and a retry with the same key resumes after them:
-       :data:`RESPONSE_TOO_LARGE_RESUMABLE`); or the endpoint tried to commit or roll back the
-       request's transaction itself (:data:`TRANSACTION_ENDED`): nothing of it committed
+       :data:`RESPONSE_TOO_LARGE_RESUMABLE`); or the endpoint ended the request's transaction
+       itself and ran on, or tried to: after a rollback or a refused attempt nothing of it
+       committed (:data:`TRANSACTION_ENDED`), after a COMMIT its writes before it committed with
+       the claim, which stays in flight (:data:`TRANSACTION_ENDED_COMMITTED`)
 503    the database unreachable, timed out or in conflict; nothing committed; ``Retry-After``
 =====  ==========================================================================================
 
@@ -178,14 +180,29 @@ def response_too_large(captured: CapturedResponse) -> Answer:
     return RESPONSE_TOO_LARGE_RESUMABLE if captured.resumable else RESPONSE_TOO_LARGE
 
 
-#: The endpoint tried to commit or roll back the request's transaction itself (refused, and
-#: nothing of it committed): the claim would have committed before its response was stored, or
-#: gone with the rollback while the endpoint's later writes committed without it.
+#: The endpoint rolled back the request's transaction itself and ran on, or tried to commit or
+#: roll it back and was refused: nothing of the request committed, no answer is stored, and the
+#: key is free, so a retry runs the request again.
 TRANSACTION_ENDED = problem(
     500,
     "Transaction ended by the endpoint",
-    "the endpoint tried to commit or roll back the request's transaction, which is committed "
-    "only once its response is stored; nothing was done, and a retry runs it again",
+    "the endpoint rolled back the request's transaction itself, or tried to commit or roll it "
+    "back, while it is committed only once its response is stored; nothing of the request "
+    "committed and no answer was stored: a retry with this Idempotency-Key runs it again",
+)
+
+#: The endpoint committed the request's transaction itself and ran on: its writes before that
+#: COMMIT committed with the claim, what it ran after was rolled back, and its answer (which may
+#: name rows never made) is neither sent nor stored. The claim stays in flight until the key
+#: expires, so that no retry makes those writes again.
+TRANSACTION_ENDED_COMMITTED = problem(
+    500,
+    "Transaction ended by the endpoint",
+    "the endpoint committed the request's transaction itself and ran on, while it is committed "
+    "only once its response is stored: what it wrote before its COMMIT committed, with this "
+    "Idempotency-Key's claim, and what it ran after was rolled back; no answer was stored, so "
+    "a retry with this key is answered 409 (in progress) until the key expires, and never "
+    "makes those writes again",
 )
 
 
@@ -363,10 +380,13 @@ class CapturedResponse:
     #: committed (or, if COMMIT's answer was lost, the retry replays what did), so the client is
     #: told to retry: 503 with Retry-After, never a 500 and a traceback.
     unavailable: bool = False
-    #: The endpoint ended the request's transaction itself and nothing of the request committed:
-    #: the client is told so (:data:`TRANSACTION_ENDED`), not given the answer (see
-    #: :meth:`ended_by_endpoint`).
+    #: The endpoint ended the request's transaction itself and its answer is not given: the
+    #: client is told what became of the request instead (:attr:`ended_answer`; see
+    #: :meth:`ended_by_endpoint` and :meth:`ended_then_wrote`).
     ended: bool = False
+    #: With :attr:`ended`: the endpoint had committed the claim with its writes before the end
+    #: (:data:`TRANSACTION_ENDED_COMMITTED`), not rolled it back (:data:`TRANSACTION_ENDED`).
+    ended_committed: bool = False
     #: A two-phase request not stored whose work's recorded steps were kept for the retry with
     #: the same key (its lease ended, not released): what a 500 problem must say instead of
     #: "nothing was done" (see :func:`response_too_large`).
@@ -456,6 +476,24 @@ class CapturedResponse:
                 "stored: undo a part with a savepoint, or raise to undo it all"
             ),
         )
+
+    def ended_then_wrote(self, claim: Won, error: BaseException, *, committed: bool) -> None:
+        """The endpoint ended the request's transaction and ran on in the one psycopg opened
+        next, and the key store's commit found the end (``error``) and rolled back what ran
+        after it. The answer was made after those statements, which are gone (a 201 may name a
+        row never made): it is neither sent nor stored. The claim stays as the end left it:
+        rolled back, the key free (``committed`` false), or committed with the writes before
+        the end (``committed`` true), in flight until it expires so that no retry makes those
+        again. The log names the error."""
+        self.stored = False
+        self.ended = True
+        self.ended_committed = committed
+        log_transaction_ended(claim.scope, error)
+
+    @property
+    def ended_answer(self) -> Answer:
+        """The answer to a request whose endpoint ended its transaction (:attr:`ended`)."""
+        return TRANSACTION_ENDED_COMMITTED if self.ended_committed else TRANSACTION_ENDED
 
     def response(self) -> Response:
         """What the key store keeps for replays."""
