@@ -81,7 +81,6 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
-from psycopg.pq import TransactionStatus
 
 from pgonce.contrib.django import conf
 from pgonce.contrib.django.connection import check_backend, psycopg_connection
@@ -354,6 +353,8 @@ class IdempotencyMiddleware:
             weakref.WeakKeyDictionary()
         )
         self._auto = settings.pooler == "auto"
+        #: The scope function, looked up once rather than through the settings per request.
+        self._scope = settings.scope
         #: One atomic block for every request, as ``@transaction.atomic`` makes one for every call
         #: of the function it decorates: Django keeps a block's state on the thread's
         #: connection, never on the block, so threads share it safely.
@@ -420,19 +421,20 @@ class IdempotencyMiddleware:
         rules = self.rules
         if not rules.applies(request.method or "", request.path_info):
             return None
+        meta = request.META
         try:
-            key = rules.joined_key(request.META.get("HTTP_IDEMPOTENCY_KEY"))
+            key = rules.joined_key(meta.get("HTTP_IDEMPOTENCY_KEY"))
         except InvalidIdempotencyKey as error:
             return semantics.invalid_key(error)
         if key is None:
             return semantics.MISSING_KEY if rules.require_key else None
-        if rules.declared_too_large(request.META.get("CONTENT_LENGTH")):
+        if rules.declared_too_large(meta.get("CONTENT_LENGTH")):
             return rules.request_too_large
         return key
 
     def _handle(self, request: HttpRequest, key: str, view: GetResponse) -> HttpResponseBase:
         try:
-            caller = self.settings.scope(request)
+            caller = self._scope(request)
         except _UNAVAILABLE:
             # The scope read the database (user_scope loads the session's user) and lost it:
             # nothing was claimed or done, and the retry runs the request.
@@ -441,13 +443,14 @@ class IdempotencyMiddleware:
             setattr(request, REQUEST_ATTRIBUTE, semantics.UNSCOPED)
             response: HttpResponseBase = view(request)
             return response
+        rules = self.rules
         try:
             body = request.body
         except RequestDataTooBig:
-            return to_django(self.rules.request_too_large)
-        if len(body) > self.rules.max_request_bytes:
-            return to_django(self.rules.request_too_large)
-        fingerprint = self.rules.fingerprint(
+            return to_django(rules.request_too_large)
+        if len(body) > rules.max_request_bytes:
+            return to_django(rules.request_too_large)
+        fingerprint = rules.fingerprint(
             request.method or "",
             request.path,
             _query_bytes(request),
@@ -486,23 +489,28 @@ class IdempotencyMiddleware:
         # The thread's connection wrapper, looked up once: every lookup goes through Django's
         # thread-and-task-local connection handler.
         wrapper = connections[using]
-        store = self._store_for(wrapper)
+        store = self.store
+        if self._auto:
+            # A connection seen before is found without a call; a new one is checked once.
+            conn = wrapper.connection
+            store = (conn is not None and self._stores.get(conn)) or self._store_for(wrapper)
         # Outermost, the middleware owns the request's transaction (it opened it), so BEGIN
         # travels with the claim and the completion with COMMIT: three round trips with the
         # view's one statement, as in the ASGI middleware. Inside someone else's atomic() block
         # it joins that transaction instead and never ends it.
         owned = not wrapper.in_atomic_block
+        rules = self.rules
         with self._atomic:
             conn = wrapper.connection  # atomic() connected it
             if not isinstance(conn, psycopg.Connection):
                 conn = psycopg_connection(using)  # raises what is wrong
-            owned = owned and conn.pgconn.transaction_status == TransactionStatus.IDLE
+            owned = owned and conn.pgconn.transaction_status == IDLE
             claim = (store.begin if owned else store.claim)(conn, caller, key, fingerprint)
             if not isinstance(claim, Won):
                 # The claim wrote nothing (begin() has already ended its transaction).
                 wrapper.set_rollback(True)
                 if isinstance(claim, Replay):
-                    return to_django(self.rules.replay(claim))
+                    return to_django(rules.replay(claim))
                 assert isinstance(claim, InFlight)
                 return to_django(semantics.in_flight(claim))
             claimed = ClaimedRequest(caller, key, len(wrapper.savepoint_ids))
@@ -518,7 +526,7 @@ class IdempotencyMiddleware:
                 # A streamed body is produced here, still inside the transaction: the queries of
                 # its generator are the view's, and its writes commit with the stored response.
                 try:
-                    captured = _capture(response, self.rules.capture())
+                    captured = _capture(response, rules.capture())
                 except (TransactionManagementError, RuntimeError) as error:
                     # Raised by the generator after the view returned, where Django's
                     # process_exception() never sees it; nothing of the body has gone out.
@@ -547,7 +555,7 @@ class IdempotencyMiddleware:
                 )
                 and not claimed.raised
                 and not claimed.undone
-                and not wrapper.get_rollback()
+                and not wrapper.needs_rollback  # get_rollback(), inside the block
             )
             kept = captured.keep(began=began, status_kept=store.stores_status)
             status = conn.pgconn.transaction_status
@@ -574,12 +582,15 @@ class IdempotencyMiddleware:
                 # finds wrong in the view's writes (a deferred foreign key) is raised as Django
                 # raises it from its own COMMIT: django.db.IntegrityError, not psycopg's.
                 try:
+                    found = (
+                        store.commit(conn, claim, captured.response())
+                        if owned
+                        else store.complete(conn, claim, captured.response())
+                    )
+                except psycopg.Error:
+                    # Made Django's exception (wrap_database_errors), entered only when needed.
                     with wrapper.wrap_database_errors:
-                        found = (
-                            store.commit(conn, claim, captured.response())
-                            if owned
-                            else store.complete(conn, claim, captured.response())
-                        )
+                        raise
                 except EndedThenWrote as error:
                     # The view ended the request's transaction on the psycopg connection and
                     # wrote on in the one psycopg opened next: commit() found the end and
@@ -602,7 +613,7 @@ class IdempotencyMiddleware:
         if captured.ended:
             return to_django(semantics.TRANSACTION_ENDED)
         if captured.stored:
-            name, value = self.rules.expires_text_header(claim.claimed_at)
+            name, value = rules.expires_text_header(claim.claimed_at)
             response[name] = value
         return response
 
