@@ -19,13 +19,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-import nats
 import psycopg
 import pytest
 from nats.aio.client import Client as NatsClient
 
+import pgonce.publishers.nats
 from faults.proxy import Proxy
 from pgonce.publishers.nats import NatsPublisher
 from pgonce.publishers.rabbitmq import RabbitMQPublisher
@@ -162,14 +161,13 @@ def nats_waiting(monkeypatch: pytest.MonkeyPatch) -> Waiting:
     """
     clients: list[NatsClient] = []
 
-    async def connect(servers: str | list[str], **options: Any) -> NatsClient:
-        # What nats.connect() does, keeping the client.
-        client = NatsClient()
-        clients.append(client)
-        await client.connect(servers, **options)
-        return client
+    class Kept(NatsClient):
+        # The publisher's client, kept.
+        def __init__(self) -> None:
+            super().__init__()
+            clients.append(self)
 
-    monkeypatch.setattr(nats, "connect", connect)
+    monkeypatch.setattr(pgonce.publishers.nats, "Client", Kept)
     return lambda: bool(clients) and clients[-1].is_connecting
 
 

@@ -160,8 +160,9 @@ CREATE DOMAIN attempt_count AS integer
     CONSTRAINT attempt_count_not_negative CHECK (VALUE >= 0);
 
 CREATE TABLE outbox (
-    -- The message id on every broker (AMQP message-id, Nats-Msg-Id, the Redis stream field,
-    -- webhook-id), so consumers and JetStream can drop redeliveries. Allocated by enqueue() only
+    -- The message id on every broker (AMQP message-id, the Redis stream field, webhook-id; in
+    -- Nats-Msg-Id after the outbox's origin or the publisher's prefix), so consumers and
+    -- JetStream can drop redeliveries. Allocated by enqueue() only
     -- after it holds the aggregate's lock (outbox_aggregates), which makes the id order of one
     -- aggregate's rows their commit order (not for events enqueued with ordered=False, which
     -- take no lock). The sequence must keep CACHE 1 for that to hold.
