@@ -23,7 +23,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgonce.errors import ConfigError
+from pgonce.errors import ConfigError, UsageError
 from pgonce.publishers.base import outbox_origin
 from pgonce.publishers.nats import NatsPublisher
 from pgonce.relay import Relay
@@ -225,3 +225,14 @@ async def test_without_the_control_data_the_origin_names_the_database_and_schema
     assert publisher.origins == [outbox_origin("", database[0], "pgonce")]
     assert publisher.origins != [origin_of(direct_dsn, "pgonce")]
     assert "the cluster's system identifier cannot be read" in caplog.text
+
+
+@pytest.mark.parametrize("prefix", ["", "billing:"])
+def test_one_publisher_given_to_relays_of_two_outboxes_is_refused(prefix: str) -> None:
+    # The second origin took the first's place: one outbox's row 1 and the other's carried
+    # one id, and JetStream dropped one of them. With a prefix the ids were one too.
+    publisher = NatsPublisher(msg_id_prefix=prefix)
+    publisher.set_origin(outbox_origin("1", "app", "pgonce"))
+    publisher.set_origin(outbox_origin("1", "app", "pgonce"))  # the same outbox, again
+    with pytest.raises(UsageError, match="one NatsPublisher serves one outbox"):
+        publisher.set_origin(outbox_origin("1", "app", OTHER))

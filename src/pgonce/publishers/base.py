@@ -64,7 +64,8 @@ class Publisher(Protocol):
     outbox the rows come from, the same for the same outbox whatever relay publishes it. A
     publisher whose broker deduplicates by a message id (JetStream's ``Nats-Msg-Id``) puts it in
     the id, so that two outboxes' row 1 do not take each other for a redelivery. A publisher
-    serves one outbox: the origin is the last one given.
+    serves one outbox: given another origin after the first, it raises
+    :class:`~pgonce.errors.UsageError`.
     """
 
     #: Short name for logs and metrics: "rabbitmq", "nats", "redis", "http".

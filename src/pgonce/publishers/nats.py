@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 
 from pgonce.core.checks import describe
 from pgonce.core.outbox import OutboxMessage
-from pgonce.errors import BrokerUnavailable, ConfigError
+from pgonce.errors import BrokerUnavailable, ConfigError, UsageError
 from pgonce.extras import needs
 from pgonce.publishers.base import (
     PublishResult,
@@ -229,6 +229,8 @@ class NatsPublisher:
         #: What comes before the outbox id in ``Nats-Msg-Id``: the prefix, else the origin the
         #: relay gives (see set_origin()) and a colon, else nothing.
         self._id_prefix = msg_id_prefix
+        #: The origin the relay gave, once it has.
+        self._origin: str | None = None
         self.servers = servers
         self.routing = routing or by_aggregatetype("outbox.")
         self.ack_timeout = ack_timeout
@@ -245,6 +247,14 @@ class NatsPublisher:
         problem = msg_id_prefix_problem(origin)
         if problem is not None or not origin:
             raise ConfigError(f"the outbox's origin {problem or 'must not be empty'}")
+        if self._origin is not None and self._origin != origin:
+            # Relays of two outboxes sharing this publisher: the ids of one would name the
+            # other, and JetStream would drop one outbox's row as a duplicate of the other's.
+            raise UsageError(
+                "one NatsPublisher serves one outbox: it was given to relays of two (another "
+                "database or schema); give each relay a publisher of its own"
+            )
+        self._origin = origin
         if not self.msg_id_prefix:
             self._id_prefix = f"{origin}:"
 
