@@ -47,6 +47,7 @@ from psycopg import Connection
 
 from pgonce.core.leases import failure_note, not_stored_note
 from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won
+from pgonce.core.requests import request_fingerprint
 from pgonce.errors import (
     DatabaseUnavailable,
     InvalidIdempotencyKey,
@@ -56,6 +57,8 @@ from pgonce.errors import (
     UsageError,
 )
 from pgonce.http import semantics
+from pgonce.http.keys import parse_key
+from pgonce.http.replay import EXPIRES_HEADER
 from pgonce.http.semantics import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -301,33 +304,39 @@ class IdempotencyMiddleware:
         rules = self.rules
         method = environ["REQUEST_METHOD"]
         path = environ.get("PATH_INFO", "")
-        if not rules.applies(method, path):
+        # rules.applies(), without its calls on a middleware with no routes.
+        if method not in (rules.methods_for(path) if rules.routes else rules.methods):
             return self.app(environ, start_response)
-        try:
-            key = rules.joined_key(environ.get("HTTP_IDEMPOTENCY_KEY"))
-        except InvalidIdempotencyKey as error:
-            return _answer(start_response, semantics.invalid_key(error))
-        if key is None:
+        value = environ.get("HTTP_IDEMPOTENCY_KEY")
+        if value is None:
             if rules.require_key:
                 return _answer(start_response, semantics.MISSING_KEY)
             return self.app(environ, start_response)
-        if rules.declared_too_large(environ.get("CONTENT_LENGTH")):
+        try:
+            key = parse_key(value)  # rules.joined_key()
+        except InvalidIdempotencyKey as error:
+            return _answer(start_response, semantics.invalid_key(error))
+        # rules.declared_too_large(), the declared size read once for _read_body() too.
+        declared = environ.get("CONTENT_LENGTH")
+        size = int(declared) if declared and declared.isascii() and declared.isdigit() else None
+        if size is not None and size > rules.max_request_bytes:
             return _answer(start_response, rules.request_too_large)
         caller = self.key_scope(environ)
         if caller is None:
             return self._unscoped(environ, start_response)
         try:
-            body = self._read_body(environ)
+            body = self._read_body(environ, size)
         except _IncompleteBody as cut:
             return _answer(start_response, cut.answer)
         if body is None:
             return _answer(start_response, rules.request_too_large)
-        fingerprint = rules.fingerprint(
+        fingerprint = request_fingerprint(  # rules.fingerprint()
             method,
             environ.get("SCRIPT_NAME", "") + path,
             environ.get("QUERY_STRING", "").encode("latin-1"),
             body,
-            environ.get("CONTENT_TYPE"),
+            content_type=environ.get("CONTENT_TYPE"),
+            canonicalize_json=rules.canonicalize_json,
         )
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
@@ -335,7 +344,7 @@ class IdempotencyMiddleware:
             return self._handle_phased(environ, start_response, caller, key, fingerprint)
         return self._handle(environ, start_response, caller, key, fingerprint)
 
-    def _read_body(self, environ: Environ) -> bytes | None:
+    def _read_body(self, environ: Environ, size: int | None) -> bytes | None:
         """The whole request body; ``None`` when it exceeds ``max_request_bytes``.
 
         Raises :class:`_IncompleteBody` when the body ends before its ``Content-Length``: the
@@ -345,17 +354,17 @@ class IdempotencyMiddleware:
         ``amount=1000`` is a valid form); and a claim of the cut body would answer the retry of
         the whole one 422.
         """
-        limit = self.rules.max_request_bytes
         stream = environ["wsgi.input"]
-        declared = environ.get("CONTENT_LENGTH")
-        if declared and declared.isascii() and declared.isdigit():
-            # Not over max_request_bytes: __call__() answered 413 to a declared size over it.
-            body: bytes = stream.read(size := int(declared))
+        if size is not None:
+            # The declared Content-Length, not over max_request_bytes: __call__() answered 413
+            # to a declared size over it.
+            body: bytes = stream.read(size)
             if len(body) == size:
                 return body
             raise _IncompleteBody(len(body), size)
         if not environ.get("wsgi.input_terminated"):
             return b""  # PEP 3333: without a Content-Length there is no body to read
+        limit = self.rules.max_request_bytes
         chunks: list[bytes] = []
         size = 0
         while chunk := stream.read(64 * 1024):
@@ -572,20 +581,26 @@ class IdempotencyMiddleware:
         except _ResponseTooLarge:  # from write(): see _Captured._write
             return captured
         captured.close_app = getattr(result, "close", None)
-        add = response.add
+        # response.add() of each chunk, without its call: the size is read from the response at
+        # each chunk, as write() (a generator application's) adds to it too.
+        limit = response.limit
+        append = response.body.append
         try:
             for chunk in result:
-                add(chunk, True)
-                if response.too_large:
+                if (size := response.size + len(chunk)) > limit:
+                    response.add(chunk, True)  # too large: its answer is decided
                     captured.close()
                     return captured
+                response.size = size
+                if chunk:
+                    append(chunk)
         except _ResponseTooLarge:  # write() called by a generator application
             captured.close()
             return captured
         except BaseException:
             captured.close()
             raise
-        add(b"", False)
+        response.complete = True  # response.add(b"", False)
         return captured
 
     def _give(
@@ -593,7 +608,13 @@ class IdempotencyMiddleware:
     ) -> Iterable[bytes]:
         """The application's own answer, after its transaction committed or rolled back."""
         response = captured.response
-        if response.unavailable or response.too_large or response.ended or not response.answered:
+        if (
+            response.unavailable
+            or response.too_large
+            or response.ended
+            or response.status is None  # not response.answered, without the property's call
+            or not response.complete
+        ):
             # Another answer than the application's: its iterable is closed now, after the
             # transaction ended, not left to a server that never sees it.
             captured.close()
@@ -606,13 +627,16 @@ class IdempotencyMiddleware:
             raise UsageError("the WSGI application returned without calling start_response()")
         headers = captured.headers
         if response.stored:
-            headers = [*headers, self.rules.expires_text_header(claim.claimed_at)]
+            # rules.expires_text_header(), without its call.
+            headers = [*headers, (EXPIRES_HEADER, self.rules.expires(claim.claimed_at))]
         start_response(captured.status_line, headers)
         close = captured.close_app
         if close is None:
             return response.body
         # The server closes it after sending the answer (PEP 3333), after the commit.
-        return _Body(response.body, close)
+        body = _Body(response.body)
+        body.close = close
+        return body
 
 
 #: What the probe of :meth:`IdempotencyMiddleware._claim_committed` completes (rolled back).
@@ -680,9 +704,7 @@ class _Body(list[bytes]):
 
     __slots__ = ("close",)
 
-    def __init__(self, body: list[bytes], close: Callable[[], object]) -> None:
-        super().__init__(body)
-        self.close = close
+    close: Callable[[], object]
 
 
 class _ResponseTooLarge(Exception):

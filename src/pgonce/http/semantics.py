@@ -419,13 +419,16 @@ class CapturedResponse:
         the database first) is never kept: the work was refused, not done, and the retry after
         ``Retry-After`` must run it rather than replay the refusal.
         """
-        self.stored = (
+        status = self.status
+        self.stored = stored = (
             began
-            and self.status != TOO_MANY_REQUESTS
-            and self.answered
-            and status_kept(self.status)
+            and status is not None  # self.answered, without the property's call
+            and self.complete
+            and not self.too_large
+            and status != TOO_MANY_REQUESTS
+            and status_kept(status)
         )
-        return self.stored
+        return stored
 
     def commits(self, transaction_status: int) -> bool:
         """Whether the request's transaction commits with this answer stored (after
