@@ -4,8 +4,9 @@ transaction for the later writes. commit()'s completion finds the end, and every
 is rolled back; the middleware then settles the claim as for an endpoint that ran nothing after
 the end. Rolled back: nothing of the request committed, the client gets the "Transaction ended
 by the endpoint" problem, and its retry runs the work once, whole. Committed: the claim and the
-writes before the COMMIT are done, the response is stored after them (the retry replays it), and
-the writes after the COMMIT are not committed."""
+writes before the COMMIT are done and the writes after it are not; the endpoint's answer, made
+after writes that were rolled back, is neither sent nor stored, the client is told what became
+of the request, and the claim stays in flight (the retry gets 409, never a second run)."""
 
 from __future__ import annotations
 
@@ -58,25 +59,26 @@ async def test_a_rollback_then_writes_commit_nothing_and_the_retry_runs_once(
     assert answer.status_code == 500
     assert answer.json()["title"] == "Transaction ended by the endpoint"
     assert state(dsn) == ([], [])
-    assert any("rolled back the claim" in r.getMessage() for r in caplog.records)
+    assert any("A rollback had taken the claim" in r.getMessage() for r in caplog.records)
     # The retry finds the key free, but the endpoint ends its transaction again: still nothing.
     again = await client.post("/rollback", headers={"Idempotency-Key": "k"})
     assert again.status_code == 500
     assert state(dsn) == ([], [])
 
 
-async def test_a_commit_then_writes_keeps_the_committed_part_and_stores_the_answer(
+async def test_a_commit_then_writes_keeps_the_committed_part_and_sends_no_answer(
     client: httpx.AsyncClient, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="pgonce.http"):
         answer = await client.post("/commit", headers={"Idempotency-Key": "k"})
-    assert answer.status_code == 200
-    assert answer.json() == {"done": "commit"}
-    # The write after the COMMIT did not commit; the claim committed with the one before it
-    # is completed, so the key is not in flight until it expires.
-    assert state(dsn) == (["before"], [True])
+    # The answer was made after the write that was rolled back (it might name its row): not
+    # sent, not stored. The claim committed with the write before the COMMIT stays in flight,
+    # so no retry makes that write again.
+    assert answer.status_code == 500
+    assert answer.json()["title"] == "Transaction ended by the endpoint"
+    assert "what it wrote before its COMMIT committed" in answer.json()["detail"]
+    assert state(dsn) == (["before"], [False])
     assert any("committed the claim" in r.getMessage() for r in caplog.records)
-    replay = await client.post("/commit", headers={"Idempotency-Key": "k"})
-    assert replay.status_code == 200
-    assert replay.json() == {"done": "commit"}
-    assert state(dsn) == (["before"], [True])
+    retry = await client.post("/commit", headers={"Idempotency-Key": "k"})
+    assert retry.status_code == 409
+    assert state(dsn) == (["before"], [False])

@@ -30,7 +30,11 @@ Guarantees and answers:
 - **an endpoint that ends the request's transaction itself** (a commit or rollback on its
   connection) and runs nothing after leaves no key in flight: after a commit its answer is stored
   just after; after a rollback nothing committed, and the client gets the 500 problem
-  :data:`~pgonce.http.semantics.TRANSACTION_ENDED`. Either way the log names the error.
+  :data:`~pgonce.http.semantics.TRANSACTION_ENDED`. One that runs statements after the end gets
+  a 500 problem either way, its answer neither sent nor stored (it may name rows that were rolled
+  back): after a rollback :data:`~pgonce.http.semantics.TRANSACTION_ENDED`, after a commit
+  :data:`~pgonce.http.semantics.TRANSACTION_ENDED_COMMITTED` (the writes before it committed
+  with the claim, which stays in flight). Either way the log names the error.
 - **streaming responses** are buffered in full (up to ``max_response_bytes``), stored, and sent
   after the commit as one body.
 - Every answer for a stored key carries ``Idempotency-Key-Expires`` (an HTTP-date: claim time plus
@@ -63,7 +67,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.core.leases import failure_note, not_stored_note
-from pgonce.core.outcomes import InFlight, Replay, Won
+from pgonce.core.outcomes import InFlight, Replay, Response, Won
 from pgonce.errors import (
     DatabaseUnavailable,
     InvalidIdempotencyKey,
@@ -152,6 +156,8 @@ def header_scope(name: str, *, prefix: str = "") -> KeyScope:
 #: connection (OperationalError covers AdminShutdown and a statement cancelled by a timeout), the
 #: pool's timeout, and pgonce's translation of them.
 _UNAVAILABLE = (PoolTimeout, DatabaseUnavailable, psycopg.OperationalError)
+#: What the probe of :meth:`IdempotencyMiddleware._claim_committed` completes (rolled back).
+_NOTHING = Response()
 
 
 class IdempotencyMiddleware:
@@ -417,11 +423,15 @@ class IdempotencyMiddleware:
                                 committed = await self.store.commit(
                                     conn, claim, captured.response()
                                 )
-                            except EndedThenWrote:
+                            except EndedThenWrote as error:
                                 # The endpoint ended the request's transaction and wrote on in
                                 # the one psycopg opened next: commit() found the end and
-                                # rolled back what ran after it. Settled as above.
-                                await self._settle(conn, claim, captured)
+                                # rolled back what ran after it, and the endpoint's answer was
+                                # made after it (a 201 may name a row never made): neither sent
+                                # nor stored. The claim stays as the end left it.
+                                captured.ended_then_wrote(
+                                    claim, error, committed=await self._claim_committed(conn, claim)
+                                )
                             else:
                                 if not committed:
                                     # The completion and COMMIT in one round trip (a failed
@@ -462,6 +472,13 @@ class IdempotencyMiddleware:
             else:
                 await self.store.release(conn, claim)
         captured.ended_by_endpoint(claim, found=found)
+
+    async def _claim_committed(self, conn: AsyncConnection[Any], claim: Won) -> bool:
+        """Whether ``claim`` committed, on the idle ``conn`` of an endpoint that ended the
+        request's transaction: its completion finds it, in a transaction rolled back at once,
+        so that nothing is stored and the claim stays in flight."""
+        async with conn.transaction(force_rollback=True):
+            return await self.store.complete(conn, claim, _NOTHING)
 
     async def _reply(
         self, send: Send, captured: CapturedResponse | None, claim: Won | Replay | InFlight
@@ -632,7 +649,7 @@ class IdempotencyMiddleware:
     ) -> None:
         """Send the application's own answer, after its transaction committed or rolled back."""
         if captured.ended:
-            await _send(send, semantics.TRANSACTION_ENDED)
+            await _send(send, captured.ended_answer)
             return
         if not captured.answered:
             if captured.too_large:
