@@ -69,11 +69,6 @@ def test_a_commit_then_writes_leaves_the_key_in_flight(how: str, atomic_requests
     assert (payments("before"), payments("after"), stored_keys(key)) == (1, 0, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Django middleware answers TRANSACTION_ENDED (nothing committed, the retry runs "
-    "again) where the view committed the claim: it must answer TRANSACTION_ENDED_COMMITTED",
-)
 @pytest.mark.parametrize("how", ["COMMIT", "commit"])
 def test_a_commit_then_writes_is_told_that_the_writes_before_it_committed(
     how: str, atomic_requests: bool

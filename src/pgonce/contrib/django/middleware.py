@@ -84,7 +84,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from pgonce.contrib.django import conf
 from pgonce.contrib.django.connection import check_backend, psycopg_connection
-from pgonce.core.outcomes import InFlight, Replay, Won
+from pgonce.core.outcomes import InFlight, Replay, Response, Won
 from pgonce.database import reaches_server_directly
 from pgonce.errors import (
     DatabaseUnavailable,
@@ -101,6 +101,8 @@ from pgonce.store._sync.keys import EndedThenWrote, KeyStore
 REQUEST_ATTRIBUTE = "pgonce"
 
 _UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError, OperationalError, InterfaceError)
+#: What the probe of _claim_committed() completes (rolled back).
+_NOTHING = Response()
 
 #: What Django's ``atomic()`` sends for its savepoints (``connection.ops.savepoint_*_sql``): they
 #: write nothing, so a view inside ``ATOMIC_REQUESTS`` has not begun when its block opens.
@@ -219,7 +221,7 @@ class ClaimedRequest:
     query, installed on the connection while the view runs and while its streamed body is read.
     """
 
-    __slots__ = ("began", "depth", "first", "key", "raised", "scope", "undone")
+    __slots__ = ("began", "depth", "ended", "first", "key", "raised", "scope", "undone")
 
     def __init__(self, scope: str, key: str, depth: int = 0) -> None:
         self.scope = scope
@@ -229,6 +231,9 @@ class ClaimedRequest:
         self.began = False
         self.raised = False
         self.undone = False
+        #: The view ended the request's transaction and ran on, which its atomic() block found
+        #: at its end (see process_exception()).
+        self.ended = False
         #: The savepoint of the view's outermost atomic() block open when the view began (its
         #: name as Django's SQL quotes it), None when none was or it is not known.
         self.first: str | None = None
@@ -410,6 +415,7 @@ class IdempotencyMiddleware:
             # itself and ran on in the one psycopg opened next. Not a lost database: the
             # middleware rolls that transaction back, and the client is told what happened.
             semantics.log_transaction_ended(claimed.scope, _ended_in_block(exception))
+            claimed.ended = True
             return to_django(semantics.TRANSACTION_ENDED)
         if isinstance(exception, _UNAVAILABLE):
             semantics.log_unavailable(claimed.scope, exception)
@@ -599,23 +605,35 @@ class IdempotencyMiddleware:
                     # nor stored. The claim stays as the end left it: rolled back (the key is
                     # free), or committed with the writes before the end and in flight until
                     # it expires, so that no retry makes those again.
-                    semantics.log_transaction_ended(caller, error)
-                    captured.stored = False
-                    captured.ended = True
+                    captured.ended_then_wrote(
+                        claim, error, committed=_claim_committed(store, conn, claim)
+                    )
                     found = True
                 if not found:
                     # The view ended the transaction on the psycopg connection itself and
                     # wrote in a new one: no claim was left to complete.
                     captured.claim_lost(claim)
         # Committed (or rolled back): only now is the answer given out.
+        if claimed.ended and _claim_committed(store, conn, claim):
+            # The view committed the claim with its writes before the end its atomic() block
+            # found: the answer says so (process_exception() could not know it yet).
+            return to_django(semantics.TRANSACTION_ENDED_COMMITTED)
         if captured.too_large:
             return to_django(semantics.RESPONSE_TOO_LARGE)
         if captured.ended:
-            return to_django(semantics.TRANSACTION_ENDED)
+            return to_django(captured.ended_answer)
         if captured.stored:
             name, value = rules.expires_text_header(claim.claimed_at)
             response[name] = value
         return response
+
+
+def _claim_committed(store: KeyStore, conn: psycopg.Connection[Any], claim: Won) -> bool:
+    """Whether ``claim`` committed, on the idle ``conn`` of a view that ended the request's
+    transaction: its completion finds it, in a transaction rolled back at once, so that nothing
+    is stored and the claim stays in flight."""
+    with conn.transaction(force_rollback=True):
+        return store.complete(conn, claim, _NOTHING)
 
 
 def _settle(
@@ -656,6 +674,14 @@ def _capture(response: HttpResponseBase, captured: CapturedResponse) -> Captured
         # it here, inside the transaction, so that what its ``finally`` writes rolls back with
         # the rest instead of committing on its own after it.
         content = response._iterator
+        # Django put the body's close() among the response's closers, for the server to call
+        # once the body is sent: it runs here instead, inside the transaction, and must not run
+        # again after the commit, where a close() that writes would write a second time, alone.
+        close = getattr(content, "close", None)
+        if close is not None:
+            closers = response._resource_closers
+            while close in closers:
+                closers.remove(close)
         if getattr(response, "is_async", False):
             # An async iterator (``async def`` generator) is read on the event loop; its ORM
             # calls (``acreate()``, ``sync_to_async``) come back to this thread, into the
