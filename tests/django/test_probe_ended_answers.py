@@ -34,7 +34,8 @@ def atomic_requests(request: pytest.FixtureRequest) -> Iterator[bool]:
 
 
 def payments(principal: str) -> int:
-    return Payment.objects.filter(principal=principal).count()
+    count: int = Payment.objects.filter(principal=principal).count()
+    return count
 
 
 @pytest.mark.parametrize("how", ["ROLLBACK", "rollback"])

@@ -134,8 +134,8 @@ async def test_an_endpoint_refusing_the_connect_before_a_batch_refuses_its_rows(
     """The connect made before the batch stands for its rows' attempt: a refused one refuses
     them (counted against the retry policy, as a refused connect inside the request was), and
     the endpoint is not connected to again for each row."""
-    with psycopg.connect(direct_dsn) as conn:
-        ids = [enqueue(conn, "order", str(n), "created", {"n": n}) for n in range(3)]
+    with psycopg.connect(direct_dsn) as setup:
+        ids = [enqueue(setup, "order", str(n), "created", {"n": n}) for n in range(3)]
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = int(closed.getsockname()[1])  # bound, not listening: the connect is refused

@@ -47,4 +47,4 @@ def test_an_async_scoped_session_factory_is_refused(async_engine: AsyncEngine) -
 
     scoped = async_scoped_session(async_sessionmaker(), scopefunc=lambda: 0)
     with pytest.raises(UsageError, match=SAY):
-        inbox_handler(handle, session_factory=scoped)  # type: ignore[arg-type]
+        inbox_handler(handle, session_factory=scoped)
