@@ -153,6 +153,21 @@ async def test_the_next_batch_is_claimed_while_one_is_at_the_broker(dsn: str) ->
     relay = Relay(dsn, broker, batch_size=5, concurrency=1, listen=False)
     draining = asyncio.create_task(relay.drain())
 
+    async def claims_held() -> int:
+        # Watched without a row lock: a probe that locked the free rows, even for an instant,
+        # would make a loop claiming at that instant find nothing and end.
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state = 'idle in transaction' AND backend_xid IS NOT NULL"
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            return int(row[0])
+
+    async def both_loops_hold_a_claim() -> bool:
+        return await claims_held() == 2
+
     async def nothing_left_to_claim() -> bool:
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             cur = await conn.execute(
@@ -162,8 +177,11 @@ async def test_the_next_batch_is_claimed_while_one_is_at_the_broker(dsn: str) ->
 
     try:
         await wait_until(lambda: broker.batches == 1)
-        await wait_until(nothing_left_to_claim)
-        # Claimed, and held back from the broker: one batch in flight means one.
+        # Both loops hold a claim (a transaction with row locks), one of them at the broker.
+        await wait_until(both_loops_hold_a_claim)
+        # All ten rows are held, and the probe now locks none: claimed, and held back from the
+        # broker: one batch in flight means one.
+        assert await nothing_left_to_claim()
         assert broker.batches == 1
     finally:
         broker.release.set()
