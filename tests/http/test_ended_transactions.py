@@ -85,5 +85,5 @@ async def test_a_transaction_ended_and_written_anew_is_refused_before_anything_c
     assert answer.status_code == 500
     assert answer.json()["title"] == "Transaction ended by the endpoint"
     assert stored(dsn) == (0, 0)
-    (record,) = [r for r in caplog.records if "A rollback had taken the claim" in r.getMessage()]
+    (record,) = [r for r in caplog.records if "a rollback had taken the claim" in r.getMessage()]
     assert record.levelno == logging.ERROR

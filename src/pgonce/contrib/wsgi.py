@@ -46,7 +46,7 @@ import psycopg
 from psycopg import Connection
 
 from pgonce.core.leases import failure_note, not_stored_note
-from pgonce.core.outcomes import Claim, InFlight, Replay, Response, Won
+from pgonce.core.outcomes import Claim, InFlight, Replay, Won
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import (
     DatabaseUnavailable,
@@ -432,7 +432,7 @@ class IdempotencyMiddleware:
                                 # it (a 201 may name a row never made): neither sent nor stored.
                                 # The claim stays as the end left it.
                                 response.ended_then_wrote(
-                                    claim, error, committed=self._claim_committed(conn, claim)
+                                    claim, error, committed=self.store.committed(conn, claim)
                                 )
                             else:
                                 if not committed:
@@ -493,13 +493,6 @@ class IdempotencyMiddleware:
             else:
                 self.store.release(conn, claim)
         response.ended_by_endpoint(claim, found=found)
-
-    def _claim_committed(self, conn: Connection[Any], claim: Won) -> bool:
-        """Whether ``claim`` committed, on the idle ``conn`` of a view that ended the request's
-        transaction: its completion finds it, in a transaction rolled back at once, so that
-        nothing is stored and the claim stays in flight."""
-        with conn.transaction(force_rollback=True):
-            return self.store.complete(conn, claim, _NOTHING)
 
     def _handle_phased(
         self,
@@ -637,10 +630,6 @@ class IdempotencyMiddleware:
         body = _Body(response.body)
         body.close = close
         return body
-
-
-#: What the probe of :meth:`IdempotencyMiddleware._claim_committed` completes (rolled back).
-_NOTHING = Response()
 
 
 class _IncompleteBody(Exception):

@@ -67,7 +67,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.core.leases import failure_note, not_stored_note
-from pgonce.core.outcomes import InFlight, Replay, Response, Won
+from pgonce.core.outcomes import InFlight, Replay, Won
 from pgonce.errors import (
     DatabaseUnavailable,
     InvalidIdempotencyKey,
@@ -156,8 +156,6 @@ def header_scope(name: str, *, prefix: str = "") -> KeyScope:
 #: connection (OperationalError covers AdminShutdown and a statement cancelled by a timeout), the
 #: pool's timeout, and pgonce's translation of them.
 _UNAVAILABLE = (PoolTimeout, DatabaseUnavailable, psycopg.OperationalError)
-#: What the probe of :meth:`IdempotencyMiddleware._claim_committed` completes (rolled back).
-_NOTHING = Response()
 
 
 class IdempotencyMiddleware:
@@ -430,7 +428,7 @@ class IdempotencyMiddleware:
                                 # made after it (a 201 may name a row never made): neither sent
                                 # nor stored. The claim stays as the end left it.
                                 captured.ended_then_wrote(
-                                    claim, error, committed=await self._claim_committed(conn, claim)
+                                    claim, error, committed=await self.store.committed(conn, claim)
                                 )
                             else:
                                 if not committed:
@@ -472,13 +470,6 @@ class IdempotencyMiddleware:
             else:
                 await self.store.release(conn, claim)
         captured.ended_by_endpoint(claim, found=found)
-
-    async def _claim_committed(self, conn: AsyncConnection[Any], claim: Won) -> bool:
-        """Whether ``claim`` committed, on the idle ``conn`` of an endpoint that ended the
-        request's transaction: its completion finds it, in a transaction rolled back at once,
-        so that nothing is stored and the claim stays in flight."""
-        async with conn.transaction(force_rollback=True):
-            return await self.store.complete(conn, claim, _NOTHING)
 
     async def _reply(
         self, send: Send, captured: CapturedResponse | None, claim: Won | Replay | InFlight

@@ -491,7 +491,24 @@ class CapturedResponse:
         self.stored = False
         self.ended = True
         self.ended_committed = committed
-        log_transaction_ended(claim.scope, error)
+        # The error's own text names both outcomes (the key store cannot tell which); the log
+        # names the one that happened.
+        outcome = (
+            "a COMMIT had committed the claim with the writes before it: the key stays in flight "
+            "until it expires, so that no retry makes those writes again"
+            if committed
+            else "a rollback had taken the claim with the writes before it: the key is free, and "
+            "a retry runs the work again, whole"
+        )
+        log_transaction_ended(
+            claim.scope,
+            type(error)(
+                "the endpoint ended the request's transaction and ran statements after that end, "
+                "in a new transaction: they were rolled back, and the answer made after them was "
+                f"neither sent nor stored; {outcome}. Let the middleware commit once the response "
+                "is stored: undo a part with a savepoint, or raise to undo it all"
+            ),
+        )
 
     @property
     def ended_answer(self) -> Answer:

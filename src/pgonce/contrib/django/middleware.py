@@ -84,7 +84,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from pgonce.contrib.django import conf
 from pgonce.contrib.django.connection import check_backend, psycopg_connection
-from pgonce.core.outcomes import InFlight, Replay, Response, Won
+from pgonce.core.outcomes import InFlight, Replay, Won
 from pgonce.database import reaches_server_directly
 from pgonce.errors import (
     DatabaseUnavailable,
@@ -101,8 +101,6 @@ from pgonce.store._sync.keys import EndedThenWrote, KeyStore
 REQUEST_ATTRIBUTE = "pgonce"
 
 _UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError, OperationalError, InterfaceError)
-#: What the probe of _claim_committed() completes (rolled back).
-_NOTHING = Response()
 
 #: What Django's ``atomic()`` sends for its savepoints (``connection.ops.savepoint_*_sql``): they
 #: write nothing, so a view inside ``ATOMIC_REQUESTS`` has not begun when its block opens.
@@ -605,16 +603,14 @@ class IdempotencyMiddleware:
                     # nor stored. The claim stays as the end left it: rolled back (the key is
                     # free), or committed with the writes before the end and in flight until
                     # it expires, so that no retry makes those again.
-                    captured.ended_then_wrote(
-                        claim, error, committed=_claim_committed(store, conn, claim)
-                    )
+                    captured.ended_then_wrote(claim, error, committed=store.committed(conn, claim))
                     found = True
                 if not found:
                     # The view ended the transaction on the psycopg connection itself and
                     # wrote in a new one: no claim was left to complete.
                     captured.claim_lost(claim)
         # Committed (or rolled back): only now is the answer given out.
-        if claimed.ended and _claim_committed(store, conn, claim):
+        if claimed.ended and store.committed(conn, claim):
             # The view committed the claim with its writes before the end its atomic() block
             # found: the answer says so (process_exception() could not know it yet).
             return to_django(semantics.TRANSACTION_ENDED_COMMITTED)
@@ -626,14 +622,6 @@ class IdempotencyMiddleware:
             name, value = rules.expires_text_header(claim.claimed_at)
             response[name] = value
         return response
-
-
-def _claim_committed(store: KeyStore, conn: psycopg.Connection[Any], claim: Won) -> bool:
-    """Whether ``claim`` committed, on the idle ``conn`` of a view that ended the request's
-    transaction: its completion finds it, in a transaction rolled back at once, so that nothing
-    is stored and the claim stays in flight."""
-    with conn.transaction(force_rollback=True):
-        return store.complete(conn, claim, _NOTHING)
 
 
 def _settle(

@@ -636,6 +636,14 @@ class AsyncKeyStore:
             )
             return await changed(conn, cur) == 1
 
+    async def committed(self, conn: AsyncConnection[Row], claim: Won) -> bool:
+        """Whether ``claim`` committed, asked on ``conn`` with no transaction open after the
+        caller's code ended the claim's transaction itself (:class:`EndedThenWrote`): its
+        completion finds the row or not, in a transaction rolled back at once, so that nothing
+        is stored and a committed claim stays in flight."""
+        async with conn.transaction(force_rollback=True):
+            return await self.complete(conn, claim, _NO_RESPONSE)
+
     def _check_completion(
         self, conn: AsyncConnection[Row], claim: Claim, response: object, *, won: bool
     ) -> None:

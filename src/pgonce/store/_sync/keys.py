@@ -634,6 +634,14 @@ class KeyStore:
             cur = cursor(conn).execute(self._sql.complete, self._completion(claim, response, now))
             return changed(conn, cur) == 1
 
+    def committed(self, conn: Connection[Row], claim: Won) -> bool:
+        """Whether ``claim`` committed, asked on ``conn`` with no transaction open after the
+        caller's code ended the claim's transaction itself (:class:`EndedThenWrote`): its
+        completion finds the row or not, in a transaction rolled back at once, so that nothing
+        is stored and a committed claim stays in flight."""
+        with conn.transaction(force_rollback=True):
+            return self.complete(conn, claim, _NO_RESPONSE)
+
     def _check_completion(
         self, conn: Connection[Row], claim: Claim, response: object, *, won: bool
     ) -> None:
