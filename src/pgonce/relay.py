@@ -63,7 +63,7 @@ from pgonce.errors import (
     DatabaseUnavailable,
     PgonceError,
 )
-from pgonce.publishers.base import Publisher, PublishResult, outbox_origin
+from pgonce.publishers.base import Publisher, PublishResult, on_sending, outbox_origin
 from pgonce.store._async.notify import hears
 from pgonce.store._async.outbox import AsyncOutboxStore
 from pgonce.store.errors import describe_dsn, translate_errors, translated
@@ -116,7 +116,8 @@ DEFAULT_STOP_GRACE = timedelta(seconds=10)
 #: publishes nothing.
 STOP_WAIT = timedelta(seconds=1)
 #: What a batch loop does while its claimed batch has sent nothing and runs no statement: waits
-#: for its turn at the broker ("queued") or for the publisher's connection ("connecting"). A stop
+#: for its turn at the broker ("queued") or for the publisher's connection ("connecting": its
+#: prepare(), or a publish() that has not said a row went out, see Publisher). A stop
 #: cancels it at once and says nothing of it; the claim rolls back and its rows wait for the next
 #: run.
 _NOTHING_SENT = frozenset({"queued", "connecting"})
@@ -374,9 +375,8 @@ class Relay:
                             if self._stopping:
                                 # Connected as the relay was asked to stop: nothing was sent.
                                 return BatchReport()
-                        if task is not None:
-                            self._doing[task] = ("settling", len(batch))
-                        result = await self.publisher.publish(batch)
+                        with self._sending(task, len(batch)):
+                            result = await self.publisher.publish(batch)
                         if task is not None:
                             # Answered: what waits now is the database's marking of the rows.
                             self._doing[task] = ("marking", len(batch))
@@ -473,6 +473,28 @@ class Relay:
                 self._doing[task] = ("connecting", 0)
             await prepare()
         self._linked = True
+
+    def _sending(
+        self, task: asyncio.Task[Any] | None, rows: int
+    ) -> contextlib.AbstractContextManager[None]:
+        """Around a batch's publish(): its ``rows`` count as at the broker ("settling"), which
+        a stop gives its grace; for a publisher that says when a row goes out
+        (``reports_sending``, see Publisher), only from then: before, the batch is
+        "connecting" (a connect inside publish(): to a destination its routing function names,
+        or through a proxy), which a stop cancels at once, nothing of it sent."""
+        if task is None:
+            return contextlib.nullcontext()
+        if getattr(self.publisher, "reports_sending", False) is not True:
+            self._doing[task] = ("settling", rows)
+            return contextlib.nullcontext()
+        self._doing[task] = ("connecting", 0)
+
+        def sent() -> None:
+            # Only from "connecting": a late signal must not take back "marking".
+            if self._doing.get(task, ("", 0))[0] == "connecting":
+                self._doing[task] = ("settling", rows)
+
+        return on_sending(sent)
 
     def _report(
         self,

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from pgonce.publishers.http import MAX_DISCARD_SECONDS, HttpPublisher
 from tests.outbox.conftest import outbox_rows
+from tests.outbox.http_endpoints import read_request, serving
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -31,13 +32,7 @@ async def endpoint(body: str) -> AsyncIterator[int]:
         writers.add(writer)
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.lower().split(b"\r\n")
-                    if line.startswith(b"content-length:")
-                )
-                await reader.readexactly(length)
+                await read_request(reader)
                 if body == "trickle":
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
                     while True:
@@ -50,13 +45,8 @@ async def endpoint(body: str) -> AsyncIterator[int]:
                     await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        for writer in writers:
-            writer.close()
+    async with serving(handle, writers) as port:
+        yield port
 
 
 async def test_a_body_that_trickles_does_not_hold_the_rows_acknowledgement() -> None:

@@ -5,8 +5,10 @@ counted, and the next relay publishes it.
 
 The connect used to be made inside publish(), where the relay counts the batch's rows as at the
 broker and gives them the whole stop grace (10 s) to be answered; nothing of the batch had gone
-out. The connect to the endpoint's origin is now the publisher's prepare(), which the relay
-cancels at once at a stop ("connecting").
+out. With a fixed url, the connect to the endpoint's origin is now the publisher's prepare(), which
+the relay cancels at once at a stop ("connecting"); with a routing function it stays inside
+publish(), and the batch is "connecting" until the publisher says a request's first bytes go
+out.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
+import pytest
 
-from pgonce.publishers.http import HttpPublisher
+from pgonce.publishers.http import DEFAULT_TIMEOUT, HttpPublisher
 from pgonce.relay import STOP_WAIT, Relay
 from pgonce.store._sync.outbox import enqueue
+from tests.outbox.http_endpoints import answering
 from tests.outbox.stops import Run
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -58,32 +62,6 @@ def connecting_to(port: int) -> bool:
     return False
 
 
-@contextlib.asynccontextmanager
-async def answering() -> AsyncIterator[tuple[int, list[bytes]]]:
-    """An endpoint answering 204 to every request; yields its port and the bodies it took."""
-    bodies: list[bytes] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.lower().split(b"\r\n")
-                    if line.startswith(b"content-length:")
-                )
-                bodies.append(await reader.readexactly(length))
-                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
-                await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1], bodies
-    finally:
-        server.close()
-
-
 def row_state(dsn: str, row_id: int) -> tuple[bool, int]:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
@@ -94,16 +72,28 @@ def row_state(dsn: str, row_id: int) -> tuple[bool, int]:
     return bool(row[0]), int(row[1])
 
 
+def publisher_to(url: str, how: str, *, timeout: timedelta = DEFAULT_TIMEOUT) -> HttpPublisher:
+    """A webhook publisher sending to ``url``, given as its fixed url or by a routing function."""
+    if how == "url":
+        return HttpPublisher(secret=SECRET, url=url, timeout=timeout)
+    return HttpPublisher(secret=SECRET, routing=lambda _message: url, timeout=timeout)
+
+
+@pytest.mark.parametrize("how", ["url", "routing"])
 async def test_a_stop_while_the_webhook_connect_waits_ends_the_relay_at_once(
-    direct_dsn: str,
+    direct_dsn: str, how: str
 ) -> None:
+    """With a routing function the connect is made inside publish(), per row: the publisher says
+    when a request's first bytes go out, and until then the batch is only connecting."""
     with psycopg.connect(direct_dsn) as conn:
         row_id = enqueue(conn, "order", "1", "created", {"n": 1})
     with full_backlog() as port:
-        publisher = HttpPublisher(
-            secret=SECRET, url=f"http://127.0.0.1:{port}/hook", timeout=timedelta(seconds=30)
+        publisher = publisher_to(
+            f"http://127.0.0.1:{port}/hook", how, timeout=timedelta(seconds=60)
         )
         relay = Relay(direct_dsn, publisher, listen=False, concurrency=1)
+        # Far above the bound: a stop that counts the batch as at the endpoint waits it out.
+        relay.stop_grace = timedelta(seconds=30)
         run = Run(relay)
         try:
             # The batch's connect is made: its SYN is in the kernel, unanswered.
@@ -118,7 +108,7 @@ async def test_a_stop_while_the_webhook_connect_waits_ends_the_relay_at_once(
             await publisher.close()
     assert row_state(direct_dsn, row_id) == (False, 0)
     async with answering() as (port, bodies):
-        publisher = HttpPublisher(secret=SECRET, url=f"http://127.0.0.1:{port}/hook")
+        publisher = publisher_to(f"http://127.0.0.1:{port}/hook", how)
         try:
             report = await Relay(direct_dsn, publisher, listen=False).drain()
         finally:

@@ -15,8 +15,10 @@ record key or a header) means writing one class with :meth:`Publisher.publish` a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
@@ -59,6 +61,15 @@ class Publisher(Protocol):
     must not wait or do I/O. A publisher without it is taken for connected until a batch reports
     ``lost``.
 
+    ``reports_sending`` (a bool attribute), when True, says that :meth:`publish` calls
+    :func:`sending` just before the first bytes of a row go out (after any connect it makes on
+    the way). Until it does, the relay counts the batch as "connecting", not as rows at the
+    broker: a stop cancels :meth:`publish` at once, the claim rolls back and the rows wait for
+    the next run, untouched (nothing was sent: nothing is marked, no attempt is counted). A
+    publisher that connects inside :meth:`publish` (to a destination its routing function
+    names, or through a proxy) says so; without it, a stop during such a connect waits for the
+    batch up to its grace.
+
     ``def set_origin(self, origin: str) -> None``, when present, is called by the relay before
     its first batch with the outbox's origin (:func:`outbox_origin`): a short text naming the
     outbox the rows come from, the same for the same outbox whatever relay publishes it. A
@@ -78,6 +89,33 @@ class Publisher(Protocol):
     async def close(self) -> None:
         """Release the broker connection; the publisher may be used again (it reconnects)."""
         ...
+
+
+#: The relay's "a row is going out" signal for the batch in publish(), in that batch's context
+#: (and so in the tasks publish() starts); see :func:`sending`.
+_SENT: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "pgonce_sent", default=None
+)
+
+
+def sending() -> None:
+    """Say, from inside :meth:`Publisher.publish`, that a row of the batch is going out now:
+    from here a stop gives the batch its grace to be answered (see ``reports_sending``). Called
+    again, or outside a relay's batch, it does nothing."""
+    signal = _SENT.get()
+    if signal is not None:
+        signal()
+
+
+@contextlib.contextmanager
+def on_sending(signal: Callable[[], None]) -> Iterator[None]:
+    """Within the block, :func:`sending` in this context calls ``signal`` (the relay's, around
+    one batch's publish())."""
+    token = _SENT.set(signal)
+    try:
+        yield
+    finally:
+        _SENT.reset(token)
 
 
 def body(message: OutboxMessage) -> bytes:

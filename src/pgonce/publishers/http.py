@@ -18,7 +18,10 @@ never gets an aggregate's events out of order; different aggregates are sent con
 With a fixed ``url``, the TCP connect to its origin is made before a batch (:meth:`prepare`)
 whenever no connection to it is likely open: a relay's stop cancels that connect at once (nothing
 of the batch went out), where a connect inside :meth:`publish` counted as rows at the endpoint and
-held the stop for its whole grace.
+held the stop for its whole grace. With a routing function (or a url reached through a proxy)
+the connect is part of each row's request; the publisher tells the relay when a request's first
+bytes go out (``reports_sending``), and a stop before that cancels the batch at once too, its
+rows untouched for the next run.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from pgonce.publishers.base import (
     Routing,
     check_timeout,
     route_or_refuse,
+    sending,
     short_error,
     url_origin,
 )
@@ -126,6 +130,9 @@ class HttpPublisher:
     """POSTs each row to ``url`` (or to ``routing(message)``), signed with ``secret``."""
 
     name = "http"
+    #: publish() says when a request's first bytes go out (see Publisher): a stop before that,
+    #: while a connect inside it waits, cancels the batch at once.
+    reports_sending = True
 
     def __init__(
         self,
@@ -176,7 +183,8 @@ class HttpPublisher:
         With a fixed url, True while it answered within httpx's keep-alive (its connection is
         kept): otherwise the relay calls :meth:`prepare` first, whose connect a stop cancels at
         once. With a routing function (or a url reached through a proxy) always True: each row's
-        connect is part of its request and its timeout."""
+        connect is part of its request and its timeout, and a stop before the first request's
+        bytes go out cancels the batch at once (``reports_sending``)."""
         if self._direct is None:
             return True
         answered = self._answered_at
@@ -305,7 +313,9 @@ class HttpPublisher:
             # httpx's timeout bounds each read, not the request: an endpoint that trickles its
             # answer a byte at a time would hold the batch (and its rows' locks) for ever.
             async with asyncio.timeout(seconds):
-                request = client.build_request("POST", url, content=content, headers=headers)
+                request = client.build_request(
+                    "POST", url, content=content, headers=headers, extensions={"trace": _traced}
+                )
                 response = await client.send(request, stream=True)
         except TimeoutError:
             self._answered(url, None)
@@ -362,6 +372,13 @@ class HttpPublisher:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+
+async def _traced(event: str, info: dict[str, Any]) -> None:
+    """httpcore's trace of a request: the start of its headers' sending (after any connect, to
+    the endpoint or to a proxy) is when the row goes out (see :func:`sending`)."""
+    if event.endswith(".send_request_headers.started"):
+        sending()
 
 
 def _proxied(url: str) -> bool:
