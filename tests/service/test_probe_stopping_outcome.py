@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgonce.service.admin import Admin
@@ -24,8 +23,9 @@ from pgonce.webhooks.receiver import InboxReceiver
 from pgonce.webhooks.source import Source
 from tests.service.test_probe_stop_cuts_delivery import (  # noqa: F401
     CONFIG,
-    delivery_at_the_lock,
+    delivered_during_stop,
     service,
+    signed,
 )
 from tests.service.test_serve import SCHEME, Service, start
 
@@ -46,22 +46,13 @@ def test_a_delivery_cut_by_the_stop_is_logged_as_stopping(
     service: Service,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    body = json.dumps({"type": "order.paid", "data": {"order": "o3"}}).encode()
-    headers = SCHEME.sign(body, event_id="evt_stopping")
-    with psycopg.connect(direct_dsn) as lock, psycopg.connect(direct_dsn, autocommit=True) as look:
-        lock.execute("LOCK TABLE pgonce.inbox IN ACCESS EXCLUSIVE MODE")
+    async def stop_twice() -> None:
+        service.process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(_said, service.log, "Waiting for", time.monotonic() + 30)
+        # The second signal cuts the wait, as the end of the stop's bound does.
+        service.process.send_signal(signal.SIGTERM)
 
-        async def deliver_then_stop_twice() -> httpx.Response:
-            async with httpx.AsyncClient(timeout=90) as client:
-                answer = await delivery_at_the_lock(client, service, look, body, headers)
-                service.process.send_signal(signal.SIGTERM)
-                await asyncio.to_thread(_said, service.log, "Waiting for", time.monotonic() + 30)
-                # The second signal cuts the wait, as the end of the stop's bound does.
-                service.process.send_signal(signal.SIGTERM)
-                return await answer
-
-        answer = asyncio.run(deliver_then_stop_twice())
-        lock.rollback()
+    answer = delivered_during_stop(direct_dsn, service, "evt_stopping", stop_twice)
     assert service.process.wait(timeout=60) == 0
     assert answer.status_code == 503, (answer.status_code, answer.text)
     assert answer.headers["retry-after"]
@@ -71,6 +62,7 @@ def test_a_delivery_cut_by_the_stop_is_logged_as_stopping(
     assert cut[0]["outcome"] == "stopping"
     assert cut[0]["source"] == "shop"
     # Nothing is lost: the provider's retry, to the service started again, is acknowledged.
+    body, headers = signed("evt_stopping")
     again = start(direct_dsn, tmp_path, CONFIG)
     try:
         retry = httpx.post(again.url + "/webhooks/shop", content=body, headers=headers, timeout=30)
