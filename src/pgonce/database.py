@@ -505,9 +505,17 @@ def reaches_server_directly(conn: psycopg.Connection[Any]) -> bool:
     it leaves no transaction behind; inside one it changes nothing. A pooler that listens on the
     server's own port number (on another host) passes for the server: the store's batches then
     still switch to unnamed statements when they meet its shared sessions.
+
+    Asked once per server address in a process (see :func:`_address`): with Django's default
+    ``CONN_MAX_AGE = 0`` every request opens a connection, and each would otherwise pay one more
+    round trip for an answer that the address already gave.
     """
-    with cursor(conn) as cur:
-        row = cur.execute(_SHOW_PORT).fetchone()
+    address = _address(conn)
+    try:
+        row = _PORT_SHOWN[address]
+    except KeyError:
+        with cursor(conn) as cur:
+            row = _PORT_SHOWN[address] = cur.execute(_SHOW_PORT).fetchone()
     return _listens_on(row, conn)
 
 
@@ -522,16 +530,21 @@ async def own_prepare_threshold(conn: psycopg.AsyncConnection[Any], what: str) -
     (:func:`reaches_server_directly`): where it reached a pooler or a proxy instead, psycopg
     prepares nothing on it (nor on the next ones, which get the answer), and that is logged once.
     A configured pooler (``PGONCE_POOLER`` ``none`` or ``pgbouncer-transaction``) or a threshold
-    already None is taken as it is, with no statement.
+    already None is taken as it is, with no statement. The answer is kept per server address for
+    the process (:func:`_address`): a later connection to the same one sends no statement.
     """
     threshold = conn.prepare_threshold
     if threshold is None or not checks_for_pooler():
         return threshold
-    cur = cursor(conn)
-    await cur.execute(_SHOW_PORT)
-    row = await cur.fetchone()
-    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-        await conn.rollback()  # the SHOW opened the connection's first transaction
+    address = _address(conn)
+    try:
+        row = _PORT_SHOWN[address]
+    except KeyError:
+        cur = cursor(conn)
+        await cur.execute(_SHOW_PORT)
+        row = _PORT_SHOWN[address] = await cur.fetchone()
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            await conn.rollback()  # the SHOW opened the connection's first transaction
     if _listens_on(row, conn):
         return threshold
     conn.prepare_threshold = None
@@ -554,6 +567,20 @@ async def own_prepare_threshold(conn: psycopg.AsyncConnection[Any], what: str) -
 _SHOW_PORT = "SHOW port"
 #: What own_prepare_threshold() said, once per part and address in a process.
 _SAID_POOLED: set[tuple[str, str]] = set()
+#: The row that each server address answered to ``SHOW port``, once per address in a process.
+_PORT_SHOWN: dict[tuple[str, str, int, str], tuple[Any, ...] | None] = {}
+
+
+def _address(conn: psycopg.BaseConnection[Any]) -> tuple[str, str, int, str]:
+    """Where ``conn`` is connected, as libpq reports it: host (or socket folder), the address it
+    resolved to, port and database. A multi-host DSN, a name with several addresses or a
+    failover is keyed by the server it reached, not by what the DSN lists."""
+    info = conn.info
+    try:
+        hostaddr = info.hostaddr
+    except psycopg.NotSupportedError:  # libpq before 12
+        hostaddr = ""
+    return (info.host, hostaddr, info.port, info.dbname)
 
 
 def _listens_on(row: tuple[Any, ...] | None, conn: psycopg.BaseConnection[Any]) -> bool:

@@ -21,9 +21,9 @@
 ``POOLER`` decides whether pgonce prepares its statements on Django's connection. Django turns
 psycopg's preparing off by default (``prepare_threshold = None``, for the sake of poolers), which
 would make the server parse and plan pgonce's claim and completion on every request. ``"auto"``
-checks each connection once (:func:`pgonce.database.reaches_server_directly`) and prepares them on
-a connection that reaches PostgreSQL itself; ``"none"`` prepares them always;
-``"pgbouncer-transaction"`` never.
+asks once per server address in the process (:func:`pgonce.database.reaches_server_directly`),
+not once per connection, and prepares them on a connection that reaches PostgreSQL itself;
+``"none"`` prepares them always; ``"pgbouncer-transaction"`` never.
 
 Durations are seconds (int or float) or :class:`~datetime.timedelta`. Every problem found is
 reported at once, in one :class:`~pgonce.errors.ConfigError`, when the middleware is built (at
