@@ -313,11 +313,11 @@ class NatsPublisher:
         # fails or is cancelled: after the TCP connection is made (nats-py then waits for the
         # server's INFO), that left the socket open until the garbage collector found it.
         client = Client()
-        try:
-            # No background reconnect: a lost connection must surface as unsettled messages now,
-            # and the next batch connects afresh.
-            # (max_reconnect_attempts=0 would make the first connect retry forever.)
-            await client.connect(
+        # No background reconnect: a lost connection must surface as unsettled messages now,
+        # and the next batch connects afresh.
+        # (max_reconnect_attempts=0 would make the first connect retry forever.)
+        connecting = asyncio.ensure_future(
+            client.connect(
                 self.servers,
                 allow_reconnect=False,
                 max_reconnect_attempts=1,
@@ -327,6 +327,15 @@ class NatsPublisher:
                 disconnected_cb=closed,
                 closed_cb=closed,
             )
+        )
+        try:
+            try:
+                # Awaited through asyncio.wait(): a cancel of this task is never lost here.
+                await asyncio.wait({connecting})
+            except asyncio.CancelledError:
+                await _end(connecting, client)
+                raise
+            connecting.result()
         except BaseException as error:
             # A cancel (close() at a stop) as much as a failure: the half-made connection goes.
             _close_transport(client)
@@ -459,6 +468,23 @@ class NatsPublisher:
         connection, self._connection = self._connection, None
         if connection is not None:
             await _close_quietly(connection)
+
+
+async def _end(connecting: asyncio.Future[None], client: Client) -> None:
+    """End nats-py's cancelled connect, and wait for it.
+
+    nats-py makes its TCP connection inside ``asyncio.wait_for()``, which on Python 3.11 loses a
+    cancel that lands as the connection is made: the connect then waits for the server's INFO
+    until its own timeout (5 s), a task left running after the stop. The cancel is sent again at
+    every loop turn until the connect has ended, and its socket closed meanwhile."""
+    while not connecting.done():
+        connecting.cancel()
+        _close_transport(client)
+        # A second cancel of this task (its caller's own) is raised by the caller all the same.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)
+    if not connecting.cancelled():
+        connecting.exception()  # retrieved: the cancel is what is said
 
 
 def _close_transport(client: Client) -> None:
