@@ -27,7 +27,6 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
@@ -57,15 +56,15 @@ try:  # only idempotent_session() needs it, and only an application on Starlette
 except ModuleNotFoundError:  # pragma: no cover - the core and [sqlalchemy] without [asgi]
     Request = Any  # type: ignore[misc,assignment]
 from pgonce.core.inbox import InboxEvent, OutOfOrderPolicy, RetryPolicy
-from pgonce.core.outbox import type_name
-from pgonce.errors import DatabaseUnavailable, NotInTransaction, UsageError
+from pgonce.core.outbox import event_row, type_name
+from pgonce.errors import DatabaseUnavailable, NotInTransaction, PgonceError, UsageError
 from pgonce.store._async.keys import AsyncKeyStore, AsyncOperation
-from pgonce.store._async.outbox import enqueue as _async_enqueue
+from pgonce.store._async.outbox import enqueue_row as async_enqueue_row
 from pgonce.store._sync.inbox import InboxStore
 from pgonce.store._sync.keys import KeyStore, Operation
-from pgonce.store._sync.outbox import enqueue as _enqueue
+from pgonce.store._sync.outbox import enqueue_row
 from pgonce.store.common import require_transaction
-from pgonce.store.errors import first_line
+from pgonce.store.errors import translate_errors
 from pgonce.webhooks.batch import DEFAULT_LIMIT, run_batch
 
 if TYPE_CHECKING:
@@ -256,28 +255,18 @@ def _lost(error: sqlalchemy.exc.DBAPIError) -> bool:
     return error.connection_invalidated or isinstance(error.orig, psycopg.OperationalError)
 
 
-class _translated:
+class _translated(translate_errors):
     """Re-raise SQLAlchemy's error for a lost connection, in a statement that pgonce sends
-    through the session, as :class:`~pgonce.errors.DatabaseUnavailable` naming ``what`` failed,
-    as the core store says psycopg's (SQLAlchemy's error is its ``__cause__``)."""
+    through the session, as :class:`~pgonce.errors.DatabaseUnavailable` naming ``what`` failed:
+    psycopg's error under SQLAlchemy's, said as the core store says a lost connection
+    (SQLAlchemy's error is its ``__cause__``). Other errors are raised as they are."""
 
-    __slots__ = ("what",)
+    __slots__ = ()
 
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def said(self, error: BaseException) -> PgonceError | None:
         if isinstance(error, sqlalchemy.exc.DBAPIError) and _lost(error):
-            cause = error.orig if error.orig is not None else error
-            raise DatabaseUnavailable(f"{self.what} failed: {first_line(cause)}") from error
+            return self.unavailable(error.orig if error.orig is not None else error)
+        return None
 
 
 _Store = TypeVar("_Store", KeyStore, AsyncKeyStore)
@@ -682,17 +671,9 @@ def enqueue(
     if isinstance(session, scoped_session):
         session = session()
     conn = driver_connection(session)
+    row = event_row(aggregatetype, aggregateid, type, payload, headers, now)
     try:
-        written = _enqueue(
-            conn,
-            aggregatetype,
-            aggregateid,
-            type,
-            payload,
-            headers=headers,
-            schema=schema,
-            now=now,
-        )
+        written = enqueue_row(conn, row, schema=schema)
     except DatabaseUnavailable:
         if conn.closed:  # lost: SQLAlchemy, which has not seen it, would fail the session's end
             session.connection().invalidate()
@@ -716,17 +697,9 @@ async def async_enqueue(
     if isinstance(session, async_scoped_session):
         session = session()
     conn = await async_driver_connection(session)
+    row = event_row(aggregatetype, aggregateid, type, payload, headers, now)
     try:
-        written = await _async_enqueue(
-            conn,
-            aggregatetype,
-            aggregateid,
-            type,
-            payload,
-            headers=headers,
-            schema=schema,
-            now=now,
-        )
+        written = await async_enqueue_row(conn, row, schema=schema)
     except DatabaseUnavailable:
         if conn.closed:  # see enqueue()
             await (await session.connection()).invalidate()

@@ -125,59 +125,64 @@ class translate_errors:  # named like the function it replaced: ``with translate
     ) -> None:
         if error is None:
             return
+        said = self.said(error)
+        if said is not None:
+            raise said from error
+
+    def said(self, error: BaseException) -> PgonceError | None:
+        """``error`` as pgonce says it (``what`` failed), or None for an error that is not the
+        database's (it is raised as is). The caller raises it ``from error``."""
         if not isinstance(error, psycopg.Error):
             if isinstance(error, UnicodeEncodeError):
                 # psycopg dumping a str parameter (a scope, a key, an aggregate's id) that the
                 # connection's client_encoding cannot carry, or a lone surrogate.
-                raise UsageError(unencodable(self.what, error)) from error
+                return UsageError(unencodable(self.what, error))
             if isinstance(error, UnicodeDecodeError):
                 # psycopg's json loaders read json and jsonb as UTF-8 whatever the connection's
                 # client_encoding, in which the server sends them: a stored response's headers
                 # with a character beyond ASCII, replayed on a LATIN1 connection.
-                raise UsageError(
+                return UsageError(
                     f"{self.what} failed: PostgreSQL sent JSON in the connection's "
                     f"client_encoding, which is not UTF-8, and psycopg reads JSON as UTF-8 "
                     f"({error.reason} at byte {error.start}): connect with client_encoding UTF8"
-                ) from error
-            return
+                )
+            return None
         what = self.what
         if isinstance(error, _MISSING_OBJECT):
-            raise SchemaNotMigrated(
+            return SchemaNotMigrated(
                 f"{what} failed: {first_line(error)}; run `pgonce migrate` on this database"
-            ) from error
+            )
         if isinstance(error, pg_errors.UntranslatableCharacter):
             # The server converting what it sends into the connection's client_encoding: a
             # stored response's headers (or an event's) with a character that LATIN1 (or another
             # single-byte encoding) has no byte for, read on such a connection.
-            raise UsageError(
+            return UsageError(
                 f"{what} failed: {first_line(error)}: the stored row holds characters that the "
                 "connection's client_encoding cannot carry; connect with client_encoding UTF8"
-            ) from error
+            )
         if isinstance(error, pg_errors.InvalidSavepointSpecification):
             # Class 3B is an OperationalError to psycopg, but no retry finds the savepoint: a
             # statement outside pgonce ended it (a ROLLBACK TO or RELEASE of a savepoint opened
             # before pgonce's, such as SQLAlchemy's begin_nested() or Django's atomic()).
-            raise UsageError(
+            return UsageError(
                 f"{what} failed: {first_line(error)}: a savepoint opened before pgonce's was "
                 "released or rolled back inside pgonce's block, and pgonce's savepoint ended "
                 "with it (the claim and the block's writes too); end inner savepoints first"
-            ) from error
+            )
         if isinstance(error, psycopg.OperationalError) and _STATEMENT_POOLING in str(error):
             # PgBouncer's pool_mode = statement: no retry ever gets a transaction there.
-            raise ConfigError(
+            return ConfigError(
                 f"{what} failed: {first_line(error)}: pgonce's claim, the work and the stored "
                 "response are one transaction, which a pooler in statement mode does not allow; "
                 'use PgBouncer\'s pool_mode = transaction (with pooler = "pgbouncer-transaction") '
                 "or session"
-            ) from error
+            )
         if isinstance(error, psycopg.OperationalError):
-            raise DatabaseUnavailable(f"{what} failed: {first_line(error)}") from error
+            return self.unavailable(error)
         if isinstance(error, pg_errors.FeatureNotSupported) and _IN_RECOVERY in str(error):
             # A standby refuses to read an unlogged table (pgonce's outbox_aggregates) before it
             # refuses a write: the same node that takes no writes, said in other words.
-            raise DatabaseUnavailable(
-                f"{what} failed: {first_line(error)}: {READ_ONLY_DETAIL}"
-            ) from error
+            return DatabaseUnavailable(f"{what} failed: {first_line(error)}: {READ_ONLY_DETAIL}")
         if isinstance(error, pg_errors.ReadOnlySqlTransaction):
             # A node that takes no writes: after a failover the old primary, now a standby, or a
             # DSN that reached a replica. Unavailable (a 503 with Retry-After from the
@@ -185,10 +190,14 @@ class translate_errors:  # named like the function it replaced: ``with translate
             # Only a caller's transaction may have been opened read-only by the caller: in one
             # pgonce owns (a relay's claim, a sweep) there is nothing of the caller's to end.
             ending = ", or end the caller's read-only transaction" if self.caller else ""
-            raise DatabaseUnavailable(
+            return DatabaseUnavailable(
                 f"{what} failed: {first_line(error)}: {READ_ONLY_DETAIL}{ending}"
-            ) from error
-        raise DatabaseError(f"{what} failed: {first_line(error)}") from error
+            )
+        return DatabaseError(f"{what} failed: {first_line(error)}")
+
+    def unavailable(self, error: BaseException) -> DatabaseUnavailable:
+        """What the loss of the server (``error``, psycopg's) while ``what`` ran is said as."""
+        return DatabaseUnavailable(f"{self.what} failed: {first_line(error)}")
 
 
 class translate_caller_errors(translate_errors):

@@ -17,7 +17,8 @@ from typing import Any
 
 from pgonce.contrib.django.conf import store_settings
 from pgonce.contrib.django.connection import psycopg_connection
-from pgonce.store._sync.outbox import enqueue as enqueue_on
+from pgonce.core.outbox import event_row
+from pgonce.store._sync.outbox import enqueue_row
 
 
 def enqueue(
@@ -35,13 +36,6 @@ def enqueue(
     :class:`~pgonce.errors.NotInTransaction`: the event would commit apart from the ORM's writes.
     """
     database, schema = store_settings()
-    alias = using or database
-    return enqueue_on(
-        psycopg_connection(alias),
-        aggregatetype,
-        aggregateid,
-        type,
-        payload,
-        headers=headers,
-        schema=schema,
-    )
+    conn = psycopg_connection(using or database)
+    row = event_row(aggregatetype, aggregateid, type, payload, headers)
+    return enqueue_row(conn, row, schema=schema)

@@ -32,12 +32,16 @@ from pgonce.core.checks import (
     check_str,
 )
 from pgonce.core.outbox import (
+    EventRow,
     OutboxBacklog,
     OutboxCounts,
     OutboxEvent,
     OutboxMessage,
     Refusal,
-    jsonb_refusal,
+    check_jsonb,
+    event_headers,
+    event_row,
+    not_json,
     type_name,
     validate_event,
 )
@@ -74,36 +78,30 @@ async def enqueue(
     wait (and the aggregate's lock row) for events whose order does not matter: concurrent
     transactions may then commit them in another order than their ids.
     """
-    # The checks' own tests first, so that the common case makes no call for them.
     if not isinstance(conn, AsyncConnection):
         check_connection(conn, AsyncConnection, "enqueue()")
-    validate_event(aggregatetype, aggregateid, type)
-    if ordered is not True and ordered is not False:
-        check_bool(ordered, "ordered")
-    if now is not None:
-        check_optional_time(now)
+    row = event_row(aggregatetype, aggregateid, type, payload, headers, now, ordered)
+    return await enqueue_row(conn, row, schema=schema, ordered=ordered)
+
+
+async def enqueue_row(
+    conn: AsyncConnection[Row],
+    row: EventRow,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    ordered: bool = True,
+) -> int:
+    """Write ``row``, an event's checked arguments (:func:`~pgonce.core.outbox.event_row`), in
+    the connection's current transaction; its id. :func:`enqueue` once the arguments are
+    checked, for an adapter that has the connection of its framework's transaction."""
     require_transaction(conn)
-    # Encoded here, as the text that the statement casts to jsonb: psycopg's Jsonb wrapper would
-    # look up its dumper at execute time to call the same json.dumps(). A try statement, not
-    # _json_refused(): a generator-based context manager costs every enqueue 11,000 client
-    # instructions (python -m bench.client_instructions DSN --only outbox).
-    try:
-        # allow_nan=False: NaN and Infinity are not JSON, and jsonb refuses them.
-        body = json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise _not_json(exc) from exc
-    # None for no headers (the common case): the statement stores '{}'.
-    extra = None if headers is None else json.dumps(_headers(headers))
-    # One scan in the common case: every escape jsonb refuses starts with \u.
-    if "\\u" in body or extra is not None:
-        _check_jsonb(body, extra)
     statement, channel = _enqueue_statement(schema, ordered)
     with translate_caller_errors("enqueueing an outbox event"):
         cur = raw_cursor(conn)
-        await cur.execute(statement, (aggregatetype, aggregateid, type, body, extra, now, channel))
-        row = await cur.fetchone()
-    assert row is not None, "the enqueue statement returned no row"
-    return int(row[0])
+        await cur.execute(statement, (*row, channel))
+        written = await cur.fetchone()
+    assert written is not None, "the enqueue statement returned no row"
+    return int(written[0])
 
 
 # enqueue()'s parameters, in the order of its statements' $n (both statements take them all).
@@ -144,8 +142,8 @@ async def enqueue_many(
         return []
     with _json_refused():
         payloads = json.dumps([e.payload for e in batch], allow_nan=False)
-    headers = json.dumps([_headers(e.headers) for e in batch])
-    _check_jsonb(payloads, headers)
+    headers = json.dumps([event_headers(e.headers) for e in batch])
+    check_jsonb(payloads, headers)
     params = {
         "aggregatetypes": [e.aggregatetype for e in batch],
         "aggregateids": [e.aggregateid for e in batch],
@@ -173,21 +171,7 @@ def _json_refused() -> Iterator[None]:
     try:
         yield
     except (TypeError, ValueError) as exc:
-        raise _not_json(exc) from exc
-
-
-def _check_jsonb(payload: str, headers: str | None) -> None:
-    """Refuse what jsonb would, before the statement: the server's refusal would abort the
-    caller's transaction and read as a database failure."""
-    for what, text in (("payload", payload), ("headers", headers)):
-        reason = None if text is None else jsonb_refusal(text)
-        if reason is not None:
-            raise UsageError(f"an outbox event's {what} must not contain {reason}")
-
-
-def _not_json(exc: TypeError | ValueError) -> UsageError:
-    """What a payload that json.dumps refused is answered with."""
-    return UsageError(f"an outbox payload must be JSON-encodable: {exc}")
+        raise not_json(exc) from exc
 
 
 def _events(events: object) -> list[OutboxEvent]:
@@ -211,23 +195,6 @@ def _events(events: object) -> list[OutboxEvent]:
         validate_event(event.aggregatetype, event.aggregateid, event.type)
         batch.append(event)
     return batch
-
-
-def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    if headers is None:
-        return {}
-    if not isinstance(headers, Mapping):
-        raise UsageError(
-            f"outbox headers must be a mapping of str to str, not {type(headers).__name__}: "
-            "pass a dict such as {'traceparent': '00-...'}"
-        )
-    for name, value in headers.items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise UsageError(
-                "outbox headers must be str names with str values, not "
-                f"{type(name).__name__}: {type(value).__name__}"
-            )
-    return dict(headers)
 
 
 class AsyncOutboxStore:
