@@ -10,7 +10,6 @@ replay makes and no retry undoes. The middleware now takes it off the list once 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from django.http import HttpRequest, StreamingHttpResponse
@@ -18,34 +17,15 @@ from django.test import Client
 from django.urls import path
 
 from examples.django_payments.payments.models import Payment
+from tests.django.streamed import CHUNK, Parts
 from tests.django.test_django import post, stored_keys
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls(__name__)]
 
-CHUNK = b"." * 100
-
-
-class Parts:
-    """Three chunks; every ``close()`` writes a payment."""
-
-    def __init__(self) -> None:
-        self.left = 3
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self
-
-    def __next__(self) -> bytes:
-        if not self.left:
-            raise StopIteration
-        self.left -= 1
-        return CHUNK
-
-    def close(self) -> None:
-        Payment.objects.create(principal="close", amount=1, currency="EUR")
-
 
 def parts(request: HttpRequest) -> StreamingHttpResponse:
-    return StreamingHttpResponse(Parts(), status=201)
+    # Every close() writes: a second call would show as a second payment.
+    return StreamingHttpResponse(Parts(3), status=201)
 
 
 urlpatterns = [path("parts", parts)]

@@ -6,7 +6,7 @@ a body whose iterator has no ``close()`` is read as it is."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,35 +16,12 @@ from django.test import AsyncClient, Client
 from django.urls import path
 
 from examples.django_payments.payments.models import Payment
+from tests.django.streamed import CHUNK, Parts
 from tests.django.test_django import post, stored_keys
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls(__name__)]
 
 ALICE = "Bearer alice-token"
-CHUNK = b"." * 100
-
-
-class Parts:
-    """Five chunks, then a payment written by its first ``close()`` (Django's response calls it
-    again when it is closed, as it calls a generator's)."""
-
-    def __init__(self) -> None:
-        self.left = 5
-        self.closed = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self
-
-    def __next__(self) -> bytes:
-        if not self.left:
-            raise StopIteration
-        self.left -= 1
-        return CHUNK
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            Payment.objects.create(principal="close", amount=1, currency="EUR")
 
 
 class AsyncParts:
@@ -67,7 +44,8 @@ class AsyncParts:
 
 
 def parts(request: HttpRequest) -> StreamingHttpResponse:
-    return StreamingHttpResponse(Parts(), status=201)
+    # Its first close() writes (Django's response calls it again when it is closed).
+    return StreamingHttpResponse(Parts(5, write_once=True), status=201)
 
 
 async def async_parts(request: HttpRequest) -> StreamingHttpResponse:
