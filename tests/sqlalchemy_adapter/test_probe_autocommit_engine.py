@@ -12,15 +12,15 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgonce.contrib.sqlalchemy import enqueue, once, process_batch
+from pgonce.contrib.sqlalchemy import once, process_batch
 from pgonce.core.inbox import InboxEvent
 from pgonce.errors import UsageError
 from tests.keys.helpers import sqlalchemy_url
 from tests.sqlalchemy_adapter.conftest import stored
 from tests.sqlalchemy_adapter.models import Order
+from tests.sqlalchemy_adapter.outbox_engines import assert_commit_refused, committed
 from tests.sqlalchemy_adapter.test_inbox_sync import POLICY, T0, deliver, inbox
 from tests.sqlalchemy_adapter.test_probe_handler_other_engine import last_error
-from tests.sqlalchemy_adapter.test_probe_outbox_other_engine import committed
 
 NAMED = "AUTOCOMMIT"
 
@@ -35,12 +35,7 @@ def autocommit(engine: Engine, dsn: str) -> Iterator[Engine]:
 def test_an_outbox_event_with_writes_on_an_autocommit_engine_is_refused(
     engine: Engine, autocommit: Engine, dsn: str
 ) -> None:
-    with Session(bind=engine, binds={Order: autocommit}) as session:
-        session.add(Order(key="k"))
-        enqueue(session, "order", "k", "order.created", {})
-        with pytest.raises(UsageError, match=NAMED):
-            session.commit()
-    assert committed(dsn) == ([], 0)
+    assert_commit_refused(engine, autocommit, dsn, NAMED)
 
 
 def test_a_once_block_writing_on_an_autocommit_engine_is_refused(

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from pgonce.contrib.sqlalchemy import async_enqueue, enqueue
 from pgonce.errors import UsageError
 from tests.sqlalchemy_adapter.models import Order
-from tests.sqlalchemy_adapter.test_probe_outbox_other_engine import REFUSED, committed
+from tests.sqlalchemy_adapter.outbox_engines import REFUSED, committed, written
 
 
 def idle_in_transaction(dsn: str) -> int:
@@ -33,9 +33,7 @@ def idle_in_transaction(dsn: str) -> int:
 def test_a_commit_of_the_sessions_connection_after_a_flush_is_refused(
     engine: Engine, other: Engine, dsn: str
 ) -> None:
-    with Session(bind=engine, binds={Order: other}) as session:
-        session.add(Order(key="k"))
-        enqueue(session, "order", "k", "order.created", {})
+    with written(engine, other) as session:
         session.flush()
         with pytest.raises(UsageError, match=REFUSED):
             session.connection().commit()
@@ -93,9 +91,7 @@ def test_a_session_commit_with_a_savepoint_open_is_refused(
 
 
 def test_one_engine_still_commits_through_its_connection(engine: Engine, dsn: str) -> None:
-    with Session(bind=engine, binds={Order: engine}) as session:
-        session.add(Order(key="k"))
-        enqueue(session, "order", "k", "order.created", {})
+    with written(engine, engine) as session:
         session.flush()
         session.connection().commit()
     assert committed(dsn) == (["k"], 1)

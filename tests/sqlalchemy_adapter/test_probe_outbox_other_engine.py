@@ -7,37 +7,26 @@ commits; a session on one engine commits both as before.
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
-from sqlalchemy.orm import Session, scoped_session, sessionmaker
+from sqlalchemy.orm import scoped_session, sessionmaker
 
 from pgonce.contrib.sqlalchemy import async_enqueue, enqueue
 from pgonce.errors import UsageError
 from tests.sqlalchemy_adapter.models import Order
-
-REFUSED = "enqueued outbox events and wrote on another connection"
-
-
-def committed(dsn: str) -> tuple[list[str], int]:
-    """The orders' keys and the number of outbox events, as another connection sees them."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        orders = [r[0] for r in conn.execute("SELECT key FROM orders ORDER BY key")]
-        row = conn.execute("SELECT count(*) FROM pgonce.outbox").fetchone()
-    assert row is not None
-    return orders, int(row[0])
+from tests.sqlalchemy_adapter.outbox_engines import (
+    REFUSED,
+    assert_commit_refused,
+    committed,
+    written,
+)
 
 
 def test_an_event_and_writes_on_two_engines_do_not_commit(
     engine: Engine, other: Engine, dsn: str
 ) -> None:
-    with Session(bind=engine, binds={Order: other}) as session:
-        session.add(Order(key="k"))
-        enqueue(session, "order", "k", "order.created", {})
-        with pytest.raises(UsageError, match=REFUSED):
-            session.commit()
-    assert committed(dsn) == ([], 0)
+    assert_commit_refused(engine, other, dsn, REFUSED)
     # The writes flushed before the event count as much as those after it.
     scoped = scoped_session(sessionmaker(bind=engine, binds={Order: other}))
     with pytest.raises(UsageError, match=REFUSED), scoped.begin():
@@ -48,9 +37,7 @@ def test_an_event_and_writes_on_two_engines_do_not_commit(
 
 
 def test_one_engine_commits_the_event_with_the_writes(engine: Engine, dsn: str) -> None:
-    with Session(bind=engine, binds={Order: engine}) as session:
-        session.add(Order(key="k"))
-        enqueue(session, "order", "k", "order.created", {})
+    with written(engine, engine) as session:
         session.commit()
         # The next transaction, without events, is not checked.
         session.add(Order(key="l"))
