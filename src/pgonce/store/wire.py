@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import json.scanner
 import logging
@@ -329,7 +330,8 @@ def _queue(
     (:func:`_settle`): an earlier failure in the batch makes the server skip it.
     """
     pgconn = conn.pgconn
-    if named and not _naming.unnamed and not always:
+    unnamed = _naming.unnamed
+    if named and not unnamed and not always:
         # conn.prepare_threshold, without its property's call where it is psycopg's own.
         threshold = (
             conn._prepared.prepare_threshold
@@ -337,12 +339,19 @@ def _queue(
             else conn.prepare_threshold
         )
         named = threshold is not None
-    prepared = session.prepared if named and not _naming.unnamed else None
+    prepared = session.prepared if named and not unnamed else None
     preparing: list[tuple[int, bytes]] = []
     count = 0
+    send_prepared = pgconn.send_query_prepared
+    name: bytes | None
     pgconn.enter_pipeline_mode()
     for statement, params in commands:
-        name: bytes | None = None
+        if prepared is not None and statement.prepare and (held := statement.name) in prepared:
+            # The common case: a statement this connection holds prepared.
+            send_prepared(held, params, param_formats=statement.formats, result_format=BINARY)
+            count += 1
+            continue
+        name = None
         if prepared is not None and statement.prepare:
             name = statement.name
             # Not prepared on this connection yet, nor earlier in this batch: prepare it now,
@@ -620,10 +629,17 @@ def round_trip(
     ``prepare_threshold`` is None too (see :func:`_queue`).
     """
     with conn.lock:
-        session = _begin_batch(conn)
+        # _begin_batch(), its common case written out (as async_round_trip() has it).
+        pgconn = conn.pgconn
+        if (
+            pgconn.status != _CONNECTION_OK
+            or pgconn.pipeline_status != _PIPELINE_OFF
+            or (session := _by_id.get(id(pgconn))) is None
+        ):
+            session = _begin_batch(conn)
         try:
             count, preparing = _queue(conn, session, commands, named, always)
-            results = conn.wait(exchange(conn.pgconn, count))
+            results = conn.wait(exchange(pgconn, count))
         except BaseException:
             _abandon(conn, session)
             raise
@@ -1038,8 +1054,12 @@ def headers_json(headers: Iterable[tuple[str, str]]) -> bytes:
     except TypeError:  # not str pairs: let the encoder say what it makes of them
         return json_text([list(pair) for pair in headers])
     encoded = f"[{pairs}]".encode()
-    if type(headers) is tuple and all(
-        type(pair) is tuple and type(pair[0]) is str and type(pair[1]) is str for pair in headers
+    # Kept only for a tuple of str pairs. Each pair unpacked into two above, so its members
+    # are those two: the types are collected in C, not by a generator's step per pair.
+    if (
+        type(headers) is tuple
+        and set(map(type, headers)) <= _TUPLE_ONLY
+        and set(map(type, _members(headers))) <= _STR_ONLY
     ):
         if len(_HEADERS_JSON) >= MAX_HEADER_SETS:
             _HEADERS_JSON.clear()
@@ -1056,6 +1076,9 @@ MAX_HEADER_SETS = 256
 
 
 _quote = json.encoder.encode_basestring_ascii
+_TUPLE_ONLY = frozenset((tuple,))
+_STR_ONLY = frozenset((str,))
+_members = itertools.chain.from_iterable
 
 
 # Result decoding (binary format) of begin()'s claim: claim_insert's row (claimed_at, restored)
