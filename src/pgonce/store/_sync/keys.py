@@ -304,10 +304,27 @@ class KeyStore:
         again, and :meth:`commit` knows. Outcomes and errors are those of :meth:`claim`; after
         an error the transaction has been rolled back.
         """
-        wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        # _checked_wait_ms(), its common case without its call: the same tests, in its order;
+        # anything else goes through it, which raises what it raises.
+        if (
+            wait is None
+            and isinstance(conn, Connection)
+            and type(scope) is str
+            and type(key) is str
+            and 0 < len(scope) <= QUICK_KEY_CHARS
+            and 0 < len(key) <= QUICK_KEY_CHARS
+            and "\x00" not in scope
+            and "\x00" not in key
+            and type(fingerprint) is bytes
+            and len(fingerprint) == FINGERPRINT_SIZE
+        ):
+            wait_ms = self._wait_ms
+        else:
+            wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         claimed = self._begin(conn, scope, key, fingerprint, wait_ms, now)
         if isinstance(claimed, tuple):
-            return _won(claimed, fingerprint, conn)
+            # _won(), written out: this runs for every fresh key.
+            return won(claimed[0], claimed[1], fingerprint, *wire.claimed(claimed[2]), conn)
         return claimed
 
     def _begin(
@@ -370,7 +387,17 @@ class KeyStore:
             # Each attempt: a failed one may have left the transaction open (joined: it rolled
             # back to the savepoint) or not begun it.
             if not joined:
-                claim: list[Command] = [(wire.begin_statement(conn), wire.NO_PARAMS), insert]
+                # wire.begin_statement(), its common case without its call: psycopg's own
+                # properties and its default transaction settings.
+                if (
+                    wire._PLAIN.get(type(conn))
+                    and conn._isolation_level is None
+                    and conn._read_only is None
+                    and conn._deferrable is None
+                ):
+                    claim: list[Command] = [_PLAIN_BEGIN, insert]
+                else:
+                    claim = [(wire.begin_statement(conn), wire.NO_PARAMS), insert]
             elif conn.pgconn.transaction_status == _IDLE:
                 claim = [(wire.begin_statement(conn), wire.NO_PARAMS), _SAVEPOINT, insert]
             else:
@@ -1157,6 +1184,8 @@ _SAVEPOINT_GONE = (
 )
 
 _COMMIT: Command = (wire.COMMIT, wire.NO_PARAMS)
+#: BEGIN with psycopg's default transaction settings (what wire.begin_statement() gives then).
+_PLAIN_BEGIN: Command = (wire._PLAIN_BEGIN, wire.NO_PARAMS)
 # What COMMIT refuses a transaction for on account of its writes: the caller's to handle (a
 # deferred foreign key the work broke, a serializable transaction to run again).
 _REFUSED_AT_COMMIT = (psycopg.errors.IntegrityError, psycopg.errors.SerializationFailure)
