@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
@@ -68,7 +69,12 @@ with needs("flask", "the Flask Idempotency-Key integration"):
         has_request_context,
         request,
     )
+    from flask import globals as flask_globals
     from psycopg_pool import ConnectionPool
+
+#: The variable that holds Flask's request context (Flask 2.2 to 3.1); None where a Flask keeps
+#: its request elsewhere, and connection() takes the public accessors only.
+_request_context: ContextVar[Any] | None = getattr(flask_globals, "_cv_request", None)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection as SAConnection
@@ -113,10 +119,16 @@ def connection() -> psycopg.Connection[Any]:
     """The claim's connection, inside its transaction: write on it and the writes commit with the
     key and the stored response. Call it in the view (it marks the view as begun); never commit
     or roll back on it."""
-    if has_request_context():
-        tx = request.environ.get(ENVIRON_KEY)
-        if type(tx) is IdempotentTransaction:  # transaction()'s common case, without its calls
-            return tx.connection
+    # transaction()'s common case, without its calls: the request context read from Flask's
+    # context variable (has_request_context() and the request proxy each read it again).
+    ctx = _request_context.get(None) if _request_context is not None else None
+    if ctx is not None:
+        tx = ctx.request.environ.get(ENVIRON_KEY)
+        if type(tx) is IdempotentTransaction:
+            # tx.connection, without the property's call; an ended one raises below.
+            tx.began = True
+            if (conn := tx._connection) is not None:
+                return conn
     return transaction().connection
 
 
