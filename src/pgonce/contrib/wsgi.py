@@ -46,7 +46,7 @@ import psycopg
 from psycopg import Connection
 
 from pgonce.core.leases import failure_note, not_stored_note
-from pgonce.core.outcomes import Claim, InFlight, Replay, Won
+from pgonce.core.outcomes import TOO_MANY_REQUESTS, Claim, InFlight, Replay, Won
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import (
     DatabaseUnavailable,
@@ -122,6 +122,8 @@ class ConnectionSource(Protocol):
 #: middleware): a lost or refused connection, the pool's timeout (psycopg_pool's PoolTimeout is
 #: an OperationalError), and pgonce's translation.
 _UNAVAILABLE = (DatabaseUnavailable, psycopg.OperationalError)
+#: A transaction in which a statement failed (what CapturedResponse.commits() refuses).
+_INERROR = psycopg.pq.TransactionStatus.INERROR
 
 
 class IdempotentTransaction:
@@ -410,8 +412,17 @@ class IdempotencyMiddleware:
                         # propagates (the transaction rolls back, and the server answers 500).
                         captured = self._capture(environ)
                         response = captured.response
-                        response.keep(
-                            began=tx.began and not tx.failed, status_kept=self._status_kept
+                        # response.keep(), without its call: the same decision (the store's
+                        # stores_status() still judges the status).
+                        answered = response.status
+                        response.stored = (
+                            tx.began
+                            and not tx.failed
+                            and answered is not None
+                            and response.complete
+                            and not response.too_large
+                            and answered != TOO_MANY_REQUESTS
+                            and self._status_kept(answered)
                         )
                         status = conn.pgconn.transaction_status
                         if status == _IDLE and (response.stored or not tx.failed):
@@ -420,7 +431,10 @@ class IdempotencyMiddleware:
                             # never left in flight, and the log says what was wrong. (Not a
                             # failed view's: SQLAlchemy rolled back after a failed flush.)
                             self._settle(conn, claim, response)
-                        elif not response.commits(status):
+                        elif status == _INERROR or not response.stored:
+                            # response.commits(), without its call: a transaction in which a
+                            # statement failed cannot commit, nor is its answer stored.
+                            response.stored = False
                             conn.rollback()
                         else:
                             try:
@@ -567,7 +581,8 @@ class IdempotencyMiddleware:
         request's writes committed -- or by the middleware, once the transaction ended, when
         the answer is another (a replay, a 503).
         """
-        captured = _Captured(self.rules.capture())
+        # self.rules.capture(), without its call.
+        captured = _Captured(CapturedResponse(self.rules.max_response_bytes))
         response = captured.response
         try:
             result = self.app(environ, captured.start_response)
