@@ -70,18 +70,26 @@ def post(server: Server, how: str, key: str) -> httpx.Response:
     )
 
 
+def ended_then_wrote(server: Server, how: str, key: str, detail: str) -> dict[str, str]:
+    """The first answer to a view that ended its transaction with ``how`` and wrote on: the 500
+    problem of a transaction ended by the endpoint, whose detail says ``detail``, with no
+    expiry (nothing stored)."""
+    first = post(server, how, key)
+    assert first.status_code == 500, first.text
+    assert first.headers["Content-Type"] == "application/problem+json"
+    problem: dict[str, str] = first.json()
+    assert problem["title"] == "Transaction ended by the endpoint"
+    assert detail in problem["detail"]
+    assert "Idempotency-Key-Expires" not in first.headers
+    return problem
+
+
 @pytest.mark.parametrize("how", ["ROLLBACK", "rollback"])
 def test_a_rollback_then_writes_commits_nothing_and_the_retry_runs_again(
     server: Server, dsn: str, how: str
 ) -> None:
     key = uuid.uuid4().hex
-    first = post(server, how, key)
-    assert first.status_code == 500, first.text
-    assert first.headers["Content-Type"] == "application/problem+json"
-    problem = first.json()
-    assert problem["title"] == "Transaction ended by the endpoint"
-    assert "nothing of the request committed" in problem["detail"]
-    assert "Idempotency-Key-Expires" not in first.headers
+    problem = ended_then_wrote(server, how, key, "nothing of the request committed")
     assert committed(dsn) == ([], [])
     # The key is free: the retry runs the view again (which ends its transaction again).
     again = post(server, how, key)
@@ -95,13 +103,7 @@ def test_a_commit_then_writes_is_never_answered_with_rows_that_were_rolled_back(
     server: Server, dsn: str, how: str
 ) -> None:
     key = uuid.uuid4().hex
-    first = post(server, how, key)
-    assert first.status_code == 500, first.text
-    assert first.headers["Content-Type"] == "application/problem+json"
-    problem = first.json()
-    assert problem["title"] == "Transaction ended by the endpoint"
-    assert "before its COMMIT committed" in problem["detail"]
-    assert "Idempotency-Key-Expires" not in first.headers
+    ended_then_wrote(server, how, key, "before its COMMIT committed")
     # The write before the end committed with the claim; the one after it did not, and no
     # answer naming it is stored.
     assert committed(dsn) == ([BEFORE], [False])
