@@ -10,6 +10,7 @@ one: each form carries its own tag into the hash.
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 from hashlib import sha256
@@ -55,7 +56,14 @@ def _object(pairs: list[tuple[str, Any]]) -> _Canonical:
             # {"a": 1, "a": 2} and {"a": 2} must not be the same request.
             raise _DuplicateKey
         previous = name
-        members.append(_quote(name) + ":" + _canonical(value))
+        # _canonical(value), its two usual answers without the call.
+        kind = type(value)
+        if kind is _Canonical:
+            members.append(_quote(name) + ":" + value)
+        elif kind is str:
+            members.append(_quote(name) + ":" + _quote(value))
+        else:
+            members.append(_quote(name) + ":" + _canonical(value))
     return _Canonical("{" + ",".join(members) + "}")
 
 
@@ -79,7 +87,8 @@ _WHITESPACE = " \t\n\r"  # JSON's insignificant whitespace (RFC 8259)
 
 def _encoding(body: bytes) -> str:
     """json.detect_encoding(), answered at once for the usual body: no BOM, no NUL in its first
-    two bytes (UTF-16 and -32 have one there) -- UTF-8."""
+    two bytes (UTF-16 and -32 have one there) -- UTF-8. (:func:`canonical_json` makes the same
+    test inline before it calls this.)"""
     if len(body) >= 2 and 0 < body[0] < 0x80 and body[1]:
         return "utf-8"
     return json.detect_encoding(body)
@@ -95,17 +104,24 @@ def canonical_json(body: bytes) -> bytes | None:
     """
     try:
         # What json.loads() does with bytes (UTF-8, -16 or -32, told apart by the first bytes).
-        text = body.decode(_encoding(body), "surrogatepass")
+        usual = len(body) >= 2 and 0 < body[0] < 0x80 and body[1]  # _encoding()'s first test
+        text = body.decode("utf-8" if usual else _encoding(body), "surrogatepass")
         value, end = _scan(text, len(text) - len(text.lstrip(_WHITESPACE)))
         if text[end:].strip(_WHITESPACE):
             return None  # text after the document
-        return _canonical(value).encode("utf-8", "surrogatepass")
+        if type(value) is not _Canonical:  # an object or a number is already canonical text
+            value = _canonical(value)
+        return value.encode("utf-8", "surrogatepass")  # type: ignore[no-any-return]
     except (ValueError, RecursionError, StopIteration):
         return None
 
 
+@functools.lru_cache(maxsize=64)
 def is_json(content_type: str | None) -> bool:
-    """Whether a Content-Type names JSON (``application/json`` or a ``+json`` suffix)."""
+    """Whether a Content-Type names JSON (``application/json`` or a ``+json`` suffix).
+
+    Remembered for the last few types: an application sends the same two or three, and each
+    request would otherwise split and lower its Content-Type again."""
     if not content_type:
         return False
     media = content_type.split(";", 1)[0].strip().lower()
@@ -134,9 +150,17 @@ def request_fingerprint(
         canonical = canonical_json(body)
         if canonical is not None:
             tag, body = _JSON, canonical
+    return sha256(
+        b"".join((_head(method, path), length(len(query)), query, tag, length(len(body)), body))
+    ).digest()
+
+
+@functools.lru_cache(maxsize=128)
+def _head(method: str, path: str) -> bytes:
+    """The fingerprint's first parts, the method and the path with their lengths: remembered
+    for the last few routes, which an application's requests repeat."""
     verb, where = method.upper().encode(), path.encode()
-    parts = (length(len(verb)), verb, length(len(where)), where, length(len(query)), query)
-    return sha256(b"".join((*parts, tag, length(len(body)), body))).digest()
+    return length(len(verb)) + verb + length(len(where)) + where
 
 
 # The two forms' tags, each with its length as a part: a canonical body never collides with raw
