@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import psycopg
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from pgonce.contrib.sqlalchemy import enqueue
 from pgonce.errors import UsageError
-from tests.sqlalchemy_adapter.models import Order
+from tests.sqlalchemy_adapter.models import Order, orders_and_rows
 
 #: What the commit of a session with events on one connection and writes on another is told.
 REFUSED = "enqueued outbox events and wrote on another connection"
@@ -21,11 +20,7 @@ REFUSED = "enqueued outbox events and wrote on another connection"
 
 def committed(dsn: str) -> tuple[list[str], int]:
     """The orders' keys and the number of outbox events, as another connection sees them."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        orders = [r[0] for r in conn.execute("SELECT key FROM orders ORDER BY key")]
-        row = conn.execute("SELECT count(*) FROM pgonce.outbox").fetchone()
-    assert row is not None
-    return orders, int(row[0])
+    return orders_and_rows(dsn, "outbox")
 
 
 def order_and_event(session: Session, key: str = "k") -> None:

@@ -8,7 +8,6 @@ aborted. Real sessions on a real PostgreSQL, counted from another connection.
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.exc import IntegrityError
@@ -18,7 +17,7 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 from pgonce import Response, fingerprint
 from pgonce.contrib.sqlalchemy import async_enqueue, async_once, enqueue, once
 from pgonce.errors import DatabaseUnavailable, NotInTransaction, UsageError
-from tests.sqlalchemy_adapter.models import Order
+from tests.sqlalchemy_adapter.models import Order, orders_and_rows
 
 FP = fingerprint("POST", "/orders", b"{}")
 CREATED = Response(201, body=b"created")
@@ -30,11 +29,7 @@ class Refused(Exception):
 
 def stored(dsn: str) -> tuple[list[str], int]:
     """(the orders' keys, the number of stored keys), as another connection sees them."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        orders = [r[0] for r in c.execute("SELECT key FROM orders ORDER BY key")]
-        row = c.execute("SELECT count(*) FROM pgonce.keys").fetchone()
-    assert row is not None
-    return orders, int(row[0])
+    return orders_and_rows(dsn, "keys")
 
 
 def test_an_exception_caught_by_the_caller_discards_the_blocks_pending_objects(
