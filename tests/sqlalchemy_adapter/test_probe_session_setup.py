@@ -57,18 +57,24 @@ async def test_an_async_session_without_autobegin_is_not_in_a_transaction(
     assert stored(dsn) == ([], [])
 
 
-def test_a_session_that_must_roll_back_first_keeps_sqlalchemys_own_error(
+def test_a_session_that_must_roll_back_first_is_a_usage_error_over_sqlalchemys(
     engine: Engine,
 ) -> None:
-    # Its transaction exists: what is wrong is SQLAlchemy's to say.
+    # As the core store says a failed transaction; SQLAlchemy's own error is the cause.
     key = uuid.uuid4().hex
     with Session(engine) as session:
         session.add(Order(key=key))
         session.add(Order(key=key))
         with pytest.raises(Exception, match="orders_key_key"):
             session.flush()
-        with pytest.raises(PendingRollbackError), once(session, "t", key, FP):
+        with (
+            pytest.raises(UsageError, match=r"has failed.*session\.rollback\(\)") as raised,
+            once(session, "t", key, FP),
+        ):
             pytest.fail("the block ran")
+        assert isinstance(raised.value.__cause__, PendingRollbackError)
+        with pytest.raises(UsageError, match="has failed"):
+            enqueue(session, "order", key, "order.created", {})
 
 
 def test_a_session_with_binds_per_mapper_only_is_told_to_give_its_engine_as_bind(

@@ -236,8 +236,12 @@ def _driver(session: Session, in_async: bool) -> tuple[Any, Any]:
         connection = session.connection()
     except _CONNECT_FAILED as error:
         raise DatabaseUnavailable(f"connecting through the session failed: {error}") from error
+    except sqlalchemy.exc.PendingRollbackError as error:
+        # A flush failed and SQLAlchemy rolled the transaction back; the session waits for its
+        # owner's rollback(). The core store says a failed transaction so too.
+        raise UsageError(_FAILED_TRANSACTION) from error
     except sqlalchemy.exc.InvalidRequestError as error:
-        if session.in_transaction():  # a transaction that must be rolled back first, say
+        if session.in_transaction():  # a transaction in another state SQLAlchemy refuses
             raise
         # Session(autobegin=False) outside its begin(): a write there would have no
         # transaction to commit with.
@@ -249,30 +253,67 @@ def _driver(session: Session, in_async: bool) -> tuple[Any, Any]:
     return connection.connection.driver_connection, connection.dialect
 
 
+# What a call on a session whose transaction has failed is told (the core store's words for a
+# connection's).
+_FAILED_TRANSACTION = (
+    "the session's transaction has failed (a flush or statement before this call raised): roll "
+    "it back (session.rollback(), or leave its session.begin() block), which also frees any key "
+    "it claimed, and call again in a new one"
+)
+
+
 def _lost(error: sqlalchemy.exc.DBAPIError) -> bool:
     """Whether SQLAlchemy's ``error`` is psycopg's loss of the connection (or another
-    OperationalError, which the core store says as DatabaseUnavailable too)."""
+    OperationalError, which the core store says as DatabaseUnavailable too, or a savepoint
+    that is gone: nothing is left to roll back to either way)."""
     return error.connection_invalidated or isinstance(error.orig, psycopg.OperationalError)
 
 
 class _translated(translate_errors):
-    """Re-raise SQLAlchemy's error for a lost connection, in a statement that pgonce sends
-    through the session, as :class:`~pgonce.errors.DatabaseUnavailable` naming ``what`` failed:
-    psycopg's error under SQLAlchemy's, said as the core store says a lost connection
-    (SQLAlchemy's error is its ``__cause__``). Other errors are raised as they are."""
+    """Re-raise SQLAlchemy's error in a statement that pgonce sends through the session (a
+    flush it asks for, a savepoint's end) as the core store says psycopg's error under it,
+    naming ``what`` failed, when psycopg's is an OperationalError: a lost connection as
+    :class:`~pgonce.errors.DatabaseUnavailable`, a savepoint that is gone (ended by the caller's
+    code inside the block) as :class:`~pgonce.errors.UsageError`. SQLAlchemy's error is the
+    ``__cause__``. Other errors (the caller's writes' own: an IntegrityError) are raised as they
+    are."""
 
     __slots__ = ()
 
     def said(self, error: BaseException) -> PgonceError | None:
-        if isinstance(error, sqlalchemy.exc.DBAPIError) and _lost(error):
-            return self.unavailable(error.orig if error.orig is not None else error)
+        if not isinstance(error, sqlalchemy.exc.DBAPIError):
+            return None
+        cause = error.orig
+        if isinstance(cause, psycopg.OperationalError):
+            return super().said(cause)
+        if error.connection_invalidated:
+            return self.unavailable(cause if cause is not None else error)
         return None
+
+
+class _translated_own(_translated):
+    """:class:`_translated` for a statement of pgonce's own (once()'s SAVEPOINT, RELEASE or
+    ROLLBACK TO), whose every database error the core store says in its words: a
+    ``DatabaseError`` for a transaction that failed inside the block, as the core's
+    completion there says it."""
+
+    __slots__ = ()
+
+    def said(self, error: BaseException) -> PgonceError | None:
+        if (
+            isinstance(error, sqlalchemy.exc.DBAPIError)
+            and isinstance(error.orig, psycopg.Error)
+            and not error.connection_invalidated
+        ):
+            return translate_errors.said(self, error.orig)
+        return super().said(error)
 
 
 _Store = TypeVar("_Store", KeyStore, AsyncKeyStore)
 
-# A module constant: an enum class's attribute lookup at each use otherwise.
+# Module constants: an enum class's attribute lookup at each use otherwise.
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+_INERROR = psycopg.pq.TransactionStatus.INERROR
 
 # What SQLAlchemy raises when its pool cannot hand out a connection.
 _CONNECT_FAILED = (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError)
@@ -327,9 +368,7 @@ def once(
         session = session()
     conn = driver_connection(session)
     operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
-    require_transaction(conn)  # before the savepoint, which autocommit would refuse untyped
-    _refuse_autocommit(session)
-    nested, held = _savepoint(session, conn)
+    nested, held = _open_block(session, conn)
     try:
         try:
             op = operation.__enter__()
@@ -351,12 +390,21 @@ def once(
         except BaseException:
             _leave(nested, conn)
             raise
-        if ended:  # a claim that did not win: pgonce had nothing to settle
-            _leave(nested, conn)
-            raise UsageError(_ENDED_IN_BLOCK)
-        _end(nested, op.won and not op.stored)
+        _close_block(nested, conn, ended, op.won and not op.stored)
     finally:
         held.release()
+
+
+def _open_block(session: Session, driver: Any) -> tuple[SessionTransaction, _Refusals]:
+    """What once() and async_once() check before the block, then its savepoint (see
+    :func:`_savepoint`): a connection in autocommit (whose SAVEPOINT would fail untyped) and a
+    transaction that has failed (whose SAVEPOINT would fail in SQLAlchemy's words) are refused
+    as the core store refuses them."""
+    require_transaction(driver)
+    if driver.pgconn.transaction_status == _INERROR:
+        raise UsageError(_FAILED_TRANSACTION)
+    _refuse_autocommit(session)
+    return _savepoint(session, driver)
 
 
 def _savepoint(session: Session, driver: Any) -> tuple[SessionTransaction, _Refusals]:
@@ -365,7 +413,7 @@ def _savepoint(session: Session, driver: Any) -> tuple[SessionTransaction, _Refu
     inside the block would put it after pgonce's savepoint, and pgonce's rollback would end it).
     The ``commit()`` of the session, of its connection and of the psycopg connection under them
     (``driver``) are refused until the block's end."""
-    with _translated("beginning once()'s savepoint"):
+    with _translated_own("beginning once()'s savepoint"):
         nested = session.begin_nested()
         try:
             connection = session.connection()
@@ -578,10 +626,7 @@ def _leave_savepoint(nested: SessionTransaction, driver: Any) -> None:
             session.connection().invalidate()
         session.rollback()
         return
-    current = nested.session.get_nested_transaction()
-    while current is not None and current is not nested:
-        current = current.parent
-    if current is not None:
+    if _open_in(nested):
         nested.rollback()
 
 
@@ -594,14 +639,58 @@ _ENDED_IN_BLOCK = (
 )
 
 
-def _end(nested: SessionTransaction, undone: bool) -> None:
-    """End the block's savepoint: rolled back when the claim won and nothing was stored (a 5xx
-    that is not stored: pgonce has undone its part, the session's objects go with it)."""
-    with _translated("ending once()'s savepoint"):
-        if undone:
-            nested.rollback()
-        else:
-            nested.commit()
+def _close_block(nested: SessionTransaction, driver: Any, ended: bool, undone: bool) -> None:
+    """The block's end once pgonce settled its claim: refused when the block ended the
+    transaction under the session (``ended``: a claim that did not win, which pgonce had
+    nothing to settle for), else the savepoint ended: rolled back when ``undone`` (the claim
+    won and nothing was stored, a 5xx that is not: pgonce has undone its part, the session's
+    objects go with it), released otherwise.
+
+    A savepoint begun before the block and ended inside it (with the block's inside it) is
+    refused as the core store refuses it."""
+    if ended:
+        _leave(nested, driver)
+        raise UsageError(_ENDED_IN_BLOCK)
+    what = "ending once()'s savepoint"
+    if not _open_in(nested):  # a session.begin_nested() of the caller's ended it
+        raise UsageError(f"{what} failed: {_OUTER_ENDED}")
+    try:
+        with _translated_own(what):
+            if undone:
+                nested.rollback()
+            else:
+                nested.commit()
+    except UsageError as error:
+        cause = error.__cause__
+        if not (
+            isinstance(cause, sqlalchemy.exc.DBAPIError)
+            and isinstance(cause.orig, psycopg.errors.InvalidSavepointSpecification)
+        ):
+            raise
+        # Released in SQL, behind SQLAlchemy's back: PostgreSQL has failed the transaction,
+        # and SQLAlchemy's rollback (its close too) would fail on the savepoints it still sees.
+        # Nothing of the transaction can commit any more: its connections are invalidated (the
+        # pool replaces them) and the session's transaction rolled back, with no SQL sent.
+        for entry in {entry[0] for entry in getattr(nested, "_connections", {}).values()}:
+            entry.invalidate()
+        nested.session.rollback()
+        raise UsageError(f"{error}. The session's transaction was rolled back") from cause
+
+
+def _open_in(nested: SessionTransaction) -> bool:
+    """Whether ``nested`` is still one of its session's open transactions."""
+    current = nested.session.get_nested_transaction()
+    while current is not None and current is not nested:
+        current = current.parent
+    return current is not None
+
+
+# What the core store says when a savepoint begun before its block ended inside it.
+_OUTER_ENDED = (
+    "a savepoint opened before pgonce's was released or rolled back inside pgonce's block, and "
+    "pgonce's savepoint ended with it (the claim and the block's writes too); end inner "
+    "savepoints first"
+)
 
 
 @asynccontextmanager
@@ -621,9 +710,7 @@ async def async_once(
         session = session()
     conn = await async_driver_connection(session)
     operation = keys.once(conn, scope, key, fingerprint, wait=wait, now=now)
-    require_transaction(conn)
-    _refuse_autocommit(session.sync_session)
-    nested, held = await session.run_sync(_savepoint, conn)
+    nested, held = await session.run_sync(_open_block, conn)
     try:
         try:
             op = await operation.__aenter__()
@@ -643,10 +730,7 @@ async def async_once(
         except BaseException:
             await greenlet_spawn(_leave, nested, conn)
             raise
-        if ended:
-            await greenlet_spawn(_leave, nested, conn)
-            raise UsageError(_ENDED_IN_BLOCK)
-        await greenlet_spawn(_end, nested, op.won and not op.stored)
+        await greenlet_spawn(_close_block, nested, conn, ended, op.won and not op.stored)
     finally:
         held.release()
 
