@@ -361,8 +361,10 @@ def validate_key(scope: str, key: str) -> None:
     if (
         type(scope) is str
         and type(key) is str
-        and 0 < len(scope) <= QUICK_KEY_CHARS
-        and 0 < len(key) <= QUICK_KEY_CHARS
+        and scope  # not empty (a str)
+        and len(scope) <= QUICK_KEY_CHARS
+        and key
+        and len(key) <= QUICK_KEY_CHARS
         and "\x00" not in scope
         and "\x00" not in key
     ):

@@ -1159,12 +1159,15 @@ def replayed(stored: PGresult, encoding: str, fingerprint: bytes) -> Replay | No
     status, body, claimed = value(0, 3), value(0, 5), value(0, 1)
     if type(body) is not bytes or claimed is None:
         return None
+    claimed_at = _EPOCH + _MICROSECOND * _INT64(claimed)[0]
     return stored_replay(
         None if status is None else int.from_bytes(status, "big", signed=True),
         known,
         body,
-        _EPOCH + _MICROSECOND * _INT64(claimed)[0],
-        _EPOCH + _MICROSECOND * _INT64(completed_at)[0],
+        claimed_at,
+        # begin() and once() make a row born completed at its claim time and keep that time
+        # at the completion: the same bytes, decoded once (a datetime is immutable).
+        claimed_at if completed_at == claimed else _EPOCH + _MICROSECOND * _INT64(completed_at)[0],
     )
 
 

@@ -238,8 +238,10 @@ class KeyStore:
         if not (  # validate_key()'s common case, without its call
             type(scope) is str
             and type(key) is str
-            and 0 < len(scope) <= QUICK_KEY_CHARS
-            and 0 < len(key) <= QUICK_KEY_CHARS
+            and scope  # not empty (a str)
+            and len(scope) <= QUICK_KEY_CHARS
+            and key
+            and len(key) <= QUICK_KEY_CHARS
             and "\x00" not in scope
             and "\x00" not in key
         ):
@@ -311,8 +313,10 @@ class KeyStore:
             and isinstance(conn, Connection)
             and type(scope) is str
             and type(key) is str
-            and 0 < len(scope) <= QUICK_KEY_CHARS
-            and 0 < len(key) <= QUICK_KEY_CHARS
+            and scope  # not empty (a str)
+            and len(scope) <= QUICK_KEY_CHARS
+            and key
+            and len(key) <= QUICK_KEY_CHARS
             and "\x00" not in scope
             and "\x00" not in key
             and type(fingerprint) is bytes
@@ -383,7 +387,7 @@ class KeyStore:
                 self._wait_param if wait_ms == self._wait_ms else b"%d" % wait_ms,
             ),
         )
-        for attempt in range(1, _ATTEMPTS + 1):
+        for attempt in _ATTEMPT_NUMBERS:
             # Each attempt: a failed one may have left the transaction open (joined: it rolled
             # back to the savepoint) or not begun it.
             if not joined:
@@ -767,7 +771,25 @@ class KeyStore:
         ``psycopg.ProgrammingError`` (ending it there would commit the block's later writes
         without the claim), and a ``conn.transaction()`` in the block is a savepoint.
         """
-        wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        # _checked_wait_ms(), its common case without its call (as begin() has it): the same
+        # tests, in its order; anything else goes through it, which raises what it raises.
+        if (
+            wait is None
+            and isinstance(conn, Connection)
+            and type(scope) is str
+            and type(key) is str
+            and scope  # not empty (a str)
+            and len(scope) <= QUICK_KEY_CHARS
+            and key
+            and len(key) <= QUICK_KEY_CHARS
+            and "\x00" not in scope
+            and "\x00" not in key
+            and type(fingerprint) is bytes
+            and len(fingerprint) == FINGERPRINT_SIZE
+        ):
+            wait_ms = self._wait_ms
+        else:
+            wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         if commit is not False and commit is not True:
             # A truthy "false" (a setting read as text) owned and committed the transaction the
             # caller meant to join; a falsy one joined where it was meant to commit.
@@ -778,6 +800,27 @@ class KeyStore:
 
 class Operation(Generic[Row]):
     """One ``once()`` block; see :meth:`KeyStore.once`."""
+
+    # What a new operation starts with, read from the class until the block sets its own:
+    # eight stores fewer in every once().
+    #
+    # When the block joins the caller's transaction: its savepoint. None when the block owns
+    # its transaction (commit=True: begin() and commit()).
+    _savepoint: AbstractContextManager[Any] | None = None
+    #: True when the block joined the caller's transaction through pgonce's batches (the
+    #: savepoint is pgonce's own, see _begin()); psycopg's savepoint is in _savepoint.
+    _joined = False
+    _claim: Claim | None = None
+    response: Response | None = None
+    #: True once the response was stored (after the block, when this operation won).
+    stored = False
+    # The block runs once: entered (its claim made), then ended. A second block on the
+    # same operation would run the first one's queued writes again; a respond() or an
+    # execute() after the block would change nothing that was stored.
+    _entered = False
+    _ended = False
+    #: True while the block's owned transaction is counted among psycopg's (see hold()).
+    _held = False
 
     def __init__(
         self,
@@ -798,24 +841,9 @@ class Operation(Generic[Row]):
         # connection's state.
         self._wait_ms = wait_ms
         self._now = now
-        # When the block joins the caller's transaction: its savepoint. None when the block owns
-        # its transaction (commit=True: begin() and commit()).
-        self._savepoint: AbstractContextManager[Any] | None = None
-        #: True when the block joined the caller's transaction through pgonce's batches (the
-        #: savepoint is pgonce's own, see _begin()); psycopg's savepoint is in _savepoint.
-        self._joined = False
-        self._claim: Claim | None = None
         self._writes: list[tuple[Query, Params | None]] = []
-        self.response: Response | None = None
-        #: True once the response was stored (after the block, when this operation won).
-        self.stored = False
-        # The block runs once: entered (its claim made), then ended. A second block on the
-        # same operation would run the first one's queued writes again; a respond() or an
-        # execute() after the block would change nothing that was stored.
-        self._entered = False
-        self._ended = False
-        #: True while the block's owned transaction is counted among psycopg's (see hold()).
-        self._held = False
+        # The rest (_savepoint, _joined, _claim, response, stored, _entered, _ended, _held)
+        # starts as the class says.
 
     @property
     def claim(self) -> Claim:
@@ -884,6 +912,10 @@ class Operation(Generic[Row]):
                 self._held = True
             else:
                 self._claim = claimed
+                if isinstance(claimed, Replay):  # the test below, for the owned block's replay
+                    self.response = claimed.response
+                self._entered = True
+                return self
         elif (status := conn.pgconn.transaction_status) == _IDLE and conn.autocommit:
             if conn.pgconn.pipeline_status != _PIPELINE_OFF:
                 raise NotInTransaction(_PIPELINE_OUTSIDE)
@@ -1067,7 +1099,7 @@ def _open_transaction(conn: Connection[Row]) -> None:
     with translate_caller_errors("opening the caller's transaction"):
         if wire.usable(conn):
             begin: list[Command] = [(wire.begin_statement(conn), wire.NO_PARAMS)]
-            for attempt in range(1, _ATTEMPTS + 1):
+            for attempt in _ATTEMPT_NUMBERS:
                 # A deallocated or pooler-shared name failed the BEGIN before it ran: again
                 # (wire.failure() has switched to unnamed statements where the pooler shares).
                 results = round_trip(conn, begin)
@@ -1288,6 +1320,8 @@ _WAITED_FOR_CLAIM = "while inserting index tuple"
 #: Runs of begin()'s batch: the first may meet a deallocated statement, the second a pooler's
 #: shared session (which switches to unnamed statements), the third runs unnamed.
 _ATTEMPTS = 3
+#: Their numbers, made once rather than a range per claim.
+_ATTEMPT_NUMBERS = range(1, _ATTEMPTS + 1)
 
 
 def _naming_failed(error: BaseException) -> bool:
