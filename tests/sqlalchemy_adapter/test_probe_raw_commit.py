@@ -82,14 +82,32 @@ def test_a_commit_in_sql_stores_the_committed_claims_response(dsn: str, engine: 
             once(session, "t", "k", FP) as op,
         ):
             session.add(Order(key="a"))
-            session.execute(text("COMMIT"))
-            session.add(Order(key="b"))  # pending: not written in a transaction of its own
+            session.execute(text("COMMIT"))  # flushes "a" first (autoflush)
             op.respond(CREATED)
         assert stored(dsn) == (["a"], [("k", 201)])  # not in flight: a retry replays
         won, response = _retry(session)
         assert not won
         assert response == CREATED
     assert stored(dsn) == (["a"], [("k", 201)])
+
+
+def test_a_commit_in_sql_with_objects_left_unwritten_stores_nothing(
+    dsn: str, engine: Engine
+) -> None:
+    with Session(engine) as session:
+        with (
+            pytest.raises(UsageError, match="not flushed yet"),
+            session.begin(),
+            once(session, "t", "k", FP) as op,
+        ):
+            session.add(Order(key="a"))
+            session.execute(text("COMMIT"))
+            session.add(Order(key="b"))  # pending: never written, in no transaction
+            op.respond(CREATED)
+        # A replay of the response would answer for "b" too: the claim stays in flight.
+        assert stored(dsn) == (["a"], [("k", None)])
+        assert _retry(session) == (False, None)
+    assert stored(dsn) == (["a"], [("k", None)])
 
 
 @pytest.mark.parametrize("how", ["sql", "psycopg"])

@@ -357,9 +357,13 @@ def once(
     expunged), and propagates; the session's transaction goes on. Inside the block,
     ``session.commit()``, ``session.connection().commit()`` and the psycopg connection's
     ``commit()`` raise :class:`BlockCommitRefused` and commit nothing: they would commit the claim
-    before its response is stored. A transaction ended in SQL inside the block is settled as
-    :meth:`KeyStore.once` settles it (with a :class:`~pgonce.errors.UsageError`), and the
-    session's transaction rolled back. A
+    before its response is stored. A transaction ended in SQL inside the block (or by a
+    ``commit()`` pgonce cannot refuse: ``psycopg.Connection.commit(conn)``, a bound method taken
+    before the block) is settled as :meth:`KeyStore.once` settles it (with a
+    :class:`~pgonce.errors.UsageError`), and the session's transaction rolled back; when ORM
+    objects of the block were still unflushed at that end, they were never written and nothing
+    is stored (a committed claim stays in flight). The error names the outbox events the block
+    enqueued, which such a commit commits with the claim. A
     ``session.begin_nested()`` begun in the block ends in it (one still open at the block's end is
     refused with a :class:`~pgonce.errors.UsageError`, and the block rolled back).
     """
@@ -378,21 +382,94 @@ def once(
         try:
             yield op
             ended = _finish(session, nested, op.won, conn)
+            if ended and op.won:
+                _refuse_unwritten(session)
         except BaseException as error:
             # A failed flush has rolled back the session's savepoint, pgonce's inside it: then
             # pgonce's ROLLBACK TO would fail, and leave the caller's transaction aborted.
             if nested.is_active:
                 operation.__exit__(type(error), error, error.__traceback__)
+            told = _told_events(error, nested, conn, None)
             _leave(nested, conn)
-            raise
+            if told is None:
+                raise
+            raise told from error
         try:
             operation.__exit__(None, None, None)
-        except BaseException:
+        except BaseException as error:
+            told = _told_events(error, nested, conn, op.stored if ended else None)
             _leave(nested, conn)
-            raise
+            if told is None:
+                raise
+            raise told from error
         _close_block(nested, conn, ended, op.won and not op.stored)
     finally:
         held.release()
+        _forget_events(nested)
+
+
+def _refuse_unwritten(session: Session) -> None:
+    """Refuse a won block that ended the transaction under the session (a COMMIT or ROLLBACK in
+    SQL, a commit() pgonce could not refuse: psycopg's class method, a bound method taken
+    before the block) with ORM writes still in the session: they were never sent, and a stored
+    response would be replayed for them. pgonce stores nothing then (see ``KeyStore.once``)."""
+    unwritten = len(session.new) + len(session.dirty) + len(session.deleted)
+    if unwritten:
+        raise UsageError(
+            f"{_ENDED_IN_BLOCK}, with {unwritten} ORM object(s) of the block not flushed yet: "
+            "they were never written, so no response was stored. A commit there committed "
+            "the claim with what the block had flushed and enqueued before it, and the key "
+            "stays in flight until it expires or is released by hand; a rollback left the key "
+            "free"
+        )
+
+
+# The outbox events enqueued through a session while a block of once() is open on it: the
+# block's savepoint (its SessionTransaction) -> their ids. Named in the block's error when its
+# transaction ended inside it (see _told_events).
+_BLOCK_EVENTS = "pgonce_block_events"
+
+
+def _forget_events(nested: SessionTransaction) -> None:
+    blocks = nested.session.info.get(_BLOCK_EVENTS)
+    if blocks is not None:
+        blocks.pop(nested, None)
+
+
+def _told_events(
+    error: BaseException, nested: SessionTransaction, driver: Any, stored: bool | None
+) -> UsageError | None:
+    """``error``, naming the outbox events that the block enqueued when its transaction ended
+    inside it: the driver's commit, or a COMMIT in SQL, commits them with the claim before
+    pgonce can refuse it, and the relay publishes them. ``stored``: whether the core stored the
+    response of a claim so committed (None when it could not tell a commit from a rollback).
+    A UsageError of pgonce's is said again with them (the new one is returned, to be raised from
+    it); another exception (the block's own) gets a note. None: nothing to add, or a note
+    added."""
+    blocks = nested.session.info.get(_BLOCK_EVENTS)
+    ids = blocks.get(nested) if blocks else None
+    cause = error.__cause__
+    ended = driver.pgconn.transaction_status == _IDLE or (
+        isinstance(cause, sqlalchemy.exc.DBAPIError | psycopg.Error)
+        and isinstance(getattr(cause, "orig", cause), psycopg.errors.InvalidSavepointSpecification)
+    )
+    if not ids or not ended:
+        return None
+    named = ", ".join(map(str, ids))
+    if stored:
+        told = f"the outbox events {named} enqueued in the block committed with the claim"
+    elif stored is False and cause is None:  # the core found the claim rolled back
+        told = f"the outbox events {named} enqueued in the block were rolled back with it"
+    else:
+        told = (
+            f"of the outbox events {named} enqueued in the block, those enqueued before that "
+            "end committed with the claim if it was a commit (the relay publishes them), "
+            "and were rolled back with it if it was a rollback; any after it were rolled back"
+        )
+    if type(error) is UsageError:
+        return UsageError(f"{error}; {told}")
+    error.add_note(f"pgonce: {told}")
+    return None
 
 
 def _open_block(session: Session, driver: Any) -> tuple[SessionTransaction, _Refusals]:
@@ -404,7 +481,9 @@ def _open_block(session: Session, driver: Any) -> tuple[SessionTransaction, _Ref
     if driver.pgconn.transaction_status == _INERROR:
         raise UsageError(_FAILED_TRANSACTION)
     _refuse_autocommit(session)
-    return _savepoint(session, driver)
+    nested, held = _savepoint(session, driver)
+    session.info.setdefault(_BLOCK_EVENTS, {})[nested] = []
+    return nested, held
 
 
 def _savepoint(session: Session, driver: Any) -> tuple[SessionTransaction, _Refusals]:
@@ -720,19 +799,28 @@ async def async_once(
         try:
             yield op
             ended = await session.run_sync(_finish, nested, op.won, conn)
+            if ended and op.won:
+                _refuse_unwritten(session.sync_session)
         except BaseException as error:
             if nested.is_active:  # see once()
                 await operation.__aexit__(type(error), error, error.__traceback__)
+            told = _told_events(error, nested, conn, None)
             await greenlet_spawn(_leave, nested, conn)
-            raise
+            if told is None:
+                raise
+            raise told from error
         try:
             await operation.__aexit__(None, None, None)
-        except BaseException:
+        except BaseException as error:
+            told = _told_events(error, nested, conn, op.stored if ended else None)
             await greenlet_spawn(_leave, nested, conn)
-            raise
+            if told is None:
+                raise
+            raise told from error
         await greenlet_spawn(_close_block, nested, conn, ended, op.won and not op.stored)
     finally:
         held.release()
+        _forget_events(nested)
 
 
 def enqueue(
@@ -762,7 +850,7 @@ def enqueue(
         if conn.closed:  # lost: SQLAlchemy, which has not seen it, would fail the session's end
             session.connection().invalidate()
         raise
-    _watch_outbox(session, conn)
+    _watch_outbox(session, conn, written)
     return written
 
 
@@ -788,7 +876,7 @@ async def async_enqueue(
         if conn.closed:  # see enqueue()
             await (await session.connection()).invalidate()
         raise
-    _watch_outbox(session.sync_session, conn)
+    _watch_outbox(session.sync_session, conn, written)
     return written
 
 
@@ -798,14 +886,19 @@ _OUTBOX = "pgonce_outbox"
 _OUTBOX_COMMITS = "pgonce_outbox_commits"
 
 
-def _watch_outbox(session: Session, driver: Any) -> None:
-    """Have ``session``'s commit check that its writes are on ``driver``, the connection of the
-    outbox events just enqueued (see :func:`_check_outbox`), and so the commit of each connection
-    of its transaction, however it is reached (see :func:`_watch_connections`).
+def _watch_outbox(session: Session, driver: Any, written: int) -> None:
+    """Note the event ``written`` in each block of once() open on ``session`` (see
+    :func:`_told_events`), and have ``session``'s commit check that its writes are on
+    ``driver``, the connection of the outbox events just enqueued (see :func:`_check_outbox`),
+    and so the commit of each connection of its transaction, however it is reached (see
+    :func:`_watch_connections`).
 
     An endpoint's session (idempotent_session(), Flask's session()) is left alone: it is bound
     to the request's connection, and its commit is refused anyway.
     """
+    if blocks := session.info.get(_BLOCK_EVENTS):
+        for ids in blocks.values():
+            ids.append(written)
     if type(session) is _RequestSession:
         return
     _refuse_autocommit(session)
