@@ -148,3 +148,24 @@ def test_a_block_that_raised_after_its_commit_keeps_its_error_with_a_note(
     assert f"outbox events {event} enqueued in the block" in notes
     assert events(dsn) == [(event, "order.created")]
     assert stored(dsn) == ([], [("k", None)])
+
+
+@pytest.mark.parametrize("amount", [0, 5])
+def test_a_changed_object_unflushed_at_the_commit_stores_no_response(
+    dsn: str, engine: Engine, amount: int
+) -> None:
+    with Session(engine) as session, session.begin():
+        session.add(Order(key="o", amount=0))
+    with Session(engine) as session:
+        order = session.get(Order, 1)
+        assert order is not None
+        with pytest.raises(UsageError) as raised, once(session, "t", "k", FP) as op:
+            order.amount = amount  # 0: set to what it was, no change to write
+            psycopg.Connection.commit(_driver(session))
+            op.respond(CREATED)
+    if amount:
+        assert "1 ORM object(s) of the block not flushed yet" in str(raised.value)
+        assert stored(dsn) == (["o"], [("k", None)])
+    else:
+        assert "a retry replays it" in str(raised.value)
+        assert stored(dsn) == (["o"], [("k", 201)])

@@ -413,7 +413,8 @@ def _refuse_unwritten(session: Session) -> None:
     SQL, a commit() pgonce could not refuse: psycopg's class method, a bound method taken
     before the block) with ORM writes still in the session: they were never sent, and a stored
     response would be replayed for them. pgonce stores nothing then (see ``KeyStore.once``)."""
-    unwritten = len(session.new) + len(session.dirty) + len(session.deleted)
+    changed = sum(1 for instance in session.dirty if session.is_modified(instance))
+    unwritten = len(session.new) + changed + len(session.deleted)
     if unwritten:
         raise UsageError(
             f"{_ENDED_IN_BLOCK}, with {unwritten} ORM object(s) of the block not flushed yet: "
