@@ -81,7 +81,7 @@ _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _CONNECTION_OK = pq.ConnStatus.OK
 _PIPELINE_OFF = pq.PipelineStatus.OFF
 # Likewise the waits, looked up twice a round trip; exchange() yields these very members, so
-# _drive() tells a wait for the answers by identity rather than by IntEnum's comparison.
+# async_round_trip() tells a wait for the answers by identity rather than by IntEnum's comparison.
 _WAIT_R, _WAIT_W, _WAIT_RW = Wait.R, Wait.W, Wait.RW
 _READY_R, _READY_W = Ready.R, Ready.W
 # (Module constants, not pq.ExecStatus.X at each use: an enum class's attribute costs a thousand
@@ -330,16 +330,22 @@ def _queue(
     (:func:`_settle`): an earlier failure in the batch makes the server skip it.
     """
     pgconn = conn.pgconn
-    unnamed = _naming.unnamed
-    if named and not unnamed and not always:
-        # conn.prepare_threshold, without its property's call where it is psycopg's own.
-        threshold = (
-            conn._prepared.prepare_threshold
-            if _PLAIN.get(type(conn)) or _plain(type(conn))
-            else conn.prepare_threshold
+    prepared: set[bytes] | None = None
+    if (
+        named
+        and not _naming.unnamed
+        and (
+            always
+            # conn.prepare_threshold, without its property's call where it is psycopg's own.
+            or (
+                conn._prepared.prepare_threshold
+                if _PLAIN.get(type(conn)) or _plain(type(conn))
+                else conn.prepare_threshold
+            )
+            is not None
         )
-        named = threshold is not None
-    prepared = session.prepared if named and not unnamed else None
+    ):
+        prepared = session.prepared
     preparing: list[tuple[int, bytes]] = []
     count = 0
     send_prepared = pgconn.send_query_prepared
@@ -673,7 +679,36 @@ async def async_round_trip(
             session = _begin_batch(conn)
         try:
             count, preparing = _queue(conn, session, commands, named, always)
-            results = await _drive(exchange(conn.pgconn, count), conn.pgconn, session)
+            # The libpq generator on the event loop: one callback per wait, no timer. Here rather
+            # than in a coroutine of its own, which was one more to make and to resume at each
+            # wait. A wait for the answers (the common one) goes through the connection's
+            # _Watch; a wait to send (a batch larger than the socket's buffer) registers for
+            # itself (_wait_alone()).
+            gen = exchange(pgconn, count)
+            loop = asyncio.get_running_loop()
+            try:
+                wait = next(gen)
+                while True:
+                    future: asyncio.Future[Ready] = loop.create_future()
+                    watch = session.watch
+                    if wait is _WAIT_R and (
+                        # _watch(), its common case written out: the connection's watch, on
+                        # this loop.
+                        (watch is not None and watch.source == pgconn.socket and watch.loop is loop)
+                        or (watch := _watch(pgconn, session, loop)) is not None
+                    ):
+                        watch.wait(future)
+                        try:
+                            ready = await future
+                        finally:
+                            watch.waiter = None
+                    else:
+                        ready = await _wait_alone(loop, pgconn.socket, wait, future)
+                    wait = gen.send(ready)
+            except StopIteration as done:
+                results: list[PGresult] = done.value
+            except OSError as error:
+                raise psycopg.OperationalError("connection socket closed") from error
         except BaseException:
             _abandon(conn, session)
             raise
@@ -741,47 +776,22 @@ def _abandon(conn: psycopg.BaseConnection[Any], session: _Session) -> None:
     conn.pgconn.finish()
 
 
-async def _drive(gen: PQGen[list[PGresult]], pgconn: PGconn, session: _Session) -> list[PGresult]:
-    """Run a libpq generator on the event loop: one callback per wait, no timer.
-
-    A wait for the answers (the common one) goes through the connection's :class:`_Watch`; a
-    wait to send (a batch larger than the socket's buffer) registers for that wait alone.
-    """
-    loop = asyncio.get_running_loop()
+async def _wait_alone(
+    loop: asyncio.AbstractEventLoop, fileno: int, wait: Wait, future: asyncio.Future[Ready]
+) -> Ready:
+    """A batch's wait that does not go through the connection's watch (a wait to send: a batch
+    larger than the socket's buffer), registered for itself and removed after."""
+    if wait & _WAIT_W:
+        loop.add_writer(fileno, _wake, future, _READY_W)
+    if wait & _WAIT_R:
+        loop.add_reader(fileno, _wake, future, _READY_R)
     try:
-        wait = next(gen)
-        while True:
-            future: asyncio.Future[Ready] = loop.create_future()
-            watch = session.watch
-            if wait is _WAIT_R and (
-                # _watch(), its common case written out: the connection's watch, on this loop.
-                (watch is not None and watch.source == pgconn.socket and watch.loop is loop)
-                or (watch := _watch(pgconn, session, loop)) is not None
-            ):
-                watch.wait(future)
-                try:
-                    ready = await future
-                finally:
-                    watch.waiter = None
-            else:
-                fileno = pgconn.socket
-                if wait & _WAIT_W:
-                    loop.add_writer(fileno, _wake, future, _READY_W)
-                if wait & _WAIT_R:
-                    loop.add_reader(fileno, _wake, future, _READY_R)
-                try:
-                    ready = await future
-                finally:
-                    if wait & _WAIT_W:
-                        loop.remove_writer(fileno)
-                    if wait & _WAIT_R:
-                        loop.remove_reader(fileno)
-            wait = gen.send(ready)
-    except StopIteration as done:
-        result: list[PGresult] = done.value
-        return result
-    except OSError as error:
-        raise psycopg.OperationalError("connection socket closed") from error
+        return await future
+    finally:
+        if wait & _WAIT_W:
+            loop.remove_writer(fileno)
+        if wait & _WAIT_R:
+            loop.remove_reader(fileno)
 
 
 def _wake(future: asyncio.Future[Ready], ready: Ready) -> None:
