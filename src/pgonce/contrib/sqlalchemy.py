@@ -389,17 +389,13 @@ def once(
             # pgonce's ROLLBACK TO would fail, and leave the caller's transaction aborted.
             if nested.is_active:
                 operation.__exit__(type(error), error, error.__traceback__)
-            told = _told_events(error, nested, conn, None)
-            _leave(nested, conn)
-            if told is None:
+            if (told := _left(error, nested, conn, None)) is None:
                 raise
             raise told from error
         try:
             operation.__exit__(None, None, None)
         except BaseException as error:
-            told = _told_events(error, nested, conn, op.stored if ended else None)
-            _leave(nested, conn)
-            if told is None:
+            if (told := _left(error, nested, conn, op.stored if ended else None)) is None:
                 raise
             raise told from error
         _close_block(nested, conn, ended, op.won and not op.stored)
@@ -437,16 +433,33 @@ def _forget_events(nested: SessionTransaction) -> None:
         blocks.pop(nested, None)
 
 
-def _told_events(
+def _left(
     error: BaseException, nested: SessionTransaction, driver: Any, stored: bool | None
 ) -> UsageError | None:
-    """``error``, naming the outbox events that the block enqueued when its transaction ended
-    inside it: the driver's commit, or a COMMIT in SQL, commits them with the claim before
+    """Leave the block after ``error`` (see :func:`_leave`); what to raise instead of it (from
+    it), or None to raise it as it is.
+
+    When the block's transaction ended inside it, the error names the outbox events that the
+    block enqueued: the driver's commit, or a COMMIT in SQL, commits them with the claim before
     pgonce can refuse it, and the relay publishes them. ``stored``: whether the core stored the
     response of a claim so committed (None when it could not tell a commit from a rollback).
-    A UsageError of pgonce's is said again with them (the new one is returned, to be raised from
-    it); another exception (the block's own) gets a note. None: nothing to add, or a note
-    added."""
+    A UsageError of pgonce's is said again with them; another exception (the block's own) gets
+    a note."""
+    told = _told_events(error, nested, driver, stored)  # before _leave(), which ends the block
+    _leave(nested, driver)
+    if told is None:
+        return None
+    if type(error) is UsageError:
+        return UsageError(f"{error}; {told}")
+    error.add_note(f"pgonce: {told}")
+    return None
+
+
+def _told_events(
+    error: BaseException, nested: SessionTransaction, driver: Any, stored: bool | None
+) -> str | None:
+    """What became of the outbox events of a block whose transaction ended inside it (see
+    :func:`_left`), or None."""
     blocks = nested.session.info.get(_BLOCK_EVENTS)
     ids = blocks.get(nested) if blocks else None
     cause = error.__cause__
@@ -458,19 +471,17 @@ def _told_events(
         return None
     named = ", ".join(map(str, ids))
     if stored:
-        told = f"the outbox events {named} enqueued in the block committed with the claim"
-    elif stored is False and cause is None:  # the core found the claim rolled back
-        told = f"the outbox events {named} enqueued in the block were rolled back with it"
-    else:
-        told = (
-            f"of the outbox events {named} enqueued in the block, those enqueued before that "
-            "end committed with the claim if it was a commit (the relay publishes them), "
-            "and were rolled back with it if it was a rollback; any after it were rolled back"
+        return (
+            f"the outbox events {named} enqueued in the block committed with the claim (the "
+            "relay publishes them)"
         )
-    if type(error) is UsageError:
-        return UsageError(f"{error}; {told}")
-    error.add_note(f"pgonce: {told}")
-    return None
+    if stored is False and cause is None:  # the core found the claim rolled back
+        return f"the outbox events {named} enqueued in the block were rolled back with it"
+    return (
+        f"if a commit ended the block's transaction, those of the outbox events {named} "
+        "enqueued in the block before it committed with the claim (the relay publishes them); "
+        "the others were rolled back, or can only be"
+    )
 
 
 def _open_block(session: Session, driver: Any) -> tuple[SessionTransaction, _Refusals]:
@@ -805,17 +816,14 @@ async def async_once(
         except BaseException as error:
             if nested.is_active:  # see once()
                 await operation.__aexit__(type(error), error, error.__traceback__)
-            told = _told_events(error, nested, conn, None)
-            await greenlet_spawn(_leave, nested, conn)
-            if told is None:
+            if (told := await greenlet_spawn(_left, error, nested, conn, None)) is None:
                 raise
             raise told from error
         try:
             await operation.__aexit__(None, None, None)
         except BaseException as error:
-            told = _told_events(error, nested, conn, op.stored if ended else None)
-            await greenlet_spawn(_leave, nested, conn)
-            if told is None:
+            stored = op.stored if ended else None
+            if (told := await greenlet_spawn(_left, error, nested, conn, stored)) is None:
                 raise
             raise told from error
         await greenlet_spawn(_close_block, nested, conn, ended, op.won and not op.stored)
