@@ -309,6 +309,22 @@ class _translated_own(_translated):
         return super().said(error)
 
 
+class _translated_writes(_translated):
+    """:class:`_translated` for the caller's writes that pgonce flushes (once()'s block at its
+    end): only the loss of the connection is said as pgonce's
+    :class:`~pgonce.errors.DatabaseUnavailable`. What PostgreSQL refuses in a write (a lock
+    timeout, a deadlock, a serialization failure: OperationalErrors to psycopg too) is raised as
+    SQLAlchemy raises it when the caller flushes the same write inside the block, as the core
+    store raises its caller's writes' own errors."""
+
+    __slots__ = ()
+
+    def said(self, error: BaseException) -> PgonceError | None:
+        if isinstance(error, sqlalchemy.exc.DBAPIError) and error.connection_invalidated:
+            return self.unavailable(error.orig if error.orig is not None else error)
+        return None
+
+
 _Store = TypeVar("_Store", KeyStore, AsyncKeyStore)
 
 # Module constants: an enum class's attribute lookup at each use otherwise.
@@ -580,7 +596,7 @@ def _finish(session: Session, nested: SessionTransaction, won: bool, driver: Any
             "block was stored and the key is free"
         )
     if won:
-        with _translated("flushing once()'s block"):
+        with _translated_writes("flushing once()'s block"):
             session.flush()
             _refuse_writes_elsewhere(session, driver)
     return False
