@@ -59,7 +59,6 @@ import time
 import warnings
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, MutableMapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -713,10 +712,10 @@ class _ResponseTooLarge(Exception):
     ``max_response_bytes``."""
 
 
-@dataclass(slots=True)
 class _Captured(CapturedResponse):
     """A captured response, and the exception the application raised instead, if it did."""
 
+    # Class attributes as CapturedResponse's defaults are: set only where they differ.
     failed: BaseException | None = None
     #: The endpoint marked its work failed (:meth:`IdempotentTransaction.fail`).
     undone: bool = False
