@@ -411,53 +411,52 @@ class IdempotencyMiddleware:
                         # The application runs in the claim's transaction; an exception from it
                         # propagates (the transaction rolls back, and the server answers 500).
                         captured = self._capture(environ)
-                        response = captured.response
-                        # response.keep(), without its call: the same decision (the store's
+                        # captured.keep(), without its call: the same decision (the store's
                         # stores_status() still judges the status).
-                        answered = response.status
-                        response.stored = (
+                        answered = captured.status
+                        captured.stored = (
                             tx.began
                             and not tx.failed
                             and answered is not None
-                            and response.complete
-                            and not response.too_large
+                            and captured.complete
+                            and not captured.too_large
                             and answered != TOO_MANY_REQUESTS
                             and self._status_kept(answered)
                         )
                         status = conn.pgconn.transaction_status
-                        if status == _IDLE and (response.stored or not tx.failed):
+                        if status == _IDLE and (captured.stored or not tx.failed):
                             # The view committed or rolled back the request's transaction
                             # itself and ran nothing since: the claim is settled on its own,
                             # never left in flight, and the log says what was wrong. (Not a
                             # failed view's: SQLAlchemy rolled back after a failed flush.)
-                            self._settle(conn, claim, response)
-                        elif status == _INERROR or not response.stored:
-                            # response.commits(), without its call: a transaction in which a
+                            self._settle(conn, claim, captured)
+                        elif status == _INERROR or not captured.stored:
+                            # captured.commits(), without its call: a transaction in which a
                             # statement failed cannot commit, nor is its answer stored.
-                            response.stored = False
+                            captured.stored = False
                             conn.rollback()
                         else:
                             try:
-                                committed = self.store.commit(conn, claim, response.response())
+                                committed = self.store.commit(conn, claim, captured.response())
                             except EndedThenWrote as error:
                                 # The view ended the request's transaction and wrote on in the
                                 # one psycopg opened next: commit() found the end and rolled
                                 # back what ran after it, and the view's answer was made after
                                 # it (a 201 may name a row never made): neither sent nor stored.
                                 # The claim stays as the end left it.
-                                response.ended_then_wrote(
+                                captured.ended_then_wrote(
                                     claim, error, committed=self.store.committed(conn, claim)
                                 )
                             else:
                                 if not committed:
                                     # The completion and COMMIT in one round trip (a failed
                                     # completion raises, and the transaction is rolled back).
-                                    response.claim_lost(claim)
+                                    captured.claim_lost(claim)
                     except self._unavailable as error:
                         rollback_quietly(conn)
                         if captured is None:
                             raise
-                        captured.response.unavailable = True
+                        captured.unavailable = True
                         semantics.log_unavailable(claim.scope, error)
                     except BaseException:
                         rollback_quietly(conn)
@@ -493,7 +492,7 @@ class IdempotencyMiddleware:
         assert isinstance(claim, InFlight)
         return _answer(start_response, semantics.in_flight(claim))
 
-    def _settle(self, conn: Connection[Any], claim: Won, response: CapturedResponse) -> None:
+    def _settle(self, conn: Connection[Any], claim: Won, captured: CapturedResponse) -> None:
         """Complete (or release) ``claim`` in a transaction of its own on the idle ``conn``,
         after the view ended the request's transaction (see
         :meth:`~pgonce.http.semantics.CapturedResponse.ended_by_endpoint`)."""
@@ -502,11 +501,11 @@ class IdempotencyMiddleware:
         # pool of autocommit connections there is none, and the completion would be refused
         # (NotInTransaction), the key left in flight after the view had committed its claim.
         with conn.transaction():
-            if response.stored:
-                found = self.store.complete(conn, claim, response.response())
+            if captured.stored:
+                found = self.store.complete(conn, claim, captured.response())
             else:
                 self.store.release(conn, claim)
-        response.ended_by_endpoint(claim, found=found)
+        captured.ended_by_endpoint(claim, found=found)
 
     def _handle_phased(
         self,
@@ -538,9 +537,8 @@ class IdempotencyMiddleware:
                     except Exception as error:
                         op.fail(failure_note(error))
                         raise
-                    response = captured.response
-                    if response.keep(began=holder.began, status_kept=self.phases.stores_status):
-                        response.stored = op.finish(response.response())
+                    if captured.keep(began=holder.began, status_kept=self.phases.stores_status):
+                        captured.stored = op.finish(captured.response())
                     elif not holder.began and not op.resumed:
                         # Refused before the view began (401, 422): nothing ran, and the key
                         # is freed as a one-transaction route's rollback frees it; a lease
@@ -549,8 +547,8 @@ class IdempotencyMiddleware:
                         # (PhasedOperation.release()).
                         op.release()
                     else:
-                        response.resumable = True
-                        op.fail(not_stored_note(response.status))
+                        captured.resumable = True
+                        op.fail(not_stored_note(captured.status))
         except KeyMismatch:
             return _answer(start_response, semantics.MISMATCH)
         except LeaseLost:
@@ -582,24 +580,23 @@ class IdempotencyMiddleware:
         the answer is another (a replay, a 503).
         """
         # self.rules.capture(), without its call.
-        captured = _Captured(CapturedResponse(self.rules.max_response_bytes))
-        response = captured.response
+        captured = _Captured(self.rules.max_response_bytes)
         try:
             result = self.app(environ, captured.start_response)
         except _ResponseTooLarge:  # from write(): see _Captured._write
             return captured
         captured.close_app = getattr(result, "close", None)
-        # response.add() of each chunk, without its call: the size is read from the response at
+        # captured.add() of each chunk, without its call: the size is read from the capture at
         # each chunk, as write() (a generator application's) adds to it too.
-        limit = response.limit
-        append = response.body.append
+        limit = captured.limit
+        append = captured.body.append
         try:
             for chunk in result:
-                if (size := response.size + len(chunk)) > limit:
-                    response.add(chunk, True)  # too large: its answer is decided
+                if (size := captured.size + len(chunk)) > limit:
+                    captured.add(chunk, True)  # too large: its answer is decided
                     captured.close()
                     return captured
-                response.size = size
+                captured.size = size
                 if chunk:
                     append(chunk)
         except _ResponseTooLarge:  # write() called by a generator application
@@ -608,41 +605,41 @@ class IdempotencyMiddleware:
         except BaseException:
             captured.close()
             raise
-        response.complete = True  # response.add(b"", False)
+        captured.complete = True  # captured.add(b"", False)
         return captured
 
     def _give(
         self, start_response: StartResponse, captured: _Captured, claim: Won
     ) -> Iterable[bytes]:
         """The application's own answer, after its transaction committed or rolled back."""
-        response = captured.response
         if (
-            response.unavailable
-            or response.too_large
-            or response.ended
-            or response.status is None  # not response.answered, without the property's call
-            or not response.complete
+            captured.unavailable
+            or captured.too_large
+            or captured.ended
+            or captured.status is None  # not captured.answered, without the property's call
+            or not captured.complete
         ):
             # Another answer than the application's: its iterable is closed now, after the
             # transaction ended, not left to a server that never sees it.
             captured.close()
-            if response.unavailable:
+            if captured.unavailable:
                 return _answer(start_response, semantics.unavailable(self.store.retry_after))
-            if response.too_large:
-                return _answer(start_response, semantics.response_too_large(response))
-            if response.ended:
-                return _answer(start_response, response.ended_answer)
+            if captured.too_large:
+                return _answer(start_response, semantics.response_too_large(captured))
+            if captured.ended:
+                return _answer(start_response, captured.ended_answer)
             raise UsageError("the WSGI application returned without calling start_response()")
-        headers = captured.headers
-        if response.stored:
+        # Set with the status by start_response() (the status is there, so they are too).
+        headers = captured.text_headers or []
+        if captured.stored:
             # rules.expires_text_header(), without its call.
             headers = [*headers, (EXPIRES_HEADER, self.rules.expires(claim.claimed_at))]
         start_response(captured.status_line, headers)
         close = captured.close_app
         if close is None:
-            return response.body
+            return captured.body
         # The server closes it after sending the answer (PEP 3333), after the commit.
-        body = _Body(response.body)
+        body = _Body(captured.body)
         body.close = close
         return body
 
@@ -661,17 +658,15 @@ class _IncompleteBody(Exception):
         )
 
 
-class _Captured:
-    """The application's ``start_response`` call and body, held back until the commit."""
+class _Captured(CapturedResponse):
+    """The application's response (its ``start_response`` call and body), held back until the
+    commit."""
 
-    __slots__ = ("close_app", "headers", "response", "status_line")
-
-    def __init__(self, response: CapturedResponse) -> None:
-        self.response = response
-        self.status_line = ""
-        self.headers: Headers = []
-        #: The ``close()`` of the application's iterable, until it is called.
-        self.close_app: Callable[[], object] | None = None
+    # Class attributes as CapturedResponse's defaults are: set only where they differ.
+    #: The status line as the application gave it to ``start_response``.
+    status_line = ""
+    #: The ``close()`` of the application's iterable, until it is called.
+    close_app: Callable[[], object] | None = None
 
     def close(self) -> None:
         """Close the application's iterable (once)."""
@@ -685,19 +680,19 @@ class _Captured:
         # Nothing was sent yet, so a second call (an error page after a failure, with exc_info)
         # replaces the first, as PEP 3333 allows before the headers went out.
         self.status_line = status
-        self.headers = headers = list(headers)
-        self.response.status = int(status.split(" ", 1)[0])
+        headers = list(headers)
+        self.status = int(status.split(" ", 1)[0])
         # Kept as text (the store keeps text), but only latin-1, as PEP 3333 has it: one
         # encoding of them all raises what encoding each of them would (joined in C, not in a
         # Python loop over the names and values).
         "".join(map("".join, headers)).encode("latin-1")
-        self.response.text_headers = headers
+        self.text_headers = headers
         return self._write
 
     def _write(self, data: bytes) -> None:
         # The legacy write() callable: its bytes come before the iterable's, as a server sends them.
-        self.response.add(data, more=True)
-        if self.response.too_large:
+        self.add(data, more=True)
+        if self.too_large:
             # Its answer is decided: stop the application rather than take the rest.
             raise _ResponseTooLarge
 
