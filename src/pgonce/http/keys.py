@@ -28,14 +28,6 @@ HEADER = b"idempotency-key"
 MAX_KEY_LENGTH = 255
 
 
-def _check_visible(value: str) -> None:
-    # ASCII and printable is exactly space to tilde (tab, DEL and other controls are not printable).
-    if not (value.isascii() and value.isprintable()):
-        raise InvalidIdempotencyKey(
-            "the Idempotency-Key must contain only visible ASCII characters and spaces"
-        )
-
-
 def _unquote(value: str) -> str:
     """The content of an RFC 8941 sf-string (``value`` starts with a double quote)."""
     chars: list[str] = []
@@ -62,7 +54,11 @@ def _unquote(value: str) -> str:
 def parse_key(value: str) -> str:
     """The key carried by one Idempotency-Key field value (sf-string or bare)."""
     value = value.strip(" \t")
-    _check_visible(value)
+    # ASCII and printable is exactly space to tilde (tab, DEL and other controls are not printable).
+    if not (value.isascii() and value.isprintable()):
+        raise InvalidIdempotencyKey(
+            "the Idempotency-Key must contain only visible ASCII characters and spaces"
+        )
     key = _unquote(value) if value.startswith('"') else value
     if not key:
         raise InvalidIdempotencyKey("the Idempotency-Key must not be empty")
