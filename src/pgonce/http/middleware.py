@@ -726,6 +726,10 @@ class _Captured(CapturedResponse):
         return self.status is not None and self.status >= 400
 
 
+#: The request headers :func:`_request_headers` reads.
+_READ_HEADERS = frozenset({KEY_HEADER, b"content-type", b"content-length"})
+
+
 def _request_headers(
     headers: Iterable[tuple[bytes, bytes]],
 ) -> tuple[list[bytes], str | None, bytes | None]:
@@ -739,11 +743,14 @@ def _request_headers(
     content_length: bytes | None = None
     for name, value in headers:
         name = name.lower()
+        if name not in _READ_HEADERS:
+            continue  # most of a request's headers: one test each, not three
         if name == KEY_HEADER:
             keys.append(value)
-        elif name == b"content-type" and content_type is None:
-            content_type = value.decode("latin-1")
-        elif name == b"content-length" and content_length is None:
+        elif name == b"content-type":
+            if content_type is None:
+                content_type = value.decode("latin-1")
+        elif content_length is None:  # Content-Length
             content_length = value
     return keys, content_type, content_length
 
