@@ -1108,8 +1108,11 @@ def inbox_handler(
                                     "handler runs with process_batch(), on a sync engine)"
                                 )
                             await returned
-                            with _translated("ending the inbox handler's savepoint"):
+                            # A write PostgreSQL refuses here (a lock timeout, a deadlock) is
+                            # the handler's failure, as when the handler flushes it itself.
+                            with _translated_writes("flushing the inbox handler's writes"):
                                 await session.flush()
+                            with _translated("ending the inbox handler's savepoint"):
                                 await session.run_sync(_refuse_handler_writes_elsewhere, conn)
                                 await session.commit()  # releases the handler's savepoint
                         except BaseException:
