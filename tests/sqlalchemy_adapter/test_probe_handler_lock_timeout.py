@@ -15,16 +15,18 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, text
+import sqlalchemy.exc
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from pgonce.contrib.sqlalchemy import inbox_handler, process_batch
 from pgonce.core.inbox import Delivery, InboxEvent, RetryPolicy, digest
-from pgonce.errors import DatabaseUnavailable
+from pgonce.errors import DatabaseUnavailable, PgonceError
 from pgonce.store._sync.inbox import InboxStore
 from pgonce.webhooks.worker import InboxWorker
 from tests.inbox.conftest import SCHEMA, source
+from tests.keys.helpers import sqlalchemy_url
 from tests.sqlalchemy_adapter.models import Order
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -119,3 +121,38 @@ async def test_a_connection_lost_at_the_handlers_end_is_still_unavailable(
         with pytest.raises(DatabaseUnavailable) as raised:
             await inbox_handler(handle)(event, conn)
     assert raised.value.__cause__ is not None
+
+
+def test_a_serialization_failure_at_the_batchs_commit_is_sqlalchemys_error(
+    dsn: str, engine: Engine
+) -> None:
+    """A batch on a SERIALIZABLE engine whose COMMIT PostgreSQL refuses (its handler's write and
+    another transaction's, committed first, each read what the other wrote): SQLAlchemy's error,
+    as the same COMMIT of a Session raises it, the batch rolled back, no attempt counted; not
+    DatabaseUnavailable."""
+    deliver(dsn, "e1")
+    serializable = create_engine(sqlalchemy_url(dsn), isolation_level="SERIALIZABLE")
+    other = psycopg.connect(dsn)
+    other.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+
+    def handle(event: InboxEvent, session: Session) -> None:
+        session.scalar(text("SELECT count(*) FROM orders WHERE key = 'a'"))
+        other.execute("SELECT count(*) FROM orders WHERE key = 'b'")
+        other.execute("INSERT INTO orders (key, amount) VALUES ('a', 0)")
+        session.add(Order(key="b"))
+        session.flush()
+        other.commit()  # the first to commit wins; the batch's COMMIT is refused
+
+    try:
+        with pytest.raises(sqlalchemy.exc.OperationalError) as raised:
+            process_batch(serializable, "shop", handle, retry=POLICY, now=T0)
+    finally:
+        other.close()
+        serializable.dispose()
+    assert not isinstance(raised.value, PgonceError)
+    assert isinstance(raised.value.orig, psycopg.errors.SerializationFailure)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(f"SELECT status, attempts FROM {SCHEMA}.inbox").fetchall()
+        orders = conn.execute("SELECT key FROM orders").fetchall()
+    assert rows == [("pending", 0)]
+    assert orders == [("a",)]

@@ -310,8 +310,9 @@ class _translated_own(_translated):
 
 
 class _translated_writes(_translated):
-    """:class:`_translated` for the caller's writes that pgonce flushes (once()'s block at its
-    end): only the loss of the connection is said as pgonce's
+    """:class:`_translated` for the caller's writes that pgonce flushes or commits (once()'s
+    block and an inbox handler at their end, process_batch()'s transaction): only the loss of
+    the connection is said as pgonce's
     :class:`~pgonce.errors.DatabaseUnavailable`. What PostgreSQL refuses in a write (a lock
     timeout, a deadlock, a serialization failure: OperationalErrors to psycopg too) is raised as
     SQLAlchemy raises it when the caller flushes the same write inside the block, as the core
@@ -1193,7 +1194,9 @@ def process_batch(
         connected = engine.connect()
     except (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError) as error:
         raise DatabaseUnavailable(f"connecting through the engine failed: {error}") from error
-    with _translated("an inbox batch"), connected as bound, bound.begin():
+    # The handlers' writes commit at the batch's end: a COMMIT that PostgreSQL refuses (a
+    # serialization failure) is raised as SQLAlchemy raises it, the batch rolled back.
+    with _translated_writes("an inbox batch"), connected as bound, bound.begin():
         conn = bound.connection.driver_connection
         if not isinstance(conn, psycopg.Connection):  # a custom creator's
             raise NotPsycopgSession(_dialect_name(engine.dialect))
