@@ -667,7 +667,10 @@ def _refuse_autocommit(session: Session, every: bool = False) -> None:
     each statement at once, apart from the claim, the outbox events or the inbox event that the
     session's writes go with, and PostgreSQL gives such a connection no transaction that
     :func:`_wrote_elsewhere` could find. The refusal comes before a write reaches it: SQLAlchemy
-    joins the connection when the flush first needs it."""
+    joins the connection when the flush first needs it. A read there is refused too: whether a
+    statement writes (text(), a function, an executed update()) cannot be told before it runs,
+    and there it would commit at once (the how-to says to read a replica on an engine without
+    AUTOCOMMIT, or through a session of its own)."""
     transaction = session.get_transaction()
     for entry in getattr(transaction, "_connections", {}).values():
         _refuse_in_autocommit(entry[0])
@@ -692,8 +695,10 @@ def _refuse_in_autocommit(connection: Connection) -> None:
             "a connection of the session's transaction is in autocommit (an engine created "
             'with isolation_level="AUTOCOMMIT", given in binds= or chosen by get_bind()): its '
             "writes would commit at once, apart from pgonce's claim, outbox events or inbox "
-            'event. Create that engine without isolation_level="AUTOCOMMIT" (and the '
-            "session's writes on one engine with pgonce's), or leave it out of this session"
+            "event, and a read there is refused too (whether a statement writes cannot be told "
+            'before it runs). Create that engine without isolation_level="AUTOCOMMIT" (and the '
+            "session's writes on one engine with pgonce's), or read it through a session of its "
+            "own, apart from this one"
         )
 
 
