@@ -113,20 +113,20 @@ def transaction_of(request: HTTPConnection) -> IdempotentTransaction:
     """
     state = request.scope.get("state") or {}
     tx = state.get(STATE_KEY)
+    if isinstance(tx, IdempotentTransaction):
+        return tx
     if tx == UNSCOPED:
         raise MissingKeyScope()  # the middleware answers 401
-    if not isinstance(tx, IdempotentTransaction):
-        if isinstance(state.get(PHASED_KEY), PhasedRequest):
-            raise UsageError(
-                "this request is on a two_phase route, which has no request transaction: each "
-                "phase commits its own; take the operation with phased(request) and write inside "
-                "its phases (op.phase(...))"
-            )
+    if isinstance(state.get(PHASED_KEY), PhasedRequest):
         raise UsageError(
-            "this request has no idempotent transaction: the route must be covered by "
-            "IdempotencyMiddleware with an Idempotency-Key (check its methods and routes)"
+            "this request is on a two_phase route, which has no request transaction: each "
+            "phase commits its own; take the operation with phased(request) and write inside "
+            "its phases (op.phase(...))"
         )
-    return tx
+    raise UsageError(
+        "this request has no idempotent transaction: the route must be covered by "
+        "IdempotencyMiddleware with an Idempotency-Key (check its methods and routes)"
+    )
 
 
 async def idempotent_transaction(request: HTTPConnection) -> IdempotentTransaction:
