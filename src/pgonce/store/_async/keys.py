@@ -304,25 +304,7 @@ class AsyncKeyStore:
         again, and :meth:`commit` knows. Outcomes and errors are those of :meth:`claim`; after
         an error the transaction has been rolled back.
         """
-        # _checked_wait_ms(), its common case without its call: the same tests, in its order;
-        # anything else goes through it, which raises what it raises.
-        if (
-            wait is None
-            and isinstance(conn, AsyncConnection)
-            and type(scope) is str
-            and type(key) is str
-            and scope  # not empty (a str)
-            and len(scope) <= QUICK_KEY_CHARS
-            and key
-            and len(key) <= QUICK_KEY_CHARS
-            and "\x00" not in scope
-            and "\x00" not in key
-            and type(fingerprint) is bytes
-            and len(fingerprint) == FINGERPRINT_SIZE
-        ):
-            wait_ms = self._wait_ms
-        else:
-            wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         claimed = await self._begin(conn, scope, key, fingerprint, wait_ms, now)
         if isinstance(claimed, tuple):
             # _won(), written out: this runs for every fresh key.
@@ -773,25 +755,7 @@ class AsyncKeyStore:
         ``psycopg.ProgrammingError`` (ending it there would commit the block's later writes
         without the claim), and a ``conn.transaction()`` in the block is a savepoint.
         """
-        # _checked_wait_ms(), its common case without its call (as begin() has it): the same
-        # tests, in its order; anything else goes through it, which raises what it raises.
-        if (
-            wait is None
-            and isinstance(conn, AsyncConnection)
-            and type(scope) is str
-            and type(key) is str
-            and scope  # not empty (a str)
-            and len(scope) <= QUICK_KEY_CHARS
-            and key
-            and len(key) <= QUICK_KEY_CHARS
-            and "\x00" not in scope
-            and "\x00" not in key
-            and type(fingerprint) is bytes
-            and len(fingerprint) == FINGERPRINT_SIZE
-        ):
-            wait_ms = self._wait_ms
-        else:
-            wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
+        wait_ms = self._checked_wait_ms(conn, scope, key, fingerprint, wait)
         if commit is not False and commit is not True:
             # A truthy "false" (a setting read as text) owned and committed the transaction the
             # caller meant to join; a falsy one joined where it was meant to commit.
