@@ -113,7 +113,13 @@ class StatementsAlone:
             claim = self.store.begin(conn, SCOPE, key, _FLOOR_FP)
             if isinstance(claim, Won):
                 environ[ENVIRON_KEY] = IdempotentTransaction(conn, claim.scope, key)
-                body = b"".join(self.app(environ, keep))
+                iterable = self.app(environ, keep)
+                try:
+                    body = b"".join(iterable)
+                finally:  # PEP 3333, as the middleware and any WSGI server do
+                    close = getattr(iterable, "close", None)
+                    if close is not None:
+                        close()
                 status, headers = kept
                 answer = pgonce.Response(int(status[:3]), tuple(headers), body)
                 self.store.commit(conn, claim, answer)
