@@ -472,6 +472,14 @@ def _left(
     return None
 
 
+def _savepoint_gone(cause: BaseException | None) -> bool:
+    """Whether ``cause`` is PostgreSQL's answer for a savepoint that no longer exists (ended in
+    SQL, behind SQLAlchemy's back), as the driver raised it or as SQLAlchemy wrapped it."""
+    return isinstance(cause, sqlalchemy.exc.DBAPIError | psycopg.Error) and isinstance(
+        getattr(cause, "orig", cause), psycopg.errors.InvalidSavepointSpecification
+    )
+
+
 def _told_events(
     error: BaseException, nested: SessionTransaction, driver: Any, stored: bool | None
 ) -> str | None:
@@ -480,10 +488,7 @@ def _told_events(
     blocks = nested.session.info.get(_BLOCK_EVENTS)
     ids = blocks.get(nested) if blocks else None
     cause = error.__cause__
-    ended = driver.pgconn.transaction_status == _IDLE or (
-        isinstance(cause, sqlalchemy.exc.DBAPIError | psycopg.Error)
-        and isinstance(getattr(cause, "orig", cause), psycopg.errors.InvalidSavepointSpecification)
-    )
+    ended = driver.pgconn.transaction_status == _IDLE or _savepoint_gone(cause)
     if not ids or not ended:
         return None
     named = ", ".join(map(str, ids))
@@ -774,11 +779,7 @@ def _close_block(nested: SessionTransaction, driver: Any, ended: bool, undone: b
             else:
                 nested.commit()
     except UsageError as error:
-        cause = error.__cause__
-        if not (
-            isinstance(cause, sqlalchemy.exc.DBAPIError)
-            and isinstance(cause.orig, psycopg.errors.InvalidSavepointSpecification)
-        ):
+        if not _savepoint_gone(error.__cause__):
             raise
         # Released in SQL, behind SQLAlchemy's back: PostgreSQL has failed the transaction,
         # and SQLAlchemy's rollback (its close too) would fail on the savepoints it still sees.
@@ -787,7 +788,7 @@ def _close_block(nested: SessionTransaction, driver: Any, ended: bool, undone: b
         for entry in {entry[0] for entry in getattr(nested, "_connections", {}).values()}:
             entry.invalidate()
         nested.session.rollback()
-        raise UsageError(f"{error}. The session's transaction was rolled back") from cause
+        raise UsageError(f"{error}. The session's transaction was rolled back") from error.__cause__
 
 
 def _open_in(nested: SessionTransaction) -> bool:
