@@ -8,6 +8,7 @@ fourth, a mismatch (same key, another request), is an error: :class:`~pgonce.err
 from __future__ import annotations
 
 import hmac
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -151,6 +152,34 @@ def _new_pairs(headers: tuple[Any, ...]) -> bool:
         if not (name.isascii() and value.isascii()) or "\x00" in name or "\x00" in value:
             return False  # _headers() checks it
     return True
+
+
+def new_response(status: int | None, pairs: list[Header], body: bytes) -> Response:
+    """``Response(status, tuple(pairs), body)`` for the pairs an adapter has just made (a list
+    of new 2-tuples, as :func:`pgonce.http.replay.storable_pairs` makes them): every name and
+    value is checked at once, joined in C, rather than pair by pair in :func:`_new_pairs`.
+    Anything that fails a quick check goes through ``Response()`` itself, which accepts or
+    refuses it as it always did."""
+    headers = tuple(pairs)
+    try:
+        joined = "".join(_members(headers))
+    except TypeError:  # not all text: Response() says what it makes of them
+        return Response(status, headers, body)
+    if (
+        joined.isascii()
+        and "\x00" not in joined
+        and type(body) is bytes
+        and (status is None or (type(status) is int and _MIN_STATUS <= status <= _MAX_STATUS))
+    ):
+        made: Response = _new(Response)
+        _response_status(made, status)
+        _response_headers(made, headers)
+        _response_body(made, body)
+        return made
+    return Response(status, headers, body)
+
+
+_members = itertools.chain.from_iterable
 
 
 def _headers(headers: object) -> tuple[Header, ...]:

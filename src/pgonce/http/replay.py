@@ -57,24 +57,32 @@ RawHeaders = list[tuple[bytes, bytes]]
 
 def storable_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[Header, ...]:
     """The headers of an ASGI response start that a replay may send again, in order."""
-    kept: list[Header] = []
-    for name, value in raw:
-        text = name.decode("latin-1").lower()
-        if text not in _NOT_STORED:
-            kept.append((text, value.decode("latin-1")))
-    return tuple(kept)
+    return tuple(storable_pairs(raw))
 
 
 def storable_text_headers(headers: Iterable[tuple[str, str]]) -> tuple[Header, ...]:
     """:func:`storable_headers` of headers that are already text (WSGI's ``start_response``,
     Django's response), so that they are not encoded only to be decoded again; the names are
     lower-cased as ASGI's are. The caller has checked that they are latin-1."""
-    kept: list[Header] = []
-    for name, value in headers:
-        text = name.lower()
-        if text not in _NOT_STORED:
-            kept.append((text, value))
-    return tuple(kept)
+    return tuple(storable_text_pairs(headers))
+
+
+def storable_pairs(raw: Iterable[tuple[bytes, bytes]]) -> list[Header]:
+    """:func:`storable_headers` as a list of new pairs (what
+    :func:`~pgonce.core.outcomes.new_response` takes).
+
+    A comprehension: this runs for every response stored, and a loop's ``append`` costs more.
+    """
+    return [
+        (text, value.decode("latin-1"))
+        for name, value in raw
+        if (text := name.decode("latin-1").lower()) not in _NOT_STORED
+    ]
+
+
+def storable_text_pairs(headers: Iterable[tuple[str, str]]) -> list[Header]:
+    """:func:`storable_text_headers` as a list of new pairs (see :func:`storable_pairs`)."""
+    return [(text, value) for name, value in headers if (text := name.lower()) not in _NOT_STORED]
 
 
 def encode_headers(headers: Iterable[Header]) -> RawHeaders:

@@ -53,7 +53,7 @@ from typing import Generic, TypeVar
 from psycopg.pq import TransactionStatus
 
 from pgonce.core.checks import describe
-from pgonce.core.outcomes import TOO_MANY_REQUESTS, InFlight, Replay, Response, Won
+from pgonce.core.outcomes import TOO_MANY_REQUESTS, InFlight, Replay, Response, Won, new_response
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import InvalidIdempotencyKey, UsageError
 from pgonce.http.keys import key_of, parse_key
@@ -61,8 +61,8 @@ from pgonce.http.problem import CONTENT_TYPE, problem_body
 from pgonce.http.replay import (
     EXPIRES_HEADER,
     replay_headers,
-    storable_headers,
-    storable_text_headers,
+    storable_pairs,
+    storable_text_pairs,
 )
 
 #: Response headers as every adapter exchanges them: lower-case names, latin-1 bytes (ASGI's own
@@ -522,9 +522,11 @@ class CapturedResponse:
 
     def response(self) -> Response:
         """What the key store keeps for replays."""
+        # The headers filtered and checked in one walk of them, not three (the filter, then
+        # Response's checks, then its tuple again).
         text = self.text_headers
-        headers = storable_headers(self.headers) if text is None else storable_text_headers(text)
-        return Response(self.status, headers, b"".join(self.body))
+        pairs = storable_pairs(self.headers) if text is None else storable_text_pairs(text)
+        return new_response(self.status, pairs, b"".join(self.body))
 
 
 #: The longest ``retention``: the Idempotency-Key-Expires date stays a date HTTP can carry.
