@@ -66,7 +66,8 @@ import psycopg
 from psycopg import AsyncConnection
 
 from pgonce.core.leases import failure_note, not_stored_note
-from pgonce.core.outcomes import InFlight, Replay, Won
+from pgonce.core.outcomes import TOO_MANY_REQUESTS, InFlight, Replay, Won
+from pgonce.core.requests import request_fingerprint
 from pgonce.errors import (
     DatabaseUnavailable,
     InvalidIdempotencyKey,
@@ -78,6 +79,7 @@ from pgonce.errors import (
 from pgonce.extras import needs
 from pgonce.http import semantics
 from pgonce.http.keys import HEADER as KEY_HEADER
+from pgonce.http.keys import key_of
 from pgonce.http.semantics import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -249,7 +251,7 @@ class IdempotencyMiddleware:
             return
         keys, content_type, content_length = _request_headers(scope["headers"])
         try:
-            key = rules.key(keys)
+            key = key_of(keys)  # rules.key(), without its call
         except InvalidIdempotencyKey as error:
             await _send(send, semantics.invalid_key(error))
             return
@@ -269,8 +271,13 @@ class IdempotencyMiddleware:
         if body is None:
             return
         # The full path, root_path included, as every fingerprint stored so far was taken.
-        fingerprint = rules.fingerprint(
-            scope["method"], path, scope.get("query_string", b""), body, content_type
+        fingerprint = request_fingerprint(  # rules.fingerprint(), without its call
+            scope["method"],
+            path,
+            scope.get("query_string", b""),
+            body,
+            content_type=content_type,
+            canonicalize_json=rules.canonicalize_json,
         )
         if phased:
             await self._handle_phased(scope, receive, send, caller, key, fingerprint, body)
@@ -364,7 +371,13 @@ class IdempotencyMiddleware:
     ) -> bytes | None:
         """The whole request body; ``None`` once a 413 was sent or the client went away."""
         rules = self.rules
-        if rules.declared_too_large(declared):
+        # rules.declared_too_large(), without its call.
+        if (
+            declared
+            and declared.isascii()  # "²".isdigit(), and int() refuses it
+            and declared.isdigit()
+            and int(declared) > rules.max_request_bytes
+        ):
             await _send(send, rules.request_too_large)
             return None
         chunks: list[bytes] = []
@@ -453,6 +466,22 @@ class IdempotencyMiddleware:
             return
         # After the commit (or the rollback): the client never sees an answer that did not
         # commit.
+        if captured is not None and captured.stored and not captured.unavailable:
+            # _reply() of a stored answer (complete, within the limit, never ended: see keep()
+            # and ended_by_endpoint()) to a won claim, without its calls: the application's
+            # answer with the key's expiry, as _answer() and _forward() send it.
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": captured.status,
+                    "headers": [
+                        *captured.headers,
+                        self.rules.expires_header(claim.claimed_at),  # type: ignore[union-attr]
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"".join(captured.body)})
+            return
         await self._reply(send, captured, claim)
 
     async def _settle(
@@ -630,8 +659,19 @@ class IdempotencyMiddleware:
                 semantics.log_unavailable(claim.scope, error)
                 return captured
             raise error
-        captured.undone = tx.failed
-        captured.keep(began=tx.began and not tx.failed, status_kept=self.store.stores_status)
+        captured.undone = failed = tx.failed
+        # captured.keep(), without its call: the same decision (the store's stores_status()
+        # still judges the status).
+        status = captured.status
+        captured.stored = (
+            tx.began
+            and not failed
+            and status is not None
+            and captured.complete
+            and not captured.too_large
+            and status != TOO_MANY_REQUESTS
+            and self.store.stores_status(status)
+        )
         return captured
 
     async def _answer(
