@@ -44,6 +44,7 @@ import json.scanner
 import logging
 import os
 import struct
+import sys
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -839,18 +840,34 @@ class _Watch:
     On asyncio's own selector loop, which keeps a registration until it is removed, the watch
     registers once and later waits only name their future: registering again there is no system
     call but still a handle made and an old one cancelled, about a tenth of a tight loop of
-    fresh keys (py-spy). On any other loop each wait registers again, which renews the
-    registration where the loop dropped it: uvloop closes a registration whose socket reports an
-    error, after calling the reader one last time. The watch never reads. The socket turns
-    readable while no batch waits when psycopg reads this connection for the caller's statements
-    (the HTTP endpoint's, between the claim and the completion): twice in a row is tolerated
-    (asyncio's loop reports it once more in the iteration in which psycopg reads the answer; with
-    one, the watch stepped aside at every such statement and registered again at the next
-    batch). A third time means nobody reads (the server closed an idle connection): the watch
-    steps aside until the next batch, so a connection nobody reads never keeps the loop busy.
+    fresh keys (py-spy). uvloop closes a registration whose socket reports an error, after
+    calling the reader one last time, and drops its handle of the callback then: there the watch
+    registers a callback that nothing else holds and keeps a weak reference to it, so that the
+    registration is known to stand for as long as the callback lives, and the next wait after
+    uvloop dropped it registers again. Registering again at every wait instead (no system call,
+    but a handle made and one cancelled, and a failed lookup of uvloop's in Python) cost 5,700
+    client instructions per wait, a tenth of a replay's batches. On any other loop each wait
+    registers again, which renews the registration wherever the loop may drop it. The watch
+    never reads. The socket turns readable while no batch waits when psycopg reads this
+    connection for the caller's statements (the HTTP endpoint's, between the claim and the
+    completion): twice in a row is tolerated (asyncio's loop reports it once more in the
+    iteration in which psycopg reads the answer; with one, the watch stepped aside at every
+    such statement and registered again at the next batch). A third time means nobody reads
+    (the server closed an idle connection): the watch steps aside until the next batch, so a
+    connection nobody reads never keeps the loop busy.
     """
 
-    __slots__ = ("fd", "kept", "loop", "registered", "source", "strikes", "waiter")
+    __slots__ = (
+        "armed",
+        "fd",
+        "followed",
+        "kept",
+        "loop",
+        "registered",
+        "source",
+        "strikes",
+        "waiter",
+    )
 
     def __init__(self, source: int, loop: asyncio.AbstractEventLoop) -> None:
         self.source = source
@@ -858,6 +875,11 @@ class _Watch:
         self.loop = loop
         #: The loop keeps a registration until it is removed (asyncio's own selector loop).
         self.kept = isinstance(loop, asyncio.SelectorEventLoop)
+        #: uvloop: the registration is kept for as long as the loop holds its callback.
+        uv = sys.modules.get("uvloop")
+        self.followed = not self.kept and uv is not None and isinstance(loop, uv.Loop)
+        #: A weak reference to the callback of the followed registration.
+        self.armed: weakref.ref[Any] | None = None
         #: Registered, and known to stay so: a wait need not register again.
         self.registered = False
         self.strikes = 0
@@ -868,13 +890,28 @@ class _Watch:
         self.strikes = 0
         if self.registered:
             return
+        # A new bound method for each registration: on uvloop the loop's handle holds the only
+        # reference to it, so that it goes when the loop drops the registration (see _dropped).
+        readable = self._readable
         try:
-            self.loop.add_reader(self.fd, self._readable)
+            self.loop.add_reader(self.fd, readable)
         except RuntimeError:
             # uvloop: the registration was closed after a socket error; make a new one.
             self.loop.remove_reader(self.fd)
-            self.loop.add_reader(self.fd, self._readable)
-        self.registered = self.kept
+            self.loop.add_reader(self.fd, readable)
+        if self.kept:
+            self.registered = True
+        elif self.followed:
+            self.armed = weakref.ref(readable, self._dropped)
+            self.registered = True
+
+    def _dropped(self, armed: weakref.ref[Any]) -> None:
+        """uvloop let go of the callback of this registration: it was removed, or closed after a
+        socket error (uvloop drops its handle then, having called it one last time). The next
+        wait registers again."""
+        if armed is self.armed:
+            self.armed = None
+            self.registered = False
 
     def _readable(self) -> None:
         waiter = self.waiter
@@ -894,6 +931,7 @@ class _Watch:
         if not self.loop.is_closed():
             self.loop.remove_reader(self.fd)
         self.registered = False
+        self.armed = None
         os.close(self.fd)
         self.fd = -1
 
