@@ -71,18 +71,25 @@ def storable_pairs(raw: Iterable[tuple[bytes, bytes]]) -> list[Header]:
     """:func:`storable_headers` as a list of new pairs (what
     :func:`~pgonce.core.outcomes.new_response` takes).
 
-    A comprehension: this runs for every response stored, and a loop's ``append`` costs more.
+    A plain loop: a comprehension that names the lower-cased name (``:=``) makes it a closure
+    cell, and costs more instructions than the loop's ``append``.
     """
-    return [
-        (text, value.decode("latin-1"))
-        for name, value in raw
-        if (text := name.decode("latin-1").lower()) not in _NOT_STORED
-    ]
+    kept: list[Header] = []
+    for name, value in raw:
+        text = name.decode("latin-1").lower()
+        if text not in _NOT_STORED:
+            kept.append((text, value.decode("latin-1")))
+    return kept
 
 
 def storable_text_pairs(headers: Iterable[tuple[str, str]]) -> list[Header]:
     """:func:`storable_text_headers` as a list of new pairs (see :func:`storable_pairs`)."""
-    return [(text, value) for name, value in headers if (text := name.lower()) not in _NOT_STORED]
+    kept: list[Header] = []
+    for name, value in headers:
+        text = name.lower()
+        if text not in _NOT_STORED:
+            kept.append((text, value))
+    return kept
 
 
 def encode_headers(headers: Iterable[Header]) -> RawHeaders:
