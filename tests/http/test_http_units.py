@@ -31,7 +31,7 @@ from pgonce.errors import InvalidIdempotencyKey, UsageError
 from pgonce.http import IdempotencyMiddleware, connection, header_scope, transaction_of
 from pgonce.http.keys import MAX_KEY_LENGTH, key_from_headers, parse_key
 from pgonce.http.middleware import _request_headers
-from pgonce.http.replay import replay_headers, storable_headers, storable_text_headers
+from pgonce.http.replay import replay_headers, storable_pairs, storable_text_pairs
 from pgonce.http.semantics import IdempotencyRules
 
 # --- keys -----------------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_canonical_and_raw_bodies_never_collide() -> None:
 # --- replayed headers -----------------------------------------------------------------------------
 
 
-def test_storable_headers_drop_cookies_hop_by_hop_and_recomputed_ones() -> None:
+def test_stored_headers_drop_cookies_hop_by_hop_and_recomputed_ones() -> None:
     raw = [
         (b"content-type", b"application/json"),
         (b"Set-Cookie", b"session=secret"),
@@ -283,12 +283,12 @@ def test_storable_headers_drop_cookies_hop_by_hop_and_recomputed_ones() -> None:
         (b"idempotent-replayed", b"true"),
         (b"idempotency-key-expires", b"Mon, 30 Nov 2026 12:00:00 GMT"),
     ]
-    assert storable_headers(raw) == (
+    assert storable_pairs(raw) == [
         ("content-type", "application/json"),
         ("location", "/payments/1"),
         ("x-custom", "1"),
         ("x-custom", "2"),
-    )
+    ]
 
 
 @given(
@@ -302,7 +302,7 @@ def test_storable_headers_drop_cookies_hop_by_hop_and_recomputed_ones() -> None:
 )
 def test_text_headers_are_stored_as_their_bytes_would_be(headers: list[tuple[str, str]]) -> None:
     raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
-    assert storable_text_headers(headers) == storable_headers(raw)
+    assert storable_text_pairs(headers) == storable_pairs(raw)
 
 
 def test_replay_headers_recompute_length_and_mark_the_replay() -> None:

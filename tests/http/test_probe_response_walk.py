@@ -10,12 +10,7 @@ import pytest
 
 from pgonce.core.outcomes import Response, new_response
 from pgonce.errors import UsageError
-from pgonce.http.replay import (
-    storable_headers,
-    storable_pairs,
-    storable_text_headers,
-    storable_text_pairs,
-)
+from pgonce.http.replay import storable_pairs, storable_text_pairs
 from pgonce.http.semantics import CapturedResponse
 
 RAW = [
@@ -29,19 +24,20 @@ RAW = [
     (b"x-repeated", b"2"),
 ]
 
+#: What a replay may send again of RAW: lower-cased text names, in order, repeats kept.
+STORED = [
+    ("content-type", "application/json"),
+    ("location", "/payments/7"),
+    ("x-trace", "caf\xe9"),
+    ("x-repeated", "1"),
+    ("x-repeated", "2"),
+]
+
 
 def test_pairs_are_the_stored_headers_in_order() -> None:
-    assert tuple(storable_pairs(RAW)) == storable_headers(RAW)
+    assert storable_pairs(RAW) == STORED
     text = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in RAW]
-    assert tuple(storable_text_pairs(text)) == storable_text_headers(text)
-    assert storable_text_headers(text) == storable_headers(RAW)
-    assert [name for name, _ in storable_pairs(RAW)] == [
-        "content-type",
-        "location",
-        "x-trace",
-        "x-repeated",
-        "x-repeated",
-    ]
+    assert storable_text_pairs(text) == STORED
 
 
 class _Name(str):
@@ -100,7 +96,7 @@ def test_a_captured_response_is_stored_as_before() -> None:
     captured.status = 201
     captured.headers = list(RAW)
     captured.body = [b"{", b"}"]
-    assert captured.response() == Response(201, storable_headers(RAW), b"{}")
+    assert captured.response() == Response(201, tuple(STORED), b"{}")
     captured.text_headers = [("Location", "/p/2"), ("Set-Cookie", "s=1"), ("Content-Length", "2")]
     assert captured.response() == Response(201, (("location", "/p/2"),), b"{}")
     captured.text_headers = [("X-Nul", "a\x00")]

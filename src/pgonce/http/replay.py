@@ -60,13 +60,6 @@ def storable_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[Header, ...]:
     return tuple(storable_pairs(raw))
 
 
-def storable_text_headers(headers: Iterable[tuple[str, str]]) -> tuple[Header, ...]:
-    """:func:`storable_headers` of headers that are already text (WSGI's ``start_response``,
-    Django's response), so that they are not encoded only to be decoded again; the names are
-    lower-cased as ASGI's are. The caller has checked that they are latin-1."""
-    return tuple(storable_text_pairs(headers))
-
-
 def storable_pairs(raw: Iterable[tuple[bytes, bytes]]) -> list[Header]:
     """:func:`storable_headers` as a list of new pairs (what
     :func:`~pgonce.core.outcomes.new_response` takes).
@@ -83,7 +76,9 @@ def storable_pairs(raw: Iterable[tuple[bytes, bytes]]) -> list[Header]:
 
 
 def storable_text_pairs(headers: Iterable[tuple[str, str]]) -> list[Header]:
-    """:func:`storable_text_headers` as a list of new pairs (see :func:`storable_pairs`)."""
+    """:func:`storable_pairs` of headers that are already text (WSGI's ``start_response``,
+    Django's response), so that they are not encoded only to be decoded again; the names are
+    lower-cased as ASGI's are. The caller has checked that they are latin-1."""
     kept: list[Header] = []
     for name, value in headers:
         text = name.lower()
