@@ -970,7 +970,10 @@ def _close_watch(watch: _Watch) -> None:
 
 
 def caller_command(
-    conn: psycopg.BaseConnection[Any], query: QueryNoTemplate, params: Params | None
+    conn: psycopg.BaseConnection[Any],
+    query: QueryNoTemplate,
+    params: Params | None,
+    encoding: str | None = None,
 ) -> Command:
     """A caller's statement (psycopg placeholders and adapters) as a command of a batch.
 
@@ -985,6 +988,9 @@ def caller_command(
     largest single cost of a queued write: 26,000 client instructions of a fresh key's 267,000
     (``python -m bench.client_instructions``). Any other query (``sql.Composed``, a query
     longer than psycopg caches) goes through psycopg's conversion every time.
+
+    ``encoding``: the connection's, as psycopg names it (``conn.pgconn._encoding``), when the
+    caller has just read it: each read asks libpq for the parameter and maps its name.
     """
     # A new Transformer each time, as psycopg makes one per cursor: one kept per connection
     # would hold the connection (it references it), and keep it and its session from ever
@@ -993,7 +999,9 @@ def caller_command(
     if params is not None and type(query) in _CACHED_KINDS:
         # _converted()'s lookup first, with the transformer's encoding (conn_encoding(conn))
         # read from the connection: two Python calls fewer per queued write.
-        converted = _CONVERTED.get((query, conn.pgconn._encoding))  # type: ignore[arg-type]
+        if encoding is None:
+            encoding = conn.pgconn._encoding
+        converted = _CONVERTED.get((query, encoding))  # type: ignore[arg-type]
         if converted is None:
             converted = _converted(transformer, query)
         if converted is not None:

@@ -501,10 +501,15 @@ class KeyStore:
             commands.extend(_LEAVE if joined else _UNDO)
         else:
             completing = True
+            # The connection's encoding now (the work may have changed it), read once for the
+            # writes and the completion: each read asks libpq and maps the name.
+            encoding: str = conn.pgconn._encoding
             try:
                 for query, params in writes:
-                    commands.append(wire.caller_command(conn, query, params))
-                completion = _completion_params(conn, claim, response or _NO_RESPONSE, now)
+                    commands.append(wire.caller_command(conn, query, params, encoding))
+                completion = _completion_params(
+                    conn, claim, response or _NO_RESPONSE, now, encoding
+                )
             except BaseException as error:
                 # A queued write psycopg refused (its parameters), or a key that the
                 # connection's encoding, changed by the work, cannot carry: nothing of the
@@ -1226,11 +1231,17 @@ def _won(owned: Owned, fingerprint: bytes, conn: Connection[Row]) -> Won:
 
 
 def _completion_params(
-    conn: Connection[Row], claim: Won, stored: Response, now: datetime | None
+    conn: Connection[Row],
+    claim: Won,
+    stored: Response,
+    now: datetime | None,
+    encoding: str | None = None,
 ) -> tuple[wire.Param, ...]:
     """The completion's parameters but the claim's row: scope and key in the connection's
-    encoding now (the work may have changed it), status, headers as stored, body, clock."""
-    encoding: str = conn.pgconn._encoding  # wire.encoding(conn), written out
+    encoding now (the work may have changed it), status, headers as stored, body, clock.
+    ``encoding``: the connection's as psycopg names it, when the caller has just read it."""
+    if encoding is None:
+        encoding = conn.pgconn._encoding  # wire.encoding(conn), written out
     if encoding == "ascii":
         encoding = "utf-8"
     try:
