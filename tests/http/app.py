@@ -116,7 +116,11 @@ def create_app() -> FastAPI:
     @app.post("/block")
     async def block(directory: str, status: int = 201, tx: Tx = transaction) -> Response:
         # Signals "my write is done" with a file, then holds the transaction open until the test
-        # creates the gate file (or kills the server). Every run leaves a line in "runs".
-        return await hold(directory, await insert_payment(tx), status)
+        # creates the gate file (or kills the server). Every run leaves a line in "runs". The
+        # "backend" file, written before "started", names the PostgreSQL backend of the claim's
+        # connection, so that a test can end exactly that one (psycopg knows it: no round trip).
+        payment = await insert_payment(tx)
+        (Path(directory) / "backend").write_text(str(tx.connection.info.backend_pid))
+        return await hold(directory, payment, status)
 
     return app

@@ -220,6 +220,7 @@ class Blocked:
 
     def __init__(self, server: Server, key: str, folder: Path, path: str | None = None) -> None:
         self.folder = folder
+        self.server = server
         self.path = path or block_path(folder)
         self.response: httpx.Response | None = None
         self.error: BaseException | None = None
@@ -240,8 +241,16 @@ class Blocked:
     def release(self) -> httpx.Response:
         (self.folder / "gate").touch()
         self.thread.join(timeout=30)
-        assert self.response is not None, self.error
+        if self.response is None:
+            waiting = "still waiting" if self.thread.is_alive() else repr(self.error)
+            raise AssertionError(
+                f"no answer ({waiting}); the server's log:\n{self.server.log.read_text()}"
+            )
         return self.response
+
+    def backend(self) -> int:
+        """The pid of the PostgreSQL backend that holds the request's transaction."""
+        return int((self.folder / "backend").read_text())
 
 
 def block_path(folder: Path) -> str:
@@ -424,19 +433,22 @@ def test_database_lost_mid_request_is_503_and_the_retry_pays_once(
     # Found by the fault suite: a connection lost after the endpoint began was a 500.
     key = new_key()
     original = Blocked(server, key, tmp_path)
+    # The request's own backend, by its pid, not whichever is idle in a transaction. With a
+    # timeout pg_terminate_backend() returns once the backend has exited (false if it never
+    # does), so the gate opens on a connection the server has closed: the completion always
+    # meets the same lost connection, not a backend still on its way out.
     killed = db.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND state = 'idle in transaction' "
-        "AND pid <> pg_backend_pid()"
+        "SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity "
+        "WHERE pid = %s AND state = 'idle in transaction'",
+        (original.backend(),),
     ).fetchall()
-    db.commit()
     assert killed == [(True,)]
     lost = original.release()
     document = assert_problem(lost, 503)
     assert "nothing half-done was kept" in document["detail"]
     assert int(lost.headers["retry-after"]) >= 1
     assert payments(db) == 0
-    for name in ("gate", "started"):
+    for name in ("gate", "started", "backend"):
         (tmp_path / name).unlink()
     retry = Blocked(server, key, tmp_path).release()
     assert retry.status_code == 201
