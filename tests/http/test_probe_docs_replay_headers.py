@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pgonce import Response
-from pgonce.http.replay import replay_headers, storable_headers
+from pgonce.http.replay import replay_headers, storable_pairs
 
 SENT = [
     (b"content-type", b"application/json"),
@@ -26,7 +26,7 @@ def test_a_replay_carries_content_length_only_where_the_answer_did(
     status: int, length: bool
 ) -> None:
     body = b"{}" if length else b""
-    response = Response(status, storable_headers(SENT), body)
+    response = Response(status, tuple(storable_pairs(SENT)), body)
     names = [name for name, _ in replay_headers(response)]
     assert (b"content-length" in names) is length
     assert names[:2] == [b"content-type", b"etag"]

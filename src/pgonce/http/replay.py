@@ -55,14 +55,9 @@ _NO_CONTENT_LENGTH = frozenset({204, 304})
 RawHeaders = list[tuple[bytes, bytes]]
 
 
-def storable_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[Header, ...]:
-    """The headers of an ASGI response start that a replay may send again, in order."""
-    return tuple(storable_pairs(raw))
-
-
 def storable_pairs(raw: Iterable[tuple[bytes, bytes]]) -> list[Header]:
-    """:func:`storable_headers` as a list of new pairs (what
-    :func:`~pgonce.core.outcomes.new_response` takes).
+    """The headers of an ASGI response start that a replay may send again, in order, as a list
+    of new pairs (what :func:`~pgonce.core.outcomes.new_response` takes).
 
     A plain loop: a comprehension that names the lower-cased name (``:=``) makes it a closure
     cell, and costs more instructions than the loop's ``append``.
