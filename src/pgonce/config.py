@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from pgonce.core.frozen import refuse_changes
 from pgonce.errors import ConfigError
 
 #: All of pgonce's tables live in this PostgreSQL schema inside the application's database, so
@@ -96,6 +97,7 @@ def validate_schema(name: str) -> str:
     return name
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Connection and storage settings shared by the library, the CLI and the service."""

@@ -29,6 +29,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.config import Settings, checks_for_pooler
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.retention import format_duration
 from pgonce.errors import ConfigError, DatabaseUnavailable
 from pgonce.extras import needs
@@ -38,6 +39,7 @@ from pgonce.store.errors import describe_dsn, first_line
 log = logging.getLogger("pgonce.database")
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Database:
     dsn: str

@@ -52,6 +52,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.config import DEFAULT_PREPARE_THRESHOLD, DEFAULT_SCHEMA, own_connect_kwargs
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.outage import FailureRun
 from pgonce.core.outbox import OutboxMessage, Refusal, RetryPolicy, refuse, settle
 from pgonce.core.throttle import Throttle, held_back
@@ -133,6 +134,7 @@ LISTEN_CHECK = timedelta(seconds=5)
 _T = TypeVar("_T")
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class BatchReport:
     """What one batch did."""

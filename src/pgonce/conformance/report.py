@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pgonce.core.frozen import refuse_changes
+
 Verdict = Literal["PASS", "FAIL", "SKIP"]
 
 #: The findings the check under way made (None outside one), so that a check stopped before it
@@ -24,6 +26,7 @@ _made: contextvars.ContextVar[list[Finding] | None] = contextvars.ContextVar(
 )
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Check:
     """A behaviour the kit checks: its name, why it matters, and where the rule comes from."""
@@ -33,6 +36,7 @@ class Check:
     source: str
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Result:
     check: Check
@@ -85,6 +89,7 @@ def gathering() -> Iterator[list[Finding]]:
         _made.reset(token)
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Report:
     """The results of one run against one target, in the order the checks ran."""

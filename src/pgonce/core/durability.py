@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.retention import Finding
 
 #: "not configured": synchronous_standby_names is empty (nothing to report on); "synchronous": at
@@ -20,6 +21,7 @@ from pgonce.core.retention import Finding
 SyncState = Literal["not configured", "synchronous", "none", "unknown"]
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Durability:
     """What the server says about its synchronous standbys, read at one moment."""

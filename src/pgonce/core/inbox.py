@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pgonce.core.backoff import capped_exponential
 from pgonce.core.checks import check_duration, describe, storable_text
+from pgonce.core.frozen import refuse_changes
 from pgonce.errors import BadPayload, UsageError
 
 #: Longest event id, in UTF-8 bytes (the table's CHECK constraint says the same). Providers' ids are
@@ -41,6 +42,7 @@ OutOfOrderPolicy = Literal["process", "drop"]
 HeadFailurePolicy = Literal["block", "park"]
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How often a failing handler is retried, and how far apart.
@@ -82,6 +84,7 @@ def backoff(policy: RetryPolicy, attempts: int, jitter: float) -> timedelta:
     return delay / 2 + delay / 2 * jitter
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Retry:
     """Run the handler again at ``at``."""
@@ -90,6 +93,7 @@ class Retry:
     status: Literal["pending"] = field(default="pending", init=False)
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """Stop: the event is dead-lettered with its last error, until someone replays it."""
@@ -220,6 +224,7 @@ def stored_headers(
     return {name: value for name, value in chosen.items() if "\x00" not in value + name}
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Ordering:
     """Where an event stands among events about the same object.
@@ -236,6 +241,7 @@ class Ordering:
     version: int | None = None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """A verified delivery, ready to be stored."""
@@ -248,6 +254,7 @@ class Delivery:
     ordering: Ordering | None = None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class InboxEvent:
     """An event as a handler gets it.

@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from pgonce.core.checks import check_duration, check_str, storable_text
 from pgonce.core.fingerprint import length
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.outcomes import Response
 from pgonce.errors import UsageError
 
@@ -203,6 +204,7 @@ def not_stored_note(status: int | None) -> str:
     return f"not stored: answered {status}"
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Abandoned:
     """A two-phase request whose holder's lease ran out: the completer's work item."""

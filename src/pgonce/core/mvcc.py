@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.retention import Finding, format_duration
 
 #: An open transaction older than this is reported: longer than any of pgonce's own (each is
@@ -29,6 +30,7 @@ DEFAULT_HORIZON_WARN = timedelta(minutes=5)
 DEFAULT_XMIN_AGE_WARN = 1_000_000
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class MvccHorizon:
     """What holds the database's MVCC horizon back, read at one moment."""

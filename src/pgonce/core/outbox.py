@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from pgonce.core.backoff import capped_exponential
 from pgonce.core.checks import check_bool, check_optional_time, storable_text
+from pgonce.core.frozen import refuse_changes
 from pgonce.errors import ConfigError, UsageError
 
 #: Refused deliveries before a row is parked. With the default backoff (1 s doubling to a 10 min
@@ -45,6 +46,7 @@ MAX_TYPE_BYTES = 255
 MAX_AGGREGATE_ID_BYTES = 512
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How refused rows are retried, and when they are parked (dead-lettered)."""
@@ -73,6 +75,7 @@ class RetryPolicy:
         return raw * spread
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """What to write for a refused row: the new attempt count and either a retry time or parking."""
@@ -102,6 +105,7 @@ def refuse(
     return Refusal(id, attempts, now + policy.delay(attempts, rand=jitter), None, error)
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Settlement:
     """What the relay writes after a batch: published ids and refusals; the rest stays pending."""
@@ -183,6 +187,7 @@ class OutboxEvent(NamedTuple):
     headers: Mapping[str, str] | None = None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class OutboxBacklog:
     """What the relays have yet to do: counted from the partial indexes, cheap at any size."""
@@ -194,6 +199,7 @@ class OutboxBacklog:
     oldest_pending: datetime | None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class OutboxCounts(OutboxBacklog):
     """The backlog and the published rows of the retention (a count of the whole outbox)."""

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pgonce.core.fingerprint import FINGERPRINT_SIZE
+from pgonce.core.frozen import refuse_changes
 from pgonce.errors import KeyMismatch, UsageError
 
 #: Longest scope or key, in UTF-8 bytes (the table's CHECK constraints say the same).
@@ -27,6 +28,7 @@ Header = tuple[str, str]
 TOO_MANY_REQUESTS = 429
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True, init=False)
 class Response:
     """What the caller answered, stored at completion and replayed verbatim.
@@ -239,6 +241,7 @@ def _shown(header: object) -> str:
     return f"a {type(header).__name__} {header!r}"[:80]
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Won:
     """This caller holds the claim: do the work, then complete with the response.
@@ -262,6 +265,7 @@ class Won:
     conn: object = field(default=None, repr=False, compare=False)
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Replay:
     """The key was completed before: answer with the stored response, do nothing else."""
@@ -272,6 +276,7 @@ class Replay:
     kind: Literal["replay"] = field(default="replay", init=False)
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class InFlight:
     """The original is still running (or not visible to this transaction): retry later.

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from pgonce.core.frozen import refuse_changes
 from pgonce.errors import ConfigError
 
 #: How long a completed key (or a processed delivery) is kept. Thirty days is ten times the
@@ -88,6 +89,7 @@ DEFAULT_SLACK = timedelta(days=1)
 DEFAULT_HEALTH_TIMEOUT = timedelta(seconds=30)
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class SweepTarget:
     """A pgonce table the sweeper keeps short.
@@ -212,6 +214,7 @@ def format_duration(value: timedelta) -> str:
 # Retention policies and the horizon guard.
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Retention:
     """How long rows are kept, and how long the other side keeps retrying them."""
@@ -222,6 +225,7 @@ class Retention:
     retry_horizon: timedelta = DEFAULT_RETRY_HORIZON
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class RetentionPolicy:
     """The retention of one sweep target: a default, and overrides per scope (or source).
@@ -363,6 +367,7 @@ _MAX_STATEMENT_TIMEOUT = timedelta(milliseconds=2**31 - 1)
 MAX_PAUSE = timedelta(days=1)
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class SweepLimits:
     """How a sweep run is bounded; see the ``DEFAULT_*`` constants for why each value."""
@@ -433,6 +438,7 @@ def after_batch(deleted: int, batches: int, limits: SweepLimits) -> Ending | Non
     return None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class TargetSweep:
     """What one run did to one target, and whether its batches joined on ctid."""
@@ -444,6 +450,7 @@ class TargetSweep:
     by_ctid: bool = False
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class SweepResult:
     """What one run did, per target."""
@@ -484,6 +491,7 @@ Status = Literal["ok", "warn", "fail"]
 _RANK: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class GroupFacts:
     """The retained rows of one scope group of a target: a scope with its own retention, or
@@ -502,6 +510,7 @@ class GroupFacts:
     deleted_age: timedelta | None = None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class StuckFacts:
     """Rows of a target that should have finished and did not (claims in flight, for keys)."""
@@ -520,6 +529,7 @@ class StuckFacts:
     retired_age: timedelta | None = None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One line of the health table."""
@@ -663,6 +673,7 @@ if TYPE_CHECKING:
     from pgonce.core.mvcc import MvccHorizon
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class HealthReport:
     """The health figures (for metrics) and the findings on them (for ``pgonce doctor``)."""
@@ -742,6 +753,7 @@ def judge_schema(current: int, latest: int) -> Finding:
 SHORT_TIMEOUT = timedelta(seconds=1)
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class ServerTimeout:
     """One timeout as a new connection of this role to this database gets it, and where it is

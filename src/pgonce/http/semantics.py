@@ -53,6 +53,7 @@ from typing import Generic, TypeVar
 from psycopg.pq import TransactionStatus
 
 from pgonce.core.checks import describe
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.outcomes import TOO_MANY_REQUESTS, InFlight, Replay, Response, Won, new_response
 from pgonce.core.requests import request_fingerprint
 from pgonce.errors import InvalidIdempotencyKey, UsageError
@@ -108,6 +109,7 @@ _INERROR = TransactionStatus.INERROR
 IDLE = TransactionStatus.IDLE
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Answer:
     """A response an adapter sends as it is: status, headers (:data:`RawHeaders`) and body."""

@@ -25,12 +25,14 @@ from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from pgonce.core.checks import describe
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.outbox import OutboxMessage
 from pgonce.errors import BrokerUnavailable, ConfigError
 
 T = TypeVar("T")
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class PublishResult:
     """The broker's answer to a batch: acknowledged ids, and refused ids with the reason.

@@ -32,6 +32,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from pgonce.config import TRANSACTION_POOLER, pool_kwargs
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.outage import FailureRun
 from pgonce.database import POLLING_COST, shares_server_sessions
 from pgonce.service.config import PoolConfig, ServiceConfig
@@ -40,6 +41,7 @@ from pgonce.store import wire
 log = logging.getLogger("pgonce.service")
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Topology:
     """How the service talks to PostgreSQL, once the configuration and the start-up check met."""

@@ -17,10 +17,13 @@ from importlib import resources
 
 from psycopg import sql
 
+from pgonce.core.frozen import refuse_changes
+
 _NAME_LINE = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Migration:
     version: int

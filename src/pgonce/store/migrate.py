@@ -18,12 +18,14 @@ from psycopg import errors as pg_errors
 
 from pgonce import sql as pgsql
 from pgonce.config import validate_schema
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.retention import format_duration
 from pgonce.errors import MigrationError, SchemaNotMigrated
 from pgonce.store.cursors import cursor
 from pgonce.store.errors import first_line, translate_errors
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class SchemaStatus:
     current: int

@@ -64,6 +64,7 @@ from psycopg.adapt import Transformer
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Ready, Wait
 
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.outcomes import ClaimRow, Replay, _str_pairs, stored_replay
 
 log = logging.getLogger("pgonce.store")
@@ -93,6 +94,7 @@ MAX_PREPARED = 100
 Param = Buffer | None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Statement:
     """One of pgonce's statements, with ``$n`` placeholders and the format of each parameter."""

@@ -58,6 +58,7 @@ from pgonce.core.checks import (
     check_strs,
     describe,
 )
+from pgonce.core.frozen import refuse_changes
 from pgonce.core.inbox import (
     DeadLetter,
     InboxEvent,
@@ -255,6 +256,7 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     """What one claimed batch came to."""

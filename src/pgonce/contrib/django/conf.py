@@ -44,6 +44,7 @@ from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from pgonce.config import DEFAULT_POOLER, DEFAULT_SCHEMA, POOLERS, validate_schema
+from pgonce.core.frozen import refuse_changes
 from pgonce.errors import ConfigError, UsageError
 from pgonce.http.semantics import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -77,6 +78,7 @@ _KNOWN = frozenset(
 )
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class PgonceSettings:
     scope: RequestScope

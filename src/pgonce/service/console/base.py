@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 from urllib.parse import parse_qs
 
+from pgonce.core.frozen import refuse_changes
 from pgonce.extras import needs
 from pgonce.service.console.html import HEADERS, hidden, link, page
 from pgonce.store._async.console import AsyncConsoleReader
@@ -103,6 +104,7 @@ def as_row_id(value: str | None) -> int | None:
     return number if number is not None and 0 < number < 2**63 else None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Form:
     """A POSTed urlencoded form, read by the standard library (no python-multipart needed)."""

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from html import escape
 
+from pgonce.core.frozen import refuse_changes
+
 WIDTH, HEIGHT, PAD_LEFT, PAD_BOTTOM, PAD_TOP = 420, 150, 44, 18, 8
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Window:
     """A chart window: ``buckets`` buckets of ``step`` each, ending now."""

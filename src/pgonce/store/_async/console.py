@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA
+from pgonce.core.frozen import refuse_changes
 from pgonce.sql import Queries
 from pgonce.store._async.inspect import EventSummary
 from pgonce.store.common import check_schema
@@ -37,6 +38,7 @@ EVENT_LISTS = {
 }
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class KeySummary:
     scope: str
@@ -46,6 +48,7 @@ class KeySummary:
     response_status: int | None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class KeyDetail:
     """What was asked (the fingerprint) and what was answered, byte for byte."""
@@ -61,6 +64,7 @@ class KeyDetail:
     response_body: bytes | None
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
     id: int
@@ -83,6 +87,7 @@ class OutboxRow:
         return "waiting" if self.attempts else "pending"
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class OutboxDetail(OutboxRow):
     #: The payload and headers as PostgreSQL prints the jsonb (text, never parsed for display).
@@ -90,6 +95,7 @@ class OutboxDetail(OutboxRow):
     headers: str
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class EventCursor:
     """Where the next page of events starts: the last row's sort key."""
@@ -99,6 +105,7 @@ class EventCursor:
     event_id: str
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class SweepMark:
     target: str

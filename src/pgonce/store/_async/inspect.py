@@ -14,6 +14,7 @@ from psycopg import AsyncConnection
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.checks import check_duration
+from pgonce.core.frozen import refuse_changes
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._async.health import answered_within
@@ -27,6 +28,7 @@ Row = TypeVar("Row")
 MAX_LIST = 1000
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
     source: str
@@ -35,6 +37,7 @@ class SourceStatus:
     oldest: datetime
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class EventSummary:
     source: str
@@ -48,6 +51,7 @@ class EventSummary:
     bytes: int
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class EventDetail(EventSummary):
     ordering_key: str | None
@@ -57,6 +61,7 @@ class EventDetail(EventSummary):
     digest: str
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class StuckClaim:
     scope: str
@@ -64,6 +69,7 @@ class StuckClaim:
     claimed_at: datetime
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Trouble:
     """A group of rows that failed and wait: outbox rows of an aggregate type ("waiting" out a

@@ -16,6 +16,7 @@ from psycopg import Connection
 
 from pgonce.config import DEFAULT_SCHEMA
 from pgonce.core.checks import check_duration
+from pgonce.core.frozen import refuse_changes
 from pgonce.errors import UsageError
 from pgonce.sql import Queries
 from pgonce.store._sync.health import answered_within
@@ -29,6 +30,7 @@ Row = TypeVar("Row")
 MAX_LIST = 1000
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
     source: str
@@ -37,6 +39,7 @@ class SourceStatus:
     oldest: datetime
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class EventSummary:
     source: str
@@ -50,6 +53,7 @@ class EventSummary:
     bytes: int
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class EventDetail(EventSummary):
     ordering_key: str | None
@@ -59,6 +63,7 @@ class EventDetail(EventSummary):
     digest: str
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class StuckClaim:
     scope: str
@@ -66,6 +71,7 @@ class StuckClaim:
     claimed_at: datetime
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class Trouble:
     """A group of rows that failed and wait: outbox rows of an aggregate type ("waiting" out a

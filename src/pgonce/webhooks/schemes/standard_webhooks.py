@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from pgonce.core.frozen import refuse_changes
 from pgonce.errors import ConfigError, SignatureInvalid, UsageError
 from pgonce.extras import needs
 from pgonce.webhooks.schemes.base import Headers
@@ -59,6 +60,7 @@ SIGNATURE_HEADER = "webhook-signature"
 _ED25519_SIGNATURE_BYTES = 64
 
 
+@refuse_changes
 @dataclass(frozen=True, slots=True)
 class _Keys:
     """The configured secrets, sorted by what they can do."""
