@@ -32,3 +32,12 @@ async def fail_until_fixed(event: InboxEvent, conn: AsyncConnection[Any]) -> Non
         "INSERT INTO service_test.effects (source, event_id) VALUES (%s, %s)",
         (event.source, event.id),
     )
+
+
+#: What :func:`sleep_for_an_hour` runs, to be found in ``pg_stat_activity``.
+SLEEP = "SELECT pg_sleep(3600) /* a handler that outlives any stop */"
+
+
+async def sleep_for_an_hour(event: InboxEvent, conn: AsyncConnection[Any]) -> None:
+    """A handler far longer than any stop's bound: a statement of an hour."""
+    await conn.execute(SLEEP)

@@ -63,6 +63,12 @@ from pgonce.webhooks.source import Handler, OrderingExtractor, Source
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
+#: How long a stop (SIGTERM or SIGINT) waits for the requests and inbox handlers under way before
+#: it cuts them (a delivery is answered 503, a handler's batch rolls back; nothing acknowledged
+#: is lost either way). 30 s, uvicorn's and Kubernetes' customary grace: set it below the grace
+#: your orchestrator gives before SIGKILL, so that the stop answers what it cuts.
+DEFAULT_STOP_TIMEOUT = timedelta(seconds=30)
+
 #: Inbox workers per process. Four keeps a handler that waits on I/O from stalling the rest while
 #: staying far below a small database's connection limit.
 DEFAULT_WORKERS = 4
@@ -177,6 +183,8 @@ class ServiceConfig:
     pool: PoolConfig = field(default_factory=PoolConfig)
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
+    #: How long a stop waits for the requests, inbox handlers and relay batches under way.
+    stop_timeout: timedelta = DEFAULT_STOP_TIMEOUT
     sources: tuple[SourceConfig, ...] = ()
     workers: int = DEFAULT_WORKERS
     keys_retention: Retention = field(default_factory=Retention)
@@ -762,6 +770,21 @@ def _pool(section: _Section) -> PoolConfig:
     return PoolConfig(min_size, max_size, connect_timeout, wait)
 
 
+def _stop_timeout(section: _Section) -> timedelta:
+    """``[server] stop_timeout``: whole seconds (uvicorn counts its graceful stop in seconds), at
+    least one (below a second is a slip, "1ms" for "1m", that would cut every request a deploy
+    finds under way)."""
+    timeout = section.duration("stop_timeout", DEFAULT_STOP_TIMEOUT)
+    if timeout < timedelta(seconds=1):
+        why = f"must be at least 1s (is {format_duration(timeout)} a slip for minutes, m?)"
+    elif timeout % timedelta(seconds=1):
+        why = f"must be whole seconds, not {format_duration(timeout)} (the stop counts in seconds)"
+    else:
+        return timeout
+    section.problems.add(section.key("stop_timeout"), why)
+    return DEFAULT_STOP_TIMEOUT
+
+
 def _unless_env(environ: Mapping[str, str], name: str, value: T | None) -> T | None:
     """``value`` from the file, or None when the environment variable ``name`` overrides it."""
     return None if environ.get(name) else value
@@ -841,6 +864,7 @@ def load(
     log_format = server.text("log_format", "auto")
     if log_format not in ("auto", "json", "text"):
         problems.add("server.log_format", "is auto, json or text")
+    stop_timeout = _stop_timeout(server)
     server.unknown()
 
     inbox = _Section(root.raw("inbox"), "inbox", problems)
@@ -899,6 +923,7 @@ def load(
         pool=pool,
         host=host,
         port=port,
+        stop_timeout=stop_timeout,
         sources=tuple(sources),
         workers=workers,
         keys_retention=keys_retention,

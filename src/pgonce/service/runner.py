@@ -8,8 +8,9 @@ LOCKED``, the sweepers skip each other's locked rows, the completers each other'
 SIGHUP changes nothing (the configuration is read once, at start): it is logged, and the service
 keeps running. Stopping (SIGTERM or SIGINT): uvicorn stops accepting and finishes the requests it
 has; the workers finish or roll back their in-flight handlers; the relays mark what the broker
-acknowledged and cancel a statement stalled on the database; then the process exits 0. A second
-signal cuts the requests still in flight (a delivery is answered 503). Nothing acknowledged is
+acknowledged and cancel a statement stalled on the database; then the process exits 0. Each waits
+at most ``[server] stop_timeout`` (30 s); a second signal cuts the requests still in flight at once
+(a delivery is answered 503). Nothing acknowledged is
 lost: a delivery is answered only after its commit.
 """
 
@@ -221,9 +222,12 @@ async def run(
                 on_batch=metrics.record_batch,
                 on_failure=metrics.record_handler_failure,
                 on_connection_failure=metrics.record_worker_failure,
+                shutdown_timeout=config.stop_timeout,
             )
             tasks.append(asyncio.create_task(worker.run(stop), name="inbox-workers"))
         for relay in relays:
+            # A batch at the broker gets its grace to be marked, within the stop's bound.
+            relay.stop_grace = min(relay.stop_grace, config.stop_timeout)
             tasks.append(asyncio.create_task(relay.run(stop), name="outbox-relay"))
         if "sweeper" in chosen:
             sweeper = AsyncSweeper(policies, schema=schema)
@@ -364,7 +368,7 @@ async def _serve_http(
             lifespan="off",
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=30,
+            timeout_graceful_shutdown=int(config.stop_timeout.total_seconds()),
         )
     )
     serving = asyncio.create_task(server.serve(sockets=[listening]), name="http")
