@@ -376,9 +376,13 @@ class HttpPublisher:
 
 async def _traced(event: str, info: dict[str, Any]) -> None:
     """httpcore's trace of a request: the start of its headers' sending (after any connect, to
-    the endpoint or to a proxy) is when the row goes out (see :func:`sending`)."""
+    the endpoint or to a proxy) is when the row goes out (see :func:`sending`). Not the CONNECT
+    that asks a proxy for a tunnel to an https endpoint: httpcore traces it as a request too,
+    with the request's own trace, and nothing of the row has gone out before the tunnel is up."""
     if event.endswith(".send_request_headers.started"):
-        sending()
+        request = info.get("request")
+        if getattr(request, "method", None) != b"CONNECT":
+            sending()
 
 
 def _proxied(url: str) -> bool:
