@@ -28,8 +28,9 @@ def refuse_changes(cls: _T) -> _T:
     params = getattr(cls, "__dataclass_params__", None)
     if params is None or not params.frozen or "__slots__" not in cls.__dict__:
         raise TypeError(f"refuse_changes() is for frozen, slotted dataclasses, not {cls!r}")
-    names = frozenset(field.name for field in fields(cls))
-    listed = ", ".join(field.name for field in fields(cls))
+    ordered = [field.name for field in fields(cls)]
+    names = frozenset(ordered)
+    listed = ", ".join(ordered)
     title = cls.__name__
 
     def refusal(name: str, doing: str) -> FrozenInstanceError:
