@@ -20,7 +20,7 @@ import pytest
 from pgonce.publishers.http import HttpPublisher
 from pgonce.relay import Relay
 from pgonce.store._sync.outbox import enqueue
-from tests.outbox.stops import Run, listening
+from tests.outbox.stops import listening, running
 from tests.outbox.test_probe_http_stop_at_connect import BOUND, SECRET, row_state
 
 
@@ -49,13 +49,12 @@ async def test_a_stop_while_the_proxy_holds_the_connect_ends_the_relay_at_once(
         relay = Relay(direct_dsn, publisher, listen=False, concurrency=1)
         # Far above the bound: a stop that counts the batch as at the endpoint waits it out.
         relay.stop_grace = timedelta(seconds=30)
-        run = Run(relay)
         try:
-            await asyncio.wait_for(asked.wait(), 30)
-            await run.stop_within(BOUND, "the relay took the proxy's CONNECT for the row's sending")
+            async with running(relay) as run:
+                await asyncio.wait_for(asked.wait(), 30)
+                await run.stop_within(
+                    BOUND, "the relay took the proxy's CONNECT for the row's sending"
+                )
         finally:
-            if not run.task.done():
-                run.task.cancel()
-                await asyncio.wait({run.task})
             await publisher.close()
     assert row_state(direct_dsn, row_id) == (False, 0)
