@@ -6,7 +6,17 @@ check) against the plain INSERT of Debezium's outbox pattern, on a scratch clust
 ``valgrind --tool=callgrind`` (see :mod:`bench.instructions`, whose server and counting it uses):
 the server's instructions per transaction, which repeat to the thousand on a machine whose
 timings move by a third, and the WAL bytes per transaction (the WAL position around the same
-runs). Needs valgrind; takes about three minutes.
+runs). Needs valgrind; takes about four minutes.
+
+The rows marked "ladder" go from the polled floor (the floor's INSERT into a table with the
+relay's two pending indexes, bench/workloads/outbox.py) to ``enqueue(ordered=False)`` one part at
+a time, each row the one above plus one thing, all with enqueue's typed parameters: the outbox's
+other two partial indexes (published rows, dead letters), its column domains, then enqueue's own
+statement without its NOTIFY check (``RETURNING id``, the clock's defaults). The next row,
+``enqueue(ordered=False)``, adds the NOTIFY check; ``enqueue()`` adds the lock row. The rows
+marked "not taken" are cheaper-looking forms measured beside them: the column checks as one table
+CHECK constraint in place of the domains, and the order from an advisory lock in place of the
+lock row (the outbox how-to says why neither is used).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from bench.instructions import _backend, _bindir, _per_transaction, _server
 from bench.workloads.outbox import BATCH_EVENTS, PAYLOAD, SETUP
 from pgonce import OutboxEvent, enqueue, enqueue_many
 from pgonce.config import DEFAULT_SCHEMA
+from pgonce.sql import Queries
 from pgonce.store.migrate import migrate
 
 BUSINESS = "INSERT INTO bench.outbox_orders (ref, amount) VALUES (%s, 4200)"
@@ -51,6 +62,54 @@ WAITING = (
 FLOOR_MANY = (
     "INSERT INTO bench.outbox_floor (aggregatetype, aggregateid, type, payload) VALUES "
     + ", ".join(["(%s, %s, %s, %s)"] * BATCH_EVENTS)
+)
+
+# The ladder's tables: pgonce.outbox's columns, key and four partial indexes with plain types in
+# place of its domains (pgonce.outbox itself is the next rung).
+LADDER_SETUP = """
+CREATE TABLE bench.outbox_undomained (LIKE pgonce.outbox INCLUDING DEFAULTS INCLUDING IDENTITY);
+ALTER TABLE bench.outbox_undomained
+    ALTER aggregatetype TYPE text COLLATE "C", ALTER aggregateid TYPE text COLLATE "C",
+    ALTER type TYPE text, ALTER headers TYPE jsonb, ALTER attempts TYPE integer,
+    ADD PRIMARY KEY (id, aggregateid);
+CREATE INDEX ON bench.outbox_undomained (id) WHERE published_at IS NULL AND parked_at IS NULL;
+CREATE INDEX ON bench.outbox_undomained (aggregatetype, aggregateid, id)
+    WHERE published_at IS NULL AND parked_at IS NULL;
+CREATE INDEX ON bench.outbox_undomained (published_at) WHERE published_at IS NOT NULL;
+CREATE INDEX ON bench.outbox_undomained (aggregatetype, aggregateid)
+    WHERE parked_at IS NOT NULL AND published_at IS NULL;
+CREATE TABLE bench.outbox_checked (LIKE bench.outbox_undomained INCLUDING ALL,
+    CHECK (octet_length(aggregatetype) BETWEEN 1 AND 255
+           AND octet_length(aggregateid) BETWEEN 1 AND 512
+           AND octet_length(type) BETWEEN 1 AND 255
+           AND jsonb_typeof(headers) = 'object' AND attempts >= 0));
+"""
+# The ladder's rows as enqueue's statement types its parameters (text and jsonb casts), so that
+# a domain column takes a text value, as in enqueue, not an untyped one read by the domain's input.
+TYPED_ROW = (
+    "INSERT INTO {table} (aggregatetype, aggregateid, type, payload)"
+    " VALUES (%s::text, %s::text, %s::text, %s::jsonb)"
+)
+# enqueue(ordered=False)'s statement as it ships, cut before its NOTIFY check.
+UNORDERED_UNCHECKED = (
+    Queries("outbox", DEFAULT_SCHEMA).enqueue_unordered.decode().partition("RETURNING id")[0]
+    + "RETURNING id"
+)
+
+# An alternative to the lock row, measured and not taken (see the outbox how-to): the same order
+# from a transaction-level advisory lock on a hash of the aggregate, taken before the id.
+_UNORDERED_HEAD, _, _UNORDERED_TAIL = (
+    Queries("outbox", DEFAULT_SCHEMA).enqueue_unordered.decode().partition("VALUES (")
+)
+_UNORDERED_VALUES, _, _UNORDERED_RETURNING = _UNORDERED_TAIL.partition("\nRETURNING")
+ADVISORY_LOCKED = (
+    "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended("
+    "%(aggregatetype)s::text || E'\\x1f' || %(aggregateid)s::text, 0)))\n"
+    + _UNORDERED_HEAD
+    + "SELECT "
+    + _UNORDERED_VALUES.rstrip()[:-1]
+    + " FROM locked\nRETURNING"
+    + _UNORDERED_RETURNING
 )
 
 Step = Callable[[psycopg.Connection[Any], str], None]
@@ -97,6 +156,35 @@ def _floor_many(table: str) -> Step:
     return step
 
 
+def _typed_row(table: str) -> Step:
+    sql = TYPED_ROW.format(table=table)
+
+    def step(conn: psycopg.Connection[Any], ref: str) -> None:
+        conn.execute(sql, ("order", ref, "order.created", Jsonb(PAYLOAD)))
+
+    return step
+
+
+def _enqueue_params(ref: str) -> dict[str, Any]:
+    return {
+        "aggregatetype": "order",
+        "aggregateid": ref,
+        "type": "order.created",
+        "payload": Jsonb(PAYLOAD),
+        "headers": None,
+        "now": None,
+        "channel": "pgonce_outbox",
+    }
+
+
+def _unordered_unchecked(conn: psycopg.Connection[Any], ref: str) -> None:
+    conn.execute(UNORDERED_UNCHECKED, _enqueue_params(ref)).fetchone()
+
+
+def _advisory_locked(conn: psycopg.Connection[Any], ref: str) -> None:
+    conn.execute(ADVISORY_LOCKED, _enqueue_params(ref)).fetchone()
+
+
 def _row(table: str) -> Step:
     sql = OUTBOX_ROW.replace("pgonce.outbox", table)
 
@@ -115,6 +203,23 @@ SHAPES: dict[str, list[Step]] = {
     "+ the outbox row alone (plain INSERT into pgonce.outbox)": [_row("pgonce.outbox")],
     "+ the lock row's upsert alone": [_statement(LOCK_ROW)],
     "+ the NOTIFY check alone": [_statement(WAITING)],
+    "ladder: + the polled floor's INSERT (the relay's two pending indexes)": [
+        _typed_row("bench.outbox_polled")
+    ],
+    "ladder: + the published and dead-letter indexes": [_typed_row("bench.outbox_undomained")],
+    "ladder: + the column domains (a plain INSERT into pgonce.outbox)": [
+        _typed_row("pgonce.outbox")
+    ],
+    "ladder: + RETURNING id and the clock's defaults (enqueue's statement, no NOTIFY check)": [
+        _unordered_unchecked
+    ],
+    "ladder: + the NOTIFY check (enqueue(ordered=False))": [_enqueue(False)],
+    "not taken: the column checks as one CHECK constraint (the third rung without domains)": [
+        _typed_row("bench.outbox_checked")
+    ],
+    "not taken: enqueue() with an advisory lock on the aggregate in place of its lock row": [
+        _advisory_locked
+    ],
     f"+ plain {BATCH_EVENTS}-row INSERT (the batch's floor)": [_floor_many("bench.outbox_floor")],
     f"+ enqueue_many({BATCH_EVENTS} events)": [_enqueue_many(True)],
     f"+ enqueue_many({BATCH_EVENTS} events, ordered=False)": [_enqueue_many(False)],
@@ -169,6 +274,7 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             migrate(conn, DEFAULT_SCHEMA)
             conn.execute(SETUP.encode())
+            conn.execute(LADDER_SETUP.encode())
         _backend(counts, lambda _: psycopg.connect(dsn).close(), 0, 1)
         # The first shape measured ran 40,000 instructions per transaction below the same shape
         # measured later in the same server: run one, unreported, so that every row is a later one.
