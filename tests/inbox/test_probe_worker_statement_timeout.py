@@ -11,11 +11,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.core.inbox import InboxEvent
 from pgonce.webhooks.worker import InboxWorker
+from tests.cutting import claims_cut_by_statement_timeout
 from tests.inbox.conftest import source
 
 
@@ -27,13 +26,6 @@ async def test_a_batch_cut_by_statement_timeout_is_reported_as_such_once(
     direct_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="pgonce.inbox")
-    name = conninfo_to_dict(direct_dsn)["dbname"]
-    with psycopg.connect(direct_dsn, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("ALTER DATABASE {} SET statement_timeout = '1ms'").format(
-                sql.Identifier(str(name))
-            )
-        )
     failures: list[Exception] = []
     enough = asyncio.Event()
 
@@ -50,20 +42,21 @@ async def test_a_batch_cut_by_statement_timeout_is_reported_as_such_once(
         listen=False,
         on_connection_failure=on_connection_failure,
     )
-    stop = asyncio.Event()
-    running = asyncio.create_task(worker.run(stop))
-    try:
-        async with asyncio.timeout(30):
-            await enough.wait()
-    finally:
-        stop.set()
-        await running
+    with claims_cut_by_statement_timeout(direct_dsn, "pgonce.inbox", "300ms"):
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            async with asyncio.timeout(30):
+                await enough.wait()
+        finally:
+            stop.set()
+            await running
 
     loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert not any("lost the database" in m for m in loud), loud
     cut = [m for m in loud if "statement_timeout" in m]
     assert len(cut) == 1, loud
-    assert "1ms" in cut[0], cut[0]
+    assert "300ms" in cut[0], cut[0]
     for words in ("ALTER DATABASE", "ROLE", "retried", "pending"):
         assert words in cut[0], cut[0]
     assert len(failures) >= 3

@@ -11,14 +11,12 @@ import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
-import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from pgonce.core.outbox import OutboxMessage
 from pgonce.publishers.base import PublishResult
 from pgonce.relay import Relay
+from tests.cutting import claims_cut_by_statement_timeout
 from tests.outbox.conftest import wait_until
 
 
@@ -36,13 +34,6 @@ async def test_a_batch_cut_by_statement_timeout_is_reported_as_such_once(
     direct_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="pgonce.relay")
-    name = conninfo_to_dict(direct_dsn)["dbname"]
-    with psycopg.connect(direct_dsn, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("ALTER DATABASE {} SET statement_timeout = '1ms'").format(
-                sql.Identifier(str(name))
-            )
-        )
     relay = Relay(
         direct_dsn,
         Acking(),
@@ -51,18 +42,19 @@ async def test_a_batch_cut_by_statement_timeout_is_reported_as_such_once(
         poll_interval=timedelta(milliseconds=50),
         outage_backoff=(timedelta(milliseconds=20), timedelta(milliseconds=50)),
     )
-    stop = asyncio.Event()
-    running = asyncio.create_task(relay.run(stop))
-    try:
-        await wait_until(lambda: relay.stats.errors >= 3, within=30)
-    finally:
-        stop.set()
-        await running
+    with claims_cut_by_statement_timeout(direct_dsn, "pgonce.outbox", "300ms"):
+        stop = asyncio.Event()
+        running = asyncio.create_task(relay.run(stop))
+        try:
+            await wait_until(lambda: relay.stats.errors >= 3, within=30)
+        finally:
+            stop.set()
+            await running
 
     loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert not any("reconnects" in m or "answers again" in m for m in loud), loud
     cut = [m for m in loud if "statement_timeout" in m]
     assert len(cut) == 1, loud
-    assert "1ms" in cut[0], cut[0]
+    assert "300ms" in cut[0], cut[0]
     for words in ("ALTER DATABASE", "ROLE", "retried", "pending"):
         assert words in cut[0], cut[0]
