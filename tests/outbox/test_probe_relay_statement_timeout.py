@@ -6,7 +6,6 @@ outage."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
@@ -18,6 +17,7 @@ from pgonce.publishers.base import PublishResult
 from pgonce.relay import Relay
 from tests.cutting import claims_cut_by_statement_timeout
 from tests.outbox.conftest import wait_until
+from tests.outbox.stops import running
 
 
 class Acking:
@@ -43,13 +43,9 @@ async def test_a_batch_cut_by_statement_timeout_is_reported_as_such_once(
         outage_backoff=(timedelta(milliseconds=20), timedelta(milliseconds=50)),
     )
     with claims_cut_by_statement_timeout(direct_dsn, "pgonce.outbox", "300ms"):
-        stop = asyncio.Event()
-        running = asyncio.create_task(relay.run(stop))
-        try:
+        async with running(relay) as run:
             await wait_until(lambda: relay.stats.errors >= 3, within=30)
-        finally:
-            stop.set()
-            await running
+            await run.stop_within(30, "the relay stops after its cut batches")
 
     loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert not any("reconnects" in m or "answers again" in m for m in loud), loud
