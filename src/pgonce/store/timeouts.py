@@ -40,15 +40,26 @@ async def server_setting(
     conn: psycopg.AsyncConnection[Any] | None, setting: str | None
 ) -> dict[str, str]:
     """``setting``'s value as ``conn`` sees it ({} when there is none, or no answer within a
-    second): asked only after a statement it cut, to name it in the report."""
+    second): asked only after a statement it cut, to name it in the report.
+
+    The lookup runs under the setting it reads: a statement_timeout of a millisecond or two cuts
+    it too whenever the loaded server takes that long over a trivial statement, so a cut lookup
+    is asked again, within the same second.
+    """
     if conn is None or conn.closed or setting is None:
         return {}
+    statement = query("health", "setting", DEFAULT_SCHEMA)
     try:
         async with asyncio.timeout(1):
-            await conn.rollback()
-            cur = await conn.execute(query("health", "setting", DEFAULT_SCHEMA), {"name": setting})
-            row = await cur.fetchone()
-            await conn.rollback()
+            while True:
+                await conn.rollback()
+                try:
+                    cur = await conn.execute(statement, {"name": setting})
+                    row = await cur.fetchone()
+                except psycopg.errors.QueryCanceled:
+                    continue  # cut by the timeout it reads: the next try is a new transaction
+                await conn.rollback()
+                break
     except (psycopg.Error, TimeoutError):
         return {}
     return {} if row is None else {setting: str(row[0])}
