@@ -21,6 +21,9 @@ And the sync decorator (``@idempotent(commit=True)`` on the decorator workload's
 autocommit connection, as bench/workloads/decorator.py calls it), with a new key and with a key
 just used, beside the bare function it decorates: what the decorator adds is the difference.
 
+``--compiled`` counts the same calls with the once() path's own modules compiled by mypyc
+(:mod:`bench.compiled`): what compiling them would save, beside what the Python costs.
+
 Timings on a shared 2-core machine vary by a fifth from run to run; these counts repeat to a few
 hundred instructions, so they show what a change to the client's path saves on any day. Needs
 valgrind; takes a few minutes. ``--variant NAME --count N`` runs one variant in this process
@@ -29,8 +32,10 @@ valgrind; takes a few minutes. ``--variant NAME --count N`` runs one variant in 
 
 from __future__ import annotations
 
+import os
 import select
 from collections.abc import Sequence
+from pathlib import Path
 
 import psycopg
 import uvloop
@@ -39,6 +44,7 @@ from psycopg.pq.abc import PGconn, PGresult
 
 from bench.callgrind import instructions, parser, require_valgrind
 from bench.clients import Transaction, Trips, drive_async
+from bench.compiled import HOT_PATH, compiled_copy
 from bench.workloads import decorator, keys, outbox
 from pgonce import AsyncKeyStore
 from pgonce.store import wire
@@ -63,7 +69,13 @@ VARIANTS = (
 
 
 def main() -> None:
-    args = parser("bench.client_instructions", __doc__, VARIANTS, LONG).parse_args()
+    cli = parser("bench.client_instructions", __doc__, VARIANTS, LONG)
+    cli.add_argument(
+        "--compiled",
+        action="store_true",
+        help=f"count with {', '.join(HOT_PATH)} compiled by mypyc (needs setuptools and gcc)",
+    )
+    args = cli.parse_args()
     if args.variant is not None:
         _run(args.dsn, args.variant, args.count)
         return
@@ -74,12 +86,22 @@ def main() -> None:
         conn.execute(f"CREATE TABLE IF NOT EXISTS {decorator.TABLE} {columns}".encode())
         conn.execute(outbox.SETUP.encode())
     _setup_duplicates(args.dsn)
-    print("| client path | client instructions per call |\n|---|---|")
+    if not args.compiled:
+        _count(args.dsn, args.only, "client instructions per call")
+        return
+    with compiled_copy() as root:
+        # The measured processes import the compiled copy first, bench from this checkout.
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), str(Path(__file__).parents[1])])
+        _count(args.dsn, args.only, "client instructions per call, the hot path compiled")
+
+
+def _count(dsn: str, only: str | None, heading: str) -> None:
+    print(f"| client path | {heading} |\n|---|---|")
     for variant in VARIANTS:
-        if args.only and args.only not in variant:
+        if only and only not in variant:
             continue
-        long = instructions("bench.client_instructions", args.dsn, variant, LONG)
-        short = instructions("bench.client_instructions", args.dsn, variant, SHORT)
+        long = instructions("bench.client_instructions", dsn, variant, LONG)
+        short = instructions("bench.client_instructions", dsn, variant, SHORT)
         print(f"| {variant} | {(long - short) / (LONG - SHORT):,.0f} |", flush=True)
 
 
